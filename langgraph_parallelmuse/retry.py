@@ -1,0 +1,42 @@
+"""Retries with exponential backoff and jitter, for transient failures only."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_TRANSIENT_NAMES = {"APITimeoutError", "APIConnectionError", "RateLimitError", "InternalServerError",
+                    "ServiceUnavailableError", "ReadTimeout", "ConnectTimeout"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Server hiccups worth a retry (timeouts, 429, 5xx, dropped connections), nothing else.
+
+    Example:
+        >>> is_transient(TimeoutError()), is_transient(ValueError("bad"))
+        (True, False)
+    """
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
+        return True
+    status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return status == 429 or status >= 500
+    return type(exc).__name__ in _TRANSIENT_NAMES
+
+
+async def with_retries(call: Callable[[], Awaitable[T]], *, retries: int = 2, base_delay: float = 0.5) -> T:
+    """Await ``call()``, retrying transient failures with exponential backoff and jitter."""
+    delay = base_delay
+    for attempt in range(retries + 1):
+        try:
+            return await call()
+        except Exception as exc:
+            if attempt == retries or not is_transient(exc):
+                raise
+            await asyncio.sleep(delay * (1 + random.random()))
+            delay *= 2
+    raise AssertionError("unreachable")

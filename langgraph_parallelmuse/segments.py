@@ -1,0 +1,156 @@
+"""Generate one assistant turn as a sequence of prefilled and generated segments.
+
+This is the single mechanism behind every model call of the library. A strong model gets one
+generated segment (it writes the whole turn); a small local model gets the protocol tags
+prefilled between short generated segments, so it still writes every thought, query and answer
+itself but cannot break the format. Prefill is sent as a trailing ``AIMessage`` (continued by the
+in-process model); only backends that continue a final assistant message can use ``Lit`` before
+a ``Gen``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+
+from langgraph_parallelmuse.logprobs import normalize_logprobs, shift
+from langgraph_parallelmuse.retry import with_retries
+from langgraph_parallelmuse.state import TokenRecord
+
+
+@dataclass(frozen=True)
+class Lit:
+    """Text the driver writes itself (protocol tags, fixed JSON around a query)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Gen:
+    """Text the model writes, until one of ``stop`` or ``max_tokens``.
+
+    ``messages`` replaces the conversation for this segment only (e.g. the plain evidence prompt
+    of a small model's answer); its output is still placed in the turn.
+    """
+
+    stop: tuple[str, ...] = ()
+    max_tokens: int = 256
+    messages: Sequence[BaseMessage] | None = None
+    name: str = ""
+
+
+@dataclass
+class TurnResult:
+    """A generated turn: text, its generated tokens (offsets into ``text``), and accounting."""
+
+    text: str = ""
+    tokens: list[TokenRecord] = field(default_factory=list)
+    segments: dict[str, str] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    context_tokens: int = 0  # prompt tokens of the turn's first call: the conversation so far
+    generated_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    finish_reason: str = "stop"
+    calls: int = 0
+    seconds: float = 0.0
+    has_logprobs: bool = True
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings passed to every backend under the same (OpenAI) names."""
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_logprobs: int = 16
+    logprobs: bool = True
+
+    def kwargs(self, *, max_tokens: int, seed: int | None) -> dict:
+        out = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": max_tokens,
+               "logprobs": self.logprobs}
+        if self.logprobs and self.top_logprobs:
+            out["top_logprobs"] = self.top_logprobs
+        if seed is not None:
+            out["seed"] = seed
+        return out
+
+
+def derive_seed(base: int | None, *parts: object) -> int:
+    """A reproducible 31-bit seed per (run seed, trajectory, step, segment, attempt).
+
+    With no base seed a fresh random one is drawn, so unseeded runs still differ between branches.
+    """
+    if base is None:
+        return random.getrandbits(31)
+    digest = hashlib.sha256(repr((base, *parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+async def generate_turn(
+    model: BaseChatModel,
+    messages: Sequence[BaseMessage],
+    segments: Sequence[Lit | Gen],
+    *,
+    sampling: Sampling,
+    seed: int | None = None,
+) -> TurnResult:
+    """Run the segments of one assistant turn and stitch text, tokens and usage together.
+
+    Args:
+        model: Any LangChain chat model; logprobs are read from ``response_metadata["logprobs"]``.
+        messages: The conversation before the turn.
+        segments: ``Lit`` and ``Gen`` parts, in order.
+        sampling: Temperature, top-p, logprob settings.
+        seed: Base seed of the turn (each generated segment derives its own).
+
+    Returns:
+        The turn's text, generated tokens with char offsets into that text, and usage.
+
+    Example:
+        >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+        >>> import asyncio
+        >>> turn = asyncio.run(generate_turn(FakeListChatModel(responses=["Paris"]), [],
+        ...     [Lit("<answer>"), Gen(stop=("</answer>",)), Lit("</answer>")], sampling=Sampling()))
+        >>> turn.text
+        '<answer>Paris</answer>'
+    """
+    result = TurnResult()
+    started = time.perf_counter()
+    for i, seg in enumerate(segments):
+        if isinstance(seg, Lit):
+            result.text += seg.text
+            continue
+        prompt = list(seg.messages) if seg.messages is not None else list(messages)
+        if seg.messages is None and result.text:
+            prompt.append(AIMessage(result.text))
+        kwargs = sampling.kwargs(max_tokens=seg.max_tokens, seed=None if seed is None else derive_seed(seed, i))
+        stop = list(seg.stop) or None
+        msg = await with_retries(lambda p=prompt, st=stop, kw=kwargs: model.ainvoke(p, stop=st, **kw))
+        content = msg.content if isinstance(msg.content, str) else str(msg.content)
+        raw = (msg.response_metadata or {}).get("logprobs")
+        tokens = normalize_logprobs(raw, content) if raw else []
+        if not raw and content:
+            result.has_logprobs = False
+        result.tokens.extend(shift(tokens, len(result.text)))
+        if seg.name:
+            result.segments[seg.name] = content
+        result.text += content
+        usage = msg.usage_metadata or {}
+        prompt_tokens = int(usage.get("input_tokens", 0) or 0)
+        if result.calls == 0:
+            result.context_tokens = prompt_tokens
+        result.prompt_tokens += prompt_tokens
+        result.generated_tokens += int(usage.get("output_tokens", 0) or len(tokens))
+        result.cached_prompt_tokens += int((usage.get("input_token_details") or {}).get("cache_read", 0) or 0)
+        # The turn counts as cut off only if its last generated part was: a guided thought that
+        # hits its short bound is closed by the driver and is not a truncated turn.
+        result.finish_reason = (msg.response_metadata or {}).get("finish_reason") or "stop"
+        result.calls += 1
+    result.seconds = time.perf_counter() - started
+    return result

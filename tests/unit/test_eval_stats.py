@@ -1,0 +1,99 @@
+"""Bootstrap intervals: determinism, coverage of the mean, degenerate inputs, paired differences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from langgraph_parallelmuse.eval import bootstrap_ci, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval import stats as stats_module
+
+SCORES = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
+
+
+@pytest.fixture(params=["numpy", "pure"])
+def backend(request, monkeypatch):
+    if request.param == "numpy":
+        if stats_module._np is None:
+            pytest.skip("numpy not installed")
+    else:
+        monkeypatch.setattr(stats_module, "_np", None)
+    return request.param
+
+
+def test_same_seed_same_interval(backend):
+    assert bootstrap_ci(SCORES, seed=7) == bootstrap_ci(SCORES, seed=7)
+
+
+def test_interval_contains_mean(backend):
+    mean, low, high = bootstrap_ci(SCORES)
+    assert mean == pytest.approx(sum(SCORES) / len(SCORES))
+    assert low <= mean <= high
+    assert low < high
+
+
+def test_constant_values_zero_width(backend):
+    for value in (1.0, 0.0, 0.1):
+        mean, low, high = bootstrap_ci([value] * 37)
+        assert mean == pytest.approx(value)
+        assert low == high == value
+
+
+def test_higher_confidence_is_wider(backend):
+    _, low90, high90 = bootstrap_ci(SCORES, confidence=0.90)
+    _, low99, high99 = bootstrap_ci(SCORES, confidence=0.99)
+    assert low99 <= low90 and high90 <= high99
+
+
+def test_pure_python_close_to_numpy(monkeypatch):
+    if stats_module._np is None:
+        pytest.skip("numpy not installed")
+    rng = random.Random(3)
+    values = [rng.random() for _ in range(100)]
+    with_numpy = bootstrap_ci(values)
+    monkeypatch.setattr(stats_module, "_np", None)
+    pure = bootstrap_ci(values)
+    assert pure[0] == pytest.approx(with_numpy[0])
+    assert pure[1:] == pytest.approx(with_numpy[1:], abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"n_resamples": 0}, "n_resamples"), ({"confidence": 1.0}, "confidence")],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bootstrap_ci(SCORES, **kwargs)
+    with pytest.raises(ValueError, match="empty"):
+        bootstrap_ci([])
+
+
+def test_paired_diff_sign(backend):
+    better = [1] * 18 + [0] * 2
+    worse = [1] * 6 + [0] * 14
+    diff, low, high = paired_bootstrap_diff(better, worse)
+    assert diff == pytest.approx(0.6)
+    assert 0 < low <= diff <= high
+    assert not within_noise(low, high)
+    neg, nlow, nhigh = paired_bootstrap_diff(worse, better)
+    assert neg == pytest.approx(-0.6)
+    assert nlow <= neg <= nhigh < 0
+
+
+def test_paired_diff_identical_systems_within_noise(backend):
+    diff, low, high = paired_bootstrap_diff(SCORES, SCORES)
+    assert (diff, low, high) == (0.0, 0.0, 0.0)
+    assert within_noise(low, high)
+
+
+def test_paired_diff_length_mismatch():
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_bootstrap_diff([1, 0], [1])
+
+
+def test_within_noise():
+    assert within_noise(-0.1, 0.1)
+    assert within_noise(0.0, 0.2)
+    assert not within_noise(0.01, 0.2)
+    assert not within_noise(-0.2, -0.01)

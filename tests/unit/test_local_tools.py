@@ -1,0 +1,153 @@
+"""Offline search/visit tools: text output, artifacts with doc ids, subsets, excerpts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import ToolMessage
+
+from langgraph_parallelmuse.tools import CorpusIndex, goal_excerpt, make_corpus_tools
+
+FILLER = "Bread is baked in ovens every morning in the old town. "
+LONG_TEXT = (
+    "Mount Example is a mountain in the Alps. "
+    + FILLER * 60
+    + "Mount Example is 4,321 metres high according to the 1990 survey. "
+    + FILLER * 60
+)
+DOCS = [
+    {"id": "m1", "title": "Mount Example", "text": LONG_TEXT},
+    {"id": "r1", "title": "River Sample", "text": "The River Sample flows into Lake Demo."},
+    {"id": "l1", "title": "Lake Demo", "text": "Lake Demo lies below Mount Example."},
+]
+DOCS_BY_ID = {d["id"]: d for d in DOCS}
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> CorpusIndex:
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps(d) + "\n" for d in DOCS), encoding="utf-8")
+    return CorpusIndex.from_jsonl(src, cache_dir=tmp_path / "cache")
+
+
+async def call(tool, **args) -> ToolMessage:
+    msg = await tool.ainvoke({"type": "tool_call", "id": "call-1", "name": tool.name, "args": args})
+    assert isinstance(msg, ToolMessage)
+    return msg
+
+
+def test_tool_names_and_args(index: CorpusIndex) -> None:
+    search, visit = make_corpus_tools(index)
+    assert (search.name, visit.name) == ("search", "visit")
+    assert set(search.args) == {"query"}
+    assert set(visit.args) == {"doc", "goal"}
+    assert visit.args["goal"].get("default") == ""
+
+
+async def test_search_lists_hits_with_ids_and_artifact(index: CorpusIndex) -> None:
+    search, _ = make_corpus_tools(index, k=2)
+    msg = await call(search, query="Where does the River Sample flow?")
+    assert msg.content.startswith("[1] River Sample (id: r1)\n")
+    assert msg.artifact == {"doc_ids": ["r1"]}
+    msg = await call(search, query="Lake Demo Mount Example")
+    assert msg.artifact["doc_ids"][0] == "l1"
+    assert len(msg.artifact["doc_ids"]) == 2
+    second = msg.artifact["doc_ids"][1]
+    assert f"\n\n[2] {DOCS_BY_ID[second]['title']} (id: {second})\n" in msg.content
+
+
+async def test_plain_invoke_returns_text_only(index: CorpusIndex) -> None:
+    search, _ = make_corpus_tools(index)
+    assert "(id: r1)" in await search.ainvoke({"query": "river"})
+
+
+async def test_empty_query_is_a_text_result(index: CorpusIndex) -> None:
+    search, _ = make_corpus_tools(index)
+    msg = await call(search, query="   ")
+    assert msg.content.startswith("empty query: ")
+    assert msg.artifact == {"doc_ids": []}
+    assert msg.status == "success"
+
+
+async def test_no_hits_is_a_text_result(index: CorpusIndex) -> None:
+    search, _ = make_corpus_tools(index)
+    msg = await call(search, query="zeppelin quasar")
+    assert msg.content.startswith("No results for 'zeppelin quasar'")
+    assert msg.artifact == {"doc_ids": []}
+
+
+async def test_fts_syntax_query_does_not_raise(index: CorpusIndex) -> None:
+    search, _ = make_corpus_tools(index)
+    msg = await call(search, query='"Lake AND (Demo* NEAR')
+    assert "(id: l1)" in msg.content
+
+
+async def test_visit_short_doc_returns_full_text(index: CorpusIndex) -> None:
+    _, visit = make_corpus_tools(index)
+    msg = await call(visit, doc="r1")
+    assert msg.content == "River Sample\n\nThe River Sample flows into Lake Demo."
+    assert msg.artifact == {"doc_ids": ["r1"]}
+
+
+async def test_visit_by_title_or_pasted_search_line(index: CorpusIndex) -> None:
+    _, visit = make_corpus_tools(index)
+    assert (await call(visit, doc="lake demo")).artifact == {"doc_ids": ["l1"]}
+    assert (await call(visit, doc="[2] Lake Demo (id: l1)")).artifact == {"doc_ids": ["l1"]}
+
+
+async def test_visit_unknown_doc_is_a_text_result(index: CorpusIndex) -> None:
+    _, visit = make_corpus_tools(index)
+    msg = await call(visit, doc="nonexistent-id-42", goal="anything")
+    assert msg.content.startswith("No document 'nonexistent-id-42'")
+    assert "unknown" in msg.content
+    assert msg.artifact == {"doc_ids": []}
+
+
+async def test_visit_long_doc_gives_goal_focused_excerpt(index: CorpusIndex) -> None:
+    _, visit = make_corpus_tools(index, max_chars=500)
+    msg = await call(visit, doc="m1", goal="How high is it in metres?")
+    assert len(msg.content) <= 500
+    assert msg.content.startswith("Mount Example\n\n")
+    assert "4,321 metres" in msg.content
+    assert "[...]" in msg.content
+    body = msg.content.split("\n\n", 1)[1]
+    # Kept sentences stay in document order: the opening sentence comes before the height.
+    assert body.index("mountain in the Alps") < body.index("4,321")
+    assert msg.artifact == {"doc_ids": ["m1"]}
+
+
+async def test_subset_hides_other_docs(index: CorpusIndex) -> None:
+    search, visit = make_corpus_tools(index, doc_ids=["r1", "l1"])
+    msg = await call(search, query="Mount Example")
+    assert "m1" not in msg.artifact["doc_ids"]
+    assert msg.artifact["doc_ids"] == ["l1"]
+    assert (await call(visit, doc="m1")).content.startswith("No document 'm1'")
+    assert (await call(visit, doc="Mount Example")).artifact == {"doc_ids": []}
+
+
+async def test_tools_run_concurrently(index: CorpusIndex) -> None:
+    search, visit = make_corpus_tools(index)
+    msgs = await asyncio.gather(
+        *(call(search, query=q) for q in ["river", "lake", "mount"] * 5),
+        *(call(visit, doc=d) for d in ["m1", "r1", "l1"] * 5),
+    )
+    assert all(m.artifact["doc_ids"] for m in msgs)
+
+
+@pytest.mark.parametrize("max_chars", [0, 5, 6, 7, 40, 120, 333, 1000])
+def test_goal_excerpt_never_exceeds_max_chars(max_chars: int) -> None:
+    excerpt = goal_excerpt(LONG_TEXT, "height metres", title="Mount Example", max_chars=max_chars)
+    assert len(excerpt) <= max_chars
+
+
+def test_goal_excerpt_returns_short_text_unchanged() -> None:
+    assert goal_excerpt("Short text.", "goal", max_chars=100) == "Short text."
+
+
+def test_goal_excerpt_cuts_one_huge_sentence() -> None:
+    excerpt = goal_excerpt("word " * 500, "word", max_chars=100)
+    assert len(excerpt) <= 100
+    assert excerpt.endswith("[...]")

@@ -1,0 +1,194 @@
+"""Answer metrics (normalisation, aliases, yes/no, word boundaries), recall, and the LLM judge."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.language_models.fake_chat_models import (
+    FakeListChatModel,
+    GenericFakeChatModel,
+)
+from langchain_core.messages import AIMessage
+
+from langgraph_parallelmuse.eval import (
+    contains_gold,
+    exact_match,
+    f1_score,
+    llm_judge,
+    normalize_answer,
+    normalize_vote_key,
+    parse_judgement,
+    retrieval_recall,
+    score_answer,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("The Eiffel Tower", "eiffel tower"),
+        ("  An   apple, a   DAY! ", "apple day"),
+        ("theatre", "theatre"),  # articles only as whole words
+        ("G. Stanley Hall", "g stanley hall"),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_normalize_answer(raw, expected):
+    assert normalize_answer(raw) == expected
+
+
+def test_exact_match_takes_best_alias():
+    assert exact_match("Stanley Hall", ["G. Stanley Hall", "Stanley Hall"]) == 1.0
+    assert exact_match("the latin.", ["Latin"]) == 1.0
+    assert exact_match("Greek", ["Latin"]) == 0.0
+
+
+def test_single_string_answer_is_one_alias_not_characters():
+    assert exact_match("paris", "Paris") == 1.0
+    assert exact_match("p", "Paris") == 0.0
+
+
+def test_f1_partial_and_max_over_aliases():
+    assert f1_score("Stanley Hall the psychologist", ["G. Stanley Hall"]) == pytest.approx(2 / 3)
+    # the exact alias wins over the partial one
+    assert f1_score("Stanley Hall", ["G. Stanley Hall", "Stanley Hall"]) == 1.0
+    assert f1_score("Rome", ["Paris"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [
+        ("yes", ["yes"], 1.0),
+        ("Yes.", ["yes"], 1.0),
+        ("no", ["yes"], 0.0),
+        ("no it is not", ["no"], 0.0),  # would get token overlap without the special case
+        ("yes", ["yes they are"], 0.0),
+        ("noanswer", ["no answer"], 0.0),
+    ],
+)
+def test_f1_yes_no_special_case(prediction, gold, expected):
+    assert f1_score(prediction, gold) == expected
+
+
+@pytest.mark.parametrize("prediction", [None, "", "   ", "the"])
+def test_empty_prediction_scores_zero(prediction):
+    assert score_answer(prediction, ["Paris"]) == {"em": 0.0, "f1": 0.0, "contains": 0.0}
+
+
+def test_empty_answers_rejected():
+    with pytest.raises(ValueError, match="answers is empty"):
+        score_answer("Paris", [])
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [
+        ("He was born in 1990.", ["1990"], 1.0),
+        ("19900 people", ["1990"], 0.0),
+        ("in 11990", ["1990"], 0.0),
+        ("The answer is G. Stanley Hall, a psychologist", ["G. Stanley Hall"], 1.0),
+        ("Parisian food", ["Paris"], 0.0),
+        ("Rome, not Paris", ["Berlin", "Paris"], 1.0),
+        ("anything", ["the"], 0.0),  # an answer that normalises to nothing never matches
+    ],
+)
+def test_contains_gold_word_boundaries(prediction, gold, expected):
+    assert contains_gold(prediction, gold) == expected
+
+
+def test_score_answer_combines_metrics():
+    scores = score_answer("It was Latin", ["Latin"])
+    assert scores["em"] == 0.0
+    assert scores["f1"] == pytest.approx(0.5)
+    assert scores["contains"] == 1.0
+
+
+def test_retrieval_recall():
+    assert retrieval_recall(["d1", "d2", "d3"], ["d1", "d2"]) == 1.0
+    assert retrieval_recall(["d1", "d1", "d9"], ["d1", "d2"]) == 0.5
+    assert retrieval_recall([], ["d1"]) == 0.0
+    with pytest.raises(ValueError, match="supporting_doc_ids is empty"):
+        retrieval_recall(["d1"], [])
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "Paris",
+        "paris.",
+        "Answer: Paris",
+        "answer:  the Paris.",
+        "**Final Answer:** Paris",
+        " PARIS ",
+    ],
+)
+def test_vote_key_groups_equivalent_answers(variant):
+    assert normalize_vote_key(variant) == "paris"
+
+
+def test_vote_key_keeps_answer_word_without_label():
+    assert normalize_vote_key("Answer Me") == "answer me"
+    assert normalize_vote_key(None) == ""
+
+
+# LLM judge -----------------------------------------------------------------------------------
+
+
+class _RecordingModel(FakeListChatModel):
+    """Fake judge that keeps the prompts it was sent."""
+
+    prompts: list[str] = []
+
+    async def ainvoke(self, input, config=None, **kwargs):
+        self.prompts.append(input[0].content)
+        return await super().ainvoke(input, config, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("extracted_final_answer: Paris\nreasoning: same\ncorrect: yes\nconfidence: 90", True),
+        ("extracted_final_answer: Rome\nreasoning: differs\ncorrect: no\nconfidence: 80", False),
+        ("**correct:** Yes", True),
+        ("- Correct: NO.", False),
+        ("Yes", True),
+        ("no, the response names another city", False),
+        ("<think>draft\ncorrect: no</think>\ncorrect: yes", True),
+        ("reasoning: the answer is correct, no doubt", None),
+        ("I am not sure.", None),
+        ("", None),
+    ],
+)
+async def test_llm_judge_parses_verdict(reply, expected):
+    model = FakeListChatModel(responses=[reply])
+    assert await llm_judge(model, "Capital of France?", "Paris", ["Paris"]) is expected
+
+
+async def test_llm_judge_with_generic_fake_model():
+    model = GenericFakeChatModel(messages=iter([AIMessage(content="correct: yes")]))
+    assert await llm_judge(model, "Capital of France?", "It is Paris.", "Paris") is True
+
+
+async def test_llm_judge_prompt_holds_question_prediction_and_aliases():
+    model = _RecordingModel(responses=["correct: yes"], prompts=[])
+    await llm_judge(model, "Who founded it?", "Stanley Hall", ["G. Stanley Hall", "Stanley Hall"])
+    (prompt,) = model.prompts
+    assert "[question]: Who founded it?" in prompt
+    assert "[response]: Stanley Hall" in prompt
+    assert "[correct_answer]: G. Stanley Hall (also accepted: Stanley Hall)" in prompt
+
+
+@pytest.mark.parametrize("prediction", [None, "", "  "])
+async def test_llm_judge_empty_prediction_is_wrong_without_call(prediction):
+    model = _RecordingModel(responses=["correct: yes"], prompts=[])
+    assert await llm_judge(model, "q?", prediction, ["Paris"]) is False
+    assert model.prompts == []
+
+
+async def test_llm_judge_empty_gold_rejected():
+    with pytest.raises(ValueError, match="gold is empty"):
+        await llm_judge(FakeListChatModel(responses=["yes"]), "q?", "Paris", [])
+
+
+def test_parse_judgement_takes_last_verdict_line():
+    assert parse_judgement("correct: yes\n...on reflection...\ncorrect: no") is False

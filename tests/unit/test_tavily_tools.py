@@ -1,0 +1,254 @@
+"""Tavily search/visit tools against a fake Tavily HTTP server on 127.0.0.1 (no network)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from langchain_core.messages import ToolMessage
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.tools import MissingTavilyKeyError, make_tavily_tools
+
+KEY = "tvly-test-SECRET-0123456789"
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None
+    delay: float = 0.0
+
+
+@dataclass
+class FakeTavily:
+    """Scripted replies per endpoint; the last reply repeats once the script runs out."""
+
+    base_url: str = ""
+    script: dict[str, list[Reply]] = field(default_factory=dict)
+    requests: list[tuple[str, dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+    def reply_for(self, path: str) -> Reply:
+        replies = self.script.get(path) or [Reply(404, {"detail": {"error": "not found"}})]
+        return replies.pop(0) if len(replies) > 1 else replies[0]
+
+    def count(self, path: str) -> int:
+        return sum(1 for p, _, _ in self.requests if p == path)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that timed out closes its socket; that is expected here, not an error."""
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TAVILY_API_KEY", raising=False)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeTavily]:
+    state = FakeTavily()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            length = int(self.headers.get("Content-Length") or 0)
+            payload = json.loads(self.rfile.read(length) or b"{}")
+            state.requests.append((self.path, dict(self.headers), payload))
+            reply = state.reply_for(self.path)
+            time.sleep(reply.delay)
+            data = json.dumps(reply.body).encode()
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = _Server(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    state.base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def tools(fake: FakeTavily, **kwargs: Any):
+    options = {"api_key": KEY, "base_url": fake.base_url, "backoff": 0.01, "timeout": 5.0}
+    return make_tavily_tools(**(options | kwargs))
+
+
+async def call(tool, **args) -> ToolMessage:
+    msg = await tool.ainvoke({"type": "tool_call", "id": "c1", "name": tool.name, "args": args})
+    assert isinstance(msg, ToolMessage)
+    assert KEY not in msg.content
+    return msg
+
+
+SEARCH_OK = Reply(
+    body={
+        "query": "q",
+        "results": [
+            {
+                "title": "Eiffel Tower - Wikipedia",
+                "url": "https://en.wikipedia.org/wiki/Eiffel_Tower",
+                "content": "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
+                "score": 0.9,
+            },
+            {
+                "title": "Visit Paris",
+                "url": "https://example.org/paris",
+                "content": "Paris is the capital of France.",
+                "score": 0.5,
+            },
+        ],
+    }
+)
+
+
+async def test_search_success(fake: FakeTavily) -> None:
+    fake.script["/search"] = [SEARCH_OK]
+    search, visit = tools(fake, max_results=2)
+    assert (search.name, visit.name) == ("search", "visit")
+    msg = await call(search, query="Where is the Eiffel Tower?")
+    assert msg.content.startswith(
+        "[1] Eiffel Tower - Wikipedia (id: https://en.wikipedia.org/wiki/Eiffel_Tower)\n"
+        "The Eiffel Tower is a wrought-iron lattice tower in Paris."
+    )
+    assert "[2] Visit Paris (id: https://example.org/paris)" in msg.content
+    assert msg.artifact == {
+        "doc_ids": ["https://en.wikipedia.org/wiki/Eiffel_Tower", "https://example.org/paris"]
+    }
+    path, headers, payload = fake.requests[0]
+    assert path == "/search"
+    assert headers["Authorization"] == f"Bearer {KEY}"
+    assert payload["query"] == "Where is the Eiffel Tower?"
+    assert payload["max_results"] == 2
+
+
+async def test_key_from_environment(fake: FakeTavily, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAVILY_API_KEY", KEY)
+    fake.script["/search"] = [SEARCH_OK]
+    search, _ = make_tavily_tools(base_url=fake.base_url)
+    assert (await call(search, query="x")).artifact["doc_ids"]
+    assert fake.requests[0][1]["Authorization"] == f"Bearer {KEY}"
+
+
+async def test_empty_results(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(body={"query": "zzz", "results": []})]
+    search, _ = tools(fake)
+    msg = await call(search, query="zzz")
+    assert msg.content.startswith("No results for 'zzz'")
+    assert msg.artifact == {"doc_ids": []}
+
+
+async def test_empty_query_sends_nothing(fake: FakeTavily) -> None:
+    search, _ = tools(fake)
+    msg = await call(search, query=" ")
+    assert msg.content.startswith("empty query: ")
+    assert fake.requests == []
+
+
+async def test_rate_limit_is_retried(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(429, {"detail": {"error": "slow down"}}), SEARCH_OK]
+    search, _ = tools(fake)
+    msg = await call(search, query="eiffel")
+    assert msg.artifact["doc_ids"][0] == "https://en.wikipedia.org/wiki/Eiffel_Tower"
+    assert fake.count("/search") == 2
+
+
+async def test_timeout_is_retried(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(200, SEARCH_OK.body, delay=1.0), SEARCH_OK]
+    search, _ = tools(fake, timeout=0.2)
+    msg = await call(search, query="eiffel")
+    assert len(msg.artifact["doc_ids"]) == 2
+    assert fake.count("/search") == 2
+
+
+async def test_persistent_server_error_becomes_error_text(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(503, {"detail": {"error": "down"}})]
+    search, _ = tools(fake, retries=2)
+    msg = await call(search, query="eiffel")
+    assert msg.content.startswith("Error: web search failed after 3 attempts (HTTP 503")
+    assert msg.artifact == {"doc_ids": []}
+    assert fake.count("/search") == 3
+
+
+async def test_client_errors_are_not_retried(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(401, {"detail": {"error": "Unauthorized: missing or invalid"}})]
+    search, _ = tools(fake)
+    msg = await call(search, query="eiffel")
+    assert msg.content.startswith("Error: web search failed (InvalidAPIKeyError: Unauthorized")
+    assert fake.count("/search") == 1
+
+
+async def test_key_never_leaks_even_when_echoed(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(400, {"detail": {"error": f"bad header Bearer {KEY}"}})]
+    fake.script["/extract"] = [Reply(429, {"detail": {"error": f"limit for {KEY}"}})]
+    search, visit = tools(fake, retries=1)
+    msg = await call(search, query="eiffel")
+    assert "Bearer ***" in msg.content
+    msg = await call(visit, doc="https://example.org/a")
+    assert "limit for ***" in msg.content
+
+
+def test_missing_key_raises_clear_error() -> None:
+    with pytest.raises(MissingTavilyKeyError, match="TAVILY_API_KEY") as info:
+        make_tavily_tools()
+    assert isinstance(info.value, ValueError)
+
+
+def test_bad_settings_raise_config_error() -> None:
+    with pytest.raises(ConfigError, match="retries=-1"):
+        make_tavily_tools(api_key=KEY, retries=-1)
+
+
+async def test_visit_extracts_page_with_goal_excerpt(fake: FakeTavily) -> None:
+    page = "Intro sentence about towers. " + "Filler text here. " * 400 + "It is 330 m tall. "
+    fake.script["/extract"] = [
+        Reply(
+            body={
+                "results": [{"url": "https://example.org/t", "raw_content": page}],
+                "failed_results": [],
+            }
+        )
+    ]
+    _, visit = tools(fake, max_chars=600)
+    msg = await call(visit, doc="[1] Tower (id: https://example.org/t)", goal="how tall")
+    assert msg.content.startswith("https://example.org/t\n\n")
+    assert len(msg.content) <= 600
+    assert "330 m tall" in msg.content
+    assert msg.artifact == {"doc_ids": ["https://example.org/t"]}
+    assert fake.requests[0][2]["urls"] == ["https://example.org/t"]
+
+
+async def test_visit_failed_extraction(fake: FakeTavily) -> None:
+    fake.script["/extract"] = [
+        Reply(body={"results": [], "failed_results": [{"url": "https://x.org", "error": "404"}]})
+    ]
+    _, visit = tools(fake)
+    msg = await call(visit, doc="x.org")
+    assert msg.content == "No document could be read at https://x.org (404)."
+    assert msg.artifact == {"doc_ids": []}
+
+
+async def test_visit_needs_a_url(fake: FakeTavily) -> None:
+    _, visit = tools(fake)
+    msg = await call(visit, doc="Eiffel Tower")
+    assert msg.content.startswith("No document 'Eiffel Tower': visit needs a URL")
+    assert fake.requests == []
