@@ -163,8 +163,9 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     canonical = {s.lower(): s for s in SECTIONS}
     heads = list(_HEADING.finditer(body))
     sections: dict[str, str] = {}
-    for head, nxt in zip(heads, [*heads[1:], None], strict=True):
-        content = body[head.end() : nxt.start() if nxt else len(body)].strip()
+    for i, head in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(body)
+        content = body[head.end() : end].strip()
         sections.setdefault(canonical[head.group(1).lower()], content)
     return sections, answer
 

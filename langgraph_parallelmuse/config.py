@@ -45,10 +45,6 @@ class ParallelMuseConfig(BaseModel):
     estimator: Estimator = Field(
         "nll", description="'nll' = paper Eq. 1 perplexity; 'entropy' = top-k entropy (official code)."
     )
-    rounds: int = Field(1, description="Branching rounds (>1 branches again from branches, within N).")
-    diversity_retries: int = Field(
-        0, description="Resample a branch's first step this many times if it repeats a sibling's action."
-    )
     # Sampling.
     temperature: float = Field(0.6, description="Rollout sampling temperature.")
     top_p: float = Field(0.95, description="Rollout nucleus sampling.")
@@ -82,8 +78,6 @@ class ParallelMuseConfig(BaseModel):
             problems.append(f"k={self.k}: k is a count of steps, use 0 or more")
         if self.t < 1:
             problems.append(f"t={self.t}: T (branches per pick) must be at least 1")
-        if self.rounds < 1:
-            problems.append(f"rounds={self.rounds}: use 1 (the paper) or more")
         if self.m > self.n:
             problems.append(f"m={self.m} > n={self.n}: initial trajectories cannot exceed N")
         elif self.mode != "none" and self.m + self.m * self.k * self.t > self.n:
@@ -106,8 +100,6 @@ class ParallelMuseConfig(BaseModel):
                 problems.append(f"{name}={getattr(self, name)}: must be positive")
         if self.tool_timeout <= 0:
             problems.append(f"tool_timeout={self.tool_timeout}: must be positive seconds")
-        if self.diversity_retries < 0:
-            problems.append(f"diversity_retries={self.diversity_retries}: use 0 or more")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -95,12 +95,12 @@ class GuidedDriver:
         ['Lit', 'Gen', 'Lit', 'Gen', 'Lit']
     """
 
-    schedule: tuple[str, ...] = ("search", "visit", "search", "visit")
-    thought_tokens: int = 40
-    argument_tokens: int = 24
-    answer_tokens: int = 32
-    evidence_chars: int = 1800
-    retries: int = 2
+    schedule: tuple[str, ...] = ("search", "visit")
+    thought_tokens: int = 32
+    argument_tokens: int = 20
+    answer_tokens: int = 24
+    evidence_chars: int = 1500
+    retries: int = 1
 
     def next_action(self, ctx: StepContext) -> str:
         plan = [a for a in self.schedule if a in ctx.tool_names]
@@ -127,11 +127,15 @@ class GuidedDriver:
         ]
 
     def evidence_prompt(self, ctx: StepContext) -> list[BaseMessage]:
-        """The plain QA prompt: opened documents first, then search snippets, newest first."""
+        """The plain QA prompt: opened documents first, then search snippets, newest first.
+
+        Only observations that returned documents count: a "No document …" reply is not
+        evidence, and a small model would copy it as its answer.
+        """
         ranked = sorted(ctx.observations, key=lambda o: (o["name"] != "visit", -o["step"]))
         budget, parts = self.evidence_chars, []
         for obs in ranked:
-            if obs["error"] or budget <= 0:
+            if obs["error"] or not obs.get("doc_ids") or budget <= 0:
                 continue
             chunk = obs["content"].strip()[: max(budget, 0)]
             parts.append(chunk)
@@ -144,6 +148,9 @@ class GuidedDriver:
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()
         if not thought:
             return "empty thought"
+        words = re.findall(r"\w+", thought.lower())
+        if len(_ngrams(thought)) < len(words) - 3:
+            return "thought repeats itself"
         earlier = set().union(*(_ngrams(s["text"].split("</think>", 1)[0]) for s in ctx.steps)) if ctx.steps else set()
         if _ngrams(thought) & earlier:
             return "thought repeats an earlier thought"

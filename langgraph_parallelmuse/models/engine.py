@@ -228,7 +228,7 @@ class InferenceEngine:
         s["mean_batch_size"] = s.pop("_rows") / s["batches"] if s["batches"] else 0.0
         s["cache_hit_rate"] = s.pop("_hits") / s["requests"] if s["requests"] else 0.0
         s["cache_token_reuse"] = s["prefill_tokens_reused"] / prompt if prompt else 0.0
-        s["cache_bytes"] = self.cache.nbytes if self.cache else 0
+        s["cache_bytes"] = self.cache.nbytes if self.cache is not None else 0
         return s
 
     def reset_stats(self) -> None:
@@ -240,7 +240,7 @@ class InferenceEngine:
 
     def clear_cache(self) -> None:
         """Drop every prefix-cache entry."""
-        if self.cache:
+        if self.cache is not None:
             self.cache.clear()
 
     def close(self) -> None:
@@ -336,7 +336,7 @@ class InferenceEngine:
                 max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
                 context=prompt[-4:],
             )
-            hit = self.cache.lookup(prompt, len(prompt) - 1) if self.cache else None
+            hit = self.cache.lookup(prompt, len(prompt) - 1) if self.cache is not None else None
             cache = self._new_cache(hit.state if hit else ())
             seq.cached = hit.length if hit else 0
             logits = None
@@ -348,7 +348,7 @@ class InferenceEngine:
                 requests=1, prefill_tokens_computed=len(prompt) - seq.cached,
                 prefill_tokens_reused=seq.cached, _hits=int(seq.cached > 0),
             )
-            if self.cache:
+            if self.cache is not None:
                 self.cache.insert(prompt, self._row_state(cache, 0, 0))
             seq.batch_cache = cache
             if seq.max_new == 0:
@@ -429,7 +429,7 @@ class InferenceEngine:
         for i in done:
             seq = active[i]
             # The last sampled token was never fed, so the KV covers prompt + gen[:-1].
-            if self.cache:
+            if self.cache is not None:
                 tokens = seq.prompt + seq.gen[:-1]
                 state = self._row_state(batch, i, seq.pad)
                 if state[0].shape[-2] == len(tokens):

@@ -92,8 +92,9 @@ class PrefixCache:
         """Bytes currently held by stored tensors."""
         return self._bytes
 
-    def __len__(self) -> int:
-        """Number of stored tokens (tree edges' total length)."""
+    @property
+    def num_tokens(self) -> int:
+        """Number of stored token positions (total length of the tree's edges)."""
         with self._lock:
             return sum(len(n.tokens) for n in self._iter_nodes())
 

@@ -16,6 +16,7 @@ import re
 import sqlite3
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,10 @@ _STOPWORDS = frozenset(
     into is it its of on or she so than that the their them then there these they this those to
     was we were what when where which who whom whose why will with would you your""".split()
 )
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that can be weakly referenced (the base class cannot)."""
 
 
 class CorpusError(ParallelMuseError, ValueError):
@@ -143,7 +148,8 @@ class CorpusIndex:
         if not self.path.is_file():
             raise CorpusError(f"no index file at {self.path}")
         self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
+        # Weak, so a connection dies with the thread that used it instead of piling up here.
+        self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._size = self._conn().execute("SELECT count(*) FROM docs").fetchone()[0]
 
@@ -213,12 +219,18 @@ class CorpusIndex:
         read_docs: Callable[[], Iterable[Doc]],
     ) -> CorpusIndex:
         directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
         source_key = hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:8]
         fingerprint = _fingerprint(files)
         target = directory / f"{_safe_name(name)}-{source_key}-{fingerprint[:16]}.sqlite"
         if not _is_valid_index(target, fingerprint):
-            _build(target, fingerprint, read_docs())
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                _build(target, fingerprint, read_docs())
+            except (OSError, sqlite3.OperationalError) as exc:
+                raise CorpusError(
+                    f"cannot write the index cache in {directory} ({exc}); pass cache_dir= "
+                    "or set PARALLELMUSE_CACHE_DIR to a writable directory"
+                ) from exc
             # Older versions of the same sources are dead weight once the new index is in place.
             for stale in directory.glob(f"{_safe_name(name)}-{source_key}-*.sqlite"):
                 if stale != target:
@@ -318,7 +330,7 @@ class CorpusIndex:
     def close(self) -> None:
         """Close every connection opened by any thread; later reads reopen one."""
         with self._lock:
-            conns, self._conns = self._conns, []
+            conns, self._conns = list(self._conns), weakref.WeakSet()
         self._local = threading.local()
         for conn in conns:
             conn.close()
@@ -335,11 +347,14 @@ class CorpusIndex:
             # Read-only, one per thread: readers never wait on each other or on a Python lock.
             # check_same_thread=False only so close() may close it from another thread.
             conn = sqlite3.connect(
-                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
+                f"{self.path.resolve().as_uri()}?mode=ro",
+                uri=True,
+                check_same_thread=False,
+                factory=_Connection,
             )
             self._local.conn = conn
             with self._lock:
-                self._conns.append(conn)
+                self._conns.add(conn)
         return conn
 
 

@@ -114,7 +114,10 @@ def make_tavily_tools(
                 # A client per call: an httpx pool is bound to the event loop that opened it, and
                 # the tools may be used from several loops (threads, asyncio.run per question).
                 async with AsyncTavilyClient(api_key=key, api_base_url=base_url) as client:
-                    return await op(client)
+                    data = await op(client)
+                if not isinstance(data, dict):
+                    raise TypeError(f"unexpected Tavily response of type {type(data).__name__}")
+                return data
             except Exception as exc:
                 if not _is_transient(exc):
                     raise
@@ -162,7 +165,9 @@ def make_tavily_tools(
         pages = [r for r in data.get("results") or [] if isinstance(r, dict)]
         content = str(pages[0].get("raw_content") or "") if pages else ""
         if not content.strip():
-            reasons = [str(f.get("error")) for f in data.get("failed_results") or [] if f]
+            reasons = [
+                str(f.get("error")) for f in data.get("failed_results") or [] if isinstance(f, dict)
+            ]
             why = f" ({'; '.join(reasons)})" if reasons else ""
             return redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
         title = str(pages[0].get("title") or pages[0].get("url") or url)

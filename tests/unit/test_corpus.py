@@ -245,3 +245,11 @@ def test_opening_missing_index_file_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(CorpusError, match="no index file"):
         CorpusIndex(tmp_path / "nope.sqlite")
     assert not os.path.exists(tmp_path / "nope.sqlite")
+
+
+def test_unwritable_cache_dir_fails_clearly(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(CorpusError, match="PARALLELMUSE_CACHE_DIR"):
+        CorpusIndex.from_jsonl(src, cache_dir=not_a_dir)

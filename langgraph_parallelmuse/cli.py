@@ -1,0 +1,275 @@
+"""Command line: ``parallelmuse ask`` (full pipeline), ``parallelmuse agent`` (one trajectory).
+
+Example:
+    $ parallelmuse ask "Which country is the Eiffel Tower in?" --n 8 --json result.json
+    $ parallelmuse agent "Who painted the Mona Lisa?"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
+from langgraph_parallelmuse.errors import ParallelMuseError
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--base-url", help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2")
+    g.add_argument("--model", default=None, help="model name on the server (with --base-url)")
+    g.add_argument("--model-path", default=None, help="local transformers checkpoint dir (default: embedded GGUF)")
+    g = p.add_argument_group("knowledge")
+    g.add_argument("--corpus", action="append", default=[], help="{id,title,text} JSONL to search (repeatable); "
+                   "default: the offline Wikipedia subset")
+    g.add_argument("--doc-ids", default=None, help="comma-separated doc ids the tools may see (distractor setting)")
+    g.add_argument("--tavily", action="store_true", help="search the web with Tavily (needs TAVILY_API_KEY)")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ParallelMuse settings (defaults: the paper's)")
+    for name, field in ParallelMuseConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kind = field.annotation
+        if kind is bool:
+            continue
+        typ = {int: int, float: float}.get(kind, None)
+        if typ is None and "int" in str(kind):
+            typ = int
+        g.add_argument(flag, dest=name, type=typ or str, default=None, help=field.description)
+
+
+def _config_from(args: argparse.Namespace, **fixed: Any) -> ParallelMuseConfig:
+    values = {k: getattr(args, k) for k in ParallelMuseConfig.model_fields if getattr(args, k, None) is not None}
+    values.update(fixed)
+    return make_config(values)
+
+
+def _model(args: argparse.Namespace):
+    if args.base_url:
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(base_url=args.base_url, model=args.model or "default",
+                          api_key=os.environ.get("OPENAI_API_KEY", "not-needed"), logprobs=True, top_logprobs=16)
+    from langgraph_parallelmuse.models import LocalChatModel
+
+    with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
+        return LocalChatModel(model_path=args.model_path) if args.model_path else LocalChatModel.embedded()
+
+
+def _tools(args: argparse.Namespace):
+    if args.tavily:
+        from langgraph_parallelmuse.tools import make_tavily_tools
+
+        return make_tavily_tools()
+    from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+
+    with console.status("Opening the search index (built once, then cached)…"):
+        index = CorpusIndex.from_jsonl(*args.corpus) if args.corpus else CorpusIndex.wikipedia()
+    doc_ids = [d.strip() for d in args.doc_ids.split(",")] if args.doc_ids else None
+    return make_corpus_tools(index, doc_ids=doc_ids)
+
+
+def _short(text: str | None, limit: int = 100) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def stats_table(result: dict[str, Any]) -> Table:
+    """Tokens per stage, compression ratio, tool calls and seconds of one run."""
+    stats = result.get("stats", {})
+    roll, comp = stats.get("rollout", {}), stats.get("compress", {})
+    tl = stats.get("timeline", {})
+    table = Table(title="Run statistics", show_header=True)
+    table.add_column("stage")
+    table.add_column("value", justify="right")
+    kinds = roll.get("by_kind", {})
+    table.add_row("trajectories (initial / branch / fill)",
+                  f"{roll.get('trajectories', 0)} ({kinds.get('initial', 0)} / {kinds.get('branch', 0)} / "
+                  f"{kinds.get('fill', 0)})")
+    table.add_row("answered / failed", f"{roll.get('answered', 0)} / {roll.get('failed', 0)}")
+    table.add_row("rollout: generated tokens", str(roll.get("generated_tokens", 0)))
+    table.add_row("rollout: prompt tokens", str(roll.get("prompt_tokens", 0)))
+    table.add_row("rollout: prompt tokens shared with parent", str(roll.get("reused_prefix_tokens", 0)))
+    table.add_row("rollout: prompt tokens served from cache", str(roll.get("cached_prompt_tokens", 0)))
+    table.add_row("rollout: tool calls", str(roll.get("tool_calls", 0)))
+    if comp:
+        ratio = comp.get("compression_ratio")
+        table.add_row("compress: report tokens / trajectory tokens",
+                      f"{comp.get('report_tokens', 0)} / {comp.get('trajectory_tokens', 0)}"
+                      + (f" = {ratio:.3f}" if ratio is not None else ""))
+    if "rolled_out" in tl and "start" in tl:
+        table.add_row("seconds: rollout", f"{tl['rolled_out'] - tl['start']:.1f}")
+    if "end" in tl and "rolled_out" in tl:
+        table.add_row("seconds: compress + aggregate", f"{tl['end'] - tl['rolled_out']:.1f}")
+    if "end" in tl and "start" in tl:
+        table.add_row("seconds: total", f"{tl['end'] - tl['start']:.1f}")
+    engine = stats.get("engine")
+    if engine:
+        table.add_row("engine: prefill computed / reused",
+                      f"{engine.get('prefill_computed', 0)} / {engine.get('prefill_reused', 0)}")
+    return table
+
+
+async def _ask(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.graph import create_parallelmuse
+
+    settings = _config_from(args)
+    model, tools = _model(args), _tools(args)
+    checkpointer = traj_saver = None
+    run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
+    stack = None
+    if args.db:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        stack = AsyncSqliteSaver.from_conn_string(args.db)
+        checkpointer = await stack.__aenter__()
+        traj_saver = checkpointer
+    try:
+        graph = create_parallelmuse(model, tools, config=settings, checkpointer=checkpointer,
+                                    trajectory_checkpointer=traj_saver)
+        run_config = {"configurable": {"thread_id": run_id}, "max_concurrency": settings.max_concurrency}
+        payload: dict | None = {"question": args.question}
+        if args.resume:
+            if checkpointer is None:
+                raise ParallelMuseError("--resume needs --db (the SQLite file of the interrupted run)")
+            snap = await graph.aget_state(run_config)
+            if snap.next:
+                payload = None
+                console.print(f"Resuming run {run_id!r} at {', '.join(snap.next)}")
+        console.print(Panel(args.question, title="Question"))
+        console.print(f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
+                      f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {args.db})" if args.db else ""))
+        final: dict[str, Any] = {}
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as prog:
+            roll = prog.add_task("trajectories", total=settings.n)
+            rep = prog.add_task("reports", total=None, visible=False)
+            async for mode, chunk in graph.astream(payload, run_config, stream_mode=["custom", "values"]):
+                if mode == "values":
+                    final = chunk
+                    continue
+                ev = chunk.get("event")
+                if ev == "trajectory_finished":
+                    prog.advance(roll)
+                    prog.console.print(f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
+                                       f"steps={chunk['steps']} answer={_short(chunk['answer'], 60)!r}")
+                elif ev == "branch_picked":
+                    prog.console.print(f"  [yellow]⑂[/] branch from {chunk['parent']} step {chunk['step']} "
+                                       f"({chunk['region']} PPL {chunk['score']:.2f})")
+                elif ev == "report_written":
+                    prog.update(rep, visible=True, total=max(settings.n, 1))
+                    prog.advance(rep)
+        for report in final.get("reports", []):
+            out.print(Panel(report["text"], title=f"Report {report['trajectory_id']} ({report['status']})"))
+        out.print(stats_table(final))
+        out.print(Panel(str(final.get("answer")), title=f"Answer (source: {final.get('answer_source')})",
+                        border_style="bold green"))
+        if args.json:
+            Path(args.json).write_text(json.dumps(_jsonable(final), indent=2, ensure_ascii=False))
+            console.print(f"Full result written to {args.json}")
+        return 0 if final.get("answer") is not None else 2
+    finally:
+        if stack is not None:
+            await stack.__aexit__(None, None, None)
+
+
+def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
+    from langchain_core.messages import BaseMessage
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, BaseMessage):
+            return {"type": v.type, "content": v.content}
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        return v
+
+    return conv(state)
+
+
+async def _agent(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.agent import RolloutRunner
+
+    settings = _config_from(args)
+    model, tools = _model(args), _tools(args)
+    runner = RolloutRunner(model, tools, driver=settings.driver)
+    thread = {"configurable": {"thread_id": f"agent-{uuid.uuid4().hex[:8]}"}}
+    console.print(Panel(args.question, title="Question"))
+    started = time.perf_counter()
+    payload = {"question": args.question, "trajectory_id": "t0", "status": "running", "answer": None}
+    final: dict[str, Any] = {}
+    with console.status("thinking…") as status:
+        async for update in runner.graph.astream(payload, thread, context=settings, stream_mode="updates"):
+            for node, delta in update.items():
+                for step in (delta or {}).get("steps", []):
+                    act = step["action"]
+                    thought = step["text"].split("</think>", 1)[0].removeprefix("<think>")
+                    what = (f"{act['name']}({json.dumps(act['arguments'], ensure_ascii=False)})"
+                            if act["type"] == "tool_call" else
+                            f"answer: {act.get('answer')}" if act["type"] == "answer" else f"invalid: {act.get('error')}")
+                    lp = [t["logprob"] for t in step["tokens"]]
+                    out.print(f"[bold]step {step['index'] + 1}[/] [dim]({step['generated_tokens']} tokens, "
+                              f"mean logprob {sum(lp) / max(len(lp), 1):.2f}, {step['seconds']:.1f}s)[/]")
+                    out.print(f"  [cyan]think[/]  {_short(thought, 200)}")
+                    out.print(f"  [magenta]act[/]    {what}")
+                for obs in (delta or {}).get("observations", []):
+                    out.print(f"  [green]result[/] {_short(obs['content'], 160)}")
+                    status.update("thinking…")
+                if node == "think" and delta and delta.get("status") not in (None, "running"):
+                    final = delta
+    out.print(Panel(str(final.get("answer")), title=f"{final.get('status')} after "
+                    f"{time.perf_counter() - started:.1f}s", border_style="bold green"))
+    return 0 if final.get("answer") else 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ask = sub.add_parser("ask", help="answer a question with the full ParallelMuse pipeline")
+    ask.add_argument("question")
+    _add_model_args(ask)
+    _add_config_args(ask)
+    ask.add_argument("--json", "--out", dest="json", help="write the full result (trajectories, reports) here")
+    ask.add_argument("--db", help="SQLite file that checkpoints the run (enables --resume)")
+    ask.add_argument("--run-id", help="name of the run inside --db")
+    ask.add_argument("--resume", action="store_true", help="continue the interrupted run --run-id from --db")
+    ask.set_defaults(func=_ask)
+    agent = sub.add_parser("agent", help="run one agent trajectory and show every step")
+    agent.add_argument("question")
+    _add_model_args(agent)
+    _add_config_args(agent)
+    agent.set_defaults(func=_agent)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(args.func(args))
+    except ParallelMuseError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted; rerun with --db/--run-id/--resume to continue a checkpointed run")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

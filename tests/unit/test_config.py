@@ -1,0 +1,108 @@
+"""Config validation: every bad setting fails fast with a ConfigError naming it; budget maths."""
+
+from __future__ import annotations
+
+import pytest
+
+from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
+from langgraph_parallelmuse.errors import ConfigError
+
+
+@pytest.mark.parametrize(("settings", "names"), [
+    ({"n": 2, "m": 3}, ["m=3", "n=2"]),
+    ({"n": 6, "m": 1, "k": 2, "t": 3}, ["n=6", "m + m*k*t = 7"]),
+    ({"n": 7, "m": 2, "k": 1, "t": 3}, ["n=7", "m + m*k*t = 8"]),
+    ({"k": -1}, ["k=-1"]),
+    ({"t": 0}, ["t=0"]),
+    ({"m": 0}, ["m=0"]),
+    ({"n": 0, "m": 0}, ["n=0"]),
+    ({"mode": "random"}, ["mode"]),
+    ({"estimator": "variance"}, ["estimator"]),
+    ({"aggregation": "best"}, ["aggregation"]),
+    ({"driver": "turbo"}, ["driver"]),
+    ({"temperature": -0.1}, ["temperature=-0.1"]),
+    ({"temperature": 2.5}, ["temperature=2.5"]),
+    ({"top_p": 0.0}, ["top_p=0.0"]),
+    ({"top_p": 1.5}, ["top_p=1.5"]),
+    ({"max_turns": 0}, ["max_turns=0"]),
+    ({"top_logprobs": 21}, ["top_logprobs=21"]),
+    ({"top_logprobs": -1}, ["top_logprobs=-1"]),
+    ({"estimator": "entropy", "top_logprobs": 1}, ["estimator='entropy'", "top_logprobs"]),
+    ({"max_step_tokens": 0}, ["max_step_tokens=0"]),
+    ({"max_context_tokens": 0}, ["max_context_tokens=0"]),
+    ({"max_report_tokens": 0}, ["max_report_tokens=0"]),
+    ({"max_concurrency": 0}, ["max_concurrency=0"]),
+    ({"max_observation_chars": 0}, ["max_observation_chars=0"]),
+    ({"tool_timeout": 0}, ["tool_timeout=0"]),
+    ({"nn": 8}, ["nn"]),  # unknown field: a typo must not be ignored
+    ({"n": "eight"}, ["n"]),
+])
+def test_invalid_settings_raise_config_error_naming_the_setting(settings, names):
+    with pytest.raises(ConfigError) as info:
+        make_config(settings)
+    message = str(info.value)
+    assert message.startswith("invalid ParallelMuse config: ")
+    for name in names:
+        assert name in message
+
+
+def test_config_error_is_a_value_error_and_not_a_pydantic_error():
+    with pytest.raises(ValueError) as info:
+        make_config(max_turns=0)
+    assert type(info.value) is ConfigError
+    assert info.value.__cause__ is None  # raised "from None": no pydantic traceback noise
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        make_config(t=0, temperature=9, max_turns=0)
+    message = str(info.value)
+    assert "t=0" in message and "temperature=9" in message and "max_turns=0" in message
+
+
+def test_mode_none_needs_no_branch_budget_and_entropy_no_top_logprobs():
+    cfg = make_config(n=1, m=1, k=2, t=3, mode="none")
+    assert (cfg.branch_budget, cfg.fill_budget) == (0, 0)
+    assert make_config(mode="none", estimator="entropy", top_logprobs=0).top_logprobs == 0
+
+
+@pytest.mark.parametrize(("n", "m", "k", "t", "mode", "branches", "fill"), [
+    (8, 1, 2, 3, "exploration", 6, 1),  # paper defaults: 1 initial + 6 branches + 1 fill
+    (7, 1, 2, 3, "reasoning", 6, 0),
+    (10, 2, 1, 2, "mixed", 4, 4),
+    (5, 1, 0, 3, "exploration", 0, 4),  # k = 0: plain sampling with the fill budget
+    (3, 1, 2, 3, "none", 0, 2),
+    (4, 4, 1, 1, "none", 0, 0),
+    (1, 1, 0, 1, "all", 0, 0),
+    (11, 2, 2, 2, "all", 8, 1),
+])
+def test_budget_arithmetic(n, m, k, t, mode, branches, fill):
+    cfg = make_config(n=n, m=m, k=k, t=t, mode=mode)
+    assert cfg.branch_budget == branches
+    assert cfg.fill_budget == fill
+    assert cfg.m + cfg.branch_budget + cfg.fill_budget == cfg.n
+
+
+def test_defaults_are_the_papers():
+    cfg = make_config()
+    assert (cfg.n, cfg.m, cfg.k, cfg.t) == (8, 1, 2, 3)
+    assert (cfg.temperature, cfg.top_p) == (0.6, 0.95)
+    assert cfg.fill_budget == 1
+
+
+def test_make_config_merges_a_config_a_dict_and_overrides():
+    base = ParallelMuseConfig(n=4, k=1, t=2)
+    cfg = make_config(base, t=3, n=5)
+    assert (cfg.n, cfg.k, cfg.t) == (5, 1, 3)
+    assert (base.n, base.t) == (4, 2)  # the input is not modified
+    assert make_config({"n": 4, "k": 1}, t=2).fill_budget == 1
+    # An override that breaks the budget is still caught.
+    with pytest.raises(ConfigError, match="n=4"):
+        make_config(base, t=5)
+
+
+def test_config_is_frozen():
+    cfg = make_config()
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen-instance error
+        cfg.n = 3
+    assert cfg.n == 8

@@ -1,0 +1,143 @@
+"""The radix prefix cache: longest-prefix lookup, splitting, LRU eviction, caller-owned copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from langgraph_parallelmuse.models.prefix_cache import PrefixCache
+
+BYTES_PER_TOKEN = 2 * 4 * 4  # two float32 slots of head_dim 4
+
+
+def kv(tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fake per-layer KV whose values encode the token ids, so slices are checkable."""
+    base = torch.tensor(tokens, dtype=torch.float32)[None, None, :, None].expand(1, 1, -1, 4)
+    return base.clone(), -base.clone()
+
+
+def assert_state_is(state: tuple[torch.Tensor, ...], tokens: list[int]) -> None:
+    expected = kv(tokens)
+    assert len(state) == 2
+    for got, want in zip(state, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_miss_on_empty_cache() -> None:
+    cache = PrefixCache(1 << 20)
+    hit = cache.lookup([1, 2, 3])
+    assert hit.length == 0 and hit.state == ()
+
+
+def test_longest_prefix_and_partial_edge() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
+    hit = cache.lookup([1, 2, 3, 4, 5])
+    assert hit.length == 4
+    assert_state_is(hit.state, [1, 2, 3, 4])
+    hit = cache.lookup([1, 2, 9])
+    assert hit.length == 2
+    assert_state_is(hit.state, [1, 2])
+    assert cache.lookup([7, 1, 2]).length == 0
+
+
+def test_max_length_caps_the_hit() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv([1, 2, 3]))
+    hit = cache.lookup([1, 2, 3], max_length=2)
+    assert hit.length == 2
+    assert_state_is(hit.state, [1, 2])
+
+
+def test_branching_shares_the_prefix() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
+    cache.insert([1, 2, 5, 6, 7], kv([1, 2, 5, 6, 7]))
+    # The shared [1, 2] is stored once: 4 + 3 positions, not 4 + 5.
+    assert cache.num_tokens == 7
+    assert cache.nbytes == 7 * BYTES_PER_TOKEN
+    assert_state_is(cache.lookup([1, 2, 3, 4, 0]).state, [1, 2, 3, 4])
+    assert_state_is(cache.lookup([1, 2, 5, 6, 7]).state, [1, 2, 5, 6, 7])
+    assert_state_is(cache.lookup([1, 2, 5, 8]).state, [1, 2, 5])
+
+
+def test_reinserting_a_cached_sequence_stores_nothing() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv([1, 2, 3]))
+    before = cache.nbytes
+    cache.insert([1, 2], kv([1, 2]))
+    cache.insert([1, 2, 3], kv([1, 2, 3]))
+    assert cache.nbytes == before
+
+
+def test_returned_state_is_a_copy_the_caller_may_mutate() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv([1, 2, 3]))
+    hit = cache.lookup([1, 2, 3])
+    for tensor in hit.state:
+        tensor.fill_(99.0)
+    extended = torch.cat([hit.state[0], torch.zeros(1, 1, 2, 4)], dim=-2)
+    extended.fill_(5.0)
+    assert_state_is(cache.lookup([1, 2, 3]).state, [1, 2, 3])
+    # Partial-edge hits are copies too.
+    part = cache.lookup([1, 2, 7])
+    part.state[0].fill_(-1.0)
+    assert_state_is(cache.lookup([1, 2, 3]).state, [1, 2, 3])
+
+
+def test_inserted_state_is_copied() -> None:
+    cache = PrefixCache(1 << 20)
+    state = kv([1, 2, 3])
+    cache.insert([1, 2, 3], state)
+    state[0].fill_(42.0)
+    assert_state_is(cache.lookup([1, 2, 3]).state, [1, 2, 3])
+
+
+def test_lru_eviction_under_the_byte_bound() -> None:
+    cache = PrefixCache(max_bytes=8 * BYTES_PER_TOKEN)
+    cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
+    cache.insert([5, 6, 7, 8], kv([5, 6, 7, 8]))
+    assert cache.nbytes == 8 * BYTES_PER_TOKEN
+    cache.lookup([1, 2, 3, 4])  # [1..4] is now more recent than [5..8]
+    cache.insert([9, 10], kv([9, 10]))
+    assert cache.nbytes <= cache.max_bytes
+    assert cache.lookup([5, 6, 7, 8]).length == 0
+    assert cache.lookup([1, 2, 3, 4]).length == 4
+    assert cache.lookup([9, 10]).length == 2
+
+
+def test_eviction_drops_leaves_before_their_shared_prefix() -> None:
+    cache = PrefixCache(max_bytes=6 * BYTES_PER_TOKEN)
+    cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
+    cache.insert([1, 2, 5, 6], kv([1, 2, 5, 6]))  # splits [1,2] off; total 6 positions
+    cache.lookup([1, 2, 5, 6])
+    cache.insert([1, 2, 5, 6, 7], kv([1, 2, 5, 6, 7]))  # needs one more: evicts leaf [3, 4]
+    assert cache.nbytes <= cache.max_bytes
+    assert cache.lookup([1, 2, 3, 4]).length == 2
+    assert cache.lookup([1, 2, 5, 6, 7]).length == 5
+
+
+def test_sequence_larger_than_the_bound_is_stored_partially() -> None:
+    cache = PrefixCache(max_bytes=3 * BYTES_PER_TOKEN)
+    cache.insert([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]))
+    assert cache.nbytes <= cache.max_bytes
+    hit = cache.lookup([1, 2, 3, 4, 5])
+    assert hit.length == 3
+    assert_state_is(hit.state, [1, 2, 3])
+
+
+def test_zero_bound_stores_nothing_and_clear_empties() -> None:
+    assert PrefixCache(0).lookup([1]).length == 0
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2], kv([1, 2]))
+    cache.clear()
+    assert cache.nbytes == 0 and cache.lookup([1, 2]).length == 0
+
+
+def test_many_layers_and_mismatched_state_rejected() -> None:
+    cache = PrefixCache(1 << 20)
+    layers = (*kv([1, 2, 3]), *kv([1, 2, 3]))
+    cache.insert([1, 2, 3], layers)
+    assert len(cache.lookup([1, 2]).state) == 4
+    with pytest.raises(ValueError, match="positions"):
+        cache.insert([4, 5], kv([4, 5, 6]))

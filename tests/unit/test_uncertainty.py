@@ -1,0 +1,206 @@
+"""Region uncertainty (nll and entropy perplexities) and the choice of branch steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from langgraph_parallelmuse.errors import MissingLogprobsError
+from langgraph_parallelmuse.protocol import region_spans
+from langgraph_parallelmuse.uncertainty import (
+    perplexity,
+    require_logprobs,
+    score_steps,
+    select_branch_steps,
+    step_uncertainty,
+    token_entropy,
+)
+
+
+def _tok(logprob, tops=(), start=0, end=1, token="x"):
+    return {"token": token, "logprob": logprob, "top_logprobs": [[f"t{i}", lp] for i, lp in enumerate(tops)],
+            "start": start, "end": end}
+
+
+def _step_from_tokens(pieces, *, generated_tokens=None):
+    """A step whose text is the concatenation of ``pieces`` = [(token, logprob, tops), ...]."""
+    tokens, pos = [], 0
+    for text, lp, tops in pieces:
+        tokens.append(_tok(lp, tops, pos, pos + len(text), text))
+        pos += len(text)
+    text = "".join(p[0] for p in pieces)
+    return {"index": 0, "text": text, "tokens": tokens, "regions": region_spans(text), "action": {},
+            "prompt_tokens": 10, "context_tokens": 10,
+            "generated_tokens": len(tokens) if generated_tokens is None else generated_tokens,
+            "cached_prompt_tokens": 0, "calls": 1, "finish_reason": "stop", "seconds": 0.0}
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+def test_nll_perplexity_by_hand():
+    recs = [_tok(-1.0), _tok(-2.0), _tok(-0.0)]
+    assert perplexity(recs, "nll") == pytest.approx(math.exp(1.0))
+    assert perplexity([_tok(math.log(0.25))], "nll") == pytest.approx(4.0)
+
+
+def test_entropy_of_one_token_by_hand():
+    # Two alternatives with p ∝ e^-0.5 and e^-1.5: p1 = 1/(1+e^-1).
+    p1 = 1 / (1 + math.exp(-1.0))
+    p2 = 1 - p1
+    expected = -(p1 * -0.5 + p2 * -1.5)
+    assert token_entropy(_tok(-0.5, [-0.5, -1.5])) == pytest.approx(expected)
+
+
+def test_entropy_renormalises_a_truncated_top_k():
+    # Four equally likely alternatives that hold only 40% of the mass: renormalised to 1/4 each.
+    lp = math.log(0.1)
+    # H = -sum(1/4 * log 0.1) over the raw logprobs (the official estimator's formula).
+    assert token_entropy(_tok(lp, [lp] * 4)) == pytest.approx(-lp)
+
+
+def test_entropy_without_alternatives_is_the_surprisal():
+    assert token_entropy(_tok(-0.7)) == pytest.approx(0.7)
+
+
+def test_entropy_perplexity_by_hand():
+    recs = [_tok(-0.1, [-0.1, -2.0, -3.0]), _tok(-1.0, [-1.0, -1.0])]
+    def h(tops):
+        ps = [math.exp(x) for x in tops]
+        z = sum(ps)
+        return -sum(p / z * x for p, x in zip(ps, tops, strict=True))
+    expected = math.exp((h([-0.1, -2.0, -3.0]) + h([-1.0, -1.0])) / 2)
+    assert perplexity(recs, "entropy") == pytest.approx(expected)
+
+
+def test_a_confident_token_has_lower_entropy_than_an_unsure_one():
+    sure = _tok(-0.01, [-0.01, -6.0, -7.0])
+    unsure = _tok(-1.0, [-1.0, -1.1, -1.2])
+    assert perplexity([sure], "entropy") < perplexity([unsure], "entropy")
+    assert perplexity([sure], "nll") < perplexity([unsure], "nll")
+
+
+def test_empty_region_has_no_score_and_bad_estimator_raises():
+    assert perplexity([], "nll") is None
+    assert perplexity([], "entropy") is None
+    with pytest.raises(ValueError, match="unknown estimator"):
+        perplexity([_tok(-1.0)], "bogus")
+
+
+# ----------------------------------------------------------------------------- step scores
+
+
+def test_step_uncertainty_scores_each_region_on_its_own_tokens():
+    step = _step_from_tokens([
+        ("<think>", -0.05, ()), ("hmm", -1.0, ()), ("</think>", -0.05, ()),
+        ("<tool_call>", -0.05, ()), ('{"name": "search"}', -3.0, ()), ("</tool_call>", -0.05, ()),
+    ])
+    scores = step_uncertainty(step, "nll")
+    assert scores["reasoning"] == pytest.approx(math.exp(1.0))
+    assert scores["exploration"] == pytest.approx(math.exp(3.0))
+    assert scores["all"] == pytest.approx(math.exp((4 * 0.05 + 1.0 + 3.0) / 6))
+
+
+def test_absent_region_is_none_not_a_number():
+    step = _step_from_tokens([("<think>", -0.1, ()), ("ok", -0.2, ()), ("</think>", -0.1, ()),
+                              ("<answer>", -0.1, ()), ("Paris", -0.3, ()), ("</answer>", -0.1, ())])
+    scores = step_uncertainty(step)
+    assert scores["exploration"] is None
+    assert scores["reasoning"] == pytest.approx(math.exp(0.2))
+    assert scores["all"] is not None
+
+
+def test_step_without_tokens_scores_none_everywhere():
+    step = _step_from_tokens([])
+    step["text"] = "<think>prefilled</think><tool_call>{}</tool_call>"
+    step["regions"] = region_spans(step["text"])
+    assert step_uncertainty(step) == {"reasoning": None, "exploration": None, "all": None}
+
+
+def test_score_steps_is_per_step_and_uses_the_estimator():
+    a = _step_from_tokens([("<think>", -0.1, [-0.1, -0.2]), ("a", -0.5, [-0.5, -0.6]), ("</think>", -0.1, [-0.1])])
+    b = _step_from_tokens([("<think>", -0.1, [-0.1]), ("b", -2.0, [-2.0, -0.2]), ("</think>", -0.1, [-0.1])])
+    nll = score_steps([a, b], "nll")
+    ent = score_steps([a, b], "entropy")
+    assert len(nll) == len(ent) == 2
+    assert nll[0]["reasoning"] == pytest.approx(math.exp(0.5))
+    assert nll[1]["reasoning"] == pytest.approx(math.exp(2.0))
+    assert ent[0]["reasoning"] != nll[0]["reasoning"]
+
+
+# ----------------------------------------------------------------------------- branch steps
+
+
+U = [
+    {"reasoning": 1.5, "exploration": 4.0, "all": 2.0},   # 0: exploring blindly
+    {"reasoning": 6.0, "exploration": 3.0, "all": 4.5},   # 1: integrating evidence
+    {"reasoning": 5.0, "exploration": 1.2, "all": 3.0},   # 2
+    {"reasoning": 2.0, "exploration": None, "all": 1.9},  # 3: answer step
+]
+
+
+@pytest.mark.parametrize(("mode", "k", "expected"), [
+    ("exploration", 2, [(0, "exploration", 4.0), (1, "exploration", 3.0)]),
+    ("exploration", 1, [(0, "exploration", 4.0)]),
+    ("reasoning", 2, [(1, "reasoning", 6.0), (2, "reasoning", 5.0)]),
+    ("all", 2, [(1, "all", 4.5), (2, "all", 3.0)]),
+    # mixed: ceil(k/2) by exploration, then floor(k/2) by reasoning among the other steps.
+    ("mixed", 2, [(0, "exploration", 4.0), (1, "reasoning", 6.0)]),
+    ("mixed", 3, [(0, "exploration", 4.0), (1, "exploration", 3.0), (2, "reasoning", 5.0)]),
+    ("mixed", 1, [(0, "exploration", 4.0)]),
+    ("mixed", 4, [(0, "exploration", 4.0), (1, "exploration", 3.0), (2, "reasoning", 5.0),
+                  (3, "reasoning", 2.0)]),
+    ("none", 2, []),
+    ("exploration", 0, []),
+])
+def test_select_branch_steps_per_mode(mode, k, expected):
+    picks = select_branch_steps(U, mode=mode, k=k)
+    assert [(i, r, pytest.approx(s)) for i, r, s in picks] == expected
+    assert len({i for i, _, _ in picks}) == len(picks)  # never the same step twice
+
+
+def test_fewer_scored_steps_than_k_gives_fewer_picks():
+    assert [i for i, _, _ in select_branch_steps(U, mode="exploration", k=10)] == [0, 1, 2]
+    assert [i for i, _, _ in select_branch_steps(U, mode="reasoning", k=10)] == [1, 2, 3, 0]
+    assert select_branch_steps([], mode="exploration", k=2) == []
+    only_answer = [{"reasoning": 1.1, "exploration": None, "all": 1.1}]
+    assert select_branch_steps(only_answer, mode="exploration", k=2) == []
+
+
+def test_mixed_skips_a_reasoning_step_already_picked_by_exploration():
+    u = [{"reasoning": 9.0, "exploration": 9.0, "all": 9.0},
+         {"reasoning": 2.0, "exploration": 1.0, "all": 1.0},
+         {"reasoning": 3.0, "exploration": None, "all": 1.0}]
+    assert select_branch_steps(u, mode="mixed", k=2) == [(0, "exploration", 9.0), (2, "reasoning", 3.0)]
+
+
+def test_ties_go_to_the_earlier_step_and_eligible_filters():
+    u = [{"reasoning": 2.0, "exploration": 2.0, "all": 2.0}] * 3
+    assert [i for i, _, _ in select_branch_steps(u, mode="exploration", k=2)] == [0, 1]
+    assert [i for i, _, _ in select_branch_steps(U, mode="exploration", k=2, eligible=[1, 2])] == [1, 2]
+
+
+def test_unknown_mode_raises():
+    with pytest.raises(ValueError, match="unknown mode"):
+        select_branch_steps(U, mode="random", k=1)
+
+
+# ----------------------------------------------------------------------------- logprobs present
+
+
+def test_require_logprobs_names_the_fix():
+    no_tokens = _step_from_tokens([], generated_tokens=12)
+    with pytest.raises(MissingLogprobsError) as info:
+        require_logprobs([no_tokens, no_tokens])
+    message = str(info.value)
+    assert "logprobs=True" in message
+    assert "mode='none'" in message
+
+
+def test_require_logprobs_accepts_steps_with_tokens_or_nothing_generated():
+    with_tokens = _step_from_tokens([("<think>", -0.1, ()), ("a", -0.1, ())])
+    prefilled_only = _step_from_tokens([], generated_tokens=0)
+    require_logprobs([with_tokens, _step_from_tokens([], generated_tokens=5)])
+    require_logprobs([prefilled_only])
+    require_logprobs([])
