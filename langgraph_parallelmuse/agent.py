@@ -144,8 +144,9 @@ def build_rollout_graph(
         else:
             call = {"type": "tool_call", "name": name, "args": args, "id": f"{state.get('trajectory_id')}-{step['index']}"}
             try:
-                result = await with_retries(
-                    lambda: asyncio.wait_for(by_name[name].ainvoke(call), timeout=cfg.tool_timeout))
+                # The timeout bounds the whole call, retries of transient failures included.
+                result = await asyncio.wait_for(with_retries(lambda: by_name[name].ainvoke(call)),
+                                                timeout=cfg.tool_timeout)
                 content = _tool_text(result.content if isinstance(result, ToolMessage) else result)
                 artifact = getattr(result, "artifact", None)
                 if isinstance(artifact, dict):

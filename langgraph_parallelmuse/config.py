@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from langgraph_parallelmuse.errors import ConfigError
 
@@ -136,3 +136,40 @@ def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides)
             msg = err["msg"].removeprefix("Value error, ")
             msgs.append(msg if not err["loc"] else f"{loc}: {msg}")
         raise ConfigError("invalid ParallelMuse config: " + "; ".join(msgs)) from None
+
+
+def _context_model() -> type[BaseModel]:
+    fields = {name: (field.annotation | None, Field(None, description=field.description))
+              for name, field in ParallelMuseConfig.model_fields.items()}
+    model = create_model("ParallelMuseContext", __config__=ConfigDict(extra="forbid"), **fields)
+    model.__doc__ = (
+        "Per-run overrides of :class:`ParallelMuseConfig` (the graph's ``context_schema``).\n\n"
+        "Every field is optional; the ones given replace the graph's configured values and the "
+        "merged result is validated as a whole, so ``context={'n': 4, 'k': 1}`` works on top of "
+        "any factory config."
+    )
+    return model
+
+
+ParallelMuseContext = _context_model()
+
+
+def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseConfig:
+    """The settings of one run: the factory config with the run's context overrides applied.
+
+    Example:
+        >>> base = ParallelMuseConfig(max_turns=3)
+        >>> resolve_config(base, {"n": 4, "k": 1}).max_turns
+        3
+    """
+    if context is None:
+        return base
+    if isinstance(context, ParallelMuseConfig):
+        return context
+    if isinstance(context, BaseModel):
+        overrides = {k: getattr(context, k) for k in context.model_fields_set}
+    elif isinstance(context, dict):
+        overrides = dict(context)
+    else:
+        raise ConfigError(f"context must be a dict or ParallelMuseContext, got {type(context).__name__}")
+    return make_config(base, **overrides)

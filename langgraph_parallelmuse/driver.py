@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
+from langgraph_parallelmuse.protocol import render_tool_call
 from langgraph_parallelmuse.state import Action, Observation, Step
 from langgraph_parallelmuse.segments import Gen, Lit
 
@@ -118,13 +119,30 @@ class GuidedDriver:
                     messages=self.evidence_prompt(ctx)),
                 Lit("</answer>"),
             ]
-        arg = {"search": "query", "visit": "doc"}.get(action, "query")
-        head = json.dumps({"name": action, "arguments": {arg: ""}})[:-3]  # up to the opening quote
+        if action == "visit":
+            target = self.visit_target(ctx)
+            if target is not None:
+                return thought + [Lit("</think>\n" + render_tool_call("visit", {"doc": target}))]
+            action = "search"  # nothing left to open: search again instead
+        head = json.dumps({"name": action, "arguments": {"query": ""}})[:-3]  # up to the opening quote
         return thought + [
             Lit("</think>\n<tool_call>" + head),
             Gen(stop=('"', "\n"), max_tokens=self.argument_tokens, name="argument"),
             Lit('"}}</tool_call>'),
         ]
+
+    @staticmethod
+    def visit_target(ctx: StepContext) -> str | None:
+        """The best-ranked hit of the latest search that is not opened yet.
+
+        A 135M model cannot copy a title or id reliably (it invents them), so the driver opens
+        the top unopened hit; the model's exploration decision is its query.
+        """
+        opened = {d for o in ctx.observations if o["name"] == "visit" for d in o.get("doc_ids", [])}
+        for obs in sorted(ctx.observations, key=lambda o: -o["step"]):
+            if obs["name"] == "search" and obs.get("doc_ids"):
+                return next((d for d in obs["doc_ids"] if d not in opened), None)
+        return None
 
     def evidence_prompt(self, ctx: StepContext) -> list[BaseMessage]:
         """The plain QA prompt: opened documents first, then search snippets, newest first.
@@ -142,7 +160,7 @@ class GuidedDriver:
             budget -= len(chunk)
         context = "\n\n".join(parts) or "(no evidence found)"
         return [SystemMessage(EVIDENCE_SYSTEM),
-                HumanMessage(f"Context:\n{context}\n\nQuestion: {ctx.question}")]
+                HumanMessage(f"{context}\n\nQuestion: {ctx.question}\nAnswer with a short phrase.")]
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()
@@ -154,7 +172,7 @@ class GuidedDriver:
         earlier = set().union(*(_ngrams(s["text"].split("</think>", 1)[0]) for s in ctx.steps)) if ctx.steps else set()
         if _ngrams(thought) & earlier:
             return "thought repeats an earlier thought"
-        if action.get("type") == "tool_call" and not any(str(v).strip() for v in action["arguments"].values()):
+        if action.get("type") == "tool_call" and not any(str(v).strip() for v in action.get("arguments", {}).values()):
             return "empty tool argument"
         if repeated_call(action, ctx.steps):
             return "repeats an earlier tool call"

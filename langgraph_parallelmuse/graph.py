@@ -14,9 +14,12 @@ to fork. Nodes are async-first; each also has a sync form so ``invoke``/``batch`
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import time
 import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +37,7 @@ from langgraph.types import Send
 from langgraph_parallelmuse.agent import RolloutRunner, pick_driver
 from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports, majority_vote
 from langgraph_parallelmuse.compress import compress_trajectory
-from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
+from langgraph_parallelmuse.config import ParallelMuseConfig, ParallelMuseContext, make_config, resolve_config
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import InputError
 from langgraph_parallelmuse.state import (
@@ -85,10 +88,20 @@ def _emit(event: str, **data: Any) -> None:
 
 
 def _node(name: str, afunc: Callable) -> RunnableLambda:
-    """An async node that also runs under the sync API (each sync call gets its own loop)."""
+    """An async node that also runs under the sync API (each sync call gets its own loop).
+
+    LangGraph runs a lone task in the caller's thread, which may already run a loop (Jupyter,
+    a sync chain called from async code); the coroutine then runs on a helper thread.
+    """
 
     def sync(arg: Any) -> Any:
-        return asyncio.run(afunc(arg))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(afunc(arg))
+        context = contextvars.copy_context()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(context.run, asyncio.run, afunc(arg)).result()
 
     return RunnableLambda(sync, afunc=afunc, name=name)
 
@@ -129,12 +142,16 @@ def build_parallelmuse_graph(
     guided_aggregate = guided_reports if aggregator_model is None else bool(getattr(aggregator, "supports_prefill", False))
 
     def cfg() -> ParallelMuseConfig:
-        context = get_runtime().context
-        if context is None:
-            return base_config
-        if isinstance(context, ParallelMuseConfig):
-            return context
-        return make_config(context)
+        return resolve_config(base_config, get_runtime().context)
+
+    limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def limit() -> asyncio.Semaphore:
+        """Trajectories/reports in flight, shared by every run on this event loop (batch too)."""
+        loop = asyncio.get_running_loop()
+        if loop not in limits:
+            limits[loop] = asyncio.Semaphore(base_config.max_concurrency)
+        return limits[loop]
 
     async def prepare(state: ParallelMuseState) -> dict[str, Any]:
         question = question_from_input(state)
@@ -157,13 +174,14 @@ def build_parallelmuse_graph(
     async def rollout(job: dict) -> dict[str, Any]:
         settings = cfg()
         thread_id = f"{job['run_id']}/{job['id']}"
-        _emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
-        if job["origin"]["kind"] == "branch":
-            traj = await runner.fork(job["parent"], job["origin"]["step"], trajectory_id=job["id"],
-                                     thread_id=thread_id, config=settings, origin=job["origin"])
-        else:
-            traj = await runner.run(job["question"], trajectory_id=job["id"], thread_id=thread_id,
-                                    config=settings, origin=job["origin"])
+        async with limit():
+            _emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
+            if job["origin"]["kind"] == "branch":
+                traj = await runner.fork(job["parent"], job["origin"]["step"], trajectory_id=job["id"],
+                                         thread_id=thread_id, config=settings, origin=job["origin"])
+            else:
+                traj = await runner.run(job["question"], trajectory_id=job["id"], thread_id=thread_id,
+                                        config=settings, origin=job["origin"])
         _emit("trajectory_finished", id=traj["id"], kind=traj["origin"].get("kind"), status=traj["status"],
               answer=traj["answer"], steps=len(traj["steps"]), generated_tokens=traj["stats"]["generated_tokens"])
         return {"trajectories": [traj]}
@@ -218,8 +236,9 @@ def build_parallelmuse_graph(
     async def compress(job: dict) -> dict[str, Any]:
         settings = cfg()
         traj = job["trajectory"]
-        report = await compress_trajectory(model, job["question"], traj, guided=guided_reports,
-                                           max_report_tokens=settings.max_report_tokens, seed=settings.seed)
+        async with limit():
+            report = await compress_trajectory(model, job["question"], traj, guided=guided_reports,
+                                               max_report_tokens=settings.max_report_tokens, seed=settings.seed)
         _emit("report_written", trajectory_id=traj["id"], status=report["status"], answer=report["answer"],
               tokens=report["tokens"])
         return {"reports": [report]}
@@ -254,7 +273,7 @@ def build_parallelmuse_graph(
                 "messages": [AIMessage(text, name="parallelmuse",
                                        response_metadata={"answer_source": source})]}
 
-    graph = StateGraph(ParallelMuseState, context_schema=ParallelMuseConfig,
+    graph = StateGraph(ParallelMuseState, context_schema=ParallelMuseContext,
                        input_schema=ParallelMuseInput, output_schema=ParallelMuseOutput)
     graph.add_node("prepare", _node("prepare", prepare))
     graph.add_node("initial_rollout", _node("initial_rollout", rollout))

@@ -116,8 +116,8 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
 
     Returns:
         One record per token: ``token``, raw ``logprob``, ``top_logprobs`` as ``[token, logprob]``
-        pairs best first, and ``start``/``end`` char offsets (``start == end`` for a token that
-        only completes a character started by the previous one).
+        pairs best first, and ``start``/``end`` char offsets (every token of a character split
+        across tokens covers that character).
 
     Raises:
         ProtocolError: The payload has an unknown shape or non-numeric logprobs.
@@ -132,14 +132,14 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
     entries = _entries(payload)
     records: list[TokenRecord] = []
     if all(raw is not None for *_, raw in entries) and entries:
-        # Byte-accurate offsets: char position = length of the decodable prefix.
+        # Byte-accurate offsets. A token starts where the complete characters before it end and
+        # ends after any character it touches, so each token of a split character covers it.
         buf = b""
-        pos = 0
         for token, lp, tops, raw in entries:
+            start = len(buf.decode("utf-8", errors="ignore"))
             buf += raw
-            new_pos = len(buf.decode("utf-8", errors="ignore"))
-            records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=pos, end=new_pos))
-            pos = new_pos
+            end = max(start, len(buf.decode("utf-8", errors="replace")))
+            records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=start, end=end))
     else:
         pos = 0
         for token, lp, tops, _ in entries:

@@ -15,11 +15,13 @@ Log-probabilities are *raw*: ``log_softmax`` of the unwarped logits, before temp
 
 from __future__ import annotations
 
+import atexit
 import functools
 import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -38,6 +40,15 @@ __all__ = [
 ]
 
 _PREFILL_CHUNK = 2048
+_live_engines: weakref.WeakSet[InferenceEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # A worker still blocked in the queue at interpreter teardown makes torch's thread pool abort
+    # ("terminate called without an active exception"); stop the workers first.
+    for engine in list(_live_engines):
+        engine.close()
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,7 @@ class InferenceEngine:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
+        _live_engines.add(self)
 
     # ------------------------------------------------------------------ public API
 

@@ -76,7 +76,9 @@ def _content_spans(text: str) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def logprob_payload(text: str, *, logprob: float = -0.1, regions: dict[str, float] | None = None) -> dict:
+def logprob_payload(
+    text: str, *, logprob: float = -0.1, regions: dict[str, float] | None = None
+) -> dict:
     """The OpenAI chat logprobs payload of ``text`` as :func:`tokenize` splits it."""
     spans = _content_spans(text)
     content = []
@@ -89,11 +91,17 @@ def logprob_payload(text: str, *, logprob: float = -0.1, regions: dict[str, floa
             if tag in spans and spans[tag][0] <= start and end <= spans[tag][1]:
                 lp = value
         alt = lp - 1.0
-        content.append({
-            "token": tok, "logprob": lp, "bytes": list(tok.encode()),
-            "top_logprobs": [{"token": tok, "logprob": lp, "bytes": list(tok.encode())},
-                             {"token": "~", "logprob": alt, "bytes": [126]}],
-        })
+        content.append(
+            {
+                "token": tok,
+                "logprob": lp,
+                "bytes": list(tok.encode()),
+                "top_logprobs": [
+                    {"token": tok, "logprob": lp, "bytes": list(tok.encode())},
+                    {"token": "~", "logprob": alt, "bytes": [126]},
+                ],
+            }
+        )
     return {"content": content}
 
 
@@ -133,38 +141,60 @@ class ScriptedChatModel(BaseChatModel):
             item = self.responder(list(messages))
         else:
             if index >= len(self.script):
-                raise AssertionError(f"the script has {len(self.script)} replies; call {index + 1} was made")
+                raise AssertionError(
+                    f"the script has {len(self.script)} replies; call {index + 1} was made"
+                )
             item = self.script[index]
         if isinstance(item, BaseException):
             raise item
         return item if isinstance(item, Reply) else Reply(str(item))
 
-    def _result(self, messages: list[BaseMessage], reply: Reply, stop: list[str] | None) -> ChatResult:
+    def _result(
+        self, messages: list[BaseMessage], reply: Reply, stop: list[str] | None
+    ) -> ChatResult:
         text = reply.text
         cuts = [text.find(s) for s in stop or () if s and s in text]
         if cuts:
             text = text[: min(cuts)]
-        prompt_chars = sum(len(m.content) if isinstance(m.content, str) else len(str(m.content))
-                           for m in messages)
-        input_tokens = reply.input_tokens if reply.input_tokens is not None else prompt_chars // 4 + 1
+        prompt_chars = sum(
+            len(m.content) if isinstance(m.content, str) else len(str(m.content)) for m in messages
+        )
+        input_tokens = (
+            reply.input_tokens if reply.input_tokens is not None else prompt_chars // 4 + 1
+        )
         output_tokens = len(tokenize(text))
         metadata: dict[str, Any] = {"finish_reason": reply.finish_reason}
         if reply.logprobs:
-            metadata["logprobs"] = logprob_payload(text, logprob=reply.logprob, regions=reply.regions)
-        usage: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                                 "total_tokens": input_tokens + output_tokens}
+            metadata["logprobs"] = logprob_payload(
+                text, logprob=reply.logprob, regions=reply.regions
+            )
+        usage: dict[str, Any] = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        }
         if reply.cache_read:
             usage["input_token_details"] = {"cache_read": reply.cache_read}
         message = AIMessage(text, response_metadata=metadata, usage_metadata=usage)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         reply = self._next(messages, stop, kwargs)
         return self._result(messages, reply, stop)
 
-    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                         run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         with self._lock:
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
@@ -219,8 +249,10 @@ def report_from_prompt(messages: list[BaseMessage]) -> str:
     """A well-formed free-form report whose answer is the one in the (neutralised) log."""
     found = re.findall(r"&lt;answer>(.*?)&lt;/answer>", messages[-1].content, re.DOTALL)
     answer = found[-1].strip() if found else "unknown"
-    return ("Solution planning: one sub-problem.\nSolution methods: search gave the fact.\n"
-            f"Final reasoning: the fact names it.\n<answer>{answer}</answer>")
+    return (
+        "Solution planning: one sub-problem.\nSolution methods: search gave the fact.\n"
+        f"Final reasoning: the fact names it.\n<answer>{answer}</answer>"
+    )
 
 
 def majority_from_prompt(messages: list[BaseMessage]) -> str:
@@ -275,7 +307,9 @@ def make_tools(
     async def search(query: str) -> str:
         """Search the web; returns result snippets with document titles."""
         calls["search"].append(query)
-        return await _run(search_fn, query, f"Snippets for {query}: the capital of France is Paris.")
+        return await _run(
+            search_fn, query, f"Snippets for {query}: the capital of France is Paris."
+        )
 
     @tool
     async def visit(doc: str) -> str:

@@ -8,35 +8,38 @@ from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError
 
 
-@pytest.mark.parametrize(("settings", "names"), [
-    ({"n": 2, "m": 3}, ["m=3", "n=2"]),
-    ({"n": 6, "m": 1, "k": 2, "t": 3}, ["n=6", "m + m*k*t = 7"]),
-    ({"n": 7, "m": 2, "k": 1, "t": 3}, ["n=7", "m + m*k*t = 8"]),
-    ({"k": -1}, ["k=-1"]),
-    ({"t": 0}, ["t=0"]),
-    ({"m": 0}, ["m=0"]),
-    ({"n": 0, "m": 0}, ["n=0"]),
-    ({"mode": "random"}, ["mode"]),
-    ({"estimator": "variance"}, ["estimator"]),
-    ({"aggregation": "best"}, ["aggregation"]),
-    ({"driver": "turbo"}, ["driver"]),
-    ({"temperature": -0.1}, ["temperature=-0.1"]),
-    ({"temperature": 2.5}, ["temperature=2.5"]),
-    ({"top_p": 0.0}, ["top_p=0.0"]),
-    ({"top_p": 1.5}, ["top_p=1.5"]),
-    ({"max_turns": 0}, ["max_turns=0"]),
-    ({"top_logprobs": 21}, ["top_logprobs=21"]),
-    ({"top_logprobs": -1}, ["top_logprobs=-1"]),
-    ({"estimator": "entropy", "top_logprobs": 1}, ["estimator='entropy'", "top_logprobs"]),
-    ({"max_step_tokens": 0}, ["max_step_tokens=0"]),
-    ({"max_context_tokens": 0}, ["max_context_tokens=0"]),
-    ({"max_report_tokens": 0}, ["max_report_tokens=0"]),
-    ({"max_concurrency": 0}, ["max_concurrency=0"]),
-    ({"max_observation_chars": 0}, ["max_observation_chars=0"]),
-    ({"tool_timeout": 0}, ["tool_timeout=0"]),
-    ({"nn": 8}, ["nn"]),  # unknown field: a typo must not be ignored
-    ({"n": "eight"}, ["n"]),
-])
+@pytest.mark.parametrize(
+    ("settings", "names"),
+    [
+        ({"n": 2, "m": 3}, ["m=3", "n=2"]),
+        ({"n": 6, "m": 1, "k": 2, "t": 3}, ["n=6", "m + m*k*t = 7"]),
+        ({"n": 7, "m": 2, "k": 1, "t": 3}, ["n=7", "m + m*k*t = 8"]),
+        ({"k": -1}, ["k=-1"]),
+        ({"t": 0}, ["t=0"]),
+        ({"m": 0}, ["m=0"]),
+        ({"n": 0, "m": 0}, ["n=0"]),
+        ({"mode": "random"}, ["mode"]),
+        ({"estimator": "variance"}, ["estimator"]),
+        ({"aggregation": "best"}, ["aggregation"]),
+        ({"driver": "turbo"}, ["driver"]),
+        ({"temperature": -0.1}, ["temperature=-0.1"]),
+        ({"temperature": 2.5}, ["temperature=2.5"]),
+        ({"top_p": 0.0}, ["top_p=0.0"]),
+        ({"top_p": 1.5}, ["top_p=1.5"]),
+        ({"max_turns": 0}, ["max_turns=0"]),
+        ({"top_logprobs": 21}, ["top_logprobs=21"]),
+        ({"top_logprobs": -1}, ["top_logprobs=-1"]),
+        ({"estimator": "entropy", "top_logprobs": 1}, ["estimator='entropy'", "top_logprobs"]),
+        ({"max_step_tokens": 0}, ["max_step_tokens=0"]),
+        ({"max_context_tokens": 0}, ["max_context_tokens=0"]),
+        ({"max_report_tokens": 0}, ["max_report_tokens=0"]),
+        ({"max_concurrency": 0}, ["max_concurrency=0"]),
+        ({"max_observation_chars": 0}, ["max_observation_chars=0"]),
+        ({"tool_timeout": 0}, ["tool_timeout=0"]),
+        ({"nn": 8}, ["nn"]),  # unknown field: a typo must not be ignored
+        ({"n": "eight"}, ["n"]),
+    ],
+)
 def test_invalid_settings_raise_config_error_naming_the_setting(settings, names):
     with pytest.raises(ConfigError) as info:
         make_config(settings)
@@ -66,16 +69,19 @@ def test_mode_none_needs_no_branch_budget_and_entropy_no_top_logprobs():
     assert make_config(mode="none", estimator="entropy", top_logprobs=0).top_logprobs == 0
 
 
-@pytest.mark.parametrize(("n", "m", "k", "t", "mode", "branches", "fill"), [
-    (8, 1, 2, 3, "exploration", 6, 1),  # paper defaults: 1 initial + 6 branches + 1 fill
-    (7, 1, 2, 3, "reasoning", 6, 0),
-    (10, 2, 1, 2, "mixed", 4, 4),
-    (5, 1, 0, 3, "exploration", 0, 4),  # k = 0: plain sampling with the fill budget
-    (3, 1, 2, 3, "none", 0, 2),
-    (4, 4, 1, 1, "none", 0, 0),
-    (1, 1, 0, 1, "all", 0, 0),
-    (11, 2, 2, 2, "all", 8, 1),
-])
+@pytest.mark.parametrize(
+    ("n", "m", "k", "t", "mode", "branches", "fill"),
+    [
+        (8, 1, 2, 3, "exploration", 6, 1),  # paper defaults: 1 initial + 6 branches + 1 fill
+        (7, 1, 2, 3, "reasoning", 6, 0),
+        (10, 2, 1, 2, "mixed", 4, 4),
+        (5, 1, 0, 3, "exploration", 0, 4),  # k = 0: plain sampling with the fill budget
+        (3, 1, 2, 3, "none", 0, 2),
+        (4, 4, 1, 1, "none", 0, 0),
+        (1, 1, 0, 1, "all", 0, 0),
+        (11, 2, 2, 2, "all", 8, 1),
+    ],
+)
 def test_budget_arithmetic(n, m, k, t, mode, branches, fill):
     cfg = make_config(n=n, m=m, k=k, t=t, mode=mode)
     assert cfg.branch_budget == branches

@@ -17,28 +17,35 @@ def _spans(records):
 
 def _covered(records, text):
     """The text each record covers, joined: equals ``text`` when offsets line up."""
-    return "".join(text[r["start"]:r["end"]] for r in records)
+    return "".join(text[r["start"] : r["end"]] for r in records)
 
 
 # ----------------------------------------------------------------------------- OpenAI chat
 
 
 def _openai_entry(token, logprob, tops):
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode()),
-            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in tops]}
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode()),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in tops],
+    }
 
 
 def test_openai_chat_payload_with_bytes_and_top_logprobs():
     text = "<think>Paris</think>"
-    payload = {"content": [
-        _openai_entry("<", -0.01, [("<", -0.01), (" ", -5.0)]),
-        _openai_entry("think", -0.02, [("think", -0.02)]),
-        _openai_entry(">", -0.03, [(">", -0.03)]),
-        _openai_entry("Paris", -0.7, [("Lyon", -1.2), ("Paris", -0.7), ("Nice", -3.0)]),
-        _openai_entry("</", -0.04, [("</", -0.04)]),
-        _openai_entry("think", -0.05, [("think", -0.05)]),
-        _openai_entry(">", -0.06, [(">", -0.06)]),
-    ], "refusal": None}
+    payload = {
+        "content": [
+            _openai_entry("<", -0.01, [("<", -0.01), (" ", -5.0)]),
+            _openai_entry("think", -0.02, [("think", -0.02)]),
+            _openai_entry(">", -0.03, [(">", -0.03)]),
+            _openai_entry("Paris", -0.7, [("Lyon", -1.2), ("Paris", -0.7), ("Nice", -3.0)]),
+            _openai_entry("</", -0.04, [("</", -0.04)]),
+            _openai_entry("think", -0.05, [("think", -0.05)]),
+            _openai_entry(">", -0.06, [(">", -0.06)]),
+        ],
+        "refusal": None,
+    }
     recs = normalize_logprobs(payload, text)
 
     assert [r["token"] for r in recs] == ["<", "think", ">", "Paris", "</", "think", ">"]
@@ -48,16 +55,25 @@ def test_openai_chat_payload_with_bytes_and_top_logprobs():
     # Alternatives become [token, logprob] pairs, best first (whatever order the server used).
     assert recs[3]["top_logprobs"] == [["Paris", -0.7], ["Lyon", -1.2], ["Nice", -3.0]]
     for rec in recs:
-        assert text[rec["start"]:rec["end"]] == rec["token"]
+        assert text[rec["start"] : rec["end"]] == rec["token"]
 
 
 def test_vllm_chat_minus_inf_and_sentinel_are_clamped_to_a_finite_floor():
     text = "ab"
-    payload = {"content": [
-        {"token": "a", "logprob": float("-inf"), "bytes": [97],
-         "top_logprobs": [{"token": "a", "logprob": float("-inf")}, {"token": "z", "logprob": -0.1}]},
-        {"token": "b", "logprob": -9999.0, "bytes": [98], "top_logprobs": []},
-    ]}
+    payload = {
+        "content": [
+            {
+                "token": "a",
+                "logprob": float("-inf"),
+                "bytes": [97],
+                "top_logprobs": [
+                    {"token": "a", "logprob": float("-inf")},
+                    {"token": "z", "logprob": -0.1},
+                ],
+            },
+            {"token": "b", "logprob": -9999.0, "bytes": [98], "top_logprobs": []},
+        ]
+    }
     recs = normalize_logprobs(payload, text)
 
     assert [r["logprob"] for r in recs] == [-9999.0, -9999.0]
@@ -67,9 +83,15 @@ def test_vllm_chat_minus_inf_and_sentinel_are_clamped_to_a_finite_floor():
 
 
 def test_chat_payload_without_bytes_uses_token_strings_for_offsets():
-    recs = normalize_logprobs({"content": [
-        {"token": "Hel", "logprob": -0.1, "top_logprobs": []},
-        {"token": "lo", "logprob": -0.2, "top_logprobs": []}]}, "Hello")
+    recs = normalize_logprobs(
+        {
+            "content": [
+                {"token": "Hel", "logprob": -0.1, "top_logprobs": []},
+                {"token": "lo", "logprob": -0.2, "top_logprobs": []},
+            ]
+        },
+        "Hello",
+    )
     assert _spans(recs) == [("Hel", 0, 3), ("lo", 3, 5)]
 
 
@@ -88,7 +110,11 @@ def test_openai_vllm_completions_payload():
     payload = {
         "tokens": [" Paris", ",", " France"],
         "token_logprobs": [-0.5, -0.01, -1.5],
-        "top_logprobs": [{" Lyon": -1.0, " Paris": -0.5}, {",": -0.01}, {" France": -1.5, " Texas": -0.4}],
+        "top_logprobs": [
+            {" Lyon": -1.0, " Paris": -0.5},
+            {",": -0.01},
+            {" France": -1.5, " Texas": -0.4},
+        ],
         "text_offset": [100, 106, 107],  # offsets into the prompt+completion: not used as-is
     }
     recs = normalize_logprobs(payload, text)
@@ -101,7 +127,9 @@ def test_openai_vllm_completions_payload():
 
 
 def test_completions_payload_without_top_logprobs():
-    recs = normalize_logprobs({"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0], "top_logprobs": None}, "ab")
+    recs = normalize_logprobs(
+        {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0], "top_logprobs": None}, "ab"
+    )
     assert [r["top_logprobs"] for r in recs] == [[], []]
     assert [r["logprob"] for r in recs] == [-1.0, -2.0]
 
@@ -119,7 +147,10 @@ def test_llama_cpp_old_form_with_probs():
     payload = {
         "content": "Paris",
         "completion_probabilities": [
-            {"content": "Par", "probs": [{"tok_str": "Lon", "prob": 0.2}, {"tok_str": "Par", "prob": 0.8}]},
+            {
+                "content": "Par",
+                "probs": [{"tok_str": "Lon", "prob": 0.2}, {"tok_str": "Par", "prob": 0.8}],
+            },
             {"content": "is", "probs": [{"tok_str": "is", "prob": 1.0}]},
         ],
     }
@@ -134,20 +165,43 @@ def test_llama_cpp_old_form_with_probs():
 
 
 def test_llama_cpp_old_form_zero_probability_is_the_floor_not_an_error():
-    recs = normalize_logprobs({"completion_probabilities": [
-        {"content": "x", "probs": [{"tok_str": "x", "prob": 0.0}, {"tok_str": "y", "prob": 1.0}]}]}, "x")
+    recs = normalize_logprobs(
+        {
+            "completion_probabilities": [
+                {
+                    "content": "x",
+                    "probs": [{"tok_str": "x", "prob": 0.0}, {"tok_str": "y", "prob": 1.0}],
+                }
+            ]
+        },
+        "x",
+    )
     assert recs[0]["logprob"] == -9999.0
     assert recs[0]["top_logprobs"][0] == ["y", 0.0]
 
 
 def test_llama_cpp_new_form_with_logprob_and_top_logprobs():
-    payload = {"completion_probabilities": [
-        {"id": 3681, "token": "Par", "bytes": [80, 97, 114], "logprob": -0.22,
-         "top_logprobs": [{"id": 3681, "token": "Par", "bytes": [80, 97, 114], "logprob": -0.22},
-                          {"id": 42, "token": "Lon", "bytes": [76, 111, 110], "logprob": -1.6}]},
-        {"id": 285, "token": "is", "bytes": [105, 115], "logprob": -0.01,
-         "top_logprobs": [{"id": 285, "token": "is", "bytes": [105, 115], "logprob": -0.01}]},
-    ]}
+    payload = {
+        "completion_probabilities": [
+            {
+                "id": 3681,
+                "token": "Par",
+                "bytes": [80, 97, 114],
+                "logprob": -0.22,
+                "top_logprobs": [
+                    {"id": 3681, "token": "Par", "bytes": [80, 97, 114], "logprob": -0.22},
+                    {"id": 42, "token": "Lon", "bytes": [76, 111, 110], "logprob": -1.6},
+                ],
+            },
+            {
+                "id": 285,
+                "token": "is",
+                "bytes": [105, 115],
+                "logprob": -0.01,
+                "top_logprobs": [{"id": 285, "token": "is", "bytes": [105, 115], "logprob": -0.01}],
+            },
+        ]
+    }
     recs = normalize_logprobs(payload, "Paris")
     assert _spans(recs) == [("Par", 0, 3), ("is", 3, 5)]
     assert [r["logprob"] for r in recs] == [-0.22, -0.01]
@@ -159,12 +213,14 @@ def test_llama_cpp_new_form_with_logprob_and_top_logprobs():
 
 def _split_e_acute_payload():
     # "Café!" where "é" (0xC3 0xA9) is split over two byte tokens, as byte-level BPE does.
-    return {"content": [
-        {"token": "Caf", "logprob": -0.1, "bytes": list(b"Caf"), "top_logprobs": []},
-        {"token": "bytes:\\xc3", "logprob": -0.5, "bytes": [0xC3], "top_logprobs": []},
-        {"token": "bytes:\\xa9", "logprob": -0.7, "bytes": [0xA9], "top_logprobs": []},
-        {"token": "!", "logprob": -0.2, "bytes": [33], "top_logprobs": []},
-    ]}
+    return {
+        "content": [
+            {"token": "Caf", "logprob": -0.1, "bytes": list(b"Caf"), "top_logprobs": []},
+            {"token": "bytes:\\xc3", "logprob": -0.5, "bytes": [0xC3], "top_logprobs": []},
+            {"token": "bytes:\\xa9", "logprob": -0.7, "bytes": [0xA9], "top_logprobs": []},
+            {"token": "!", "logprob": -0.2, "bytes": [33], "top_logprobs": []},
+        ]
+    }
 
 
 def test_multibyte_char_split_over_two_tokens_keeps_offsets_aligned_with_the_text():
@@ -174,23 +230,18 @@ def test_multibyte_char_split_over_two_tokens_keeps_offsets_aligned_with_the_tex
     # Offsets are character offsets into the text, not byte offsets and not token-string lengths.
     assert (recs[0]["start"], recs[0]["end"]) == (0, 3)
     assert (recs[-1]["start"], recs[-1]["end"]) == (4, 5)
-    assert text[recs[-1]["start"]:recs[-1]["end"]] == "!"
-    # One of the two byte tokens carries the "é", the other is zero-width; none overlaps "!".
+    assert text[recs[-1]["start"] : recs[-1]["end"]] == "!"
+    # Both byte tokens of the split "é" cover it; none overlaps "!".
     middle = recs[1:3]
-    assert sorted((r["start"], r["end"]) for r in middle) == [(3, 3), (3, 4)]
-    assert _covered(recs, text) == text
+    assert [(r["start"], r["end"]) for r in middle] == [(3, 4), (3, 4)]
+    assert _covered([recs[0], recs[1], recs[3]], text) == text
     # Offsets never decrease.
-    assert all(a["end"] <= b["start"] or a["start"] == b["start"] for a, b in zip(recs, recs[1:], strict=False))
+    assert all(
+        a["end"] <= b["start"] or a["start"] == b["start"]
+        for a, b in zip(recs, recs[1:], strict=False)
+    )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="logprobs.normalize_logprobs gives the token that *starts* a split multi-byte char a "
-    "zero-width span (start == end == char start), so tokens_in_span drops it when a region "
-    "begins with that char (e.g. a <think> whose first char is a CJK character): only half of "
-    "the char's tokens are scored. The docstring says the zero-width token is the one that "
-    "*completes* the char.",
-)
 def test_both_tokens_of_a_split_char_at_a_region_start_are_in_the_region():
     recs = normalize_logprobs(_split_e_acute_payload(), "Café!")
     assert [r["token"] for r in tokens_in_span(recs, [3, 5])] == ["bytes:\\xc3", "bytes:\\xa9", "!"]
@@ -198,8 +249,12 @@ def test_both_tokens_of_a_split_char_at_a_region_start_are_in_the_region():
 
 def test_tokens_running_past_the_text_are_clipped():
     # The server dropped a stop string from the text but still reported its tokens.
-    payload = {"content": [{"token": "Paris", "logprob": -0.1, "top_logprobs": []},
-                           {"token": "</answer>", "logprob": -0.1, "top_logprobs": []}]}
+    payload = {
+        "content": [
+            {"token": "Paris", "logprob": -0.1, "top_logprobs": []},
+            {"token": "</answer>", "logprob": -0.1, "top_logprobs": []},
+        ]
+    }
     recs = normalize_logprobs(payload, "Paris")
     assert _spans(recs) == [("Paris", 0, 5), ("</answer>", 5, 5)]
 
@@ -207,26 +262,32 @@ def test_tokens_running_past_the_text_are_clipped():
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("payload", [
-    {"choices": []},
-    {"tokens": ["a"]},  # completions without token_logprobs
-    "not a payload",
-    42,
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"choices": []},
+        {"tokens": ["a"]},  # completions without token_logprobs
+        "not a payload",
+        42,
+    ],
+)
 def test_unknown_payload_shape_is_a_protocol_error(payload):
     with pytest.raises(ProtocolError):
         normalize_logprobs(payload)
 
 
-@pytest.mark.parametrize("entry", [
-    {"token": "a", "logprob": float("nan"), "top_logprobs": []},
-    {"token": "a", "logprob": "abc", "top_logprobs": []},
-    {"token": "a", "logprob": None, "top_logprobs": []},
-    {"token": "a", "logprob": -0.1, "top_logprobs": [{"token": "b", "logprob": float("nan")}]},
-    {"token": "a", "top_logprobs": []},  # no logprob at all
-    {"logprob": -0.1, "top_logprobs": []},  # no token text
-    {"token": "a", "logprob": -0.1, "top_logprobs": ["b"]},  # alternative not an object
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"token": "a", "logprob": float("nan"), "top_logprobs": []},
+        {"token": "a", "logprob": "abc", "top_logprobs": []},
+        {"token": "a", "logprob": None, "top_logprobs": []},
+        {"token": "a", "logprob": -0.1, "top_logprobs": [{"token": "b", "logprob": float("nan")}]},
+        {"token": "a", "top_logprobs": []},  # no logprob at all
+        {"logprob": -0.1, "top_logprobs": []},  # no token text
+        {"token": "a", "logprob": -0.1, "top_logprobs": ["b"]},  # alternative not an object
+    ],
+)
 def test_bad_entries_are_protocol_errors(entry):
     with pytest.raises(ProtocolError):
         normalize_logprobs({"content": [entry]}, "a")
@@ -245,13 +306,40 @@ def test_protocol_error_is_a_value_error():
 
 
 def _records(tokens):
-    return normalize_logprobs({"content": [{"token": t, "logprob": -0.1 * (i + 1), "top_logprobs": []}
-                                           for i, t in enumerate(tokens)]}, "".join(tokens))
+    return normalize_logprobs(
+        {
+            "content": [
+                {"token": t, "logprob": -0.1 * (i + 1), "top_logprobs": []}
+                for i, t in enumerate(tokens)
+            ]
+        },
+        "".join(tokens),
+    )
 
 
 def test_tokens_in_span_with_tags_split_over_several_tokens():
-    tokens = ["<", "think", ">", "need", " data", "</", "think", ">", "\n",
-              "<", "tool", "_call", ">", '{"name":', ' "search"', "}", "</", "tool", "_call", ">"]
+    tokens = [
+        "<",
+        "think",
+        ">",
+        "need",
+        " data",
+        "</",
+        "think",
+        ">",
+        "\n",
+        "<",
+        "tool",
+        "_call",
+        ">",
+        '{"name":',
+        ' "search"',
+        "}",
+        "</",
+        "tool",
+        "_call",
+        ">",
+    ]
     text = "".join(tokens)
     recs = _records(tokens)
     spans = region_spans(text)
@@ -259,7 +347,11 @@ def test_tokens_in_span_with_tags_split_over_several_tokens():
     assert text[slice(*spans["reasoning"])] == "need data"
     assert text[slice(*spans["exploration"])] == '{"name": "search"}'
     assert [r["token"] for r in tokens_in_span(recs, spans["reasoning"])] == ["need", " data"]
-    assert [r["token"] for r in tokens_in_span(recs, spans["exploration"])] == ['{"name":', ' "search"', "}"]
+    assert [r["token"] for r in tokens_in_span(recs, spans["exploration"])] == [
+        '{"name":',
+        ' "search"',
+        "}",
+    ]
 
 
 def test_a_token_straddling_a_tag_boundary_belongs_to_the_region():

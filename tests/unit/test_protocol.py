@@ -29,8 +29,14 @@ ANY_TAG = re.compile(r"<\s*/?\s*(think|tool_call|tool_response|answer)\s*>", re.
 
 def test_well_formed_tool_call_and_answer():
     assert parse_action(f"<think>x</think>\n<tool_call>{CALL}</tool_call>") == {
-        "type": "tool_call", "name": "search", "arguments": {"query": "capital of France"}}
-    assert parse_action("<think>x</think>\n<answer> Paris </answer>") == {"type": "answer", "answer": "Paris"}
+        "type": "tool_call",
+        "name": "search",
+        "arguments": {"query": "capital of France"},
+    }
+    assert parse_action("<think>x</think>\n<answer> Paris </answer>") == {
+        "type": "answer",
+        "answer": "Paris",
+    }
 
 
 def test_unclosed_tool_call_is_repaired():
@@ -50,33 +56,30 @@ def test_truncated_unclosed_tool_call_is_invalid():
     assert "cut off" in action["error"]
 
 
-@pytest.mark.parametrize("text", [
-    "<think>x</think><answer>Paris",
-    "<think>x</think><answer>Paris is the cap",
-    "<think>x",
-    "<think>x</think><answer>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>x</think><answer>Paris",
+        "<think>x</think><answer>Paris is the cap",
+        "<think>x",
+        "<think>x</think><answer>",
+    ],
+)
 def test_truncated_unclosed_answer_is_never_an_answer(text):
     action = parse_action(text, truncated=True)
     assert action["type"] == "invalid"
     assert "answer" not in action
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.parse_action only rejects a truncated answer when '</answer>' is missing "
-    "(`if truncated and '</answer>' not in text`). The guided driver appends Lit('</answer>') after "
-    "the answer Gen, so an answer cut off by its token bound (finish_reason='length') has a closing "
-    "tag and is accepted. Docstring: 'a turn cut off by the token limit (truncated) is never taken "
-    "as an answer'.",
-)
 def test_truncated_turn_with_a_closing_tag_is_not_an_answer():
     action = parse_action("<think>x</think>\n<answer>Paris is the cap</answer>", truncated=True)
     assert action["type"] != "answer"
 
 
 def test_bad_json_is_invalid_and_says_why():
-    action = parse_action('<think>x</think><tool_call>{"name": "search", "arguments": {query: 1}}</tool_call>')
+    action = parse_action(
+        '<think>x</think><tool_call>{"name": "search", "arguments": {query: 1}}</tool_call>'
+    )
     assert action["type"] == "invalid"
     assert "not valid JSON" in action["error"]
 
@@ -93,30 +96,38 @@ def test_parameters_alias_and_missing_arguments():
     assert parse_action('<tool_call>{"name": "search"}</tool_call>')["arguments"] == {}
 
 
-@pytest.mark.parametrize("payload", [
-    '{"name": "search", "arguments": "not json"}',
-    '{"name": "search", "arguments": ["q"]}',
-    '{"name": "search", "arguments": "[1, 2]"}',
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"name": "search", "arguments": "not json"}',
+        '{"name": "search", "arguments": ["q"]}',
+        '{"name": "search", "arguments": "[1, 2]"}',
+    ],
+)
 def test_arguments_that_are_not_an_object_are_invalid(payload):
     action = parse_action(f"<tool_call>{payload}</tool_call>")
     assert action["type"] == "invalid"
     assert "arguments" in action["error"]
 
 
-@pytest.mark.parametrize("payload", [
-    '{"arguments": {"query": "q"}}',
-    '{"name": 3, "arguments": {}}',
-    '["search", {"query": "q"}]',
-    '"search"',
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"arguments": {"query": "q"}}',
+        '{"name": 3, "arguments": {}}',
+        '["search", {"query": "q"}]',
+        '"search"',
+    ],
+)
 def test_missing_or_bad_name_is_invalid(payload):
     action = parse_action(f"<tool_call>{payload}</tool_call>")
     assert action["type"] == "invalid"
     assert '"name"' in action["error"]
 
 
-@pytest.mark.parametrize("text", ["", "<think>only thinking</think>", "Paris", "<think>x</think> the answer is Paris"])
+@pytest.mark.parametrize(
+    "text", ["", "<think>only thinking</think>", "Paris", "<think>x</think> the answer is Paris"]
+)
 def test_no_action_is_invalid(text):
     action = parse_action(text)
     assert action["type"] == "invalid"
@@ -139,8 +150,11 @@ def test_the_first_action_in_the_text_wins():
 
 def test_render_tool_call_round_trips():
     text = "<think>x</think>" + render_tool_call("search", {"query": "Zürich population"})
-    assert parse_action(text) == {"type": "tool_call", "name": "search",
-                                  "arguments": {"query": "Zürich population"}}
+    assert parse_action(text) == {
+        "type": "tool_call",
+        "name": "search",
+        "arguments": {"query": "Zürich population"},
+    }
 
 
 # ----------------------------------------------------------------------------- region_spans
@@ -205,20 +219,39 @@ def test_neutralize_keeps_other_markup():
 @pytest.mark.parametrize("doc", EVIL)
 def test_tool_response_has_exactly_its_own_two_tags(doc):
     wrapped = format_tool_response(doc)
-    assert [m.group(0) for m in ANY_TAG.finditer(wrapped)] == ["<tool_response>", "</tool_response>"]
+    assert [m.group(0) for m in ANY_TAG.finditer(wrapped)] == [
+        "<tool_response>",
+        "</tool_response>",
+    ]
     assert wrapped.startswith("<tool_response>\n") and wrapped.endswith("\n</tool_response>")
 
 
 def _step(index, text):
-    return {"index": index, "text": text, "tokens": [], "regions": region_spans(text),
-            "action": parse_action(text), "prompt_tokens": 0, "context_tokens": 0,
-            "generated_tokens": 0, "cached_prompt_tokens": 0, "calls": 1, "finish_reason": "stop",
-            "seconds": 0.0}
+    return {
+        "index": index,
+        "text": text,
+        "tokens": [],
+        "regions": region_spans(text),
+        "action": parse_action(text),
+        "prompt_tokens": 0,
+        "context_tokens": 0,
+        "generated_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "calls": 1,
+        "finish_reason": "stop",
+        "seconds": 0.0,
+    }
 
 
 def _obs(step, content):
-    return {"step": step, "name": "search", "arguments": {"query": "q"}, "content": content,
-            "error": False, "seconds": 0.0}
+    return {
+        "step": step,
+        "name": "search",
+        "arguments": {"query": "q"},
+        "content": content,
+        "error": False,
+        "seconds": 0.0,
+    }
 
 
 @pytest.mark.parametrize("doc", EVIL)
@@ -240,7 +273,11 @@ def test_injected_tags_in_history_cannot_produce_an_action(doc):
 def _history():
     steps = [
         _step(0, f"<think>start</think>\n<tool_call>{CALL}</tool_call>"),
-        _step(1, '<think>open it</think>\n<tool_call>{"name": "visit", "arguments": {"doc": "Paris"}}</tool_call>'),
+        _step(
+            1,
+            "<think>open it</think>\n"
+            '<tool_call>{"name": "visit", "arguments": {"doc": "Paris"}}</tool_call>',
+        ),
         _step(2, "<think>done</think>\n<answer>Paris</answer>"),
     ]
     observations = [_obs(0, "France: capital Paris"), _obs(1, "Paris is the capital of France.")]
@@ -250,8 +287,15 @@ def _history():
 def test_build_messages_renders_the_conversation():
     steps, observations = _history()
     messages = build_messages("Capital of France?", steps, observations, system="SYS")
-    assert [type(m) for m in messages] == [SystemMessage, HumanMessage, AIMessage, HumanMessage,
-                                           AIMessage, HumanMessage, AIMessage]
+    assert [type(m) for m in messages] == [
+        SystemMessage,
+        HumanMessage,
+        AIMessage,
+        HumanMessage,
+        AIMessage,
+        HumanMessage,
+        AIMessage,
+    ]
     assert messages[0].content == "SYS"
     assert messages[1].content == "Capital of France?"
     assert messages[2].content == steps[0]["text"]
@@ -267,7 +311,9 @@ def test_build_messages_is_deterministic_and_prefix_stable():
         # What a fork at step t sends: only the prefix, observations of later steps present or not.
         prefix = messages_to_dict(build_messages("Q?", steps[:t], observations[:t], system="SYS"))
         assert prefix == full[: len(prefix)]
-        with_later_obs = messages_to_dict(build_messages("Q?", steps[:t], observations, system="SYS"))
+        with_later_obs = messages_to_dict(
+            build_messages("Q?", steps[:t], observations, system="SYS")
+        )
         assert with_later_obs == prefix
         assert json.dumps(prefix) == json.dumps(full[: len(prefix)])
 
@@ -276,7 +322,10 @@ def test_final_turn_note_joins_the_last_tool_response():
     steps, observations = _history()
     messages = build_messages("Q?", steps[:2], observations, system="SYS", final_turn=True)
     assert isinstance(messages[-1], HumanMessage)
-    assert messages[-1].content == format_tool_response(observations[1]["content"]) + "\n" + FINAL_TURN_NOTE
+    assert (
+        messages[-1].content
+        == format_tool_response(observations[1]["content"]) + "\n" + FINAL_TURN_NOTE
+    )
     # Without the note the same prefix is unchanged before that message.
     plain = build_messages("Q?", steps[:2], observations, system="SYS")
     assert messages_to_dict(messages[:-1]) == messages_to_dict(plain[:-1])

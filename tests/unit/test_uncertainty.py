@@ -19,8 +19,13 @@ from langgraph_parallelmuse.uncertainty import (
 
 
 def _tok(logprob, tops=(), start=0, end=1, token="x"):
-    return {"token": token, "logprob": logprob, "top_logprobs": [[f"t{i}", lp] for i, lp in enumerate(tops)],
-            "start": start, "end": end}
+    return {
+        "token": token,
+        "logprob": logprob,
+        "top_logprobs": [[f"t{i}", lp] for i, lp in enumerate(tops)],
+        "start": start,
+        "end": end,
+    }
 
 
 def _step_from_tokens(pieces, *, generated_tokens=None):
@@ -30,10 +35,20 @@ def _step_from_tokens(pieces, *, generated_tokens=None):
         tokens.append(_tok(lp, tops, pos, pos + len(text), text))
         pos += len(text)
     text = "".join(p[0] for p in pieces)
-    return {"index": 0, "text": text, "tokens": tokens, "regions": region_spans(text), "action": {},
-            "prompt_tokens": 10, "context_tokens": 10,
-            "generated_tokens": len(tokens) if generated_tokens is None else generated_tokens,
-            "cached_prompt_tokens": 0, "calls": 1, "finish_reason": "stop", "seconds": 0.0}
+    return {
+        "index": 0,
+        "text": text,
+        "tokens": tokens,
+        "regions": region_spans(text),
+        "action": {},
+        "prompt_tokens": 10,
+        "context_tokens": 10,
+        "generated_tokens": len(tokens) if generated_tokens is None else generated_tokens,
+        "cached_prompt_tokens": 0,
+        "calls": 1,
+        "finish_reason": "stop",
+        "seconds": 0.0,
+    }
 
 
 # ----------------------------------------------------------------------------- estimators
@@ -66,10 +81,12 @@ def test_entropy_without_alternatives_is_the_surprisal():
 
 def test_entropy_perplexity_by_hand():
     recs = [_tok(-0.1, [-0.1, -2.0, -3.0]), _tok(-1.0, [-1.0, -1.0])]
+
     def h(tops):
         ps = [math.exp(x) for x in tops]
         z = sum(ps)
         return -sum(p / z * x for p, x in zip(ps, tops, strict=True))
+
     expected = math.exp((h([-0.1, -2.0, -3.0]) + h([-1.0, -1.0])) / 2)
     assert perplexity(recs, "entropy") == pytest.approx(expected)
 
@@ -92,10 +109,16 @@ def test_empty_region_has_no_score_and_bad_estimator_raises():
 
 
 def test_step_uncertainty_scores_each_region_on_its_own_tokens():
-    step = _step_from_tokens([
-        ("<think>", -0.05, ()), ("hmm", -1.0, ()), ("</think>", -0.05, ()),
-        ("<tool_call>", -0.05, ()), ('{"name": "search"}', -3.0, ()), ("</tool_call>", -0.05, ()),
-    ])
+    step = _step_from_tokens(
+        [
+            ("<think>", -0.05, ()),
+            ("hmm", -1.0, ()),
+            ("</think>", -0.05, ()),
+            ("<tool_call>", -0.05, ()),
+            ('{"name": "search"}', -3.0, ()),
+            ("</tool_call>", -0.05, ()),
+        ]
+    )
     scores = step_uncertainty(step, "nll")
     assert scores["reasoning"] == pytest.approx(math.exp(1.0))
     assert scores["exploration"] == pytest.approx(math.exp(3.0))
@@ -103,8 +126,16 @@ def test_step_uncertainty_scores_each_region_on_its_own_tokens():
 
 
 def test_absent_region_is_none_not_a_number():
-    step = _step_from_tokens([("<think>", -0.1, ()), ("ok", -0.2, ()), ("</think>", -0.1, ()),
-                              ("<answer>", -0.1, ()), ("Paris", -0.3, ()), ("</answer>", -0.1, ())])
+    step = _step_from_tokens(
+        [
+            ("<think>", -0.1, ()),
+            ("ok", -0.2, ()),
+            ("</think>", -0.1, ()),
+            ("<answer>", -0.1, ()),
+            ("Paris", -0.3, ()),
+            ("</answer>", -0.1, ()),
+        ]
+    )
     scores = step_uncertainty(step)
     assert scores["exploration"] is None
     assert scores["reasoning"] == pytest.approx(math.exp(0.2))
@@ -119,8 +150,12 @@ def test_step_without_tokens_scores_none_everywhere():
 
 
 def test_score_steps_is_per_step_and_uses_the_estimator():
-    a = _step_from_tokens([("<think>", -0.1, [-0.1, -0.2]), ("a", -0.5, [-0.5, -0.6]), ("</think>", -0.1, [-0.1])])
-    b = _step_from_tokens([("<think>", -0.1, [-0.1]), ("b", -2.0, [-2.0, -0.2]), ("</think>", -0.1, [-0.1])])
+    a = _step_from_tokens(
+        [("<think>", -0.1, [-0.1, -0.2]), ("a", -0.5, [-0.5, -0.6]), ("</think>", -0.1, [-0.1])]
+    )
+    b = _step_from_tokens(
+        [("<think>", -0.1, [-0.1]), ("b", -2.0, [-2.0, -0.2]), ("</think>", -0.1, [-0.1])]
+    )
     nll = score_steps([a, b], "nll")
     ent = score_steps([a, b], "entropy")
     assert len(nll) == len(ent) == 2
@@ -133,27 +168,38 @@ def test_score_steps_is_per_step_and_uses_the_estimator():
 
 
 U = [
-    {"reasoning": 1.5, "exploration": 4.0, "all": 2.0},   # 0: exploring blindly
-    {"reasoning": 6.0, "exploration": 3.0, "all": 4.5},   # 1: integrating evidence
-    {"reasoning": 5.0, "exploration": 1.2, "all": 3.0},   # 2
+    {"reasoning": 1.5, "exploration": 4.0, "all": 2.0},  # 0: exploring blindly
+    {"reasoning": 6.0, "exploration": 3.0, "all": 4.5},  # 1: integrating evidence
+    {"reasoning": 5.0, "exploration": 1.2, "all": 3.0},  # 2
     {"reasoning": 2.0, "exploration": None, "all": 1.9},  # 3: answer step
 ]
 
 
-@pytest.mark.parametrize(("mode", "k", "expected"), [
-    ("exploration", 2, [(0, "exploration", 4.0), (1, "exploration", 3.0)]),
-    ("exploration", 1, [(0, "exploration", 4.0)]),
-    ("reasoning", 2, [(1, "reasoning", 6.0), (2, "reasoning", 5.0)]),
-    ("all", 2, [(1, "all", 4.5), (2, "all", 3.0)]),
-    # mixed: ceil(k/2) by exploration, then floor(k/2) by reasoning among the other steps.
-    ("mixed", 2, [(0, "exploration", 4.0), (1, "reasoning", 6.0)]),
-    ("mixed", 3, [(0, "exploration", 4.0), (1, "exploration", 3.0), (2, "reasoning", 5.0)]),
-    ("mixed", 1, [(0, "exploration", 4.0)]),
-    ("mixed", 4, [(0, "exploration", 4.0), (1, "exploration", 3.0), (2, "reasoning", 5.0),
-                  (3, "reasoning", 2.0)]),
-    ("none", 2, []),
-    ("exploration", 0, []),
-])
+@pytest.mark.parametrize(
+    ("mode", "k", "expected"),
+    [
+        ("exploration", 2, [(0, "exploration", 4.0), (1, "exploration", 3.0)]),
+        ("exploration", 1, [(0, "exploration", 4.0)]),
+        ("reasoning", 2, [(1, "reasoning", 6.0), (2, "reasoning", 5.0)]),
+        ("all", 2, [(1, "all", 4.5), (2, "all", 3.0)]),
+        # mixed: ceil(k/2) by exploration, then floor(k/2) by reasoning among the other steps.
+        ("mixed", 2, [(0, "exploration", 4.0), (1, "reasoning", 6.0)]),
+        ("mixed", 3, [(0, "exploration", 4.0), (1, "exploration", 3.0), (2, "reasoning", 5.0)]),
+        ("mixed", 1, [(0, "exploration", 4.0)]),
+        (
+            "mixed",
+            4,
+            [
+                (0, "exploration", 4.0),
+                (1, "exploration", 3.0),
+                (2, "reasoning", 5.0),
+                (3, "reasoning", 2.0),
+            ],
+        ),
+        ("none", 2, []),
+        ("exploration", 0, []),
+    ],
+)
 def test_select_branch_steps_per_mode(mode, k, expected):
     picks = select_branch_steps(U, mode=mode, k=k)
     assert [(i, r, pytest.approx(s)) for i, r, s in picks] == expected
@@ -169,16 +215,24 @@ def test_fewer_scored_steps_than_k_gives_fewer_picks():
 
 
 def test_mixed_skips_a_reasoning_step_already_picked_by_exploration():
-    u = [{"reasoning": 9.0, "exploration": 9.0, "all": 9.0},
-         {"reasoning": 2.0, "exploration": 1.0, "all": 1.0},
-         {"reasoning": 3.0, "exploration": None, "all": 1.0}]
-    assert select_branch_steps(u, mode="mixed", k=2) == [(0, "exploration", 9.0), (2, "reasoning", 3.0)]
+    u = [
+        {"reasoning": 9.0, "exploration": 9.0, "all": 9.0},
+        {"reasoning": 2.0, "exploration": 1.0, "all": 1.0},
+        {"reasoning": 3.0, "exploration": None, "all": 1.0},
+    ]
+    assert select_branch_steps(u, mode="mixed", k=2) == [
+        (0, "exploration", 9.0),
+        (2, "reasoning", 3.0),
+    ]
 
 
 def test_ties_go_to_the_earlier_step_and_eligible_filters():
     u = [{"reasoning": 2.0, "exploration": 2.0, "all": 2.0}] * 3
     assert [i for i, _, _ in select_branch_steps(u, mode="exploration", k=2)] == [0, 1]
-    assert [i for i, _, _ in select_branch_steps(U, mode="exploration", k=2, eligible=[1, 2])] == [1, 2]
+    assert [i for i, _, _ in select_branch_steps(U, mode="exploration", k=2, eligible=[1, 2])] == [
+        1,
+        2,
+    ]
 
 
 def test_unknown_mode_raises():

@@ -1,0 +1,505 @@
+"""The full ParallelMuse graph with fakes: budget, branch picks, map-reduce, I/O, streaming, APIs,
+composition."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import math
+import threading
+import warnings
+from collections import Counter
+from typing import Any, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableLambda
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+
+from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError
+from langgraph_parallelmuse.graph import create_parallelmuse
+from tests.unit.fakes import (
+    Reply,
+    ScriptedChatModel,
+    agent_step,
+    answer_text,
+    call_text,
+    make_tools,
+    research_responder,
+    role_of,
+)
+
+QUESTION = "What is the capital of France?"
+
+# Step 1's tool call is the most uncertain exploration; step 2's thought the most uncertain
+# reasoning.
+STEPS = [
+    Reply(
+        call_text("search", "Find the country first", query="capital of France"),
+        regions={"tool_call": -0.2, "think": -0.3},
+    ),
+    Reply(
+        call_text("visit", "Open the page", doc="Paris"), regions={"tool_call": -2.5, "think": -0.1}
+    ),
+    Reply(answer_text("Paris", "It says Paris"), regions={"think": -3.0, "answer": -0.1}),
+]
+
+
+def by_step(steps=STEPS):
+    return lambda index, messages: steps[min(index, len(steps) - 1)]
+
+
+def _graph(config, *, agent=None, aggregate=None, tools=None, **kwargs):
+    responder_kwargs = {} if aggregate is None else {"aggregate": aggregate}
+    model = ScriptedChatModel(responder=research_responder(agent or by_step(), **responder_kwargs))
+    tool_list, calls = make_tools() if tools is None else tools
+    graph = create_parallelmuse(model, tool_list, config=config, **kwargs)
+    return graph, model, calls
+
+
+def _kinds(out):
+    return Counter(t["origin"]["kind"] for t in out["trajectories"])
+
+
+def _roles(model):
+    return Counter(role_of(c["messages"]) for c in model.calls)
+
+
+# ----------------------------------------------------------------------------- budget
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "k", "t", "mode", "initial", "branch", "fill"),
+    [
+        (1, 1, 0, 1, "none", 1, 0, 0),
+        (3, 1, 2, 3, "none", 1, 0, 2),
+        (4, 1, 1, 2, "exploration", 1, 2, 1),
+        (8, 1, 2, 3, "exploration", 1, 6, 1),  # paper defaults
+        (5, 2, 1, 1, "reasoning", 2, 2, 1),
+        (6, 2, 1, 2, "mixed", 2, 4, 0),
+        (7, 1, 3, 2, "all", 1, 6, 0),
+    ],
+)
+async def test_n_trajectories_come_out_for_every_valid_budget(
+    n, m, k, t, mode, initial, branch, fill
+):
+    graph, model, _ = _graph({"n": n, "m": m, "k": k, "t": t, "mode": mode})
+    out = await graph.ainvoke({"question": QUESTION})
+
+    assert len(out["trajectories"]) == n
+    assert _kinds(out) == Counter({"initial": initial, "branch": branch, "fill": fill}) - Counter()
+    assert len({tr["id"] for tr in out["trajectories"]}) == n
+    assert len({tr["thread_id"] for tr in out["trajectories"]}) == n
+    assert all(tr["status"] == "answered" and tr["answer"] == "Paris" for tr in out["trajectories"])
+    budget = out["stats"]["budget"]
+    assert (budget["n"], budget["initial"], budget["branches"], budget["fill"]) == (
+        n,
+        initial,
+        branch,
+        fill,
+    )
+    assert out["stats"]["rollout"]["trajectories"] == n
+    assert out["stats"]["rollout"]["by_kind"] == {
+        "initial": initial,
+        "branch": branch,
+        "fill": fill,
+    }
+    # Map-reduce: one report per answered trajectory, one aggregation.
+    assert len(out["reports"]) == n
+    roles = _roles(model)
+    assert roles["compress"] == n and roles["aggregate"] == 1
+    assert out["answer"] == "Paris" and out["answer_source"] == "aggregator"
+
+
+async def test_branch_origins_point_at_the_most_uncertain_exploration_step():
+    graph, model, calls = _graph({"n": 4, "m": 1, "k": 1, "t": 2, "mode": "exploration"})
+    out = await graph.ainvoke({"question": QUESTION})
+    parent = next(tr for tr in out["trajectories"] if tr["origin"]["kind"] == "initial")
+    branches = [tr for tr in out["trajectories"] if tr["origin"]["kind"] == "branch"]
+
+    assert parent["uncertainty"][1]["exploration"] == pytest.approx(math.exp(2.5))
+    snap = await graph.runner.fork_point(parent["thread_id"], 1)
+    assert len(branches) == 2
+    for br in branches:
+        origin = br["origin"]
+        assert origin["parent"] == parent["id"]
+        assert origin["parent_thread"] == parent["thread_id"]
+        assert origin["step"] == 1
+        assert origin["region"] == "exploration"
+        assert origin["score"] == pytest.approx(math.exp(2.5))
+        assert origin["checkpoint_id"] == snap.config["configurable"]["checkpoint_id"]
+        assert br["steps"][:1] == parent["steps"][:1]
+    assert sorted(br["id"] for br in branches) == ["t0.s1.b0", "t0.s1.b1"]
+    # Branches did not re-run the prefix's search: initial + fill searched, branches only visited.
+    assert len(calls["search"]) == 2
+    assert len(calls["visit"]) == 4
+    assert out["stats"]["rollout"]["tool_calls"] == 6
+    assert out["stats"]["rollout"]["reused_prefix_tokens"] > 0
+
+
+async def test_reasoning_mode_branches_from_the_most_uncertain_thought():
+    graph, _, _ = _graph({"n": 3, "m": 1, "k": 1, "t": 2, "mode": "reasoning"})
+    out = await graph.ainvoke({"question": QUESTION})
+    origins = [tr["origin"] for tr in out["trajectories"] if tr["origin"]["kind"] == "branch"]
+    assert [(o["step"], o["region"]) for o in origins] == [(2, "reasoning"), (2, "reasoning")]
+    assert origins[0]["score"] == pytest.approx(math.exp(3.0))
+
+
+async def test_k2_exploration_picks_both_tool_steps_most_uncertain_first():
+    events = []
+    graph, _, _ = _graph({"n": 8, "m": 1, "k": 2, "t": 3})
+    async for event in graph.astream({"question": QUESTION}, stream_mode="custom"):
+        events.append(event)
+    picked = [(e["step"], e["region"]) for e in events if e["event"] == "branch_picked"]
+    assert picked == [(1, "exploration"), (0, "exploration")]
+
+
+async def test_fewer_pickable_steps_than_k_are_filled_from_scratch_and_reported():
+    # The initial trajectory answers at once: it has no exploration region to branch from.
+    graph, _, _ = _graph(
+        {"n": 4, "m": 1, "k": 1, "t": 3}, agent=lambda i, msgs: Reply(answer_text("Paris"))
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    assert len(out["trajectories"]) == 4
+    assert _kinds(out) == Counter({"initial": 1, "fill": 3})
+    budget = out["stats"]["budget"]
+    assert budget["branches_planned"] == 3 and budget["branches"] == 0
+    assert budget["shortfall_filled"] == 3 and budget["fill"] == 3
+
+
+async def test_missing_logprobs_fail_fast_unless_mode_is_none():
+    no_lp = lambda i, msgs: Reply(answer_text("Paris"), logprobs=False)  # noqa: E731
+    graph, model, _ = _graph({"n": 3, "k": 1, "t": 2}, agent=no_lp)
+    with pytest.raises(MissingLogprobsError, match="mode='none'"):
+        await graph.ainvoke({"question": QUESTION})
+    assert _roles(model) == Counter({"agent": 1})  # no branch, no report was attempted
+
+    graph, _, _ = _graph({"n": 3, "mode": "none"}, agent=no_lp)
+    out = await graph.ainvoke({"question": QUESTION})
+    assert out["answer"] == "Paris" and len(out["trajectories"]) == 3
+
+
+# ----------------------------------------------------------------------------- map-reduce
+
+
+def _answers_in_call_order(*answers):
+    """Agent whose successive answer steps give ``answers`` (then repeat the last)."""
+    counter = itertools.count()
+    lock = threading.Lock()
+
+    def agent(index, messages):
+        if index < 2:
+            return STEPS[index]
+        with lock:
+            i = next(counter)
+        return Reply(answer_text(answers[min(i, len(answers) - 1)]))
+
+    return agent
+
+
+async def test_n_trajectories_to_n_reports_to_one_answer():
+    seen = {}
+
+    def aggregate(messages):
+        seen["prompt"] = messages[-1].content
+        return "<answer>Lyon</answer>"  # the minority: the aggregator's pick, not a vote
+
+    graph, model, _ = _graph(
+        {"n": 3, "mode": "none"},
+        agent=_answers_in_call_order("Paris", "Lyon", "Paris"),
+        aggregate=aggregate,
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+
+    assert sorted(tr["answer"] for tr in out["trajectories"]) == ["Lyon", "Paris", "Paris"]
+    assert len(out["reports"]) == 3
+    assert {r["trajectory_id"] for r in out["reports"]} == {tr["id"] for tr in out["trajectories"]}
+    by_id = {tr["id"]: tr["answer"] for tr in out["trajectories"]}
+    assert all(
+        r["answer"] == by_id[r["trajectory_id"]] and r["status"] == "ok" for r in out["reports"]
+    )
+    # The aggregator saw the question and the three reports, not the trajectories.
+    prompt = seen["prompt"]
+    assert QUESTION in prompt
+    assert "Report 1:" in prompt and "Report 3:" in prompt and "Report 4:" not in prompt
+    assert "Snippets for" not in prompt  # no raw tool output
+    assert _roles(model)["aggregate"] == 1
+    assert out["answer"] == "Lyon" and out["answer_source"] == "aggregator"
+    assert out["stats"]["compress"]["reports"] == 3
+
+
+async def test_failed_aggregation_falls_back_to_the_majority():
+    def aggregate(messages):
+        raise RuntimeError("aggregator down")
+
+    graph, _, _ = _graph(
+        {"n": 3, "mode": "none"},
+        agent=_answers_in_call_order("Lyon", "Paris", "Paris"),
+        aggregate=aggregate,
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    assert out["answer"] == "Paris"
+    assert out["answer_source"] == "majority_fallback"
+
+
+async def test_separate_aggregator_model_gets_only_the_aggregation():
+    graph_model = ScriptedChatModel(responder=research_responder(by_step()))
+    aggregator = ScriptedChatModel(script=["<answer>Paris</answer>"])
+    tools, _ = make_tools()
+    graph = create_parallelmuse(
+        graph_model, tools, aggregator_model=aggregator, config={"n": 2, "mode": "none"}
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    assert len(aggregator.calls) == 1 and role_of(aggregator.calls[0]["messages"]) == "aggregate"
+    assert _roles(graph_model)["aggregate"] == 0 and _roles(graph_model)["compress"] == 2
+    assert out["answer"] == "Paris"
+
+
+@pytest.mark.parametrize("aggregation", ["majority", "weighted", "max_tool_calls"])
+async def test_baseline_aggregations_skip_compression(aggregation):
+    graph, model, _ = _graph(
+        {"n": 3, "mode": "none", "aggregation": aggregation},
+        agent=_answers_in_call_order("Paris", "Paris", "Lyon"),
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    assert _roles(model) == Counter({"agent": 9})
+    assert out["reports"] == []
+    assert out["answer"] == "Paris" and out["answer_source"] == aggregation
+
+
+async def test_no_answer_anywhere_gives_answer_none():
+    graph, _, _ = _graph(
+        {"n": 2, "mode": "none"}, agent=lambda i, msgs: RuntimeError("model unreachable")
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    assert out["answer"] is None and out["answer_source"] == "none"
+    assert [tr["status"] for tr in out["trajectories"]] == ["failed", "failed"]
+    assert out["stats"]["rollout"]["failed"] == 2
+    assert out["messages"][-1].content.startswith("No answer")
+
+
+# ----------------------------------------------------------------------------- input / output
+
+
+async def test_messages_input_appends_an_ai_message_with_the_answer():
+    graph, model, _ = _graph({"n": 2, "mode": "none"})
+    out = await graph.ainvoke(
+        {"messages": [HumanMessage("Hi"), AIMessage("Hello!"), HumanMessage(QUESTION)]}
+    )
+    assert out["question"] == QUESTION
+    assert [type(m) for m in out["messages"]] == [HumanMessage, AIMessage, HumanMessage, AIMessage]
+    reply = out["messages"][-1]
+    assert reply.content == "Paris" == out["answer"]
+    assert reply.name == "parallelmuse"
+    assert reply.response_metadata["answer_source"] == "aggregator"
+    agent_prompts = [c["messages"] for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert all(p[1].content == QUESTION for p in agent_prompts)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"question": ""},
+        {"question": "   \n "},
+        {"messages": []},
+        {"messages": [AIMessage("I am not a question")]},
+        {"messages": [HumanMessage("  ")]},
+        {"question": "x" * 5000},
+    ],
+)
+async def test_unusable_input_raises_input_error_before_any_model_call(payload):
+    graph, model, calls = _graph({"n": 2, "mode": "none"})
+    with pytest.raises(InputError):
+        await graph.ainvoke(payload)
+    assert model.calls == []
+    assert calls == {"search": [], "visit": []}
+
+
+def test_unusable_input_also_raises_under_sync_invoke():
+    graph, model, _ = _graph({"n": 2, "mode": "none"})
+    with pytest.raises(InputError, match="empty"):
+        graph.invoke({"question": " "})
+    assert model.calls == []
+
+
+def test_tools_without_search_and_bad_config_are_rejected_at_build_time():
+    model = ScriptedChatModel()
+    _, visit = make_tools()[0]
+    with pytest.raises(InputError, match="search"):
+        create_parallelmuse(model, [visit])
+    with pytest.raises(ConfigError, match="n=2"):
+        create_parallelmuse(model, make_tools()[0], config={"n": 2})
+    assert model.calls == []
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+async def test_custom_stream_yields_progress_events_in_order():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    events = [e async for e in graph.astream({"question": QUESTION}, stream_mode="custom")]
+    names = [e["event"] for e in events]
+
+    counts = Counter(names)
+    assert counts["run_started"] == 1
+    assert counts["trajectory_started"] == counts["trajectory_finished"] == 4
+    assert counts["branch_picked"] == 1
+    assert counts["report_written"] == 4
+    assert counts["answer"] == 1
+    assert names[0] == "run_started" and names[-1] == "answer"
+    assert events[-1]["answer"] == "Paris"
+    pick = names.index("branch_picked")
+    # The initial trajectory finishes before the pick; branches and fills start after it.
+    assert names[:pick].count("trajectory_finished") == 1
+    assert names[pick + 1 :].count("trajectory_started") == 3
+    assert names.index("report_written") > max(
+        i for i, n in enumerate(names) if n == "trajectory_finished"
+    )
+    picked = events[pick]
+    assert (picked["parent"], picked["step"], picked["region"]) == ("t0", 1, "exploration")
+    finished = [e for e in events if e["event"] == "trajectory_finished"]
+    assert {e["id"] for e in finished} == {"t0", "t0.s1.b0", "t0.s1.b1", "f0"}
+    assert all(e["status"] == "answered" and e["answer"] == "Paris" for e in finished)
+
+
+def test_sync_custom_stream():
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    names = [e["event"] for e in graph.stream({"question": QUESTION}, stream_mode="custom")]
+    assert names[0] == "run_started" and names[-1] == "answer"
+    assert names.count("trajectory_finished") == 2 and "branch_picked" not in names
+
+
+# ----------------------------------------------------------------------------- sync / async / batch
+
+
+def test_sync_invoke():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    out = graph.invoke({"question": QUESTION})
+    assert out["answer"] == "Paris"
+    assert _kinds(out) == Counter({"initial": 1, "branch": 2, "fill": 1})
+
+
+def test_sync_batch():
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    outs = graph.batch([{"question": QUESTION}, {"question": "Where is the Louvre?"}])
+    assert [o["question"] for o in outs] == [QUESTION, "Where is the Louvre?"]
+    assert all(o["answer"] == "Paris" and len(o["trajectories"]) == 2 for o in outs)
+    # Each run has its own trajectory threads.
+    threads = [tr["thread_id"] for o in outs for tr in o["trajectories"]]
+    assert len(set(threads)) == 4
+
+
+async def test_async_batch():
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    outs = await graph.abatch([{"question": QUESTION}, {"question": "Where is the Louvre?"}])
+    assert [o["answer"] for o in outs] == ["Paris", "Paris"]
+
+
+async def test_per_run_context_overrides_the_budget():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    out = await graph.ainvoke({"question": QUESTION}, context={"n": 2, "mode": "none"})
+    assert len(out["trajectories"]) == 2 and _kinds(out) == Counter({"initial": 1, "fill": 1})
+
+
+async def test_per_run_context_keeps_the_base_config_fields_it_does_not_override():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2, "max_turns": 2, "temperature": 0.1})
+    out = await graph.ainvoke({"question": QUESTION}, context={"n": 2, "mode": "none"})
+    assert out["stats"]["config"]["max_turns"] == 2
+    assert out["stats"]["config"]["temperature"] == 0.1
+
+
+async def test_invalid_per_run_context_raises_config_error():
+    graph, model, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    with pytest.raises(ConfigError):
+        await graph.ainvoke({"question": QUESTION}, context={"n": 2, "m": 3})
+    assert model.calls == []
+
+
+async def test_max_concurrency_bounds_model_calls_in_flight():
+    slow = lambda i, msgs: Reply(answer_text("Paris"), delay=0.05)  # noqa: E731
+    graph, model, _ = _graph({"n": 4, "mode": "none", "max_concurrency": 1}, agent=slow)
+    await graph.ainvoke({"question": QUESTION})
+    assert model.peak_in_flight == 1
+
+
+# ----------------------------------------------------------------------------- composition
+
+
+class Outer(TypedDict, total=False):
+    question: str
+    answer: str | None
+    shouted: str
+
+
+def _outer(graph, checkpointer=None):
+    outer = StateGraph(Outer)
+    outer.add_node("parallelmuse", graph)
+    outer.add_node("shout", lambda s: {"shouted": (s["answer"] or "").upper()})
+    outer.add_edge(START, "parallelmuse")
+    outer.add_edge("parallelmuse", "shout")
+    outer.add_edge("shout", END)
+    return outer.compile(checkpointer=checkpointer)
+
+
+async def test_compiled_graph_as_a_node_of_another_state_graph():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    out = await _outer(graph).ainvoke({"question": QUESTION})
+    assert out == {"question": QUESTION, "answer": "Paris", "shouted": "PARIS"}
+
+
+def test_compiled_graph_as_a_node_of_a_checkpointed_graph_sync():
+    graph, model, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    app = _outer(graph, InMemorySaver())
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "conversation-1"}}
+    out = app.invoke({"question": QUESTION}, cfg)
+    assert out["shouted"] == "PARIS"
+    # Trajectory threads are named after the parent thread (resumable).
+    assert any(tid.startswith("conversation-1:") for tid in graph.runner.checkpointer.storage)
+    calls_after_first = len(model.calls)
+    # Same thread, same question: the finished trajectories are found, not rolled out again.
+    again = app.invoke({"question": QUESTION}, cfg)
+    assert again["answer"] == "Paris"
+    agent_calls = [c for c in model.calls[calls_after_first:] if role_of(c["messages"]) == "agent"]
+    assert agent_calls == []
+
+
+def _chain(graph):
+    return RunnableLambda(lambda q: {"question": q}) | graph | RunnableLambda(lambda s: s["answer"])
+
+
+async def test_compiled_graph_inside_an_lcel_chain_async():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    assert await _chain(graph).ainvoke(QUESTION) == "Paris"
+    assert await _chain(graph).abatch([QUESTION, "Where is the Louvre?"]) == ["Paris", "Paris"]
+
+
+def test_compiled_graph_inside_an_lcel_chain_sync():
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    assert _chain(graph).invoke(QUESTION) == "Paris"
+    assert _chain(graph).batch([QUESTION, "Where is the Louvre?"]) == ["Paris", "Paris"]
+
+
+def test_sync_invoke_works_when_the_caller_has_a_running_event_loop():
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+
+    async def notebook_cell():  # ipykernel runs cells with a running event loop
+        return graph.invoke({"question": QUESTION})
+
+    error = out = None
+    try:
+        out = asyncio.run(notebook_cell())
+    except RuntimeError as exc:
+        error = str(exc)
+    with warnings.catch_warnings():  # the node coroutine asyncio.run refused is never awaited
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gc.collect()
+    assert error is None, error
+    assert out["answer"] == "Paris"
+
+
+def test_agent_step_helper_counts_earlier_turns():
+    # Guards the fake's routing: step index = AI turns already in the prompt.
+    assert agent_step([HumanMessage("q")]) == 0
+    assert agent_step([HumanMessage("q"), AIMessage("a"), HumanMessage("r"), AIMessage("b")]) == 2
