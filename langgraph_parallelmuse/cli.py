@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
@@ -239,6 +239,50 @@ async def _agent(args: argparse.Namespace) -> int:
     return 0 if final.get("answer") else 2
 
 
+async def _bench(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.eval.bench import BenchSettings, markdown_table, run_bench, summarize
+    from langgraph_parallelmuse.eval.datasets import load_questions
+    from langgraph_parallelmuse.tools import CorpusIndex
+
+    items = load_questions(args.questions, limit=args.limit)
+    settings = BenchSettings(n=args.n, k=args.k, t=args.t, modes=tuple(args.modes.split(",")),
+                             estimator=args.estimator, seed=args.seed, setting=args.setting,
+                             aggregate=not args.no_aggregate, max_turns=args.max_turns)
+    settings.config()  # validate before loading anything
+    out_dir = Path(args.out)
+    model = _model(args)
+    index = CorpusIndex.from_jsonl(*args.corpus)
+    started = time.perf_counter()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
+        task = prog.add_task("questions", total=len(items))
+
+        def tick(rec: dict) -> None:
+            prog.advance(task)
+            pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
+            prog.console.print(f"  {rec['id']}: gold={rec['answers'][0]!r} answer={_short(pm.get('answer'), 50)!r} "
+                               f"({rec['seconds']:.0f}s)")
+
+        from langgraph_parallelmuse.eval.bench import load_done
+        prog.advance(task, len([i for i in items if i.id in load_done(out_dir / "results.jsonl")]))
+        records = await run_bench(model, index, items, settings, out_dir / "results.jsonl",
+                                  concurrency=args.concurrency, progress=tick)
+    summary = summarize(records, seed=args.seed)
+    table = markdown_table(summary)
+    (out_dir / "summary.md").write_text(table + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    out.print(table)
+    try:
+        from langgraph_parallelmuse.eval.plots import plot_accuracy_vs_tokens, plot_uncertainty_profile
+
+        plot_accuracy_vs_tokens(summary, out_dir / "accuracy_vs_tokens.png")
+        plot_uncertainty_profile(records, out_dir / "uncertainty_profile.png")
+    except ImportError:
+        console.print("matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')")
+    console.print(f"{len(records)} questions in {time.perf_counter() - started:.0f}s; results in {out_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,6 +300,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(agent)
     _add_config_args(agent)
     agent.set_defaults(func=_agent)
+    bench = sub.add_parser("bench", help="compare ParallelMuse with the baselines on a QA set")
+    bench.add_argument("--questions", required=True, help="{id, question, answers, ...} JSONL")
+    bench.add_argument("--setting", choices=["distractor", "open"], default="distractor",
+                       help="distractor: tools see only each question's context_doc_ids")
+    bench.add_argument("--limit", type=int, default=None, help="first N questions only")
+    bench.add_argument("--n", type=int, default=8)
+    bench.add_argument("--k", type=int, default=2)
+    bench.add_argument("--t", type=int, default=3)
+    bench.add_argument("--modes", default="exploration,reasoning,mixed")
+    bench.add_argument("--estimator", default="nll", choices=["nll", "entropy"])
+    bench.add_argument("--max-turns", type=int, default=6)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--concurrency", type=int, default=1, help="questions in flight at once")
+    bench.add_argument("--no-aggregate", action="store_true", help="skip compression/aggregation methods")
+    bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
+    _add_model_args(bench)
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -1,0 +1,210 @@
+"""Fault injected: the process dies (SIGKILL) in the middle of a run; and heavy load.
+
+A subprocess runs the full graph on a SQLite checkpointer (``crash_worker.py``) and is killed
+with SIGKILL once the initial trajectory and at least one branch have finished while the slow
+fill is still running. A second subprocess resumes the same thread: the final answer must come
+out and no finished trajectory may call the model again (counted per trajectory from the side
+file every model call appends to). Under load (N=16 per question, 4 questions in ``abatch``)
+the number of model calls in flight never exceeds ``max_concurrency``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.graph import create_parallelmuse
+from tests.reliability.crash_worker import IDS, QUESTION
+from tests.unit.fakes import (
+    Reply,
+    ScriptedChatModel,
+    answer_text,
+    call_text,
+    make_tools,
+    report_from_prompt,
+    research_responder,
+    role_of,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(db: Path, side: Path, phase: str, result: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability.crash_worker",
+            str(db),
+            str(side),
+            phase,
+            str(result),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _calls(side: Path) -> list[tuple[str, str, int]]:
+    if not side.exists():
+        return []
+    out = []
+    for line in side.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((parts[0], parts[1], int(parts[2])))
+    return out
+
+
+async def _finished_in_db(db: Path) -> set[str]:
+    run_id = f"crash-1:{hashlib.sha256(QUESTION.encode()).hexdigest()[:10]}"
+    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+        runner = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=saver)
+        return {tid for tid in IDS if await runner.existing(f"{run_id}/{tid}") is not None}
+
+
+@pytest.mark.timeout(90)
+async def test_sigkill_mid_run_then_resume_keeps_finished_trajectories(tmp_path):
+    db, side = tmp_path / "runs.sqlite", tmp_path / "calls.log"
+    first = _worker(db, side, "1", tmp_path / "result1.json")
+    try:
+        deadline = time.monotonic() + 60
+        branch_done = None
+        while time.monotonic() < deadline and first.poll() is None:
+            calls = _calls(side)
+            branch_done = next((c for c in calls if c[1].startswith("t0.s1.") and c[2] == 2), None)
+            if branch_done:
+                break
+            await asyncio.sleep(0.02)
+        assert first.poll() is None, first.stderr.read().decode()[-2000:]
+        assert branch_done, "no branch reached its answer step in time"
+        await asyncio.sleep(0.6)  # let that answer step's checkpoint land
+        assert first.poll() is None, "the run finished before it could be killed"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+    assert first.returncode == -signal.SIGKILL
+    assert not (tmp_path / "result1.json").exists()
+
+    finished = await _finished_in_db(db)
+    assert "t0" in finished and finished & {"t0.s1.b0", "t0.s1.b1"}
+    assert "f0" not in finished  # the kill really was mid-run
+    before = Counter(tid for phase, tid, _ in _calls(side) if phase == "1")
+
+    second = _worker(db, side, "2", tmp_path / "result2.json")
+    try:
+        _, err = second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == 0, err.decode()[-3000:]
+    result = json.loads((tmp_path / "result2.json").read_text())
+
+    assert result["resumed"] is True and result["pending_before"]
+    assert result["answer"] == "Paris" and result["answer_source"] == "aggregator"
+    assert result["trajectories"] == {tid: "answered" for tid in IDS}
+    assert result["reports"] == sorted(IDS)
+    after = Counter(tid for phase, tid, _ in _calls(side) if phase == "2")
+    for tid in finished:
+        assert after[tid] == 0, f"finished trajectory {tid} was re-generated: {after}"
+    # Unfinished work resumed from its last checkpoint: at most its 3 steps were generated again.
+    assert 1 <= after["f0"] <= 3
+    assert before["t0"] == 3
+
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Where is the Louvre?",
+    "Who built the Eiffel Tower?",
+    "Which river flows through Paris?",
+]
+
+
+def _load_graph(limit: int, *, aggregator_delay: float = 0.01, separate_aggregator: bool = False):
+    steps = [
+        Reply(
+            call_text("search", "Find it", query="capital of France"),
+            regions={"tool_call": -1.5},
+            delay=0.01,
+        ),
+        Reply(call_text("visit", "Open it", doc="Paris"), regions={"tool_call": -2.5}, delay=0.01),
+        Reply(answer_text("Paris"), delay=0.01),
+    ]
+    aggregate = lambda msgs: Reply("<answer>Paris</answer>", delay=aggregator_delay)  # noqa: E731
+    model = ScriptedChatModel(
+        responder=research_responder(
+            lambda i, msgs: steps[min(i, 2)],
+            compress=lambda msgs: Reply(report_from_prompt(msgs), delay=0.01),
+            aggregate=aggregate,
+        )
+    )
+    aggregator = ScriptedChatModel(responder=aggregate) if separate_aggregator else None
+    config = {"n": 16, "m": 1, "k": 2, "t": 3, "max_concurrency": limit}
+    graph = create_parallelmuse(model, make_tools()[0], config=config, aggregator_model=aggregator)
+    return graph, model, aggregator
+
+
+@pytest.mark.timeout(90)
+async def test_concurrency_limit_holds_under_load_in_abatch():
+    """N=16 (1 initial + 6 branches + 9 fills) x 4 questions, max_concurrency=4.
+
+    The aggregator is a separate model here, so this measures every trajectory and report call;
+    the aggregation call itself is not limited (see the xfail test below).
+    """
+    graph, model, aggregator = _load_graph(4, separate_aggregator=True)
+    outs = await graph.abatch([{"question": q} for q in QUESTIONS])
+    assert [o["answer"] for o in outs] == ["Paris"] * 4
+    assert all(len(o["trajectories"]) == 16 for o in outs)
+    assert all(
+        Counter(t["origin"]["kind"] for t in o["trajectories"])
+        == Counter({"initial": 1, "branch": 6, "fill": 9})
+        for o in outs
+    )
+    assert all(t["status"] == "answered" for o in outs for t in o["trajectories"])
+    roles = Counter(role_of(c["messages"]) for c in model.calls)
+    assert roles["compress"] == 64 and roles["aggregate"] == 0 and len(aggregator.calls) == 4
+    assert model.peak_in_flight <= 4, f"{model.peak_in_flight} model calls in flight, limit 4"
+    assert model.peak_in_flight == 4  # the load really saturated the limit
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: graph.py aggregate() (line 246-252) calls aggregate_reports() outside `async with "
+        "limit()` (the semaphore of lines 177/239), so in a batch one run's aggregation call runs "
+        "beside another run's trajectory/report calls: 2 model calls in flight with "
+        "max_concurrency=1 "
+        "(5 with max_concurrency=4 in the load test when the agent model also aggregates)."
+    ),
+)
+async def test_aggregation_calls_respect_max_concurrency_in_a_batch():
+    model = ScriptedChatModel(
+        responder=research_responder(
+            lambda i, msgs: Reply(answer_text("Paris"), delay=0.01),
+            aggregate=lambda msgs: Reply("<answer>Paris</answer>", delay=0.5),
+        )
+    )
+    graph = create_parallelmuse(
+        model, make_tools()[0], config={"n": 1, "mode": "none", "max_concurrency": 1}
+    )
+    outs = await graph.abatch([{"question": q} for q in QUESTIONS[:2]])
+    assert [o["answer"] for o in outs] == ["Paris", "Paris"]
+    assert model.peak_in_flight <= 1, f"{model.peak_in_flight} model calls in flight, limit 1"

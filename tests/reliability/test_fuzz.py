@@ -1,0 +1,305 @@
+"""Fault injected: arbitrary model text and arbitrary logprob payloads (hypothesis).
+
+``protocol.parse_action`` and ``protocol.region_spans`` get random text built from protocol
+fragments; they must never raise, and spans must lie inside the text. ``protocol.neutralize``
+must leave no protocol tag in any text, so a wrapped tool response never parses as an action.
+``logprobs.normalize_logprobs`` gets JSON-like payloads (``st.recursive``); its only documented
+error is ``ProtocolError``. Known violations are pinned by explicit, strict-xfail examples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from langgraph_parallelmuse.errors import ProtocolError
+from langgraph_parallelmuse.logprobs import normalize_logprobs
+from langgraph_parallelmuse.protocol import (
+    format_tool_response,
+    neutralize,
+    parse_action,
+    region_spans,
+    trajectory_text,
+)
+
+pytestmark = pytest.mark.timeout(60)
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+ANY_TAG = re.compile(r"<\s*/?\s*(think|tool_call|tool_response|answer)\s*>", re.IGNORECASE)
+FRAGMENTS = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<answer>",
+    "</answer>",
+    "<tool_response>",
+    "</tool_response>",
+    "< answer >",
+    "<ANSWER>",
+    "</ Tool_Call >",
+    "<",
+    ">",
+    "/",
+    "\n",
+    " ",
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    ",",
+    '"',
+    '"name"',
+    '"arguments"',
+    '"parameters"',
+    '"search"',
+    '"q"',
+    "null",
+    "1",
+    "-1e309",
+    "NaN",
+    "\\",
+    "\\u0000",
+    '{"name": "search", "arguments": {"query": "q"}}',
+    '"{\\"query\\": 1}"',
+    "answer",
+    "tool_call",
+    "é",
+    "\udcff",
+    "\x00",
+]
+protocol_text = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=30
+).map("".join)
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+@FAST
+@given(protocol_text, st.booleans())
+@example('<think>x</think><tool_call>{"name": "search", "arguments": {"query": "q"}}', False)
+@example("<answer></answer><tool_call>", True)
+@example("<tool_call><answer>x</answer>", False)
+def test_parse_action_never_raises_and_returns_a_well_formed_action(text, truncated):
+    action = parse_action(text, truncated=truncated)
+    assert action["type"] in ("tool_call", "answer", "invalid")
+    if action["type"] == "tool_call":
+        assert isinstance(action["name"], str) and isinstance(action["arguments"], dict)
+        assert "<tool_call>" in text
+        json.dumps(action, allow_nan=True)
+    elif action["type"] == "answer":
+        assert not truncated
+        assert action["answer"] == action["answer"].strip() and action["answer"]
+        assert "<answer>" in text
+    else:
+        assert isinstance(action["error"], str) and action["error"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=(ValueError, RecursionError),
+    reason=(
+        "BUG: protocol.py parse_action() (lines 108-109, 116-117) only catches "
+        "json.JSONDecodeError. "
+        "json.loads raises plain ValueError for integers over 4300 digits and RecursionError for "
+        'deeply nested arrays, so a model reply such as \'<tool_call>{"name": "search", '
+        '"arguments": {"q": 111…(5000 digits)}}</tool_call>\' escapes the parser; agent.py think() '
+        "then marks the whole trajectory 'failed' ('model call failed') instead of recording an "
+        "invalid step."
+    ),
+)
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "search", "arguments": {"q": ' + "1" * 5000 + "}}</tool_call>",
+        "<tool_call>" + "[" * 100_000 + "</tool_call>",
+        '<tool_call>{"name": "search", "arguments": "' + "[" * 100_000 + '"}</tool_call>',
+    ],
+    ids=["huge-int", "deep-nesting", "deep-nesting-in-string-args"],
+)
+def test_parse_action_survives_pathological_json(text):
+    assert parse_action(text)["type"] == "invalid"
+
+
+@FAST
+@given(protocol_text)
+def test_region_spans_lie_inside_the_text_after_their_opening_tag(text):
+    spans = region_spans(text)
+    assert set(spans) <= {"reasoning", "exploration", "answer"}
+    tags = {"reasoning": "think", "exploration": "tool_call", "answer": "answer"}
+    for region, (start, end) in spans.items():
+        assert 0 <= start <= end <= len(text)
+        assert text[:start].endswith(f"<{tags[region]}>")
+        assert f"</{tags[region]}>" not in text[start:end]
+
+
+# ----------------------------------------------------------------------------- neutraliser
+
+
+@FAST
+@given(protocol_text)
+@example("<<answer>>")
+@example("<ans<answer>wer>")
+@example("</tool_response\n>")
+def test_neutralised_text_has_no_tags_and_never_parses_as_an_action(text):
+    safe = neutralize(text)
+    assert ANY_TAG.search(safe) is None
+    assert neutralize(safe) == safe  # idempotent
+    assert safe.replace("&lt;", "<") == text.replace("&lt;", "<")  # only '<' of tags changed
+    wrapped = format_tool_response(text)
+    assert [m.group(0) for m in ANY_TAG.finditer(wrapped)] == [
+        "<tool_response>",
+        "</tool_response>",
+    ]
+    assert parse_action(wrapped)["type"] == "invalid"
+    assert region_spans(wrapped) == {}
+    # Embedded after a model turn, the tool response adds no action of its own.
+    turn = "<think>look it up</think>\n"
+    assert parse_action(turn + wrapped)["type"] == "invalid"
+    log = trajectory_text(
+        "q", [{"index": 0, "text": turn}], [{"step": 0, "content": text}], max_observation_chars=50
+    )
+    assert ANY_TAG.search(neutralize(log)) is None
+
+
+# ----------------------------------------------------------------------------- logprob normaliser
+
+KEYS = [
+    "content",
+    "token",
+    "logprob",
+    "top_logprobs",
+    "bytes",
+    "probs",
+    "prob",
+    "tok_str",
+    "tokens",
+    "token_logprobs",
+    "text_offset",
+    "completion_probabilities",
+]
+json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+)
+json_like = st.recursive(
+    json_scalar,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(
+            st.one_of(st.sampled_from(KEYS), st.text(max_size=4)), children, max_size=5
+        ),
+    ),
+    max_leaves=25,
+)
+
+
+def _check_records(records, text):
+    assert isinstance(records, list)
+    for rec in records:
+        assert isinstance(rec["token"], str)
+        assert isinstance(rec["logprob"], float) and not math.isnan(rec["logprob"])
+        assert 0 <= rec["start"] <= rec["end"]
+        if text is not None:
+            assert rec["end"] <= len(text)
+        for alt in rec["top_logprobs"]:
+            assert isinstance(alt[0], str) and not math.isnan(alt[1])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(  # hypothesis groups TypeError/OverflowError
+        "BUG: logprobs.py normalize_logprobs() documents ProtocolError as its only error, but "
+        "_num() (line 26) does not catch OverflowError (float(10**400)), and non-list values are "
+        "iterated/len()'d unchecked: 'top_logprobs': 5 in _tops() (line 48), 'probs': None/5 "
+        "(line 92), 'completion_probabilities': 5 (lines 71/86), 'tokens': 5 (line 74) raise "
+        "TypeError. In segments.generate_turn this turns an odd server payload into a failed "
+        "trajectory instead of a clear ProtocolError."
+    ),
+)
+@FAST
+@given(json_like, st.one_of(st.none(), st.text(max_size=10)))
+@example({"content": [{"token": "a", "logprob": -1, "top_logprobs": 5}]}, None)
+@example({"content": [{"token": "a", "probs": None}]}, None)
+@example({"completion_probabilities": 5}, None)
+@example({"tokens": 5, "token_logprobs": []}, None)
+@example({"content": [{"token": "a", "logprob": 10**400}]}, None)
+def test_normalize_logprobs_raises_only_protocol_error_on_any_payload(payload, text):
+    try:
+        records = normalize_logprobs(payload, text)
+    except ProtocolError:
+        return
+    _check_records(records, text)
+
+
+# Well-typed payloads (the shapes real servers send, with hostile values): must always work.
+token = st.text(min_size=0, max_size=4)
+logprob = st.one_of(
+    st.floats(max_value=0, allow_nan=False),
+    st.just(float("-inf")),
+    st.integers(min_value=-(10**6), max_value=0),
+)
+raw_bytes = st.lists(st.integers(min_value=0, max_value=255), max_size=4)
+alt = st.fixed_dictionaries({"token": token, "logprob": logprob}, optional={"bytes": raw_bytes})
+chat_entry = st.fixed_dictionaries(
+    {"token": token, "logprob": logprob},
+    optional={"top_logprobs": st.lists(alt, max_size=3), "bytes": raw_bytes},
+)
+chat_payload = st.one_of(
+    st.fixed_dictionaries({"content": st.one_of(st.none(), st.lists(chat_entry, max_size=8))}),
+    st.lists(chat_entry, max_size=8),
+)
+llama_entry = st.fixed_dictionaries(
+    {"content": token},
+    optional={
+        "probs": st.lists(
+            st.fixed_dictionaries({"tok_str": token, "prob": st.floats(min_value=0, max_value=1)}),
+            max_size=3,
+        )
+    },
+).map(lambda e: e if "probs" in e else {**e, "logprob": -0.5})
+llama_payload = st.fixed_dictionaries(
+    {"completion_probabilities": st.lists(llama_entry, max_size=6)}
+)
+
+
+@st.composite
+def completions_payload(draw):
+    tokens = draw(st.lists(token, max_size=6))
+    return {
+        "tokens": tokens,
+        "token_logprobs": [draw(logprob) for _ in tokens],
+        "top_logprobs": [draw(st.dictionaries(token, logprob, max_size=3)) for _ in tokens],
+    }
+
+
+@FAST
+@given(
+    st.one_of(chat_payload, llama_payload, completions_payload()),
+    st.one_of(st.none(), st.text(max_size=12)),
+)
+@example(
+    {
+        "content": [
+            {"token": "\ufffd", "logprob": -1, "bytes": [0xE2, 0x82]},
+            {"token": "\ufffd", "logprob": -1, "bytes": [0xAC]},
+        ]
+    },
+    "€",
+)
+@example({"content": [{"token": "x", "logprob": -1, "bytes": [0xFF]}] * 3}, "")
+def test_well_typed_payloads_normalise_with_offsets_in_bounds(payload, text):
+    records = normalize_logprobs(payload, text)
+    _check_records(records, text)
+    starts = [r["start"] for r in records]
+    assert starts == sorted(starts)  # tokens come in text order
