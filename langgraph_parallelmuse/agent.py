@@ -59,6 +59,16 @@ def _context_exhausted(steps: Sequence[Step], observations: Sequence[Observation
     return estimate + cfg.max_step_tokens > cfg.max_context_tokens
 
 
+_OVERFLOW_HINTS = ("context length", "context_length", "maximum context", "too many tokens",
+                   "context window", "prompt is too long", "exceeds the context")
+
+
+def is_context_overflow(exc: BaseException) -> bool:
+    """A backend's "prompt does not fit the context window" error (OpenAI, vLLM, llama.cpp wording)."""
+    text = f"{getattr(exc, 'code', '')} {exc}".lower()
+    return any(hint in text for hint in _OVERFLOW_HINTS)
+
+
 def _tool_text(content: Any) -> str:
     if isinstance(content, bytes):
         return content.decode("utf-8", errors="replace")
@@ -90,31 +100,40 @@ def build_rollout_graph(
         steps, observations = state.get("steps", []), state.get("observations", [])
         index = len(steps)
         exhausted = _context_exhausted(steps, observations, cfg)
-        ctx = StepContext(state["question"], steps, observations, index,
-                          final=exhausted or index >= cfg.max_turns - 1,
-                          max_step_tokens=cfg.max_step_tokens, tool_names=frozenset(by_name))
-        messages = build_messages(state["question"], steps, observations, system=system,
-                                  final_turn=ctx.final and isinstance(driver, FreeDriver))
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_logprobs=cfg.top_logprobs)
         spent_generated = spent_prompt = spent_cached = spent_calls = 0
         started = time.perf_counter()
-        try:
-            for attempt in range(driver.retries + 1):
-                turn = await generate_turn(model, messages, driver.plan(ctx), sampling=sampling,
-                                           seed=derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt))
-                truncated = turn.finish_reason == "length"
-                text = turn.text if truncated else close_open_tag(turn.text)
-                action = parse_action(text, truncated=truncated)
-                spent_generated += turn.generated_tokens
-                spent_prompt += turn.prompt_tokens
-                spent_cached += turn.cached_prompt_tokens
-                spent_calls += turn.calls
-                if driver.reject(ctx, text, action) is None:
-                    break
-        except ParallelMuseError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
-            return {"status": "failed", "error": f"model call failed at step {index}: {type(exc).__name__}: {exc}"}
+        trim: int | None = None
+        while True:
+            ctx = StepContext(state["question"], steps, observations, index,
+                              final=exhausted or index >= cfg.max_turns - 1,
+                              max_step_tokens=cfg.max_step_tokens, tool_names=frozenset(by_name))
+            messages = build_messages(state["question"], steps, observations, system=system,
+                                      final_turn=ctx.final and isinstance(driver, FreeDriver),
+                                      max_observation_chars=trim)
+            try:
+                for attempt in range(driver.retries + 1):
+                    turn = await generate_turn(model, messages, driver.plan(ctx), sampling=sampling,
+                                               seed=derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt))
+                    truncated = turn.finish_reason == "length"
+                    text = turn.text if truncated else close_open_tag(turn.text)
+                    action = parse_action(text, truncated=truncated)
+                    spent_generated += turn.generated_tokens
+                    spent_prompt += turn.prompt_tokens
+                    spent_cached += turn.cached_prompt_tokens
+                    spent_calls += turn.calls
+                    if driver.reject(ctx, text, action) is None:
+                        break
+                break
+            except ParallelMuseError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
+                if is_context_overflow(exc) and trim is None:
+                    # Blind retries cannot fit the window: shrink old tool output and answer now.
+                    exhausted, trim = True, 200
+                    continue
+                return {"status": "failed",
+                        "error": f"model call failed at step {index}: {type(exc).__name__}: {exc}"}
         step = Step(index=index, text=text, tokens=turn.tokens, regions=region_spans(text), action=action,
                     prompt_tokens=spent_prompt, context_tokens=turn.context_tokens,
                     generated_tokens=spent_generated, cached_prompt_tokens=spent_cached, calls=spent_calls,
@@ -137,8 +156,9 @@ def build_rollout_graph(
         doc_ids: list[str] = []
         error = True
         if action["type"] != "tool_call":
-            content = (f"Error: {action.get('error', 'unreadable reply')}. Reply with <think>…</think> and then "
-                       "one <tool_call>{…}</tool_call> or <answer>…</answer>.")
+            # No tags in the hint: it travels inside a tool response, where tags are neutralised.
+            content = (f"Error: {action.get('error', 'unreadable reply')}. Reply with your thinking in a think "
+                       "block, then exactly one tool call (JSON with name and arguments) or an answer block.")
         elif name not in by_name:
             content = f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(by_name))}."
         else:
@@ -156,6 +176,10 @@ def build_rollout_graph(
                 content = f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s."
             except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
                 content = f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"
+        # Lone surrogates cannot be sent as UTF-8 and would be stored differently than sent.
+        content = content.encode("utf-8", "replace").decode("utf-8")
+        if not content.strip() and not error:
+            content, error = f"Error: tool {name!r} returned nothing.", True
         if len(content) > cfg.max_observation_chars:
             content = content[: cfg.max_observation_chars] + " …[truncated]"
         obs = Observation(step=step["index"], name=name or "invalid", arguments=args, content=content,

@@ -249,8 +249,9 @@ def build_parallelmuse_graph(
         reports = state.get("reports", [])
         stats: dict[str, Any] = {"timeline": {"end": time.time()}}
         if settings.aggregation == "parallelmuse":
-            result = await aggregate_reports(aggregator, state["question"], reports,
-                                             guided=guided_aggregate, seed=settings.seed)
+            async with limit():
+                result = await aggregate_reports(aggregator, state["question"], reports,
+                                                 guided=guided_aggregate, seed=settings.seed)
             answer, source = result.answer, result.source
             report_tokens = sum(r["tokens"] for r in reports)
             traj_tokens = sum(r["trajectory_tokens"] for r in reports)

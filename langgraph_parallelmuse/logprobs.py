@@ -24,7 +24,7 @@ _FLOOR = -9999.0
 def _num(value: Any) -> float:
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ProtocolError(f"logprob {value!r} is not a number") from None
     if math.isnan(out):
         raise ProtocolError("logprob is NaN")
@@ -129,7 +129,12 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
         >>> [(r["token"], r["start"], r["end"]) for r in recs]
         [('<th', 0, 3), ('ink>', 3, 7)]
     """
-    entries = _entries(payload)
+    try:
+        entries = _entries(payload)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        raise ProtocolError(f"malformed logprobs payload: {type(exc).__name__}: {exc}") from None
     records: list[TokenRecord] = []
     if all(raw is not None for *_, raw in entries) and entries:
         # Byte-accurate offsets. A token starts where the complete characters before it end and

@@ -108,13 +108,15 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
             payload = json.loads(call)
         except json.JSONDecodeError as exc:
             return Action(type="invalid", error=f"tool call is not valid JSON ({exc.msg} at char {exc.pos})")
+        except (ValueError, RecursionError):  # absurd numbers or nesting: still just a bad call
+            return Action(type="invalid", error="tool call JSON is too large or too deeply nested")
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return Action(type="invalid", error='tool call must be {"name": "...", "arguments": {...}}')
         args = payload.get("arguments", payload.get("parameters", {}))
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return Action(type="invalid", error="tool call arguments are not a JSON object")
         if not isinstance(args, dict):
             return Action(type="invalid", error="tool call arguments must be a JSON object")
@@ -145,11 +147,13 @@ def build_messages(
     *,
     system: str,
     final_turn: bool = False,
+    max_observation_chars: int | None = None,
 ) -> list[BaseMessage]:
     """Render a trajectory prefix as chat messages, byte-identical for a parent and its forks.
 
     The rendering is a pure function of the recorded steps and observations, so a branch that
     starts from step t sends exactly the parent's prompt for step t and server prefix caches hit.
+    ``max_observation_chars`` trims old tool output (only used after a context overflow).
     """
     messages: list[BaseMessage] = [SystemMessage(system), HumanMessage(question)]
     by_step = {obs["step"]: obs for obs in observations}
@@ -157,7 +161,10 @@ def build_messages(
         messages.append(AIMessage(step["text"]))
         obs = by_step.get(step["index"])
         if obs is not None:
-            messages.append(HumanMessage(format_tool_response(obs["content"])))
+            content = obs["content"]
+            if max_observation_chars is not None and len(content) > max_observation_chars:
+                content = content[:max_observation_chars] + " …[trimmed]"
+            messages.append(HumanMessage(format_tool_response(content)))
     if final_turn:
         note = FINAL_TURN_NOTE
         if isinstance(messages[-1], HumanMessage) and len(messages) > 2:

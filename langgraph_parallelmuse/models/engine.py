@@ -555,9 +555,12 @@ class InferenceEngine:
             return
         seq.gen.append(token)
         self._count(decode_tokens=1)
-        full_prefix = self._decode(seq.context + seq.gen[: seq.pending_from])
-        full = self._decode(seq.context + seq.gen)
-        piece = full[len(full_prefix):]
+        # Decode a short window ending at the new tokens: the text between two decodes that
+        # share their start is exact even for tokenizers that drop a leading space per call.
+        ids = seq.context + seq.gen
+        done = len(seq.context) + seq.pending_from
+        start = max(0, done - 4)
+        piece = self._decode(ids[start:])[len(self._decode(ids[start:done])):]
         final = len(seq.gen) >= seq.max_new
         if piece.endswith("\ufffd") and not final:
             piece = ""  # an incomplete UTF-8 character: its text comes with the next token

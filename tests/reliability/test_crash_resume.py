@@ -185,16 +185,6 @@ async def test_concurrency_limit_holds_under_load_in_abatch():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: graph.py aggregate() (line 246-252) calls aggregate_reports() outside `async with "
-        "limit()` (the semaphore of lines 177/239), so in a batch one run's aggregation call runs "
-        "beside another run's trajectory/report calls: 2 model calls in flight with "
-        "max_concurrency=1 "
-        "(5 with max_concurrency=4 in the load test when the agent model also aggregates)."
-    ),
-)
 async def test_aggregation_calls_respect_max_concurrency_in_a_batch():
     model = ScriptedChatModel(
         responder=research_responder(

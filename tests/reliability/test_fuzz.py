@@ -102,19 +102,6 @@ def test_parse_action_never_raises_and_returns_a_well_formed_action(text, trunca
         assert isinstance(action["error"], str) and action["error"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(ValueError, RecursionError),
-    reason=(
-        "BUG: protocol.py parse_action() (lines 108-109, 116-117) only catches "
-        "json.JSONDecodeError. "
-        "json.loads raises plain ValueError for integers over 4300 digits and RecursionError for "
-        'deeply nested arrays, so a model reply such as \'<tool_call>{"name": "search", '
-        '"arguments": {"q": 111…(5000 digits)}}</tool_call>\' escapes the parser; agent.py think() '
-        "then marks the whole trajectory 'failed' ('model call failed') instead of recording an "
-        "invalid step."
-    ),
-)
 @pytest.mark.parametrize(
     "text",
     [
@@ -216,17 +203,6 @@ def _check_records(records, text):
             assert isinstance(alt[0], str) and not math.isnan(alt[1])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(  # hypothesis groups TypeError/OverflowError
-        "BUG: logprobs.py normalize_logprobs() documents ProtocolError as its only error, but "
-        "_num() (line 26) does not catch OverflowError (float(10**400)), and non-list values are "
-        "iterated/len()'d unchecked: 'top_logprobs': 5 in _tops() (line 48), 'probs': None/5 "
-        "(line 92), 'completion_probabilities': 5 (lines 71/86), 'tokens': 5 (line 74) raise "
-        "TypeError. In segments.generate_turn this turns an odd server payload into a failed "
-        "trajectory instead of a clear ProtocolError."
-    ),
-)
 @FAST
 @given(json_like, st.one_of(st.none(), st.text(max_size=10)))
 @example({"content": [{"token": "a", "logprob": -1, "top_logprobs": 5}]}, None)

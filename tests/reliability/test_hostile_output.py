@@ -153,7 +153,7 @@ def test_prompt_builders_neutralise_every_tag_form():
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "HARDENING GAP: compress.py build_compress_messages() (line ~110) delimits the log "
+        "HARDENING GAP: compress.py build_compress_messages() (line 114) delimits the log "
         "with the "
         "plain line 'End of research log.' which tool output can contain; a page can forge the end "
         "of the data section and place text that looks like instructions after it (only protocol "
