@@ -22,6 +22,7 @@ from langgraph_parallelmuse.protocol import render_tool_call
 from langgraph_parallelmuse.state import Action, Observation, Step
 from langgraph_parallelmuse.segments import Gen, Lit
 
+_RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 
 
@@ -99,7 +100,7 @@ class GuidedDriver:
     schedule: tuple[str, ...] = ("search", "visit")
     thought_tokens: int = 32
     argument_tokens: int = 20
-    answer_tokens: int = 24
+    answer_tokens: int = 40
     evidence_chars: int = 1500
     retries: int = 1
 
@@ -115,7 +116,8 @@ class GuidedDriver:
         if action == "answer":
             return thought + [
                 Lit("</think>\n<answer>"),
-                Gen(stop=("\n", "</answer>"), max_tokens=self.answer_tokens, name="answer",
+                # A sentence end closes the phrase: the small model tends to go on explaining.
+                Gen(stop=("\n", "</answer>", ". "), max_tokens=self.answer_tokens, name="answer",
                     messages=self.evidence_prompt(ctx)),
                 Lit("</answer>"),
             ]
@@ -155,7 +157,9 @@ class GuidedDriver:
         for obs in ranked:
             if obs["error"] or not obs.get("doc_ids") or budget <= 0:
                 continue
-            chunk = obs["content"].strip()[: max(budget, 0)]
+            # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
+            # copies it into its answer, so the evidence keeps titles and text only.
+            chunk = _RESULT_MARKUP.sub("", obs["content"]).strip()[: max(budget, 0)]
             parts.append(chunk)
             budget -= len(chunk)
         context = "\n\n".join(parts) or "(no evidence found)"

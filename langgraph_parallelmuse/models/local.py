@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -101,6 +101,9 @@ class LocalChatModel(BaseChatModel):
 
     _engine: Any = PrivateAttr(default=None)
 
+    #: Continues a trailing AIMessage, so the guided step driver can prefill protocol tags.
+    supports_prefill: ClassVar[bool] = True
+
     @field_validator("top_logprobs")
     @classmethod
     def _check_top_logprobs(cls, value: int) -> int:
@@ -148,6 +151,10 @@ class LocalChatModel(BaseChatModel):
             if self.max_context_tokens is None:
                 self.max_context_tokens = self._engine.max_context_tokens
         return self._engine
+
+    def engine_stats(self) -> dict[str, Any]:
+        """Prefill computed vs reused, decode tokens, batch sizes, cache hit rate and memory."""
+        return dict(self.engine.stats())
 
     # ------------------------------------------------------------------ prompts
 
