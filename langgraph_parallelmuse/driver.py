@@ -97,7 +97,7 @@ class GuidedDriver:
         ['Lit', 'Gen', 'Lit', 'Gen', 'Lit']
     """
 
-    schedule: tuple[str, ...] = ("search", "visit")
+    schedule: tuple[str, ...] = ("search", "visit", "search")
     thought_tokens: int = 32
     argument_tokens: int = 20
     answer_tokens: int = 40

@@ -2,8 +2,8 @@
 
 ::
 
-    START → prepare → Send(initial_rollout × M) → select_branches
-          → Send(branch_rollout × (k·T forks + fills)) → collect
+    START → prepare → Send(initial_rollout × (M + fills)) → select_branches
+          → Send(branch_rollout × (k·T forks + shortfall fills)) → collect
           → Send(compress × answered trajectories) → aggregate → END
 
 Trajectories run in the checkpointed rollout subgraph (:mod:`langgraph_parallelmuse.agent`),
@@ -166,10 +166,19 @@ def build_parallelmuse_graph(
         return {"question": question, "run_id": run_id,
                 "stats": {"config": settings.model_dump(), "timeline": {"start": time.time()}}}
 
+    def fill_job(state: ParallelMuseState, i: int) -> Send:
+        return Send("initial_rollout" if state.get("picks") is None else "branch_rollout",
+                    {"question": state["question"], "run_id": state["run_id"], "id": f"f{i}",
+                     "origin": Origin(kind="fill", parent=None, round=0)})
+
     def launch_initial(state: ParallelMuseState) -> list[Send]:
-        return [Send("initial_rollout", {"question": state["question"], "run_id": state["run_id"],
-                                         "id": f"t{i}", "origin": Origin(kind="initial", parent=None, round=0)})
-                for i in range(cfg().m)]
+        settings = cfg()
+        initial = [Send("initial_rollout", {"question": state["question"], "run_id": state["run_id"],
+                                            "id": f"t{i}", "origin": Origin(kind="initial", parent=None, round=0)})
+                   for i in range(settings.m)]
+        # Fill-ins do not depend on any uncertainty, so they run alongside the initial
+        # trajectories instead of after them (the only serial part of partial rollout).
+        return initial + [fill_job(state, i) for i in range(settings.fill_budget)]
 
     async def rollout(job: dict) -> dict[str, Any]:
         settings = cfg()
@@ -189,6 +198,7 @@ def build_parallelmuse_graph(
     async def select_branches(state: ParallelMuseState) -> dict[str, Any]:
         settings = cfg()
         initial = [t for t in state["trajectories"] if t["origin"].get("kind") == "initial"]
+        fills = len(state["trajectories"]) - len(initial)
         picks: list[dict[str, Any]] = []
         if settings.mode != "none":
             require_logprobs([s for t in initial for s in t["steps"]])
@@ -202,7 +212,7 @@ def build_parallelmuse_graph(
         return {"picks": picks, "stats": {
             "budget": {"n": settings.n, "initial": len(initial), "branches_planned": planned,
                        "branches": launched, "shortfall_filled": planned - launched,
-                       "fill": settings.n - len(initial) - launched},
+                       "fill": fills + planned - launched},
             "timeline": {"selected": time.time()}}}
 
     def launch_branches(state: ParallelMuseState) -> list[Send] | str:
@@ -217,10 +227,9 @@ def build_parallelmuse_graph(
                     "question": state["question"], "run_id": state["run_id"],
                     "id": f"{pick['parent']}.s{pick['step']}.b{j}", "origin": origin,
                     "parent": parents[pick["parent"]]}))
-        initial = sum(1 for t in state["trajectories"] if t["origin"].get("kind") == "initial")
-        for i in range(settings.n - initial - len(sends)):
-            sends.append(Send("branch_rollout", {"question": state["question"], "run_id": state["run_id"],
-                                                 "id": f"f{i}", "origin": Origin(kind="fill", parent=None, round=1)}))
+        # Picks short of k (a trajectory with few scored steps) are made up by more fill-ins.
+        done = len(state["trajectories"])
+        sends += [fill_job(state, settings.fill_budget + i) for i in range(settings.n - done - len(sends))]
         return sends or "collect"
 
     async def collect(state: ParallelMuseState) -> dict[str, Any]:

@@ -138,7 +138,10 @@ def load_model(
             return _cache[key]
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        # The GGUF de-quantisation bars would interleave with the CLI's own progress display.
+        hf_logging.disable_progress_bar()
         _configure_threads()
         extra = {"gguf_file": gguf_file} if gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, **extra)

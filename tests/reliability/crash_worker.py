@@ -2,7 +2,7 @@
 
 ``python -m tests.reliability.crash_worker DB SIDE_FILE PHASE RESULT_FILE``
 
-Runs the full ParallelMuse graph (n=4: t0, two branches of t0 at step 1, one fill) with a slow
+Runs the full ParallelMuse graph (n=4: t0 and one fill, then two branches of t0 at step 1) with a slow
 scripted model and one SQLite checkpointer used for both the outer graph and the trajectory
 threads, under the fixed thread id ``crash-1``. Every agent model call appends
 ``PHASE trajectory_id step`` to SIDE_FILE (flushed and fsynced) before it answers. If the thread
@@ -36,8 +36,9 @@ QUESTION = "What is the capital of France?"
 THREAD = {"configurable": {"thread_id": "crash-1"}}
 CONFIG = {"n": 4, "m": 1, "k": 1, "t": 2, "mode": "exploration", "seed": 7, "max_turns": 3}
 IDS = ["t0", "t0.s1.b0", "t0.s1.b1", "f0"]
-# The fill is slow, so the run is still going when the branches have finished.
-DELAY = {"t0": 0.2, "t0.s1.b0": 0.2, "t0.s1.b1": 0.2, "f0": 1.5}
+# One branch is slow, so the run is still going when the other branch has finished (the fill
+# runs alongside t0, before any branch).
+DELAY = {"t0": 0.2, "t0.s1.b0": 0.2, "t0.s1.b1": 1.5, "f0": 0.2}
 STEPS = [
     Reply(
         call_text("search", "Find the country first", query="capital of France"),

@@ -159,9 +159,9 @@ async def test_model_without_logprobs_fails_fast_naming_the_fix():
     with pytest.raises(MissingLogprobsError) as info:
         await graph.ainvoke({"question": QUESTION})
     assert "mode='none'" in str(info.value) and "logprobs=True" in str(info.value)
-    # Only the initial trajectory ran (its reply is where the missing logprobs show); no branch,
-    # fill, report or aggregation call was made.
-    assert Counter(role_of(c["messages"]) for c in model.calls) == Counter({"agent": 1})
+    # Only the initial trajectory and the fill that runs beside it made a call (the initial reply
+    # is where the missing logprobs show); no branch, report or aggregation call was made.
+    assert Counter(role_of(c["messages"]) for c in model.calls) == Counter({"agent": 2})
 
 
 async def test_model_without_logprobs_runs_with_mode_none():
