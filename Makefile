@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 QUESTION ?= Which country is the Eiffel Tower in, and what is the capital of that country?
 
-.PHONY: setup run agent test test-fast test-slow lint bench clean
+.PHONY: setup run agent test test-fast test-slow test-integration lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -27,14 +27,20 @@ run: setup
 agent: setup
 	$(BIN)/parallelmuse agent "$(QUESTION)"
 
-## The test command (what .ci/run calls): fast suite, then the slow real-model suite.
-test: setup test-fast test-slow
+## The test command (what .ci/run calls): fast suite, the slow real-model suite, then the
+## integration suite (real servers on loopback).
+test: setup test-fast test-slow test-integration
 
 test-fast: setup
 	$(BIN)/pytest -q
 
 test-slow: setup
 	$(BIN)/pytest -q -m slow
+
+# llama-cpp-python[server] compiles llama.cpp (several minutes), so only this step installs it.
+test-integration: setup
+	$(BIN)/pip install -q -e ".[server-tests]"
+	$(BIN)/pytest -q -m integration
 
 lint: setup
 	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks

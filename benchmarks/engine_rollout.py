@@ -28,25 +28,30 @@ async def parallelmuse_rollout(model, tools, item, cfg, tag) -> dict:
     runner = RolloutRunner(model, tools)
     engine = model.engine
     t0 = time.perf_counter()
-    initial = await runner.run(item.question, trajectory_id="t0", thread_id=f"{tag}/t0", config=cfg)
+    # As in the graph: fill-ins run beside the initial trajectory; branches follow its scoring.
+    fills = [runner.run(item.question, trajectory_id=f"f{i}", thread_id=f"{tag}/f{i}", config=cfg,
+                        origin=Origin(kind="fill", parent=None, round=0)) for i in range(cfg.fill_budget)]
+    initial, *early = await asyncio.gather(
+        runner.run(item.question, trajectory_id="t0", thread_id=f"{tag}/t0", config=cfg), *fills)
     picks = select_branch_steps(initial["uncertainty"], mode=cfg.mode, k=cfg.k)
     before = engine.stats()
     jobs = [runner.fork(initial, step, trajectory_id=f"s{step}.b{j}", thread_id=f"{tag}/s{step}.b{j}", config=cfg,
                         origin=Origin(kind="branch", region=region, score=score, round=1))
             for step, region, score in picks for j in range(cfg.t)]
     n_branches = len(jobs)
-    jobs += [runner.run(item.question, trajectory_id=f"f{i}", thread_id=f"{tag}/f{i}", config=cfg,
+    jobs += [runner.run(item.question, trajectory_id=f"f{cfg.fill_budget + i}",
+                        thread_id=f"{tag}/f{cfg.fill_budget + i}", config=cfg,
                         origin=Origin(kind="fill", parent=None, round=1))
-             for i in range(cfg.n - 1 - n_branches)]
-    trajs = [initial, *await asyncio.gather(*jobs)]
+             for i in range(cfg.n - 1 - len(early) - n_branches)]
+    trajs = [initial, *await asyncio.gather(*jobs), *early]
     after = engine.stats()
     branches = trajs[1:1 + n_branches]
     return {"seconds": time.perf_counter() - t0,
             "generated": sum(t["stats"]["generated_tokens"] for t in trajs),
             "branch_prompt": sum(t["stats"]["prompt_tokens"] for t in branches),
             "branch_cached": sum(t["stats"]["cached_prompt_tokens"] for t in branches),
-            "stage_prefill_computed": after["prefill_computed"] - before["prefill_computed"],
-            "stage_prefill_reused": after["prefill_reused"] - before["prefill_reused"]}
+            "stage_prefill_computed": after["prefill_tokens_computed"] - before["prefill_tokens_computed"],
+            "stage_prefill_reused": after["prefill_tokens_reused"] - before["prefill_tokens_reused"]}
 
 
 async def scratch_rollout(model, tools, item, cfg, tag) -> dict:

@@ -1,4 +1,4 @@
-"""ParallelMuse on any OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI) with Tavily search.
+"""ParallelMuse on an OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI) with Tavily.
 
 Environment: ``PARALLELMUSE_BASE_URL`` (e.g. http://127.0.0.1:8000/v1), ``PARALLELMUSE_MODEL``,
 ``OPENAI_API_KEY`` (any string for local servers), ``TAVILY_API_KEY``; optional

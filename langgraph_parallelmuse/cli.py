@@ -122,7 +122,8 @@ def stats_table(result: dict[str, Any]) -> Table:
     engine = stats.get("engine")
     if engine:
         table.add_row("engine: prefill computed / reused",
-                      f"{engine.get('prefill_computed', 0)} / {engine.get('prefill_reused', 0)}")
+                      f"{engine.get('prefill_tokens_computed', 0)} / {engine.get('prefill_tokens_reused', 0)}"
+                      f" ({engine.get('cache_token_reuse', 0):.0%} reused)")
     return table
 
 
@@ -175,6 +176,9 @@ async def _ask(args: argparse.Namespace) -> int:
                 elif ev == "report_written":
                     prog.update(rep, visible=True, total=max(settings.n, 1))
                     prog.advance(rep)
+        from langgraph_parallelmuse.view import render_tree
+
+        out.print(Panel(render_tree(final.get("trajectories", [])), title="Trajectory tree"))
         for report in final.get("reports", []):
             out.print(Panel(report["text"], title=f"Report {report['trajectory_id']} ({report['status']})"))
         out.print(stats_table(final))

@@ -106,6 +106,18 @@ def _node(name: str, afunc: Callable) -> RunnableLambda:
     return RunnableLambda(sync, afunc=afunc, name=name)
 
 
+_ENGINE_COUNTERS = ("requests", "prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches")
+
+
+def _engine_delta(start: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """In-process engine counters of this run (the engine is shared, so concurrent runs mix in)."""
+    out = {k: now.get(k, 0) - start.get(k, 0) for k in _ENGINE_COUNTERS}
+    prompt = out["prefill_tokens_computed"] + out["prefill_tokens_reused"]
+    out["cache_token_reuse"] = out["prefill_tokens_reused"] / prompt if prompt else 0.0
+    out["cache_bytes"] = now.get("cache_bytes", 0)
+    return out
+
+
 def _summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     keys = ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "cached_prompt_tokens", "tool_calls")
     out: dict[str, Any] = {k: sum(t["stats"][k] for t in trajectories) for k in keys}
@@ -163,8 +175,10 @@ def build_parallelmuse_graph(
         run_id = f"{parent_thread}:{digest}" if parent_thread else f"run-{uuid.uuid4().hex[:12]}:{digest}"
         _emit("run_started", question=question, n=settings.n, m=settings.m, k=settings.k, t=settings.t,
               mode=settings.mode)
-        return {"question": question, "run_id": run_id,
-                "stats": {"config": settings.model_dump(), "timeline": {"start": time.time()}}}
+        stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
+        if callable(engine_stats := getattr(model, "engine_stats", None)):
+            stats["engine_start"] = engine_stats()
+        return {"question": question, "run_id": run_id, "stats": stats}
 
     def fill_job(state: ParallelMuseState, i: int) -> Send:
         return Send("initial_rollout" if state.get("picks") is None else "branch_rollout",
@@ -274,9 +288,8 @@ def build_parallelmuse_graph(
             answer, source = BASELINES[settings.aggregation](trajectories), settings.aggregation
         if answer is None:
             source = "none"
-        engine_stats = getattr(model, "engine_stats", None)
-        if callable(engine_stats):
-            stats["engine"] = engine_stats()
+        if callable(engine_stats := getattr(model, "engine_stats", None)):
+            stats["engine"] = _engine_delta(state.get("stats", {}).get("engine_start", {}), engine_stats())
         _emit("answer", answer=answer, source=source)
         text = answer if answer is not None else "No answer: every trajectory failed to produce one."
         return {"answer": answer, "answer_source": source, "stats": stats,

@@ -71,14 +71,46 @@ class Sampling:
     top_logprobs: int = 16
     logprobs: bool = True
 
-    def kwargs(self, *, max_tokens: int, seed: int | None) -> dict:
+    def kwargs(self, *, max_tokens: int, seed: int | None, model: BaseChatModel | None = None) -> dict:
+        """Call keyword arguments for ``model.ainvoke``.
+
+        ``ChatOpenAI`` renames ``max_tokens`` to ``max_completion_tokens`` in every request
+        (langchain-openai's ``ChatOpenAI._get_request_payload``), a field that many
+        OpenAI-compatible servers silently ignore (llama-cpp-python's server, llamafile, older
+        llama.cpp ``llama-server``), so a step would run on to the context end. For a
+        ``ChatOpenAI`` pointed at any server other than OpenAI's, the bound goes in
+        ``extra_body`` as ``max_tokens``, which every such server reads (and vLLM/SGLang too).
+
+        Example:
+            >>> Sampling().kwargs(max_tokens=8, seed=None)["max_tokens"]
+            8
+        """
         out = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": max_tokens,
                "logprobs": self.logprobs}
         if self.logprobs and self.top_logprobs:
             out["top_logprobs"] = self.top_logprobs
         if seed is not None:
             out["seed"] = seed
+        if model is not None and _renames_max_tokens_for_other_server(model):
+            del out["max_tokens"]
+            # A call's extra_body replaces the model's own: keep the user's fields.
+            out["extra_body"] = {**(getattr(model, "extra_body", None) or {}), "max_tokens": max_tokens}
         return out
+
+
+def _renames_max_tokens_for_other_server(model: BaseChatModel) -> bool:
+    """True for a ``ChatOpenAI`` (which sends ``max_completion_tokens``) aimed at a non-OpenAI server."""
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError:  # pragma: no cover - a declared dependency
+        return False
+    if not isinstance(model, ChatOpenAI):
+        return False
+    base = model.openai_api_base
+    if not base:  # OPENAI_BASE_URL is read by the client itself
+        client = getattr(model, "root_async_client", None) or getattr(model, "root_client", None)
+        base = str(getattr(client, "base_url", "") or "")
+    return bool(base) and "api.openai.com" not in base.lower()
 
 
 def derive_seed(base: int | None, *parts: object) -> int:
@@ -129,7 +161,8 @@ async def generate_turn(
         prompt = list(seg.messages) if seg.messages is not None else list(messages)
         if seg.messages is None and result.text:
             prompt.append(AIMessage(result.text))
-        kwargs = sampling.kwargs(max_tokens=seg.max_tokens, seed=None if seed is None else derive_seed(seed, i))
+        kwargs = sampling.kwargs(max_tokens=seg.max_tokens, model=model,
+                                 seed=None if seed is None else derive_seed(seed, i))
         stop = list(seg.stop) or None
         msg = await with_retries(lambda p=prompt, st=stop, kw=kwargs: model.ainvoke(p, stop=st, **kw))
         content = msg.content if isinstance(msg.content, str) else str(msg.content)

@@ -45,13 +45,23 @@ def small_corpus(tmp_path: Path) -> Path:
     import json
 
     docs = [
-        {"id": "eiffel", "title": "Eiffel Tower",
-         "text": "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
-                 "It was designed by Gustave Eiffel's company and completed in 1889."},
-        {"id": "paris", "title": "Paris",
-         "text": "Paris is the capital and largest city of France, on the river Seine."},
-        {"id": "london", "title": "London",
-         "text": "London is the capital of England and the United Kingdom, on the river Thames."},
+        {
+            "id": "eiffel",
+            "title": "Eiffel Tower",
+            "text": "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in "
+            "Paris, France. "
+            "It was designed by Gustave Eiffel's company and completed in 1889.",
+        },
+        {
+            "id": "paris",
+            "title": "Paris",
+            "text": "Paris is the capital and largest city of France, on the river Seine.",
+        },
+        {
+            "id": "london",
+            "title": "London",
+            "text": "London is the capital of England and the United Kingdom, on the river Thames.",
+        },
     ]
     path = tmp_path / "corpus.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in docs))

@@ -26,8 +26,15 @@ pytestmark = pytest.mark.integration
 
 QUESTION = "Which city is the Eiffel Tower in?"
 # Small enough for a loaded 2-core CI box; fields of ParallelMuseContext.
-CONTEXT = {"n": 2, "k": 0, "t": 1, "max_turns": 3, "max_step_tokens": 64, "max_report_tokens": 96,
-           "seed": 0}
+CONTEXT = {
+    "n": 2,
+    "k": 0,
+    "t": 1,
+    "max_turns": 3,
+    "max_step_tokens": 64,
+    "max_report_tokens": 96,
+    "seed": 0,
+}
 
 
 def _langgraph_exe() -> str:
@@ -63,9 +70,23 @@ def server(tmp_path: Path):
     log = tmp_path / "langgraph-dev.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [_langgraph_exe(), "dev", "--host", "127.0.0.1", "--port", str(port), "--no-browser",
-             "--no-reload", "--config", str(ROOT / "langgraph.json")],
-            cwd=ROOT, env=offline_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                _langgraph_exe(),
+                "dev",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-browser",
+                "--no-reload",
+                "--config",
+                str(ROOT / "langgraph.json"),
+            ],
+            cwd=ROOT,
+            env=offline_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         _wait_healthy(proc, url, log)
@@ -98,7 +119,10 @@ async def test_langgraph_dev_runs_the_embedded_graph(server):
     final: dict | None = None
     errors: list = []
     async for part in client.runs.stream(
-        thread["thread_id"], "parallelmuse", input={"question": QUESTION}, context=CONTEXT,
+        thread["thread_id"],
+        "parallelmuse",
+        input={"question": QUESTION},
+        context=CONTEXT,
         stream_mode=["custom", "values"],
     ):
         if part.event == "custom":
@@ -124,7 +148,9 @@ async def test_langgraph_dev_runs_the_embedded_graph(server):
     kinds = [e.get("event") for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "answer"
     assert kinds.count("trajectory_finished") == 2
-    assert events[-1]["answer"] == final["answer"] and events[-1]["source"] == final["answer_source"]
+    assert (
+        events[-1]["answer"] == final["answer"] and events[-1]["source"] == final["answer_source"]
+    )
 
     state = await client.threads.get_state(thread["thread_id"])
     assert state["values"]["answer"] == final["answer"] and not state["next"]

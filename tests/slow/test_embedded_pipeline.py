@@ -1,0 +1,92 @@
+"""Real-model tests of the agent and the full graph on the embedded default (SmolLM2, CPU).
+
+Marked slow: a few minutes on 2 cores. Run with ``pytest -m slow``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from langgraph_parallelmuse import create_parallelmuse
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.logprobs import tokens_in_span
+from langgraph_parallelmuse.models import LocalChatModel
+from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+
+pytestmark = pytest.mark.slow
+
+DOCS = [
+    {"id": "d1", "title": "Eiffel Tower", "text": "The Eiffel Tower is a wrought-iron lattice tower on the "
+     "Champ de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company "
+     "designed and built the tower from 1887 to 1889."},
+    {"id": "d2", "title": "Gustave Eiffel", "text": "Alexandre Gustave Eiffel was a French civil engineer. "
+     "He was born in Dijon in 1832."},
+    {"id": "d3", "title": "Louvre", "text": "The Louvre is the world's most-visited art museum, in Paris."},
+]
+QUESTION = "In which city was the engineer who gave his name to the Eiffel Tower born?"
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory):
+    import json
+
+    path: Path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in DOCS))
+    return make_corpus_tools(CorpusIndex.from_jsonl(path, cache_dir=path.parent))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LocalChatModel.embedded()
+
+
+@pytest.mark.timeout(600)
+async def test_real_trajectory_records_aligned_finite_logprobs_per_region(model, tools):
+    runner = RolloutRunner(model, tools)
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="slow-agent",
+                            config=make_config(seed=3, max_turns=4))
+    assert traj["status"] in {"answered", "max_turns"}
+    assert any(o["name"] == "search" and not o["error"] for o in traj["observations"])
+    history = [s async for s in runner.graph.aget_state_history(runner._thread("slow-agent"))]
+    assert sum(1 for s in history if s.next == ("think",)) == len(traj["steps"])  # one fork point per step
+    for step in traj["steps"]:
+        assert step["tokens"], "every step generated tokens with logprobs"
+        for tok in step["tokens"]:
+            assert math.isfinite(tok["logprob"]) and tok["logprob"] <= 0.0
+            # Offsets line up with the step text (a token may hold only part of a character).
+            assert step["text"][tok["start"]:tok["end"]] in tok["token"] or tok["token"] == ""
+        assert tokens_in_span(step["tokens"], step["regions"]["reasoning"])
+    search = next(s for s in traj["steps"] if s["action"].get("name") == "search")
+    query_tokens = tokens_in_span(search["tokens"], search["regions"]["exploration"])
+    assert "".join(t["token"] for t in query_tokens).strip() in search["action"]["arguments"]["query"]
+    assert traj["uncertainty"][search["index"]]["exploration"] is not None
+
+
+@pytest.mark.timeout(900)
+async def test_full_graph_on_the_embedded_default_n4(model, tools):
+    graph = create_parallelmuse(model, tools, config={"n": 4, "m": 1, "k": 1, "t": 2, "seed": 1, "max_turns": 4})
+    events = []
+    result = None
+    async for mode, chunk in graph.astream({"question": QUESTION}, stream_mode=["custom", "values"]):
+        if mode == "custom":
+            events.append(chunk["event"])
+        else:
+            result = chunk
+    assert len(result["trajectories"]) == 4
+    kinds = sorted(t["origin"]["kind"] for t in result["trajectories"])
+    assert kinds == ["branch", "branch", "fill", "initial"]
+    branch = next(t for t in result["trajectories"] if t["origin"]["kind"] == "branch")
+    parent = next(t for t in result["trajectories"] if t["origin"]["kind"] == "initial")
+    cut = branch["origin"]["step"]
+    assert branch["steps"][:cut] == parent["steps"][:cut]  # the shared prefix, not regenerated
+    answered = [t for t in result["trajectories"] if t["answer"]]
+    assert len(result["reports"]) == len(answered)
+    assert result["answer_source"] in {"aggregator", "majority_fallback", "none"}
+    assert result["messages"][-1].content
+    assert {"trajectory_finished", "branch_picked", "answer"} <= set(events)
+    engine = result["stats"]["engine"]
+    assert engine["prefill_tokens_reused"] > 0  # the shared prefix really came from the KV cache
