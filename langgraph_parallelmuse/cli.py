@@ -275,6 +275,11 @@ async def _bench(args: argparse.Namespace) -> int:
     table = markdown_table(summary)
     (out_dir / "summary.md").write_text(table + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    from langgraph_parallelmuse.eval.plots import uncertainty_profile
+
+    profile = {region: {str(step): sum(v) / len(v) for step, v in sorted(steps.items())}
+               for region, steps in uncertainty_profile(records, kinds=("initial", "fill")).items()}
+    (out_dir / "profile.json").write_text(json.dumps(profile, indent=2))
     out.print(table)
     try:
         from langgraph_parallelmuse.eval.plots import plot_accuracy_vs_tokens, plot_uncertainty_profile
