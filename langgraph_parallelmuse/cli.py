@@ -270,7 +270,7 @@ async def _bench(args: argparse.Namespace) -> int:
         from langgraph_parallelmuse.eval.bench import load_done
         prog.advance(task, len([i for i in items if i.id in load_done(out_dir / "results.jsonl")]))
         records = await run_bench(model, index, items, settings, out_dir / "results.jsonl",
-                                  concurrency=args.concurrency, progress=tick)
+                                  concurrency=args.concurrency, progress=tick, log=prog.console.print)
     summary = summarize(records, seed=args.seed)
     table = markdown_table(summary)
     (out_dir / "summary.md").write_text(table + "\n")

@@ -56,7 +56,7 @@ class ParallelMuseConfig(BaseModel):
     max_context_tokens: int = Field(
         8192, description="Prompt budget; when exceeded the agent is forced to answer."
     )
-    max_observation_chars: int = Field(2000, description="Tool output longer than this is truncated.")
+    max_observation_chars: int = Field(1200, description="Tool output longer than this is truncated.")
     tool_timeout: float = Field(30.0, description="Seconds before a tool call is abandoned.")
     driver: Driver = Field(
         "auto",

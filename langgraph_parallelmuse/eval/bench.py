@@ -76,14 +76,20 @@ async def run_question(
     settings: BenchSettings,
     *,
     guided: GuidedDriver | None = None,
+    log: Any = None,
 ) -> dict[str, Any]:
     """Run every method on one question and score it. Returns one JSON-able record."""
+    def note(stage: str) -> None:
+        if log is not None:
+            log(f"    {item.id}: {stage} ({time.perf_counter() - started:.0f}s)")
+
     base = settings.config()
     runner = RolloutRunner(model, tools, driver=pick_driver(model, base.driver, guided), checkpointer=InMemorySaver())
     started = time.perf_counter()
     scratch = await asyncio.gather(*(runner.run(item.question, trajectory_id=f"t{i}", thread_id=f"{item.id}/t{i}",
                                                 config=base) for i in range(settings.n)))
     timings = {"scratch_rollout": time.perf_counter() - started}
+    note(f"{settings.n} from-scratch trajectories")
     initial = scratch[0]
     sets: dict[str, list[Trajectory]] = {"scratch": list(scratch)}
     picks_by_mode: dict[str, list] = {}
@@ -98,6 +104,7 @@ async def run_question(
                         origin=Origin(kind="branch", region=region, score=score, round=1))
             for step, region, score in picks for j in range(settings.t)))
         timings[f"branches_{mode}"] = time.perf_counter() - t0
+        note(f"{len(branches)} {mode} branches")
         fills = list(scratch[1: 1 + settings.n - 1 - len(branches)])
         sets[f"partial_{mode}"] = [initial, *branches, *fills]
     trajectories = {t["id"]: t for group in sets.values() for t in group}
@@ -113,6 +120,7 @@ async def run_question(
                                                           seed=settings.seed) for t in todo))
         reports = {r["trajectory_id"]: dict(r) for r in done}
         timings["compress"] = time.perf_counter() - t0
+        note(f"{len(done)} reports")
         for name, group in [("aggregation_only", sets["scratch"])] + [
                 (f"parallelmuse_{m}", sets[f"partial_{m}"]) for m in settings.modes]:
             group_reports = [reports[t["id"]] for t in group if t["id"] in reports]
@@ -219,6 +227,7 @@ async def run_bench(
     *,
     concurrency: int = 1,
     progress: Any = None,
+    log: Any = None,
 ) -> list[dict]:
     """Run (or continue) a benchmark, appending one JSON line per finished question."""
     from langgraph_parallelmuse.tools import make_corpus_tools
@@ -233,7 +242,7 @@ async def run_bench(
     async def one(item: QAItem) -> None:
         async with sem:
             subset = item.context_doc_ids if settings.setting == "distractor" else None
-            rec = await run_question(model, make_corpus_tools(index, doc_ids=subset), item, settings)
+            rec = await run_question(model, make_corpus_tools(index, doc_ids=subset), item, settings, log=log)
             rec["settings"] = asdict(settings)
             async with lock:
                 with out.open("a") as fh:

@@ -127,8 +127,8 @@ def make_corpus_tools(
     index: CorpusIndex,
     *,
     doc_ids: Iterable[str] | None = None,
-    k: int = 5,
-    max_chars: int = 2000,
+    k: int = 4,
+    max_chars: int = 1000,
 ) -> list[BaseTool]:
     """Build the offline ``search`` and ``visit`` tools over a local index.
 

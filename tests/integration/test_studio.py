@@ -110,7 +110,7 @@ async def test_langgraph_dev_runs_the_embedded_graph(server):
 
     assistants = await client.assistants.search(graph_id="parallelmuse")
     assert assistants, f"graph 'parallelmuse' not registered:\n{_tail(log)}"
-    schemas = await client.assistants.get_schemas("parallelmuse")
+    schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
     # Studio's settings form is the graph's context_schema (ParallelMuseContext).
     assert {"n", "k", "t", "mode", "max_turns"} <= set(schemas["context_schema"]["properties"])
 
