@@ -177,7 +177,8 @@ def build_parallelmuse_graph(
               mode=settings.mode)
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
         if callable(engine_stats := getattr(model, "engine_stats", None)):
-            stats["engine_start"] = engine_stats()
+            # The first access loads the model: keep that off the event loop.
+            stats["engine_start"] = await asyncio.to_thread(engine_stats)
         return {"question": question, "run_id": run_id, "stats": stats}
 
     def fill_job(state: ParallelMuseState, i: int) -> Send:
@@ -289,7 +290,8 @@ def build_parallelmuse_graph(
         if answer is None:
             source = "none"
         if callable(engine_stats := getattr(model, "engine_stats", None)):
-            stats["engine"] = _engine_delta(state.get("stats", {}).get("engine_start", {}), engine_stats())
+            now = await asyncio.to_thread(engine_stats)
+            stats["engine"] = _engine_delta(state.get("stats", {}).get("engine_start", {}), now)
         _emit("answer", answer=answer, source=source)
         text = answer if answer is not None else "No answer: every trajectory failed to produce one."
         return {"answer": answer, "answer_source": source, "stats": stats,

@@ -71,7 +71,8 @@ class Sampling:
     top_logprobs: int = 16
     logprobs: bool = True
 
-    def kwargs(self, *, max_tokens: int, seed: int | None, model: BaseChatModel | None = None) -> dict:
+    def kwargs(self, *, max_tokens: int, seed: int | None,
+               model: BaseChatModel | None = None) -> dict:
         """Call keyword arguments for ``model.ainvoke``.
 
         ``ChatOpenAI`` renames ``max_tokens`` to ``max_completion_tokens`` in every request
@@ -94,12 +95,13 @@ class Sampling:
         if model is not None and _renames_max_tokens_for_other_server(model):
             del out["max_tokens"]
             # A call's extra_body replaces the model's own: keep the user's fields.
-            out["extra_body"] = {**(getattr(model, "extra_body", None) or {}), "max_tokens": max_tokens}
+            extra = getattr(model, "extra_body", None) or {}
+            out["extra_body"] = {**extra, "max_tokens": max_tokens}
         return out
 
 
 def _renames_max_tokens_for_other_server(model: BaseChatModel) -> bool:
-    """True for a ``ChatOpenAI`` (which sends ``max_completion_tokens``) aimed at a non-OpenAI server."""
+    """True for a ``ChatOpenAI`` (it sends ``max_completion_tokens``) aimed at a non-OpenAI server."""
     try:
         from langchain_openai import ChatOpenAI
     except ImportError:  # pragma: no cover - a declared dependency
