@@ -19,7 +19,8 @@ import hashlib
 import time
 import uuid
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,21 +88,49 @@ def _emit(event: str, **data: Any) -> None:
         pass
 
 
-def _node(name: str, afunc: Callable) -> RunnableLambda:
-    """An async node that also runs under the sync API (each sync call gets its own loop).
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
 
-    LangGraph runs a lone task in the caller's thread, which may already run a loop (Jupyter,
-    a sync chain called from async code); the coroutine then runs on a helper thread.
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    """One long-lived loop for the sync API: clients such as langchain-openai's cached httpx
+    AsyncClient outlive a single node, so a fresh ``asyncio.run`` per node would close their
+    connections under them."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="parallelmuse-sync-loop", daemon=True).start()
+        return _LOOP
+
+
+def _node(name: str, afunc: Callable) -> RunnableLambda:
+    """An async node that also runs under the sync API, on the shared background loop.
+
+    The coroutine runs in a copy of the caller's context, so LangGraph's runtime, config and
+    stream writer are visible inside it.
     """
 
     def sync(arg: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(afunc(arg))
+        loop = _background_loop()
         context = contextvars.copy_context()
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(context.run, asyncio.run, afunc(arg)).result()
+        done: Future = Future()
+
+        def start() -> None:
+            task = loop.create_task(afunc(arg), context=context)
+
+            def finish(t: asyncio.Task) -> None:
+                if t.cancelled():
+                    done.set_exception(asyncio.CancelledError())
+                elif t.exception() is not None:
+                    done.set_exception(t.exception())
+                else:
+                    done.set_result(t.result())
+
+            task.add_done_callback(finish)
+
+        loop.call_soon_threadsafe(start)
+        return done.result()
 
     return RunnableLambda(sync, afunc=afunc, name=name)
 

@@ -504,3 +504,21 @@ def test_agent_step_helper_counts_earlier_turns():
     # Guards the fake's routing: step index = AI turns already in the prompt.
     assert agent_step([HumanMessage("q")]) == 0
     assert agent_step([HumanMessage("q"), AIMessage("a"), HumanMessage("r"), AIMessage("b")]) == 2
+
+
+def test_sync_invoke_runs_every_model_call_on_one_long_lived_loop():
+    """Clients cached per process (langchain-openai's httpx AsyncClient) bind to the loop they
+    first ran on; a fresh loop per node would close their connections under later calls."""
+    loops = set()
+
+    class LoopRecordingModel(ScriptedChatModel):
+        async def _agenerate(self, *args, **kwargs):
+            loops.add(id(asyncio.get_running_loop()))
+            return await super()._agenerate(*args, **kwargs)
+
+    model = LoopRecordingModel(responder=research_responder(by_step()))
+    tools, _ = make_tools()
+    graph = create_parallelmuse(model, tools, config={"n": 4, "m": 1, "k": 1, "t": 2})
+    assert graph.invoke({"question": QUESTION})["answer"] == "Paris"
+    assert graph.invoke({"question": QUESTION})["answer"] == "Paris"
+    assert len(loops) == 1
