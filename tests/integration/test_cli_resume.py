@@ -69,25 +69,6 @@ def _check_result(result: dict, n: int) -> None:
     assert result["stats"]["config"]["n"] == n
 
 
-@pytest.mark.timeout(900)
-def test_ask_writes_json_result(tmp_path, small_corpus):
-    db, out = tmp_path / "run.sqlite", tmp_path / "out.json"
-    started = time.monotonic()
-    proc = _run(
-        _ask(small_corpus, db, out, "--n", "2", "--k", "0", "--t", "1", "--max-turns", "3"),
-        tmp_path,
-        "ask",
-        timeout=850,
-    )
-    assert proc.returncode in (0, 2), proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    _check_result(result, 2)
-    assert (proc.returncode == 0) == (result["answer"] is not None)
-    assert "Run statistics" in proc.stdout
-    assert db.exists()
-    print(f"ask n=2: {time.monotonic() - started:.0f}s")
-
-
 def _trajectory_threads(db: Path) -> list[str]:
     """Trajectory thread ids in the db (``<run thread>:<question digest>/<trajectory id>``)."""
     try:
@@ -143,7 +124,7 @@ def _finished_or_empty(db: Path) -> dict[str, dict]:
 @pytest.mark.timeout(1500)
 def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus):
     db, out1, out2 = tmp_path / "run.sqlite", tmp_path / "out1.json", tmp_path / "out2.json"
-    config = ["--n", "4", "--k", "1", "--t", "1", "--max-turns", "3"]
+    config = ["--n", "3", "--k", "1", "--t", "1", "--max-turns", "3"]
     env = offline_env(PARALLELMUSE_CACHE_DIR=str(tmp_path / "cache"), COLUMNS="160")
     log1 = tmp_path / "first.log"
     started = time.monotonic()
@@ -184,8 +165,10 @@ def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus)
     )
     assert proc.returncode in (0, 2), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Resuming run 'r1'" in proc.stderr
+    assert "Run statistics" in proc.stdout and "Trajectory tree" in proc.stdout
     result = json.loads(out2.read_text())
-    _check_result(result, 4)
+    _check_result(result, 3)
+    assert (proc.returncode == 0) == (result["answer"] is not None)
     by_id = {t["id"]: t for t in result["trajectories"]}
     for tid, before in finished.items():
         after = by_id[tid]
