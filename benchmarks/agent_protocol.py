@@ -39,16 +39,21 @@ async def main() -> None:
         seen = [d for o in traj["observations"] for d in o.get("doc_ids", [])]
         opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
         row = {
-            "well_formed": bool(traj["answer"]) and any(o["name"] == "search" and not o["error"]
-                                                       for o in traj["observations"]),
-            "steps": len(traj["steps"]), "generated": traj["stats"]["generated_tokens"],
+            "well_formed": bool(traj["answer"])
+            and any(o["name"] == "search" and not o["error"] for o in traj["observations"]),
+            "steps": len(traj["steps"]),
+            "generated": traj["stats"]["generated_tokens"],
             "recall_seen": retrieval_recall(seen, item.supporting_doc_ids),
             "recall_opened": retrieval_recall(opened, item.supporting_doc_ids),
-            "seconds": seconds, **score_answer(traj["answer"], item.answers),
+            "seconds": seconds,
+            **score_answer(traj["answer"], item.answers),
         }
         rows.append(row)
-        print(f"[{n:2}/{len(items)}] {seconds:5.1f}s wf={row['well_formed']!s:5} f1={row['f1']:.2f} "
-              f"gold={item.answers[0]!r} answer={traj['answer']!r}", flush=True)
+        print(
+            f"[{n:2}/{len(items)}] {seconds:5.1f}s wf={row['well_formed']!s:5} f1={row['f1']:.2f} "
+            f"gold={item.answers[0]!r} answer={traj['answer']!r}",
+            flush=True,
+        )
 
     def mean(key: str) -> float:
         return statistics.fmean(float(r[key]) for r in rows)

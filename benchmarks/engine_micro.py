@@ -47,7 +47,11 @@ async def run_branches(llm: LocalChatModel, prefix: list, branches: int, new_tok
     calls = [
         llm.ainvoke(
             [*prefix, AIMessage(f"Branch {i}: the documents")],
-            max_tokens=new_tokens, temperature=0.6, top_p=0.95, seed=i, ignore_eos=True,
+            max_tokens=new_tokens,
+            temperature=0.6,
+            top_p=0.95,
+            seed=i,
+            ignore_eos=True,
         )
         for i in range(branches)
     ]
@@ -80,8 +84,10 @@ def main() -> None:
     prefix = build_prefix(first, args.prefix_tokens)
     print(f"model loaded in {time.perf_counter() - start:.1f} s")
     prompt_tokens = first.count_prompt_tokens([*prefix, AIMessage("Branch 0: the documents")])
-    print(f"shared prompt: {prompt_tokens} tokens; {args.branches} branches x "
-          f"{args.new_tokens} new tokens (top_logprobs=16)")
+    print(
+        f"shared prompt: {prompt_tokens} tokens; {args.branches} branches x "
+        f"{args.new_tokens} new tokens (top_logprobs=16)"
+    )
     # Warm up the kernels and thread pools outside the timed runs.
     asyncio.run(run_branches(first, [HumanMessage("Hello")], 1, 4))
 

@@ -29,36 +29,63 @@ async def parallelmuse_rollout(model, tools, item, cfg, tag) -> dict:
     engine = model.engine
     t0 = time.perf_counter()
     # As in the graph: fill-ins run beside the initial trajectory; branches follow its scoring.
-    fills = [runner.run(item.question, trajectory_id=f"f{i}", thread_id=f"{tag}/f{i}", config=cfg,
-                        origin=Origin(kind="fill", parent=None, round=0)) for i in range(cfg.fill_budget)]
+    fills = [
+        runner.run(
+            item.question,
+            trajectory_id=f"f{i}",
+            thread_id=f"{tag}/f{i}",
+            config=cfg,
+            origin=Origin(kind="fill", parent=None, round=0),
+        )
+        for i in range(cfg.fill_budget)
+    ]
     initial, *early = await asyncio.gather(
-        runner.run(item.question, trajectory_id="t0", thread_id=f"{tag}/t0", config=cfg), *fills)
+        runner.run(item.question, trajectory_id="t0", thread_id=f"{tag}/t0", config=cfg), *fills
+    )
     picks = select_branch_steps(initial["uncertainty"], mode=cfg.mode, k=cfg.k)
     before = engine.stats()
-    jobs = [runner.fork(initial, step, trajectory_id=f"s{step}.b{j}", thread_id=f"{tag}/s{step}.b{j}", config=cfg,
-                        origin=Origin(kind="branch", region=region, score=score, round=1))
-            for step, region, score in picks for j in range(cfg.t)]
+    jobs = [
+        runner.fork(
+            initial,
+            step,
+            trajectory_id=f"s{step}.b{j}",
+            thread_id=f"{tag}/s{step}.b{j}",
+            config=cfg,
+            origin=Origin(kind="branch", region=region, score=score, round=1),
+        )
+        for step, region, score in picks
+        for j in range(cfg.t)
+    ]
     n_branches = len(jobs)
-    jobs += [runner.run(item.question, trajectory_id=f"f{cfg.fill_budget + i}",
-                        thread_id=f"{tag}/f{cfg.fill_budget + i}", config=cfg,
-                        origin=Origin(kind="fill", parent=None, round=1))
-             for i in range(cfg.n - 1 - len(early) - n_branches)]
+    jobs += [
+        runner.run(
+            item.question,
+            trajectory_id=f"f{cfg.fill_budget + i}",
+            thread_id=f"{tag}/f{cfg.fill_budget + i}",
+            config=cfg,
+            origin=Origin(kind="fill", parent=None, round=1),
+        )
+        for i in range(cfg.n - 1 - len(early) - n_branches)
+    ]
     trajs = [initial, *await asyncio.gather(*jobs), *early]
     after = engine.stats()
-    branches = trajs[1:1 + n_branches]
-    return {"seconds": time.perf_counter() - t0,
-            "generated": sum(t["stats"]["generated_tokens"] for t in trajs),
-            "branch_prompt": sum(t["stats"]["prompt_tokens"] for t in branches),
-            "branch_cached": sum(t["stats"]["cached_prompt_tokens"] for t in branches),
-            "stage_prefill_computed": after["prefill_tokens_computed"] - before["prefill_tokens_computed"],
-            "stage_prefill_reused": after["prefill_tokens_reused"] - before["prefill_tokens_reused"]}
+    branches = trajs[1 : 1 + n_branches]
+    return {
+        "seconds": time.perf_counter() - t0,
+        "generated": sum(t["stats"]["generated_tokens"] for t in trajs),
+        "branch_prompt": sum(t["stats"]["prompt_tokens"] for t in branches),
+        "branch_cached": sum(t["stats"]["cached_prompt_tokens"] for t in branches),
+        "stage_prefill_computed": after["prefill_tokens_computed"] - before["prefill_tokens_computed"],
+        "stage_prefill_reused": after["prefill_tokens_reused"] - before["prefill_tokens_reused"],
+    }
 
 
 async def scratch_rollout(model, tools, item, cfg, tag) -> dict:
     runner = RolloutRunner(model, tools)
     t0 = time.perf_counter()
-    trajs = await asyncio.gather(*(runner.run(item.question, trajectory_id=f"t{i}", thread_id=f"{tag}/t{i}",
-                                              config=cfg) for i in range(cfg.n)))
+    trajs = await asyncio.gather(
+        *(runner.run(item.question, trajectory_id=f"t{i}", thread_id=f"{tag}/t{i}", config=cfg) for i in range(cfg.n))
+    )
     return {"seconds": time.perf_counter() - t0, "generated": sum(t["stats"]["generated_tokens"] for t in trajs)}
 
 
@@ -73,8 +100,12 @@ async def main() -> None:
     on = LocalChatModel.embedded()
     off = LocalChatModel.embedded(prefix_cache=False, batching=False)
     cfg = make_config(n=8, m=1, k=2, t=3, seed=args.seed)
-    runs = {"pm_engine": (parallelmuse_rollout, on), "pm_naive": (parallelmuse_rollout, off),
-            "scratch_engine": (scratch_rollout, on), "scratch_naive": (scratch_rollout, off)}
+    runs = {
+        "pm_engine": (parallelmuse_rollout, on),
+        "pm_naive": (parallelmuse_rollout, off),
+        "scratch_engine": (scratch_rollout, on),
+        "scratch_naive": (scratch_rollout, off),
+    }
     results: dict[str, list[dict]] = {k: [] for k in runs}
     for n, item in enumerate(items, 1):
         tools = make_corpus_tools(index, doc_ids=item.context_doc_ids)
@@ -89,8 +120,12 @@ async def main() -> None:
     print("\n| configuration | total s | s/question | generated tokens/question |\n|---|---|---|---|")
     for k, v in results.items():
         print(f"| {k} | {tot[k]:.0f} | {tot[k] / len(items):.1f} | {statistics.fmean(r['generated'] for r in v):.0f} |")
-    print(f"\nParallelMuse+engine vs naive from-scratch: {tot['scratch_naive'] / tot['pm_engine']:.2f}x (target >= 2.5)")
-    print(f"ParallelMuse+engine vs from-scratch+engine: {tot['scratch_engine'] / tot['pm_engine']:.2f}x (target >= 1.3)")
+    print(
+        f"\nParallelMuse+engine vs naive from-scratch: {tot['scratch_naive'] / tot['pm_engine']:.2f}x (target >= 2.5)"
+    )
+    print(
+        f"ParallelMuse+engine vs from-scratch+engine: {tot['scratch_engine'] / tot['pm_engine']:.2f}x (target >= 1.3)"
+    )
     print(f"engine alone on from-scratch sampling: {tot['scratch_naive'] / tot['scratch_engine']:.2f}x")
     pm = results["pm_engine"]
     computed = sum(r["stage_prefill_computed"] for r in pm)

@@ -37,8 +37,15 @@ _LAZY = {
 }
 
 __all__ = [
-    "ConfigError", "InputError", "MissingLogprobsError", "ParallelMuseConfig", "ParallelMuseError",
-    "ProtocolError", "ToolError", "make_config", *_LAZY,
+    "ConfigError",
+    "InputError",
+    "MissingLogprobsError",
+    "ParallelMuseConfig",
+    "ParallelMuseError",
+    "ProtocolError",
+    "ToolError",
+    "make_config",
+    *_LAZY,
 ]
 
 

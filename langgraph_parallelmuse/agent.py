@@ -59,8 +59,15 @@ def _context_exhausted(steps: Sequence[Step], observations: Sequence[Observation
     return estimate + cfg.max_step_tokens > cfg.max_context_tokens
 
 
-_OVERFLOW_HINTS = ("context length", "context_length", "maximum context", "too many tokens",
-                   "context window", "prompt is too long", "exceeds the context")
+_OVERFLOW_HINTS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "too many tokens",
+    "context window",
+    "prompt is too long",
+    "exceeds the context",
+)
 
 
 def is_context_overflow(exc: BaseException) -> bool:
@@ -93,7 +100,9 @@ def build_rollout_graph(
         system_prompt: Overrides the protocol's system prompt (``{tools}`` is filled in).
     """
     by_name = {t.name: t for t in tools}
-    system = (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
+    system = (
+        (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
+    )
 
     async def think(state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
         cfg = runtime.context or _DEFAULT_CONFIG
@@ -105,16 +114,32 @@ def build_rollout_graph(
         started = time.perf_counter()
         trim: int | None = None
         while True:
-            ctx = StepContext(state["question"], steps, observations, index,
-                              final=exhausted or index >= cfg.max_turns - 1,
-                              max_step_tokens=cfg.max_step_tokens, tool_names=frozenset(by_name))
-            messages = build_messages(state["question"], steps, observations, system=system,
-                                      final_turn=ctx.final and isinstance(driver, FreeDriver),
-                                      max_observation_chars=trim)
+            ctx = StepContext(
+                state["question"],
+                steps,
+                observations,
+                index,
+                final=exhausted or index >= cfg.max_turns - 1,
+                max_step_tokens=cfg.max_step_tokens,
+                tool_names=frozenset(by_name),
+            )
+            messages = build_messages(
+                state["question"],
+                steps,
+                observations,
+                system=system,
+                final_turn=ctx.final and isinstance(driver, FreeDriver),
+                max_observation_chars=trim,
+            )
             try:
                 for attempt in range(driver.retries + 1):
-                    turn = await generate_turn(model, messages, driver.plan(ctx), sampling=sampling,
-                                               seed=derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt))
+                    turn = await generate_turn(
+                        model,
+                        messages,
+                        driver.plan(ctx),
+                        sampling=sampling,
+                        seed=derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt),
+                    )
                     truncated = turn.finish_reason == "length"
                     text = turn.text if truncated else close_open_tag(turn.text)
                     action = parse_action(text, truncated=truncated)
@@ -132,12 +157,21 @@ def build_rollout_graph(
                     # Blind retries cannot fit the window: shrink old tool output and answer now.
                     exhausted, trim = True, 200
                     continue
-                return {"status": "failed",
-                        "error": f"model call failed at step {index}: {type(exc).__name__}: {exc}"}
-        step = Step(index=index, text=text, tokens=turn.tokens, regions=region_spans(text), action=action,
-                    prompt_tokens=spent_prompt, context_tokens=turn.context_tokens,
-                    generated_tokens=spent_generated, cached_prompt_tokens=spent_cached, calls=spent_calls,
-                    finish_reason=turn.finish_reason, seconds=time.perf_counter() - started)
+                return {"status": "failed", "error": f"model call failed at step {index}: {type(exc).__name__}: {exc}"}
+        step = Step(
+            index=index,
+            text=text,
+            tokens=turn.tokens,
+            regions=region_spans(text),
+            action=action,
+            prompt_tokens=spent_prompt,
+            context_tokens=turn.context_tokens,
+            generated_tokens=spent_generated,
+            cached_prompt_tokens=spent_cached,
+            calls=spent_calls,
+            finish_reason=turn.finish_reason,
+            seconds=time.perf_counter() - started,
+        )
         update: dict[str, Any] = {"steps": [step]}
         if action["type"] == "answer":
             update.update(status="answered", answer=action["answer"])
@@ -157,22 +191,30 @@ def build_rollout_graph(
         error = True
         if action["type"] != "tool_call":
             # No tags in the hint: it travels inside a tool response, where tags are neutralised.
-            content = (f"Error: {action.get('error', 'unreadable reply')}. Reply with your thinking in a think "
-                       "block, then exactly one tool call (JSON with name and arguments) or an answer block.")
+            content = (
+                f"Error: {action.get('error', 'unreadable reply')}. Reply with your thinking in a think "
+                "block, then exactly one tool call (JSON with name and arguments) or an answer block."
+            )
         elif name not in by_name:
             content = f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(by_name))}."
         else:
-            call = {"type": "tool_call", "name": name, "args": args, "id": f"{state.get('trajectory_id')}-{step['index']}"}
+            call = {
+                "type": "tool_call",
+                "name": name,
+                "args": args,
+                "id": f"{state.get('trajectory_id')}-{step['index']}",
+            }
             try:
                 # The timeout bounds the whole call, retries of transient failures included.
-                result = await asyncio.wait_for(with_retries(lambda: by_name[name].ainvoke(call)),
-                                                timeout=cfg.tool_timeout)
+                result = await asyncio.wait_for(
+                    with_retries(lambda: by_name[name].ainvoke(call)), timeout=cfg.tool_timeout
+                )
                 content = _tool_text(result.content if isinstance(result, ToolMessage) else result)
                 artifact = getattr(result, "artifact", None)
                 if isinstance(artifact, dict):
                     doc_ids = [str(d) for d in artifact.get("doc_ids", [])]
                 error = isinstance(result, ToolMessage) and result.status == "error"
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 content = f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s."
             except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
                 content = f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"
@@ -182,8 +224,15 @@ def build_rollout_graph(
             content, error = f"Error: tool {name!r} returned nothing.", True
         if len(content) > cfg.max_observation_chars:
             content = content[: cfg.max_observation_chars] + " …[truncated]"
-        obs = Observation(step=step["index"], name=name or "invalid", arguments=args, content=content,
-                          error=error, seconds=time.perf_counter() - started, doc_ids=doc_ids)
+        obs = Observation(
+            step=step["index"],
+            name=name or "invalid",
+            arguments=args,
+            content=content,
+            error=error,
+            seconds=time.perf_counter() - started,
+            doc_ids=doc_ids,
+        )
         return {"observations": [obs]}
 
     def route(state: AgentState) -> str:
@@ -217,8 +266,15 @@ class RolloutRunner:
         ('4', 'answered')
     """
 
-    def __init__(self, model: BaseChatModel, tools: Sequence[BaseTool], *, driver: Driver | str = "auto",
-                 checkpointer: BaseCheckpointSaver | None = None, system_prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        model: BaseChatModel,
+        tools: Sequence[BaseTool],
+        *,
+        driver: Driver | str = "auto",
+        checkpointer: BaseCheckpointSaver | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
         self.model = model
         self.tools = list(tools)
         self.driver = driver if isinstance(driver, (FreeDriver, GuidedDriver)) else pick_driver(model, driver)
@@ -231,8 +287,11 @@ class RolloutRunner:
     def _thread(thread_id: str, metadata: dict | None = None) -> dict:
         # A fresh config (not the caller's) keeps this graph out of the parent run's checkpoint
         # namespace: re-running a subgraph *node* from a checkpoint restarts it (langgraph#8458).
-        return {"configurable": {"thread_id": thread_id}, "metadata": metadata or {},
-                "run_name": "parallelmuse.rollout"}
+        return {
+            "configurable": {"thread_id": thread_id},
+            "metadata": metadata or {},
+            "run_name": "parallelmuse.rollout",
+        }
 
     async def existing(self, thread_id: str, config: ParallelMuseConfig | None = None) -> Trajectory | None:
         """The finished trajectory of a thread, if it already ran (resume support)."""
@@ -241,8 +300,15 @@ class RolloutRunner:
             return self._trajectory(thread_id, snap.values, 0.0, config)
         return None
 
-    async def run(self, question: str, *, trajectory_id: str, thread_id: str,
-                  config: ParallelMuseConfig | None = None, origin: Origin | None = None) -> Trajectory:
+    async def run(
+        self,
+        question: str,
+        *,
+        trajectory_id: str,
+        thread_id: str,
+        config: ParallelMuseConfig | None = None,
+        origin: Origin | None = None,
+    ) -> Trajectory:
         """Run one trajectory from scratch (or return it if its thread already finished)."""
         if (done := await self.existing(thread_id, config)) is not None:
             return done
@@ -250,8 +316,17 @@ class RolloutRunner:
         started = time.perf_counter()
         tc = self._thread(thread_id, {"trajectory_id": trajectory_id, "origin_kind": origin.get("kind")})
         snap = await self.graph.aget_state(tc)
-        payload = None if snap.next else {"question": question, "trajectory_id": trajectory_id, "origin": origin,
-                                          "status": "running", "answer": None}
+        payload = (
+            None
+            if snap.next
+            else {
+                "question": question,
+                "trajectory_id": trajectory_id,
+                "origin": origin,
+                "status": "running",
+                "answer": None,
+            }
+        )
         await self.graph.ainvoke(payload, tc, context=config or _DEFAULT_CONFIG)
         final = await self.graph.aget_state(tc)
         return self._trajectory(thread_id, final.values, time.perf_counter() - started, config)
@@ -263,8 +338,16 @@ class RolloutRunner:
                 return snap
         raise ParallelMuseError(f"no checkpoint before step {step} in thread {parent_thread!r}")
 
-    async def fork(self, parent: Trajectory, step: int, *, trajectory_id: str, thread_id: str,
-                   config: ParallelMuseConfig | None = None, origin: Origin | None = None) -> Trajectory:
+    async def fork(
+        self,
+        parent: Trajectory,
+        step: int,
+        *,
+        trajectory_id: str,
+        thread_id: str,
+        config: ParallelMuseConfig | None = None,
+        origin: Origin | None = None,
+    ) -> Trajectory:
         """Continue a new thread from the checkpoint before ``parent``'s step ``step``.
 
         The branch keeps steps ``< step`` and their tool responses (not re-fetched) and
@@ -275,32 +358,58 @@ class RolloutRunner:
         started = time.perf_counter()
         snap = await self.fork_point(parent["thread_id"], step)
         prefix_tokens = parent["steps"][step]["context_tokens"] if step < len(parent["steps"]) else 0
-        origin = Origin(**{"kind": "branch", "parent": parent["id"], "parent_thread": parent["thread_id"],
-                           "checkpoint_id": snap.config["configurable"]["checkpoint_id"], "step": step,
-                           "prefix_tokens": prefix_tokens, "round": 1, **(origin or {})})
-        tc = self._thread(thread_id, {"trajectory_id": trajectory_id, "parent_thread": parent["thread_id"],
-                                      "fork_checkpoint_id": origin["checkpoint_id"], "fork_step": step})
+        origin = Origin(
+            **{
+                "kind": "branch",
+                "parent": parent["id"],
+                "parent_thread": parent["thread_id"],
+                "checkpoint_id": snap.config["configurable"]["checkpoint_id"],
+                "step": step,
+                "prefix_tokens": prefix_tokens,
+                "round": 1,
+                **(origin or {}),
+            }
+        )
+        tc = self._thread(
+            thread_id,
+            {
+                "trajectory_id": trajectory_id,
+                "parent_thread": parent["thread_id"],
+                "fork_checkpoint_id": origin["checkpoint_id"],
+                "fork_step": step,
+            },
+        )
         current = await self.graph.aget_state(tc)
         if not current.values:
-            values = {**snap.values, "trajectory_id": trajectory_id, "origin": origin, "status": "running",
-                      "answer": None}
+            values = {
+                **snap.values,
+                "trajectory_id": trajectory_id,
+                "origin": origin,
+                "status": "running",
+                "answer": None,
+            }
             await self.graph.aupdate_state(tc, values, as_node="act")
         await self.graph.ainvoke(None, tc, context=config or _DEFAULT_CONFIG)
         final = await self.graph.aget_state(tc)
         return self._trajectory(thread_id, final.values, time.perf_counter() - started, config)
 
     @staticmethod
-    def _trajectory(thread_id: str, values: dict, seconds: float,
-                    config: ParallelMuseConfig | None) -> Trajectory:
+    def _trajectory(thread_id: str, values: dict, seconds: float, config: ParallelMuseConfig | None) -> Trajectory:
         origin = values.get("origin") or Origin(kind="initial", parent=None)
         steps, observations = values.get("steps", []), values.get("observations", [])
         first_own = (origin.get("step") or 0) if origin.get("kind") == "branch" else 0
         own = steps[first_own:]
         own_obs = [o for o in observations if o["step"] >= first_own]
         return Trajectory(
-            id=values.get("trajectory_id", thread_id), thread_id=thread_id, origin=origin, steps=steps,
-            observations=observations, status=values.get("status", "failed"), answer=values.get("answer"),
-            error=values.get("error"), uncertainty=score_steps(steps, (config or _DEFAULT_CONFIG).estimator),
+            id=values.get("trajectory_id", thread_id),
+            thread_id=thread_id,
+            origin=origin,
+            steps=steps,
+            observations=observations,
+            status=values.get("status", "failed"),
+            answer=values.get("answer"),
+            error=values.get("error"),
+            uncertainty=score_steps(steps, (config or _DEFAULT_CONFIG).estimator),
             stats={
                 "generated_tokens": sum(s["generated_tokens"] for s in own),
                 "prompt_tokens": sum(s["prompt_tokens"] for s in own),

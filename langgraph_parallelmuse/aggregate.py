@@ -215,9 +215,7 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
         Report 1:
         Final answer: Paris
     """
-    numbered = "\n\n".join(
-        f"Report {i}:\n{neutralize(r['text'].strip())}" for i, r in enumerate(reports, 1)
-    )
+    numbered = "\n\n".join(f"Report {i}:\n{neutralize(r['text'].strip())}" for i, r in enumerate(reports, 1))
     body = f"Question: {question}\n\n{numbered}\n\nQuestion: {question}\n\n{_INSTRUCTIONS}"
     return [SystemMessage(_SYSTEM), HumanMessage(body)]
 
@@ -275,9 +273,7 @@ async def aggregate_reports(
         if guided
         else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
     )
-    result = AggregateResult(
-        answer=majority, source="majority_fallback", prompt=messages, candidates=candidates
-    )
+    result = AggregateResult(answer=majority, source="majority_fallback", prompt=messages, candidates=candidates)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)

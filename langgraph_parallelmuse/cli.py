@@ -35,8 +35,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="model name on the server (with --base-url)")
     g.add_argument("--model-path", default=None, help="local transformers checkpoint dir (default: embedded GGUF)")
     g = p.add_argument_group("knowledge")
-    g.add_argument("--corpus", action="append", default=[], help="{id,title,text} JSONL to search (repeatable); "
-                   "default: the offline Wikipedia subset")
+    g.add_argument(
+        "--corpus",
+        action="append",
+        default=[],
+        help="{id,title,text} JSONL to search (repeatable); default: the offline Wikipedia subset",
+    )
     g.add_argument("--doc-ids", default=None, help="comma-separated doc ids the tools may see (distractor setting)")
     g.add_argument("--tavily", action="store_true", help="search the web with Tavily (needs TAVILY_API_KEY)")
 
@@ -64,8 +68,13 @@ def _model(args: argparse.Namespace):
     if args.base_url:
         from langchain_openai import ChatOpenAI
 
-        return ChatOpenAI(base_url=args.base_url, model=args.model or "default",
-                          api_key=os.environ.get("OPENAI_API_KEY", "not-needed"), logprobs=True, top_logprobs=16)
+        return ChatOpenAI(
+            base_url=args.base_url,
+            model=args.model or "default",
+            api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
+            logprobs=True,
+            top_logprobs=16,
+        )
     from langgraph_parallelmuse.models import LocalChatModel
 
     with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
@@ -99,9 +108,11 @@ def stats_table(result: dict[str, Any]) -> Table:
     table.add_column("stage")
     table.add_column("value", justify="right")
     kinds = roll.get("by_kind", {})
-    table.add_row("trajectories (initial / branch / fill)",
-                  f"{roll.get('trajectories', 0)} ({kinds.get('initial', 0)} / {kinds.get('branch', 0)} / "
-                  f"{kinds.get('fill', 0)})")
+    table.add_row(
+        "trajectories (initial / branch / fill)",
+        f"{roll.get('trajectories', 0)} ({kinds.get('initial', 0)} / {kinds.get('branch', 0)} / "
+        f"{kinds.get('fill', 0)})",
+    )
     table.add_row("answered / failed", f"{roll.get('answered', 0)} / {roll.get('failed', 0)}")
     table.add_row("rollout: generated tokens", str(roll.get("generated_tokens", 0)))
     table.add_row("rollout: prompt tokens", str(roll.get("prompt_tokens", 0)))
@@ -110,9 +121,11 @@ def stats_table(result: dict[str, Any]) -> Table:
     table.add_row("rollout: tool calls", str(roll.get("tool_calls", 0)))
     if comp:
         ratio = comp.get("compression_ratio")
-        table.add_row("compress: report tokens / trajectory tokens",
-                      f"{comp.get('report_tokens', 0)} / {comp.get('trajectory_tokens', 0)}"
-                      + (f" = {ratio:.3f}" if ratio is not None else ""))
+        table.add_row(
+            "compress: report tokens / trajectory tokens",
+            f"{comp.get('report_tokens', 0)} / {comp.get('trajectory_tokens', 0)}"
+            + (f" = {ratio:.3f}" if ratio is not None else ""),
+        )
     if "rolled_out" in tl and "start" in tl:
         table.add_row("seconds: rollout", f"{tl['rolled_out'] - tl['start']:.1f}")
     if "end" in tl and "rolled_out" in tl:
@@ -121,9 +134,11 @@ def stats_table(result: dict[str, Any]) -> Table:
         table.add_row("seconds: total", f"{tl['end'] - tl['start']:.1f}")
     engine = stats.get("engine")
     if engine:
-        table.add_row("engine: prefill computed / reused",
-                      f"{engine.get('prefill_tokens_computed', 0)} / {engine.get('prefill_tokens_reused', 0)}"
-                      f" ({engine.get('cache_token_reuse', 0):.0%} reused)")
+        table.add_row(
+            "engine: prefill computed / reused",
+            f"{engine.get('prefill_tokens_computed', 0)} / {engine.get('prefill_tokens_reused', 0)}"
+            f" ({engine.get('cache_token_reuse', 0):.0%} reused)",
+        )
     return table
 
 
@@ -142,8 +157,9 @@ async def _ask(args: argparse.Namespace) -> int:
         checkpointer = await stack.__aenter__()
         traj_saver = checkpointer
     try:
-        graph = create_parallelmuse(model, tools, config=settings, checkpointer=checkpointer,
-                                    trajectory_checkpointer=traj_saver)
+        graph = create_parallelmuse(
+            model, tools, config=settings, checkpointer=checkpointer, trajectory_checkpointer=traj_saver
+        )
         run_config = {"configurable": {"thread_id": run_id}, "max_concurrency": settings.max_concurrency}
         payload: dict | None = {"question": args.question}
         if args.resume:
@@ -154,11 +170,19 @@ async def _ask(args: argparse.Namespace) -> int:
                 payload = None
                 console.print(f"Resuming run {run_id!r} at {', '.join(snap.next)}")
         console.print(Panel(args.question, title="Question"))
-        console.print(f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
-                      f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {args.db})" if args.db else ""))
+        console.print(
+            f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
+            f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {args.db})" if args.db else "")
+        )
         final: dict[str, Any] = {}
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as prog:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as prog:
             roll = prog.add_task("trajectories", total=settings.n)
             rep = prog.add_task("reports", total=None, visible=False)
             async for mode, chunk in graph.astream(payload, run_config, stream_mode=["custom", "values"]):
@@ -168,11 +192,15 @@ async def _ask(args: argparse.Namespace) -> int:
                 ev = chunk.get("event")
                 if ev == "trajectory_finished":
                     prog.advance(roll)
-                    prog.console.print(f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                                       f"steps={chunk['steps']} answer={_short(chunk['answer'], 60)!r}")
+                    prog.console.print(
+                        f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
+                        f"steps={chunk['steps']} answer={_short(chunk['answer'], 60)!r}"
+                    )
                 elif ev == "branch_picked":
-                    prog.console.print(f"  [yellow]⑂[/] branch from {chunk['parent']} step {chunk['step']} "
-                                       f"({chunk['region']} PPL {chunk['score']:.2f})")
+                    prog.console.print(
+                        f"  [yellow]⑂[/] branch from {chunk['parent']} step {chunk['step']} "
+                        f"({chunk['region']} PPL {chunk['score']:.2f})"
+                    )
                 elif ev == "report_written":
                     prog.update(rep, visible=True, total=max(settings.n, 1))
                     prog.advance(rep)
@@ -182,8 +210,13 @@ async def _ask(args: argparse.Namespace) -> int:
         for report in final.get("reports", []):
             out.print(Panel(report["text"], title=f"Report {report['trajectory_id']} ({report['status']})"))
         out.print(stats_table(final))
-        out.print(Panel(str(final.get("answer")), title=f"Answer (source: {final.get('answer_source')})",
-                        border_style="bold green"))
+        out.print(
+            Panel(
+                str(final.get("answer")),
+                title=f"Answer (source: {final.get('answer_source')})",
+                border_style="bold green",
+            )
+        )
         if args.json:
             Path(args.json).write_text(json.dumps(_jsonable(final), indent=2, ensure_ascii=False))
             console.print(f"Full result written to {args.json}")
@@ -225,12 +258,18 @@ async def _agent(args: argparse.Namespace) -> int:
                 for step in (delta or {}).get("steps", []):
                     act = step["action"]
                     thought = step["text"].split("</think>", 1)[0].removeprefix("<think>")
-                    what = (f"{act['name']}({json.dumps(act['arguments'], ensure_ascii=False)})"
-                            if act["type"] == "tool_call" else
-                            f"answer: {act.get('answer')}" if act["type"] == "answer" else f"invalid: {act.get('error')}")
+                    what = (
+                        f"{act['name']}({json.dumps(act['arguments'], ensure_ascii=False)})"
+                        if act["type"] == "tool_call"
+                        else f"answer: {act.get('answer')}"
+                        if act["type"] == "answer"
+                        else f"invalid: {act.get('error')}"
+                    )
                     lp = [t["logprob"] for t in step["tokens"]]
-                    out.print(f"[bold]step {step['index'] + 1}[/] [dim]({step['generated_tokens']} tokens, "
-                              f"mean logprob {sum(lp) / max(len(lp), 1):.2f}, {step['seconds']:.1f}s)[/]")
+                    out.print(
+                        f"[bold]step {step['index'] + 1}[/] [dim]({step['generated_tokens']} tokens, "
+                        f"mean logprob {sum(lp) / max(len(lp), 1):.2f}, {step['seconds']:.1f}s)[/]"
+                    )
                     out.print(f"  [cyan]think[/]  {_short(thought, 200)}")
                     out.print(f"  [magenta]act[/]    {what}")
                 for obs in (delta or {}).get("observations", []):
@@ -238,8 +277,13 @@ async def _agent(args: argparse.Namespace) -> int:
                     status.update("thinking…")
                 if node == "think" and delta and delta.get("status") not in (None, "running"):
                     final = delta
-    out.print(Panel(str(final.get("answer")), title=f"{final.get('status')} after "
-                    f"{time.perf_counter() - started:.1f}s", border_style="bold green"))
+    out.print(
+        Panel(
+            str(final.get("answer")),
+            title=f"{final.get('status')} after {time.perf_counter() - started:.1f}s",
+            border_style="bold green",
+        )
+    )
     return 0 if final.get("answer") else 2
 
 
@@ -249,36 +293,65 @@ async def _bench(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.tools import CorpusIndex
 
     items = load_questions(args.questions, limit=args.limit)
-    settings = BenchSettings(n=args.n, k=args.k, t=args.t, modes=tuple(args.modes.split(",")),
-                             estimator=args.estimator, seed=args.seed, setting=args.setting,
-                             aggregate=not args.no_aggregate, max_turns=args.max_turns)
+    settings = BenchSettings(
+        n=args.n,
+        k=args.k,
+        t=args.t,
+        modes=tuple(args.modes.split(",")),
+        estimator=args.estimator,
+        seed=args.seed,
+        setting=args.setting,
+        aggregate=not args.no_aggregate,
+        max_turns=args.max_turns,
+    )
     settings.config()  # validate before loading anything
     out_dir = Path(args.out)
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console) as prog:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as prog:
         task = prog.add_task("questions", total=len(items))
 
         def tick(rec: dict) -> None:
             prog.advance(task)
             pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
-            prog.console.print(f"  {rec['id']}: gold={rec['answers'][0]!r} answer={_short(pm.get('answer'), 50)!r} "
-                               f"({rec['seconds']:.0f}s)")
+            prog.console.print(
+                f"  {rec['id']}: gold={rec['answers'][0]!r} answer={_short(pm.get('answer'), 50)!r} "
+                f"({rec['seconds']:.0f}s)"
+            )
 
         from langgraph_parallelmuse.eval.bench import load_done
+
         prog.advance(task, len([i for i in items if i.id in load_done(out_dir / "results.jsonl")]))
-        records = await run_bench(model, index, items, settings, out_dir / "results.jsonl",
-                                  concurrency=args.concurrency, progress=tick, log=prog.console.print)
+        records = await run_bench(
+            model,
+            index,
+            items,
+            settings,
+            out_dir / "results.jsonl",
+            concurrency=args.concurrency,
+            progress=tick,
+            log=prog.console.print,
+        )
     summary = summarize(records, seed=args.seed)
     table = markdown_table(summary)
     (out_dir / "summary.md").write_text(table + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from langgraph_parallelmuse.eval.plots import uncertainty_profile
 
-    profile = {region: {str(step): sum(v) / len(v) for step, v in sorted(steps.items())}
-               for region, steps in uncertainty_profile(records, kinds=("initial", "fill")).items()}
+    profile = {
+        region: {str(step): sum(v) / len(v) for step, v in sorted(steps.items())}
+        for region, steps in uncertainty_profile(records, kinds=("initial", "fill")).items()
+    }
     (out_dir / "profile.json").write_text(json.dumps(profile, indent=2))
     out.print(table)
     try:
@@ -311,8 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.set_defaults(func=_agent)
     bench = sub.add_parser("bench", help="compare ParallelMuse with the baselines on a QA set")
     bench.add_argument("--questions", required=True, help="{id, question, answers, ...} JSONL")
-    bench.add_argument("--setting", choices=["distractor", "open"], default="distractor",
-                       help="distractor: tools see only each question's context_doc_ids")
+    bench.add_argument(
+        "--setting",
+        choices=["distractor", "open"],
+        default="distractor",
+        help="distractor: tools see only each question's context_doc_ids",
+    )
     bench.add_argument("--limit", type=int, default=None, help="first N questions only")
     bench.add_argument("--n", type=int, default=8)
     bench.add_argument("--k", type=int, default=2)

@@ -266,20 +266,14 @@ async def compress_trajectory(
     traj_answer = _one_line(trajectory.get("answer") or "")
     if not traj_answer:
         return fallback_report(trajectory)
-    messages = build_compress_messages(
-        question, trajectory, guided=guided, max_observation_chars=max_observation_chars
-    )
-    segments = _segments(
-        neutralize(traj_answer), guided=guided, max_report_tokens=max_report_tokens
-    )
+    messages = build_compress_messages(question, trajectory, guided=guided, max_observation_chars=max_observation_chars)
+    segments = _segments(neutralize(traj_answer), guided=guided, max_report_tokens=max_report_tokens)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
     tokens = 0
     for attempt in range(2):
         attempt_seed = derive_seed(seed, "compress", tid, attempt)
         try:
-            turn = await generate_turn(
-                model, messages, segments, sampling=sampling, seed=attempt_seed
-            )
+            turn = await generate_turn(model, messages, segments, sampling=sampling, seed=attempt_seed)
         except Exception as exc:  # noqa: BLE001 - any model failure is retried, then carried forward
             logger.warning("compressing %s failed (attempt %d): %r", tid, attempt + 1, exc)
             continue
@@ -310,4 +304,3 @@ def _malformed(sections: dict[str, str], answer: str | None, *, cut_off: bool) -
     if cut_off:
         return "the report was cut off by the token limit"
     return None
-

@@ -53,9 +53,7 @@ class ParallelMuseConfig(BaseModel):
     # Per-trajectory limits.
     max_turns: int = Field(6, description="Maximum think steps per trajectory (the last one must answer).")
     max_step_tokens: int = Field(256, description="Maximum generated tokens per think step.")
-    max_context_tokens: int = Field(
-        8192, description="Prompt budget; when exceeded the agent is forced to answer."
-    )
+    max_context_tokens: int = Field(8192, description="Prompt budget; when exceeded the agent is forced to answer.")
     max_observation_chars: int = Field(1200, description="Tool output longer than this is truncated.")
     tool_timeout: float = Field(30.0, description="Seconds before a tool call is abandoned.")
     driver: Driver = Field(
@@ -81,9 +79,7 @@ class ParallelMuseConfig(BaseModel):
         if self.m > self.n:
             problems.append(f"m={self.m} > n={self.n}: initial trajectories cannot exceed N")
         elif self.mode != "none" and self.m + self.m * self.k * self.t > self.n:
-            problems.append(
-                f"n={self.n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t"
-            )
+            problems.append(f"n={self.n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t")
         if not 0.0 <= self.temperature <= 2.0:
             problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:
@@ -94,8 +90,13 @@ class ParallelMuseConfig(BaseModel):
             problems.append("estimator='entropy' needs top_logprobs >= 2 (16 in the paper)")
         if self.max_turns < 1:
             problems.append(f"max_turns={self.max_turns}: a trajectory needs at least 1 turn")
-        for name in ("max_step_tokens", "max_context_tokens", "max_report_tokens", "max_concurrency",
-                     "max_observation_chars"):
+        for name in (
+            "max_step_tokens",
+            "max_context_tokens",
+            "max_report_tokens",
+            "max_concurrency",
+            "max_observation_chars",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be positive")
         if self.tool_timeout <= 0:
@@ -139,8 +140,10 @@ def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides)
 
 
 def _context_model() -> type[BaseModel]:
-    fields = {name: (field.annotation | None, Field(None, description=field.description))
-              for name, field in ParallelMuseConfig.model_fields.items()}
+    fields = {
+        name: (field.annotation | None, Field(None, description=field.description))
+        for name, field in ParallelMuseConfig.model_fields.items()
+    }
     model = create_model("ParallelMuseContext", __config__=ConfigDict(extra="forbid"), **fields)
     model.__doc__ = (
         "Per-run overrides of :class:`ParallelMuseConfig` (the graph's ``context_schema``).\n\n"

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.protocol import render_tool_call
-from langgraph_parallelmuse.state import Action, Observation, Step
 from langgraph_parallelmuse.segments import Gen, Lit
+from langgraph_parallelmuse.state import Action, Observation, Step
 
 _RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
@@ -117,8 +117,12 @@ class GuidedDriver:
             return thought + [
                 Lit("</think>\n<answer>"),
                 # A sentence end closes the phrase: the small model tends to go on explaining.
-                Gen(stop=("\n", "</answer>", ". "), max_tokens=self.answer_tokens, name="answer",
-                    messages=self.evidence_prompt(ctx)),
+                Gen(
+                    stop=("\n", "</answer>", ". "),
+                    max_tokens=self.answer_tokens,
+                    name="answer",
+                    messages=self.evidence_prompt(ctx),
+                ),
                 Lit("</answer>"),
             ]
         if action == "visit":
@@ -163,8 +167,10 @@ class GuidedDriver:
             parts.append(chunk)
             budget -= len(chunk)
         context = "\n\n".join(parts) or "(no evidence found)"
-        return [SystemMessage(EVIDENCE_SYSTEM),
-                HumanMessage(f"{context}\n\nQuestion: {ctx.question}\nAnswer with a short phrase.")]
+        return [
+            SystemMessage(EVIDENCE_SYSTEM),
+            HumanMessage(f"{context}\n\nQuestion: {ctx.question}\nAnswer with a short phrase."),
+        ]
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import threading
 import time
 import uuid
 import weakref
-import threading
-from concurrent.futures import Future
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -153,8 +153,9 @@ def _summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     out["trajectories"] = len(trajectories)
     out["answered"] = sum(1 for t in trajectories if t["answer"])
     out["failed"] = sum(1 for t in trajectories if t["status"] == "failed")
-    out["by_kind"] = {kind: sum(1 for t in trajectories if t["origin"].get("kind") == kind)
-                      for kind in ("initial", "branch", "fill")}
+    out["by_kind"] = {
+        kind: sum(1 for t in trajectories if t["origin"].get("kind") == kind) for kind in ("initial", "branch", "fill")
+    }
     return out
 
 
@@ -176,11 +177,18 @@ def build_parallelmuse_graph(
     tools = list(tools)
     if not any(t.name == "search" for t in tools):
         raise InputError("tools must include one named 'search' (e.g. make_corpus_tools(index) or make_tavily_tools())")
-    runner = RolloutRunner(model, tools, driver=pick_driver(model, base_config.driver, guided_driver),
-                           checkpointer=trajectory_checkpointer, system_prompt=system_prompt)
+    runner = RolloutRunner(
+        model,
+        tools,
+        driver=pick_driver(model, base_config.driver, guided_driver),
+        checkpointer=trajectory_checkpointer,
+        system_prompt=system_prompt,
+    )
     aggregator = aggregator_model or model
     guided_reports = isinstance(runner.driver, GuidedDriver)
-    guided_aggregate = guided_reports if aggregator_model is None else bool(getattr(aggregator, "supports_prefill", False))
+    guided_aggregate = (
+        guided_reports if aggregator_model is None else bool(getattr(aggregator, "supports_prefill", False))
+    )
 
     def cfg() -> ParallelMuseConfig:
         return resolve_config(base_config, get_runtime().context)
@@ -202,8 +210,9 @@ def build_parallelmuse_graph(
         # Deterministic ids under a checkpointed parent thread make a resumed run find its
         # finished trajectories; otherwise every run gets fresh threads.
         run_id = f"{parent_thread}:{digest}" if parent_thread else f"run-{uuid.uuid4().hex[:12]}:{digest}"
-        _emit("run_started", question=question, n=settings.n, m=settings.m, k=settings.k, t=settings.t,
-              mode=settings.mode)
+        _emit(
+            "run_started", question=question, n=settings.n, m=settings.m, k=settings.k, t=settings.t, mode=settings.mode
+        )
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
         if callable(engine_stats := getattr(model, "engine_stats", None)):
             # The first access loads the model: keep that off the event loop.
@@ -211,15 +220,30 @@ def build_parallelmuse_graph(
         return {"question": question, "run_id": run_id, "stats": stats}
 
     def fill_job(state: ParallelMuseState, i: int) -> Send:
-        return Send("initial_rollout" if state.get("picks") is None else "branch_rollout",
-                    {"question": state["question"], "run_id": state["run_id"], "id": f"f{i}",
-                     "origin": Origin(kind="fill", parent=None, round=0)})
+        return Send(
+            "initial_rollout" if state.get("picks") is None else "branch_rollout",
+            {
+                "question": state["question"],
+                "run_id": state["run_id"],
+                "id": f"f{i}",
+                "origin": Origin(kind="fill", parent=None, round=0),
+            },
+        )
 
     def launch_initial(state: ParallelMuseState) -> list[Send]:
         settings = cfg()
-        initial = [Send("initial_rollout", {"question": state["question"], "run_id": state["run_id"],
-                                            "id": f"t{i}", "origin": Origin(kind="initial", parent=None, round=0)})
-                   for i in range(settings.m)]
+        initial = [
+            Send(
+                "initial_rollout",
+                {
+                    "question": state["question"],
+                    "run_id": state["run_id"],
+                    "id": f"t{i}",
+                    "origin": Origin(kind="initial", parent=None, round=0),
+                },
+            )
+            for i in range(settings.m)
+        ]
         # Fill-ins do not depend on any uncertainty, so they run alongside the initial
         # trajectories instead of after them (the only serial part of partial rollout).
         return initial + [fill_job(state, i) for i in range(settings.fill_budget)]
@@ -230,13 +254,27 @@ def build_parallelmuse_graph(
         async with limit():
             _emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
             if job["origin"]["kind"] == "branch":
-                traj = await runner.fork(job["parent"], job["origin"]["step"], trajectory_id=job["id"],
-                                         thread_id=thread_id, config=settings, origin=job["origin"])
+                traj = await runner.fork(
+                    job["parent"],
+                    job["origin"]["step"],
+                    trajectory_id=job["id"],
+                    thread_id=thread_id,
+                    config=settings,
+                    origin=job["origin"],
+                )
             else:
-                traj = await runner.run(job["question"], trajectory_id=job["id"], thread_id=thread_id,
-                                        config=settings, origin=job["origin"])
-        _emit("trajectory_finished", id=traj["id"], kind=traj["origin"].get("kind"), status=traj["status"],
-              answer=traj["answer"], steps=len(traj["steps"]), generated_tokens=traj["stats"]["generated_tokens"])
+                traj = await runner.run(
+                    job["question"], trajectory_id=job["id"], thread_id=thread_id, config=settings, origin=job["origin"]
+                )
+        _emit(
+            "trajectory_finished",
+            id=traj["id"],
+            kind=traj["origin"].get("kind"),
+            status=traj["status"],
+            answer=traj["answer"],
+            steps=len(traj["steps"]),
+            generated_tokens=traj["stats"]["generated_tokens"],
+        )
         return {"trajectories": [traj]}
 
     async def select_branches(state: ParallelMuseState) -> dict[str, Any]:
@@ -253,11 +291,20 @@ def build_parallelmuse_graph(
                     _emit("branch_picked", parent=traj["id"], step=step, region=region, score=score)
         planned = settings.branch_budget
         launched = len(picks) * settings.t
-        return {"picks": picks, "stats": {
-            "budget": {"n": settings.n, "initial": len(initial), "branches_planned": planned,
-                       "branches": launched, "shortfall_filled": planned - launched,
-                       "fill": fills + planned - launched},
-            "timeline": {"selected": time.time()}}}
+        return {
+            "picks": picks,
+            "stats": {
+                "budget": {
+                    "n": settings.n,
+                    "initial": len(initial),
+                    "branches_planned": planned,
+                    "branches": launched,
+                    "shortfall_filled": planned - launched,
+                    "fill": fills + planned - launched,
+                },
+                "timeline": {"selected": time.time()},
+            },
+        }
 
     def launch_branches(state: ParallelMuseState) -> list[Send] | str:
         settings = cfg()
@@ -265,12 +312,26 @@ def build_parallelmuse_graph(
         sends = []
         for pick in state.get("picks", []):
             for j in range(settings.t):
-                origin = Origin(kind="branch", parent=pick["parent"], step=pick["step"], region=pick["region"],
-                                score=pick["score"], round=1)
-                sends.append(Send("branch_rollout", {
-                    "question": state["question"], "run_id": state["run_id"],
-                    "id": f"{pick['parent']}.s{pick['step']}.b{j}", "origin": origin,
-                    "parent": parents[pick["parent"]]}))
+                origin = Origin(
+                    kind="branch",
+                    parent=pick["parent"],
+                    step=pick["step"],
+                    region=pick["region"],
+                    score=pick["score"],
+                    round=1,
+                )
+                sends.append(
+                    Send(
+                        "branch_rollout",
+                        {
+                            "question": state["question"],
+                            "run_id": state["run_id"],
+                            "id": f"{pick['parent']}.s{pick['step']}.b{j}",
+                            "origin": origin,
+                            "parent": parents[pick["parent"]],
+                        },
+                    )
+                )
         # Picks short of k (a trajectory with few scored steps) are made up by more fill-ins.
         done = len(state["trajectories"])
         sends += [fill_job(state, settings.fill_budget + i) for i in range(settings.n - done - len(sends))]
@@ -282,18 +343,32 @@ def build_parallelmuse_graph(
     def launch_compress(state: ParallelMuseState) -> list[Send] | str:
         if cfg().aggregation != "parallelmuse":
             return "aggregate"
-        sends = [Send("compress", {"question": state["question"], "trajectory": t})
-                 for t in state["trajectories"] if t["answer"]]
+        sends = [
+            Send("compress", {"question": state["question"], "trajectory": t})
+            for t in state["trajectories"]
+            if t["answer"]
+        ]
         return sends or "aggregate"
 
     async def compress(job: dict) -> dict[str, Any]:
         settings = cfg()
         traj = job["trajectory"]
         async with limit():
-            report = await compress_trajectory(model, job["question"], traj, guided=guided_reports,
-                                               max_report_tokens=settings.max_report_tokens, seed=settings.seed)
-        _emit("report_written", trajectory_id=traj["id"], status=report["status"], answer=report["answer"],
-              tokens=report["tokens"])
+            report = await compress_trajectory(
+                model,
+                job["question"],
+                traj,
+                guided=guided_reports,
+                max_report_tokens=settings.max_report_tokens,
+                seed=settings.seed,
+            )
+        _emit(
+            "report_written",
+            trajectory_id=traj["id"],
+            status=report["status"],
+            answer=report["answer"],
+            tokens=report["tokens"],
+        )
         return {"reports": [report]}
 
     async def aggregate(state: ParallelMuseState) -> dict[str, Any]:
@@ -303,15 +378,19 @@ def build_parallelmuse_graph(
         stats: dict[str, Any] = {"timeline": {"end": time.time()}}
         if settings.aggregation == "parallelmuse":
             async with limit():
-                result = await aggregate_reports(aggregator, state["question"], reports,
-                                                 guided=guided_aggregate, seed=settings.seed)
+                result = await aggregate_reports(
+                    aggregator, state["question"], reports, guided=guided_aggregate, seed=settings.seed
+                )
             answer, source = result.answer, result.source
             report_tokens = sum(r["tokens"] for r in reports)
             traj_tokens = sum(r["trajectory_tokens"] for r in reports)
-            stats["compress"] = {"reports": len(reports), "report_tokens": report_tokens,
-                                 "trajectory_tokens": traj_tokens,
-                                 "fallback_reports": sum(1 for r in reports if r["status"] == "fallback"),
-                                 "compression_ratio": report_tokens / traj_tokens if traj_tokens else None}
+            stats["compress"] = {
+                "reports": len(reports),
+                "report_tokens": report_tokens,
+                "trajectory_tokens": traj_tokens,
+                "fallback_reports": sum(1 for r in reports if r["status"] == "fallback"),
+                "compression_ratio": report_tokens / traj_tokens if traj_tokens else None,
+            }
             if answer is None and any(t["answer"] for t in trajectories):
                 answer, source = majority_vote(trajectories), "majority_fallback"
         else:
@@ -323,12 +402,19 @@ def build_parallelmuse_graph(
             stats["engine"] = _engine_delta(state.get("stats", {}).get("engine_start", {}), now)
         _emit("answer", answer=answer, source=source)
         text = answer if answer is not None else "No answer: every trajectory failed to produce one."
-        return {"answer": answer, "answer_source": source, "stats": stats,
-                "messages": [AIMessage(text, name="parallelmuse",
-                                       response_metadata={"answer_source": source})]}
+        return {
+            "answer": answer,
+            "answer_source": source,
+            "stats": stats,
+            "messages": [AIMessage(text, name="parallelmuse", response_metadata={"answer_source": source})],
+        }
 
-    graph = StateGraph(ParallelMuseState, context_schema=ParallelMuseContext,
-                       input_schema=ParallelMuseInput, output_schema=ParallelMuseOutput)
+    graph = StateGraph(
+        ParallelMuseState,
+        context_schema=ParallelMuseContext,
+        input_schema=ParallelMuseInput,
+        output_schema=ParallelMuseOutput,
+    )
     graph.add_node("prepare", _node("prepare", prepare))
     graph.add_node("initial_rollout", _node("initial_rollout", rollout))
     graph.add_node("select_branches", _node("select_branches", select_branches))
@@ -392,9 +478,15 @@ def create_parallelmuse(
         from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 
         tools = make_corpus_tools(CorpusIndex.wikipedia())
-    graph = build_parallelmuse_graph(model, tools, aggregator_model=aggregator_model, config=config,
-                                     trajectory_checkpointer=trajectory_checkpointer,
-                                     guided_driver=guided_driver, system_prompt=system_prompt)
+    graph = build_parallelmuse_graph(
+        model,
+        tools,
+        aggregator_model=aggregator_model,
+        config=config,
+        trajectory_checkpointer=trajectory_checkpointer,
+        guided_driver=guided_driver,
+        system_prompt=system_prompt,
+    )
     compiled = graph.compile(checkpointer=checkpointer, name=name)
     compiled.runner = graph.runner  # type: ignore[attr-defined]
     return compiled

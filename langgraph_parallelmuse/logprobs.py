@@ -96,7 +96,9 @@ def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | No
             raise ProtocolError("logprob entry has neither 'logprob' nor 'probs'")
         tops = _tops(entry.get("top_logprobs", entry.get("probs")))
         raw = entry.get("bytes")
-        raw_bytes = bytes(raw) if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw) else None
+        raw_bytes = (
+            bytes(raw) if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw) else None
+        )
         out.append((text, lp, tops, raw_bytes))
     return out
 

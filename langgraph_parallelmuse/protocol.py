@@ -174,8 +174,13 @@ def build_messages(
     return messages
 
 
-def trajectory_text(question: str, steps: Sequence[Step], observations: Sequence[Observation],
-                    *, max_observation_chars: int | None = None) -> str:
+def trajectory_text(
+    question: str,
+    steps: Sequence[Step],
+    observations: Sequence[Observation],
+    *,
+    max_observation_chars: int | None = None,
+) -> str:
     """A trajectory as plain text (for compression), tool output optionally trimmed."""
     parts = [f"Question: {question}"]
     by_step = {obs["step"]: obs for obs in observations}

@@ -9,8 +9,15 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-_TRANSIENT_NAMES = {"APITimeoutError", "APIConnectionError", "RateLimitError", "InternalServerError",
-                    "ServiceUnavailableError", "ReadTimeout", "ConnectTimeout"}
+_TRANSIENT_NAMES = {
+    "APITimeoutError",
+    "APIConnectionError",
+    "RateLimitError",
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "ReadTimeout",
+    "ConnectTimeout",
+}
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -71,8 +71,7 @@ class Sampling:
     top_logprobs: int = 16
     logprobs: bool = True
 
-    def kwargs(self, *, max_tokens: int, seed: int | None,
-               model: BaseChatModel | None = None) -> dict:
+    def kwargs(self, *, max_tokens: int, seed: int | None, model: BaseChatModel | None = None) -> dict:
         """Call keyword arguments for ``model.ainvoke``.
 
         ``ChatOpenAI`` renames ``max_tokens`` to ``max_completion_tokens`` in every request
@@ -86,8 +85,12 @@ class Sampling:
             >>> Sampling().kwargs(max_tokens=8, seed=None)["max_tokens"]
             8
         """
-        out = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": max_tokens,
-               "logprobs": self.logprobs}
+        out = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": max_tokens,
+            "logprobs": self.logprobs,
+        }
         if self.logprobs and self.top_logprobs:
             out["top_logprobs"] = self.top_logprobs
         if seed is not None:
@@ -163,8 +166,9 @@ async def generate_turn(
         prompt = list(seg.messages) if seg.messages is not None else list(messages)
         if seg.messages is None and result.text:
             prompt.append(AIMessage(result.text))
-        kwargs = sampling.kwargs(max_tokens=seg.max_tokens, model=model,
-                                 seed=None if seed is None else derive_seed(seed, i))
+        kwargs = sampling.kwargs(
+            max_tokens=seg.max_tokens, model=model, seed=None if seed is None else derive_seed(seed, i)
+        )
         stop = list(seg.stop) or None
         msg = await with_retries(lambda p=prompt, st=stop, kw=kwargs: model.ainvoke(p, stop=st, **kw))
         content = msg.content if isinstance(msg.content, str) else str(msg.content)

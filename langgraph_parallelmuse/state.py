@@ -64,9 +64,7 @@ class Observation(TypedDict):
     doc_ids: NotRequired[list[str]]  # documents the tool showed or opened (retrieval recall)
 
 
-TrajectoryStatus = Literal[
-    "running", "answered", "max_turns", "context_exhausted", "failed"
-]
+TrajectoryStatus = Literal["running", "answered", "max_turns", "context_exhausted", "failed"]
 
 
 class Origin(TypedDict, total=False):

@@ -109,8 +109,11 @@ def select_branch_steps(
     allowed = set(range(len(uncertainty)) if eligible is None else eligible)
 
     def ranked(region: str, taken: set[int]) -> list[tuple[int, str, float]]:
-        scored = [(i, region, u[region]) for i, u in enumerate(uncertainty)
-                  if i in allowed and i not in taken and u.get(region) is not None]
+        scored = [
+            (i, region, u[region])
+            for i, u in enumerate(uncertainty)
+            if i in allowed and i not in taken and u.get(region) is not None
+        ]
         # Ties go to the earlier step: it shares less prefix but is where the paper finds
         # uncertainty peaks, and a deterministic order keeps runs reproducible.
         return sorted(scored, key=lambda item: (-item[2], item[0]))

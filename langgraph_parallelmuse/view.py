@@ -45,10 +45,14 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
 
     def walk(traj: Trajectory, start: int, indent: str) -> None:
         origin = traj["origin"]
-        extra = (f", {origin.get('region')} PPL {origin['score']:.2f}"
-                 if origin.get("kind") == "branch" and origin.get("score") is not None else "")
-        lines.append(f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}) {traj['status']}: "
-                     f"{traj['answer']!r}")
+        extra = (
+            f", {origin.get('region')} PPL {origin['score']:.2f}"
+            if origin.get("kind") == "branch" and origin.get("score") is not None
+            else ""
+        )
+        lines.append(
+            f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}) {traj['status']}: {traj['answer']!r}"
+        )
         for i in range(start, len(traj["steps"])):
             lines.append(f"{indent}├─ {_step_line(traj, i)}")
             for child in children.get((traj["id"], i), []):

@@ -53,8 +53,17 @@ class BenchSettings:
     extra: dict[str, Any] = field(default_factory=dict)  # more ParallelMuseConfig fields
 
     def config(self, mode: str = "exploration") -> ParallelMuseConfig:
-        return make_config(n=self.n, m=1, k=self.k, t=self.t, mode=mode, estimator=self.estimator,
-                           seed=self.seed, max_turns=self.max_turns, **self.extra)
+        return make_config(
+            n=self.n,
+            m=1,
+            k=self.k,
+            t=self.t,
+            mode=mode,
+            estimator=self.estimator,
+            seed=self.seed,
+            max_turns=self.max_turns,
+            **self.extra,
+        )
 
 
 def _seen(traj: Trajectory, kind: str | None = None) -> list[str]:
@@ -79,6 +88,7 @@ async def run_question(
     log: Any = None,
 ) -> dict[str, Any]:
     """Run every method on one question and score it. Returns one JSON-able record."""
+
     def note(stage: str) -> None:
         if log is not None:
             log(f"    {item.id}: {stage} ({time.perf_counter() - started:.0f}s)")
@@ -86,8 +96,12 @@ async def run_question(
     base = settings.config()
     runner = RolloutRunner(model, tools, driver=pick_driver(model, base.driver, guided), checkpointer=InMemorySaver())
     started = time.perf_counter()
-    scratch = await asyncio.gather(*(runner.run(item.question, trajectory_id=f"t{i}", thread_id=f"{item.id}/t{i}",
-                                                config=base) for i in range(settings.n)))
+    scratch = await asyncio.gather(
+        *(
+            runner.run(item.question, trajectory_id=f"t{i}", thread_id=f"{item.id}/t{i}", config=base)
+            for i in range(settings.n)
+        )
+    )
     timings = {"scratch_rollout": time.perf_counter() - started}
     note(f"{settings.n} from-scratch trajectories")
     initial = scratch[0]
@@ -98,14 +112,23 @@ async def run_question(
         picks = select_branch_steps(initial["uncertainty"], mode=mode, k=settings.k)
         picks_by_mode[mode] = picks
         t0 = time.perf_counter()
-        branches = await asyncio.gather(*(
-            runner.fork(initial, step, trajectory_id=f"{mode[:3]}.s{step}.b{j}",
-                        thread_id=f"{item.id}/{mode}.s{step}.b{j}", config=cfg,
-                        origin=Origin(kind="branch", region=region, score=score, round=1))
-            for step, region, score in picks for j in range(settings.t)))
+        branches = await asyncio.gather(
+            *(
+                runner.fork(
+                    initial,
+                    step,
+                    trajectory_id=f"{mode[:3]}.s{step}.b{j}",
+                    thread_id=f"{item.id}/{mode}.s{step}.b{j}",
+                    config=cfg,
+                    origin=Origin(kind="branch", region=region, score=score, round=1),
+                )
+                for step, region, score in picks
+                for j in range(settings.t)
+            )
+        )
         timings[f"branches_{mode}"] = time.perf_counter() - t0
         note(f"{len(branches)} {mode} branches")
-        fills = list(scratch[1: 1 + settings.n - 1 - len(branches)])
+        fills = list(scratch[1 : 1 + settings.n - 1 - len(branches)])
         sets[f"partial_{mode}"] = [initial, *branches, *fills]
     trajectories = {t["id"]: t for group in sets.values() for t in group}
 
@@ -115,52 +138,92 @@ async def run_question(
     if settings.aggregate:
         t0 = time.perf_counter()
         todo = [t for t in trajectories.values() if t["answer"]]
-        done = await asyncio.gather(*(compress_trajectory(model, item.question, t, guided=guided_reports,
-                                                          max_report_tokens=base.max_report_tokens,
-                                                          seed=settings.seed) for t in todo))
+        done = await asyncio.gather(
+            *(
+                compress_trajectory(
+                    model,
+                    item.question,
+                    t,
+                    guided=guided_reports,
+                    max_report_tokens=base.max_report_tokens,
+                    seed=settings.seed,
+                )
+                for t in todo
+            )
+        )
         reports = {r["trajectory_id"]: dict(r) for r in done}
         timings["compress"] = time.perf_counter() - t0
         note(f"{len(done)} reports")
         for name, group in [("aggregation_only", sets["scratch"])] + [
-                (f"parallelmuse_{m}", sets[f"partial_{m}"]) for m in settings.modes]:
+            (f"parallelmuse_{m}", sets[f"partial_{m}"]) for m in settings.modes
+        ]:
             group_reports = [reports[t["id"]] for t in group if t["id"] in reports]
-            result = await aggregate_reports(model, item.question, group_reports, guided=guided_reports,
-                                             seed=settings.seed)
-            answers[name] = {"answer": result.answer, "source": result.source, "aggregate_tokens": result.tokens,
-                             "trajectories": [t["id"] for t in group]}
+            result = await aggregate_reports(
+                model, item.question, group_reports, guided=guided_reports, seed=settings.seed
+            )
+            answers[name] = {
+                "answer": result.answer,
+                "source": result.source,
+                "aggregate_tokens": result.tokens,
+                "trajectories": [t["id"] for t in group],
+            }
     for name, fn in BASELINES.items():
         answers[name] = {"answer": fn(sets["scratch"]), "source": name, "trajectories": [t["id"] for t in scratch]}
     for mode in settings.modes:
         group = sets[f"partial_{mode}"]
-        answers[f"partial_{mode}"] = {"answer": BASELINES["majority"](group), "source": "majority",
-                                      "trajectories": [t["id"] for t in group]}
+        answers[f"partial_{mode}"] = {
+            "answer": BASELINES["majority"](group),
+            "source": "majority",
+            "trajectories": [t["id"] for t in group],
+        }
 
     methods: dict[str, dict[str, Any]] = {}
     for name, rec in answers.items():
         group = [trajectories[i] for i in rec["trajectories"]]
-        methods[name] = {**rec, **score_answer(rec["answer"], item.answers),
-                         "cost": _cost(group, reports if name.startswith(("parallelmuse", "aggregation")) else None)}
+        methods[name] = {
+            **rec,
+            **score_answer(rec["answer"], item.answers),
+            "cost": _cost(group, reports if name.startswith(("parallelmuse", "aggregation")) else None),
+        }
     for set_name, group in sets.items():  # "no scaling": the average single trajectory
         label = "no_scaling" if set_name == "scratch" else f"single_{set_name}"
         per = [score_answer(t["answer"], item.answers) for t in group]
-        methods[label] = {"answer": None, "trajectories": [t["id"] for t in group],
-                          **{m: sum(p[m] for p in per) / len(per) for m in METRICS}, "cost": _cost(group)}
+        methods[label] = {
+            "answer": None,
+            "trajectories": [t["id"] for t in group],
+            **{m: sum(p[m] for p in per) / len(per) for m in METRICS},
+            "cost": _cost(group),
+        }
 
     support = item.supporting_doc_ids
     return {
-        "id": item.id, "question": item.question, "answers": item.answers, "dataset": item.dataset,
-        "setting": settings.setting, "seconds": time.perf_counter() - started, "timings": timings,
+        "id": item.id,
+        "question": item.question,
+        "answers": item.answers,
+        "dataset": item.dataset,
+        "setting": settings.setting,
+        "seconds": time.perf_counter() - started,
+        "timings": timings,
         "picks": {m: [list(p) for p in ps] for m, ps in picks_by_mode.items()},
         "methods": methods,
-        "reports": {k: {f: v[f] for f in ("answer", "tokens", "trajectory_tokens", "status")} for k, v in reports.items()},
+        "reports": {
+            k: {f: v[f] for f in ("answer", "tokens", "trajectory_tokens", "status")} for k, v in reports.items()
+        },
         "trajectories": {
-            t["id"]: {"answer": t["answer"], "status": t["status"], "origin": t["origin"], "stats": t["stats"],
-                      "uncertainty": t["uncertainty"], "steps": len(t["steps"]),
-                      "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
-                      "recall_seen": retrieval_recall(_seen(t), support) if support else None,
-                      "recall_opened": retrieval_recall(_seen(t, "visit"), support) if support else None,
-                      **score_answer(t["answer"], item.answers)}
-            for t in trajectories.values()},
+            t["id"]: {
+                "answer": t["answer"],
+                "status": t["status"],
+                "origin": t["origin"],
+                "stats": t["stats"],
+                "uncertainty": t["uncertainty"],
+                "steps": len(t["steps"]),
+                "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
+                "recall_seen": retrieval_recall(_seen(t), support) if support else None,
+                "recall_opened": retrieval_recall(_seen(t, "visit"), support) if support else None,
+                **score_answer(t["answer"], item.answers),
+            }
+            for t in trajectories.values()
+        },
     }
 
 
@@ -190,8 +253,11 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
             entry[metric] = bootstrap_ci(values, seed=seed)
             if baseline in rows[0]["methods"] and name != baseline:
                 paired = [r for r in rows if baseline in r["methods"]]
-                diff = paired_bootstrap_diff([r["methods"][name][metric] for r in paired],
-                                             [r["methods"][baseline][metric] for r in paired], seed=seed)
+                diff = paired_bootstrap_diff(
+                    [r["methods"][name][metric] for r in paired],
+                    [r["methods"][baseline][metric] for r in paired],
+                    seed=seed,
+                )
                 entry[f"{metric}_vs_{baseline}"] = diff + (within_noise(diff[1], diff[2]),)
         for key in ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "report_tokens", "tool_calls"):
             vals = [r["methods"][name]["cost"].get(key) for r in rows]
@@ -203,18 +269,26 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
 
 def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> str:
     """The summary as a Markdown table (mean [95% CI]; Δ vs baseline, '~' = within noise)."""
-    head = ("| method | EM | F1 | contains | ΔF1 vs " + baseline + " | gen. tokens/q | report tokens/q"
-            " | tool calls/q |\n|---|---|---|---|---|---|---|---|")
+    head = (
+        "| method | EM | F1 | contains | ΔF1 vs " + baseline + " | gen. tokens/q | report tokens/q"
+        " | tool calls/q |\n|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
+
+    def ci(entry: dict, m: str) -> str:
+        mean, lo, hi = entry[m]
+        return f"{mean:.3f} [{lo:.2f}, {hi:.2f}]"
+
     for name, e in summary.items():
-        def ci(m: str) -> str:
-            mean, lo, hi = e[m]
-            return f"{mean:.3f} [{lo:.2f}, {hi:.2f}]"
         delta = e.get(f"f1_vs_{baseline}")
-        dtxt = "—" if delta is None else f"{delta[0]:+.3f} [{delta[1]:+.2f}, {delta[2]:+.2f}]" + (" ~" if delta[3] else "")
-        lines.append(f"| {name} | {ci('em')} | {ci('f1')} | {ci('contains')} | {dtxt} | "
-                     f"{e.get('generated_tokens', 0):.0f} | {e.get('report_tokens', 0) or 0:.0f} | "
-                     f"{e.get('tool_calls', 0):.1f} |")
+        dtxt = (
+            "—" if delta is None else f"{delta[0]:+.3f} [{delta[1]:+.2f}, {delta[2]:+.2f}]" + (" ~" if delta[3] else "")
+        )
+        lines.append(
+            f"| {name} | {ci(e, 'em')} | {ci(e, 'f1')} | {ci(e, 'contains')} | {dtxt} | "
+            f"{e.get('generated_tokens', 0):.0f} | {e.get('report_tokens', 0) or 0:.0f} | "
+            f"{e.get('tool_calls', 0):.1f} |"
+        )
     return "\n".join(lines)
 
 

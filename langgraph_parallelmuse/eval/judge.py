@@ -120,8 +120,6 @@ async def llm_judge(
     correct_answer = _format_gold(gold)
     if prediction is None or not prediction.strip():
         return False
-    prompt = JUDGE_PROMPT.format(
-        question=question, response=prediction, correct_answer=correct_answer
-    )
+    prompt = JUDGE_PROMPT.format(question=question, response=prediction, correct_answer=correct_answer)
     reply = await model.ainvoke([HumanMessage(content=prompt)])
     return parse_judgement(reply.text)

@@ -16,7 +16,9 @@ def _plt():
     return plt
 
 
-def uncertainty_profile(records: Sequence[dict], *, kinds: tuple[str, ...] = ("initial",)) -> dict[str, dict[int, list[float]]]:
+def uncertainty_profile(
+    records: Sequence[dict], *, kinds: tuple[str, ...] = ("initial",)
+) -> dict[str, dict[int, list[float]]]:
     """Per region, step index → perplexities of the from-scratch trajectories' steps."""
     profile: dict[str, dict[int, list[float]]] = {"reasoning": defaultdict(list), "exploration": defaultdict(list)}
     for rec in records:

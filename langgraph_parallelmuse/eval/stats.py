@@ -38,9 +38,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _interval(
-    data: list[float], n_resamples: int, confidence: float, seed: int
-) -> tuple[float, float]:
+def _interval(data: list[float], n_resamples: int, confidence: float, seed: int) -> tuple[float, float]:
     alpha = (1.0 - confidence) / 2.0
     n = len(data)
     if _np is not None:

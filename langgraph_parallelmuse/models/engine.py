@@ -151,7 +151,9 @@ def _growable_layer_class() -> type:
             length = keys.shape[-2] if keys.numel() else 0
             buf = self._key_buf
             adopted = (
-                buf is not None and keys.numel() > 0 and keys.data_ptr() == buf.data_ptr()
+                buf is not None
+                and keys.numel() > 0
+                and keys.data_ptr() == buf.data_ptr()
                 and keys.shape[0] == buf.shape[0]
             )
             if not adopted or length + n > buf.shape[-2]:
@@ -163,10 +165,10 @@ def _growable_layer_class() -> type:
                     key_buf[..., :length, :] = keys
                     value_buf[..., :length, :] = self.values
                 self._key_buf, self._value_buf = key_buf, value_buf
-            self._key_buf[..., length:length + n, :] = key_states
-            self._value_buf[..., length:length + n, :] = value_states
-            self.keys = self._key_buf[..., :length + n, :]
-            self.values = self._value_buf[..., :length + n, :]
+            self._key_buf[..., length : length + n, :] = key_states
+            self._value_buf[..., length : length + n, :] = value_states
+            self.keys = self._key_buf[..., : length + n, :]
+            self.values = self._value_buf[..., : length + n, :]
             return self.keys, self.values
 
     return GrowableLayer
@@ -174,8 +176,7 @@ def _growable_layer_class() -> type:
 
 def _byte_decoder() -> dict[str, int]:
     # GPT-2 byte-level BPE alphabet: printable bytes map to themselves, the rest to U+0100 onward.
-    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-               *range(ord("®"), ord("ÿ") + 1)]
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     codes = list(visible)
     extra = 0
     for b in range(256):
@@ -230,9 +231,7 @@ class InferenceEngine:
         self.max_batch_size = max_batch_size if batching else 1
         self.batch_window = batch_window if batching else 0.0
         self.cache = PrefixCache(cache_max_bytes) if prefix_cache else None
-        self.max_context_tokens = int(
-            getattr(model.config, "max_position_embeddings", 0) or 1 << 30
-        )
+        self.max_context_tokens = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self._eos = self._eos_ids()
         self._bytes_of_char = _byte_decoder()
         self._queue: queue.Queue[tuple[GenerationRequest, Future] | None] = queue.Queue()
@@ -291,8 +290,17 @@ class InferenceEngine:
         """Zero the counters (the prefix cache itself is kept)."""
         with self._stats_lock:
             self._stats = dict.fromkeys(
-                ("requests", "prefill_tokens_computed", "prefill_tokens_reused",
-                 "decode_tokens", "batches", "_rows", "_hits"), 0)
+                (
+                    "requests",
+                    "prefill_tokens_computed",
+                    "prefill_tokens_reused",
+                    "decode_tokens",
+                    "batches",
+                    "_rows",
+                    "_hits",
+                ),
+                0,
+            )
 
     def clear_cache(self) -> None:
         """Drop every prefix-cache entry."""
@@ -388,7 +396,10 @@ class InferenceEngine:
                 seed = req.seed if req.seed is not None else random.getrandbits(63)
                 generator.manual_seed(seed)
             seq = _Seq(
-                req=req, future=fut, prompt=prompt, generator=generator,
+                req=req,
+                future=fut,
+                prompt=prompt,
+                generator=generator,
                 max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
                 context=prompt[-4:],
             )
@@ -397,12 +408,14 @@ class InferenceEngine:
             seq.cached = hit.length if hit else 0
             logits = None
             for start in range(seq.cached, len(prompt), _PREFILL_CHUNK):
-                chunk = torch.tensor([prompt[start:start + _PREFILL_CHUNK]])
+                chunk = torch.tensor([prompt[start : start + _PREFILL_CHUNK]])
                 out = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
                 logits = out.logits[:, -1, :]
             self._count(
-                requests=1, prefill_tokens_computed=len(prompt) - seq.cached,
-                prefill_tokens_reused=seq.cached, _hits=int(seq.cached > 0),
+                requests=1,
+                prefill_tokens_computed=len(prompt) - seq.cached,
+                prefill_tokens_reused=seq.cached,
+                _hits=int(seq.cached > 0),
             )
             if self.cache is not None:
                 self.cache.insert(prompt, self._row_state(cache, 0, 0))
@@ -432,8 +445,8 @@ class InferenceEngine:
     def _row_state(cache: Any, row: int, pad: int) -> tuple[torch.Tensor, ...]:
         state = []
         for layer in cache.layers:
-            state.append(layer.keys[row:row + 1, :, pad:, :])
-            state.append(layer.values[row:row + 1, :, pad:, :])
+            state.append(layer.keys[row : row + 1, :, pad:, :])
+            state.append(layer.values[row : row + 1, :, pad:, :])
         return tuple(state)
 
     def _merge(self, active: list[_Seq], batch: Any, admitted: list[_Seq]) -> Any:
@@ -453,8 +466,8 @@ class InferenceEngine:
             keys, values = [], []
             for (c, r, p), n in zip(rows, lengths, strict=True):
                 layer = c.layers[li]
-                k = layer.keys[r:r + 1, :, p:, :]
-                v = layer.values[r:r + 1, :, p:, :]
+                k = layer.keys[r : r + 1, :, p:, :]
+                v = layer.values[r : r + 1, :, p:, :]
                 pad = total - n
                 if pad:
                     k = torch.nn.functional.pad(k, (0, 0, pad, 0))
@@ -475,7 +488,10 @@ class InferenceEngine:
         positions = (total - pads)[:, None]
         input_ids = torch.tensor([[s.gen[-1]] for s in active])
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=batch,
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=batch,
             use_cache=True,
         )
         self._count(batches=1, _rows=len(active))
@@ -524,9 +540,7 @@ class InferenceEngine:
         return text, list(text.encode("utf-8"))
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
-            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _sample(self, seq: _Seq, logits: torch.Tensor) -> int:
         req = seq.req
@@ -560,7 +574,7 @@ class InferenceEngine:
         ids = seq.context + seq.gen
         done = len(seq.context) + seq.pending_from
         start = max(0, done - 4)
-        piece = self._decode(ids[start:])[len(self._decode(ids[start:done])):]
+        piece = self._decode(ids[start:])[len(self._decode(ids[start:done])) :]
         final = len(seq.gen) >= seq.max_new
         if piece.endswith("\ufffd") and not final:
             piece = ""  # an incomplete UTF-8 character: its text comes with the next token
@@ -652,14 +666,18 @@ def shared_engine(
     from langgraph_parallelmuse.models.loading import load_model
 
     loaded = load_model(model_path, gguf_file, dtype)
-    key = (loaded.path, loaded.gguf_file, dtype, prefix_cache, batching, cache_max_bytes,
-           max_batch_size)
+    key = (loaded.path, loaded.gguf_file, dtype, prefix_cache, batching, cache_max_bytes, max_batch_size)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
             engine = InferenceEngine(
-                loaded.model, loaded.tokenizer, prefix_cache=prefix_cache, batching=batching,
-                cache_max_bytes=cache_max_bytes, max_batch_size=max_batch_size, name=loaded.name,
+                loaded.model,
+                loaded.tokenizer,
+                prefix_cache=prefix_cache,
+                batching=batching,
+                cache_max_bytes=cache_max_bytes,
+                max_batch_size=max_batch_size,
+                name=loaded.name,
             )
             _engines[key] = engine
         return engine

@@ -94,9 +94,7 @@ def _configure_threads() -> None:
     torch.set_num_threads(max(1, cores))
 
 
-def load_model(
-    model_path: str | None = None, gguf_file: str | None = None, dtype: str = "float32"
-) -> LoadedModel:
+def load_model(model_path: str | None = None, gguf_file: str | None = None, dtype: str = "float32") -> LoadedModel:
     """Load a causal LM and its tokenizer once per process.
 
     Args:

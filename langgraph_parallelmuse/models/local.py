@@ -23,9 +23,7 @@ from langgraph_parallelmuse.errors import InputError
 
 __all__ = ["LocalChatModel"]
 
-_CALL_KWARGS = frozenset(
-    {"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos"}
-)
+_CALL_KWARGS = frozenset({"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos"})
 _ROLES: dict[type, str] = {
     SystemMessage: "system",
     HumanMessage: "user",
@@ -144,8 +142,11 @@ class LocalChatModel(BaseChatModel):
             from langgraph_parallelmuse.models.engine import shared_engine
 
             self._engine = shared_engine(
-                self.model_path, self.gguf_file, prefix_cache=self.prefix_cache,
-                batching=self.batching, cache_max_bytes=self.cache_max_bytes,
+                self.model_path,
+                self.gguf_file,
+                prefix_cache=self.prefix_cache,
+                batching=self.batching,
+                cache_max_bytes=self.cache_max_bytes,
                 max_batch_size=self.max_batch_size,
             )
             if self.max_context_tokens is None:
@@ -184,7 +185,9 @@ class LocalChatModel(BaseChatModel):
             chat.pop()
             prefill = False
         return self.engine.tokenizer.apply_chat_template(
-            chat, tokenize=False, add_generation_prompt=not prefill,
+            chat,
+            tokenize=False,
+            add_generation_prompt=not prefill,
             continue_final_message=prefill,
         )
 
@@ -203,9 +206,7 @@ class LocalChatModel(BaseChatModel):
         """
         return len(self._prompt_ids(messages))
 
-    def get_num_tokens_from_messages(
-        self, messages: list[BaseMessage], tools: Sequence | None = None
-    ) -> int:
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence | None = None) -> int:
         """Prompt tokens of ``messages`` with this model's tokenizer (``tools`` is unsupported)."""
         if tools:
             raise InputError("LocalChatModel does not render tool schemas; pass tools=None")
@@ -217,16 +218,13 @@ class LocalChatModel(BaseChatModel):
 
     # ------------------------------------------------------------------ generation
 
-    def _request(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> Any:
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
         from langgraph_parallelmuse.models.engine import GenerationRequest
 
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise InputError(
-                f"unsupported call arguments {sorted(unknown)}; LocalChatModel accepts "
-                f"{sorted(_CALL_KWARGS)} and stop="
+                f"unsupported call arguments {sorted(unknown)}; LocalChatModel accepts {sorted(_CALL_KWARGS)} and stop="
             )
         top_logprobs = kwargs.get("top_logprobs", self.top_logprobs)
         if not 0 <= top_logprobs <= 20:
@@ -236,8 +234,7 @@ class LocalChatModel(BaseChatModel):
         context = self.max_context_tokens or self.engine.max_context_tokens
         if len(prompt) >= context:
             raise InputError(
-                f"the prompt has {len(prompt)} tokens but max_context_tokens is {context}: "
-                "shorten the messages"
+                f"the prompt has {len(prompt)} tokens but max_context_tokens is {context}: shorten the messages"
             )
         return GenerationRequest(
             prompt_ids=prompt,

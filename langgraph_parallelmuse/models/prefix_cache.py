@@ -128,8 +128,7 @@ class PrefixCache:
                 while n < len(edge) and pos + n < limit and edge[n] == tokens[pos + n]:
                     n += 1
                 child.last_used = stamp
-                pieces.append(child.state if n == len(edge) else tuple(
-                    t[..., :n, :] for t in child.state))
+                pieces.append(child.state if n == len(edge) else tuple(t[..., :n, :] for t in child.state))
                 pos += n
                 if n < len(edge):
                     break
@@ -150,9 +149,7 @@ class PrefixCache:
         """
         tokens = tuple(tokens)
         if state and state[0].shape[-2] != len(tokens):
-            raise ValueError(
-                f"state covers {state[0].shape[-2]} positions but {len(tokens)} tokens were given"
-            )
+            raise ValueError(f"state covers {state[0].shape[-2]} positions but {len(tokens)} tokens were given")
         with self._lock:
             stamp = next(self._clock)
             node, pos = self._root, 0
@@ -179,7 +176,9 @@ class PrefixCache:
             if stop <= pos:
                 return
             leaf = _Node(
-                tokens=tokens[pos:stop], state=_slice(state, pos, stop), parent=node,
+                tokens=tokens[pos:stop],
+                state=_slice(state, pos, stop),
+                parent=node,
                 last_used=stamp,
             )
             leaf.nbytes = _state_bytes(leaf.state)
@@ -189,7 +188,9 @@ class PrefixCache:
     def _split(self, child: _Node, n: int) -> _Node:
         """Cut ``child``'s edge after ``n`` tokens; return the new upper node."""
         upper = _Node(
-            tokens=child.tokens[:n], state=_slice(child.state, 0, n), parent=child.parent,
+            tokens=child.tokens[:n],
+            state=_slice(child.state, 0, n),
+            parent=child.parent,
             last_used=child.last_used,
         )
         upper.nbytes = _state_bytes(upper.state)

@@ -156,9 +156,7 @@ class CorpusIndex:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
-    def from_jsonl(
-        cls, *paths: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
-    ) -> CorpusIndex:
+    def from_jsonl(cls, *paths: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> CorpusIndex:
         """Index one or more JSONL files of ``{"id", "title", "text"}`` objects (one per line).
 
         Args:
@@ -265,10 +263,7 @@ class CorpusIndex:
         params: list[object] = [_SNIPPET_TOKENS, *_BM25_WEIGHTS, match]
         if doc_ids is not None:
             # json_each keeps the subset one bound parameter, whatever its size.
-            sql += (
-                " AND docs_fts.rowid IN"
-                " (SELECT rowid FROM docs WHERE id IN (SELECT value FROM json_each(?)))"
-            )
+            sql += " AND docs_fts.rowid IN (SELECT rowid FROM docs WHERE id IN (SELECT value FROM json_each(?)))"
             params.append(json.dumps(list(doc_ids)))
         sql += " ORDER BY rank LIMIT ?"
         params.append(k)
@@ -459,9 +454,7 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
                 if not isinstance(obj, dict) or not all(
                     isinstance(obj.get(key), str) for key in ("id", "title", "text")
                 ):
-                    raise CorpusError(
-                        f'{f}:{lineno}: expected an object with string "id", "title" and "text"'
-                    )
+                    raise CorpusError(f'{f}:{lineno}: expected an object with string "id", "title" and "text"')
                 yield Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
 
 
@@ -472,9 +465,7 @@ def _wikipedia_file() -> Path:
         candidate = Path(location) / _WIKI_FILE
         if candidate.is_file():
             return candidate
-    raise CorpusError(
-        f"the offline Wikipedia corpus ({_WIKI_PACKAGE}/{_WIKI_FILE}) is missing; {hint}"
-    )
+    raise CorpusError(f"the offline Wikipedia corpus ({_WIKI_PACKAGE}/{_WIKI_FILE}) is missing; {hint}")
 
 
 def _read_wikipedia(source: Path) -> Iterator[Doc]:

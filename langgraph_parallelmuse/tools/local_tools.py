@@ -166,14 +166,11 @@ def make_corpus_tools(
         found = await asyncio.to_thread(_lookup, index, doc, subset)
         if found is None:
             return (
-                f"No document {doc.strip()!r}: that id or title is unknown. "
-                "Use an id from the search results.",
+                f"No document {doc.strip()!r}: that id or title is unknown. Use an id from the search results.",
                 {"doc_ids": []},
             )
         header = f"{found.title}\n\n"
-        body = goal_excerpt(
-            found.text, goal, title=found.title, max_chars=max(max_chars - len(header), 0)
-        )
+        body = goal_excerpt(found.text, goal, title=found.title, max_chars=max(max_chars - len(header), 0))
         return header + body, {"doc_ids": [found.id]}
 
     return [

@@ -85,8 +85,7 @@ def make_tavily_tools(
     key = api_key or os.environ.get("TAVILY_API_KEY")
     if not key:
         raise MissingTavilyKeyError(
-            "no Tavily API key: set the TAVILY_API_KEY environment variable or pass "
-            "make_tavily_tools(api_key=...)"
+            "no Tavily API key: set the TAVILY_API_KEY environment variable or pass make_tavily_tools(api_key=...)"
         )
 
     problems = [
@@ -165,9 +164,7 @@ def make_tavily_tools(
         pages = [r for r in data.get("results") or [] if isinstance(r, dict)]
         content = str(pages[0].get("raw_content") or "") if pages else ""
         if not content.strip():
-            reasons = [
-                str(f.get("error")) for f in data.get("failed_results") or [] if isinstance(f, dict)
-            ]
+            reasons = [str(f.get("error")) for f in data.get("failed_results") or [] if isinstance(f, dict)]
             why = f" ({'; '.join(reasons)})" if reasons else ""
             return redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
         title = str(pages[0].get("title") or pages[0].get("url") or url)

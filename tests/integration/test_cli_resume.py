@@ -61,9 +61,7 @@ def _run(cmd: list[str], tmp_path: Path, name: str, timeout: float) -> subproces
 
 def _check_result(result: dict, n: int) -> None:
     assert {"answer", "answer_source", "trajectories", "reports", "stats"} <= set(result)
-    assert result["answer"] is None or (
-        isinstance(result["answer"], str) and result["answer"].strip()
-    )
+    assert result["answer"] is None or (isinstance(result["answer"], str) and result["answer"].strip())
     assert len(result["trajectories"]) == n
     assert result["stats"]["rollout"]["trajectories"] == n
     assert result["stats"]["config"]["n"] == n
@@ -74,9 +72,7 @@ def _trajectory_threads(db: Path) -> list[str]:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
         try:
-            rows = con.execute(
-                "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE 'r1:%/%'"
-            )
+            rows = con.execute("SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE 'r1:%/%'")
             return [r[0] for r in rows]
         finally:
             con.close()
@@ -87,9 +83,7 @@ def _trajectory_threads(db: Path) -> list[str]:
 def _checkpoints(db: Path, thread_id: str) -> int:
     con = sqlite3.connect(str(db))
     try:
-        return con.execute(
-            "SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (thread_id,)
-        ).fetchone()[0]
+        return con.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (thread_id,)).fetchone()[0]
     finally:
         con.close()
 
@@ -106,10 +100,7 @@ async def _finished(db: Path) -> dict[str, dict]:
     async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
         runner = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=saver)
         for thread in _trajectory_threads(db):
-            if (
-                thread.startswith(f"r1:{digest}/")
-                and (traj := await runner.existing(thread)) is not None
-            ):
+            if thread.startswith(f"r1:{digest}/") and (traj := await runner.existing(thread)) is not None:
                 out[traj["id"]] = traj
     return out
 
@@ -160,9 +151,7 @@ def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus)
     assert finished
     counts = {t["thread_id"]: _checkpoints(db, t["thread_id"]) for t in finished.values()}
 
-    proc = _run(
-        _ask(small_corpus, db, out2, *config, resume=True), tmp_path, "resume", timeout=1000
-    )
+    proc = _run(_ask(small_corpus, db, out2, *config, resume=True), tmp_path, "resume", timeout=1000)
     assert proc.returncode in (0, 2), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Resuming run 'r1'" in proc.stderr
     assert "Run statistics" in proc.stdout and "Trajectory tree" in proc.stdout
@@ -175,12 +164,7 @@ def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus)
         assert after["thread_id"] == before["thread_id"]
         assert after["answer"] == before["answer"] and after["status"] == before["status"]
         assert [s["text"] for s in after["steps"]] == [s["text"] for s in before["steps"]]
-        assert [o["content"] for o in after["observations"]] == [
-            o["content"] for o in before["observations"]
-        ]
+        assert [o["content"] for o in after["observations"]] == [o["content"] for o in before["observations"]]
     # Not regenerated: a finished trajectory's thread got no new checkpoint in the resumed run.
     assert {t["thread_id"]: _checkpoints(db, t["thread_id"]) for t in finished.values()} == counts
-    print(
-        f"killed after {killed_at:.0f}s with {sorted(finished)} finished; "
-        f"total {time.monotonic() - started:.0f}s"
-    )
+    print(f"killed after {killed_at:.0f}s with {sorted(finished)} finished; total {time.monotonic() - started:.0f}s")

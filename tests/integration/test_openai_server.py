@@ -86,8 +86,7 @@ class RecordingChatOpenAI(ChatOpenAI):
 
     requests: list[dict[str, Any]] = Field(default_factory=list, exclude=True)
 
-    def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None,
-                             **kwargs: Any) -> dict:
+    def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any) -> dict:
         payload = super()._get_request_payload(input_, stop=stop, **kwargs)
         self.requests.append(json.loads(json.dumps(payload)))  # a deep copy of what goes out
         return payload
@@ -106,17 +105,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
     cmd = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(Path(directory) / name),
-        "--model_alias", MODEL_ALIAS,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--n_ctx", "8192",          # the library's default max_context_tokens
-        "--logits_all", "true",     # llama-cpp-python computes logprobs only with all logits kept
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(Path(directory) / name),
+        "--model_alias",
+        MODEL_ALIAS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "8192",  # the library's default max_context_tokens
+        "--logits_all",
+        "true",  # llama-cpp-python computes logprobs only with all logits kept
         # One thread: on a shared 2-core machine ggml's spinning worker threads collapse
         # (measured: 64 tokens in 15.8 s with 2 threads under load, 0.7 s with 1).
-        "--n_threads", "1", "--n_threads_batch", "1",
-        "--interrupt_requests", "false",  # never cut a running (streamed) request short
-        "--verbose", "false",
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        "--interrupt_requests",
+        "false",  # never cut a running (streamed) request short
+        "--verbose",
+        "false",
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=offline_env())
@@ -150,8 +163,16 @@ def tail(path: Path) -> str:
 
 
 def make_model(base: str, **kwargs: Any) -> RecordingChatOpenAI:
-    return RecordingChatOpenAI(base_url=base, api_key="none", model=MODEL_ALIAS, logprobs=True,
-                               top_logprobs=5, timeout=300, max_retries=0, **kwargs)
+    return RecordingChatOpenAI(
+        base_url=base,
+        api_key="none",
+        model=MODEL_ALIAS,
+        logprobs=True,
+        top_logprobs=5,
+        timeout=300,
+        max_retries=0,
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -189,7 +210,7 @@ async def test_chat_openai_logprobs_line_up_and_the_token_bound_holds(server: st
     records = normalize_logprobs(meta["logprobs"], reply.content)
     assert [r["token"] for r in records] == [e["token"] for e in entries]
     assert "".join(r["token"] for r in records) == reply.content
-    assert [reply.content[r["start"]:r["end"]] for r in records] == [r["token"] for r in records]
+    assert [reply.content[r["start"] : r["end"]] for r in records] == [r["token"] for r in records]
     assert all(a["end"] == b["start"] for a, b in zip(records, records[1:], strict=False))
 
 
@@ -223,8 +244,8 @@ def _check_run(result: dict, model: RecordingChatOpenAI, max_step_tokens: int) -
         # The server reports the first token of a matched stop string ("</" of "</tool_call>")
         # but drops it from the text; normalize_logprobs clips it to an empty span at the end.
         inside = [r for r in tokens if r["end"] > r["start"]]
-        assert all(r["start"] == inside[-1]["end"] for r in tokens[len(inside):])
-        assert [step["text"][r["start"]:r["end"]] for r in inside] == [r["token"] for r in inside]
+        assert all(r["start"] == inside[-1]["end"] for r in tokens[len(inside) :])
+        assert [step["text"][r["start"] : r["end"]] for r in inside] == [r["token"] for r in inside]
         assert "".join(r["token"] for r in inside) == step["text"][: inside[-1]["end"]]
         aligned += 1
     assert aligned
@@ -246,13 +267,24 @@ def _check_run(result: dict, model: RecordingChatOpenAI, max_step_tokens: int) -
         # And the branch kept the parent's earlier steps and tool results as they were.
         parent_traj = next(t for t in trajectories if t["id"] == parent)
         assert branch["steps"][:step] == parent_traj["steps"][:step]
-        assert [o for o in branch["observations"] if o["step"] < step] == \
-            [o for o in parent_traj["observations"] if o["step"] < step]
+        assert [o for o in branch["observations"] if o["step"] < step] == [
+            o for o in parent_traj["observations"] if o["step"] < step
+        ]
     return branches
 
 
-CONFIG = {"n": 4, "m": 1, "k": 1, "t": 2, "max_turns": 3, "max_step_tokens": 96, "top_logprobs": 5,
-          "max_report_tokens": 96, "seed": SEED, "driver": "auto"}
+CONFIG = {
+    "n": 4,
+    "m": 1,
+    "k": 1,
+    "t": 2,
+    "max_turns": 3,
+    "max_step_tokens": 96,
+    "top_logprobs": 5,
+    "max_report_tokens": 96,
+    "seed": SEED,
+    "driver": "auto",
+}
 
 
 async def test_graph_free_driver_through_server(server: str, tools: list) -> None:
@@ -271,15 +303,20 @@ async def test_graph_with_protocol_grammar_scores_both_regions(server: str, tool
     model = make_model(server, extra_body={"grammar": PROTOCOL_GRAMMAR})
     # The per-call bound joins the model's extra_body, it does not replace it.
     assert Sampling().kwargs(max_tokens=5, seed=None, model=model)["extra_body"] == {
-        "grammar": PROTOCOL_GRAMMAR, "max_tokens": 5}
+        "grammar": PROTOCOL_GRAMMAR,
+        "max_tokens": 5,
+    }
     graph = create_parallelmuse(model, tools, config={**CONFIG, "mode": "exploration"})
     result = await graph.ainvoke({"question": QUESTION})
     branches = _check_run(result, model, CONFIG["max_step_tokens"])
     for request in model.requests:
         assert request["extra_body"]["grammar"] == PROTOCOL_GRAMMAR
-    both = [(t["id"], s["index"]) for t in result["trajectories"]
-            for s, u in zip(t["steps"], t["uncertainty"], strict=True)
-            if u["reasoning"] is not None and u["exploration"] is not None]
+    both = [
+        (t["id"], s["index"])
+        for t in result["trajectories"]
+        for s, u in zip(t["steps"], t["uncertainty"], strict=True)
+        if u["reasoning"] is not None and u["exploration"] is not None
+    ]
     assert both, "no step had both a reasoning and an exploration region with scored tokens"
     actions = [s["action"]["type"] for t in result["trajectories"] for s in t["steps"]]
     assert "tool_call" in actions

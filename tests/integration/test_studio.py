@@ -148,9 +148,7 @@ async def test_langgraph_dev_runs_the_embedded_graph(server):
     kinds = [e.get("event") for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "answer"
     assert kinds.count("trajectory_finished") == 2
-    assert (
-        events[-1]["answer"] == final["answer"] and events[-1]["source"] == final["answer_source"]
-    )
+    assert events[-1]["answer"] == final["answer"] and events[-1]["source"] == final["answer_source"]
 
     state = await client.threads.get_state(thread["thread_id"])
     assert state["values"]["answer"] == final["answer"] and not state["next"]

@@ -80,9 +80,7 @@ class FakeTavilyServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 payload = json.loads(self.rfile.read(length) or b"{}")
                 state.requests.append((self.path, dict(self.headers), payload))
-                replies = state.script.get(self.path) or [
-                    TavilyReply(404, {"detail": {"error": "nf"}})
-                ]
+                replies = state.script.get(self.path) or [TavilyReply(404, {"detail": {"error": "nf"}})]
                 reply = replies.pop(0) if len(replies) > 1 else replies[0]
                 time.sleep(reply.delay)
                 data = json.dumps(reply.body).encode()

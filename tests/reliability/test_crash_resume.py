@@ -173,8 +173,7 @@ async def test_concurrency_limit_holds_under_load_in_abatch():
     assert [o["answer"] for o in outs] == ["Paris"] * 4
     assert all(len(o["trajectories"]) == 16 for o in outs)
     assert all(
-        Counter(t["origin"]["kind"] for t in o["trajectories"])
-        == Counter({"initial": 1, "branch": 6, "fill": 9})
+        Counter(t["origin"]["kind"] for t in o["trajectories"]) == Counter({"initial": 1, "branch": 6, "fill": 9})
         for o in outs
     )
     assert all(t["status"] == "answered" for o in outs for t in o["trajectories"])
@@ -192,9 +191,7 @@ async def test_aggregation_calls_respect_max_concurrency_in_a_batch():
             aggregate=lambda msgs: Reply("<answer>Paris</answer>", delay=0.5),
         )
     )
-    graph = create_parallelmuse(
-        model, make_tools()[0], config={"n": 1, "mode": "none", "max_concurrency": 1}
-    )
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 1, "mode": "none", "max_concurrency": 1})
     outs = await graph.abatch([{"question": q} for q in QUESTIONS[:2]])
     assert [o["answer"] for o in outs] == ["Paris", "Paris"]
     assert model.peak_in_flight <= 1, f"{model.peak_in_flight} model calls in flight, limit 1"

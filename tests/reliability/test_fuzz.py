@@ -74,9 +74,7 @@ FRAGMENTS = [
     "\udcff",
     "\x00",
 ]
-protocol_text = st.lists(
-    st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=30
-).map("".join)
+protocol_text = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=30).map("".join)
 
 
 # ----------------------------------------------------------------------------- parser
@@ -150,9 +148,7 @@ def test_neutralised_text_has_no_tags_and_never_parses_as_an_action(text):
     # Embedded after a model turn, the tool response adds no action of its own.
     turn = "<think>look it up</think>\n"
     assert parse_action(turn + wrapped)["type"] == "invalid"
-    log = trajectory_text(
-        "q", [{"index": 0, "text": turn}], [{"step": 0, "content": text}], max_observation_chars=50
-    )
+    log = trajectory_text("q", [{"index": 0, "text": turn}], [{"step": 0, "content": text}], max_observation_chars=50)
     assert ANY_TAG.search(neutralize(log)) is None
 
 
@@ -183,9 +179,7 @@ json_like = st.recursive(
     json_scalar,
     lambda children: st.one_of(
         st.lists(children, max_size=4),
-        st.dictionaries(
-            st.one_of(st.sampled_from(KEYS), st.text(max_size=4)), children, max_size=5
-        ),
+        st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=4)), children, max_size=5),
     ),
     max_leaves=25,
 )
@@ -244,9 +238,7 @@ llama_entry = st.fixed_dictionaries(
         )
     },
 ).map(lambda e: e if "probs" in e else {**e, "logprob": -0.5})
-llama_payload = st.fixed_dictionaries(
-    {"completion_probabilities": st.lists(llama_entry, max_size=6)}
-)
+llama_payload = st.fixed_dictionaries({"completion_probabilities": st.lists(llama_entry, max_size=6)})
 
 
 @st.composite

@@ -50,11 +50,7 @@ def _graph(config=None, agent=None):
         ({"question": b"bytes"}, "must be text, got bytes"),
         ({"question": ["a", "list"]}, "must be text, got list"),
         (
-            {
-                "messages": [
-                    HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])
-                ]
-            },
+            {"messages": [HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])]},
             "question is empty",
         ),
         ({"messages": []}, "no question"),

@@ -84,9 +84,7 @@ async def test_persistent_server_error_fails_the_trajectory_after_bounded_retrie
     assert len(model.calls) == 3  # 1 + 2 retries, not forever
 
 
-@pytest.mark.parametrize(
-    "exc", [ServerError(400, "bad request"), ValueError("nope"), ServerError(401, "invalid key")]
-)
+@pytest.mark.parametrize("exc", [ServerError(400, "bad request"), ValueError("nope"), ServerError(401, "invalid key")])
 async def test_non_transient_model_error_is_not_retried(exc, fast_retries):
     traj, model, _ = await _run([exc] * 5)
     assert traj["status"] == "failed" and len(model.calls) == 1
@@ -185,9 +183,7 @@ async def test_a_failed_trajectory_is_excluded_and_the_rest_goes_on(failing, con
 async def test_all_trajectories_failing_gives_a_clear_no_answer_result(aggregation, fast_retries):
     model = ScriptedChatModel(responder=lambda msgs: ServerError(500, "engine crashed"))
     tools, calls = make_tools()
-    graph = create_parallelmuse(
-        model, tools, config={"n": 3, "mode": "none", "aggregation": aggregation}
-    )
+    graph = create_parallelmuse(model, tools, config={"n": 3, "mode": "none", "aggregation": aggregation})
     out = await graph.ainvoke({"question": QUESTION})
     assert out["answer"] is None and out["answer_source"] == "none"
     assert [t["status"] for t in out["trajectories"]] == ["failed"] * 3
@@ -276,13 +272,11 @@ async def test_malformed_reply_then_recovery_answers():
             {"type": "tool_call", "name": "search", "arguments": {"query": "q"}},
         ),
         (
-            '<think>x</think><tool_call>{"name": "search", '
-            '"arguments": "{\\"query\\": \\"q\\"}"}</tool_call>',
+            '<think>x</think><tool_call>{"name": "search", "arguments": "{\\"query\\": \\"q\\"}"}</tool_call>',
             {"type": "tool_call", "name": "search", "arguments": {"query": "q"}},
         ),
         (
-            '<think>x</think><tool_call>{"name": "search", '
-            '"parameters": {"query": "q"}}</tool_call>',
+            '<think>x</think><tool_call>{"name": "search", "parameters": {"query": "q"}}</tool_call>',
             {"type": "tool_call", "name": "search", "arguments": {"query": "q"}},
         ),
     ],
@@ -295,11 +289,7 @@ async def test_repairable_replies_are_repaired(reply, action):
 
 
 async def test_pathological_tool_call_json_is_a_recoverable_invalid_step():
-    huge = (
-        '<think>x</think><tool_call>{"name": "search", "arguments": {"q": '
-        + "1" * 5000
-        + "}}</tool_call>"
-    )
+    huge = '<think>x</think><tool_call>{"name": "search", "arguments": {"q": ' + "1" * 5000 + "}}</tool_call>"
     traj, model, _ = await _run([huge, answer_text("Paris")])
     assert traj["steps"][0]["action"]["type"] == "invalid"
     assert traj["status"] == "answered"

@@ -140,9 +140,7 @@ async def test_timeout_bounds_the_retries_too():
 
 async def test_huge_tool_output_is_truncated_to_max_observation_chars():
     huge = "Paris " * 200_000  # 1.2 MB
-    traj, model, _ = await _run(
-        lambda q: huge, config=ParallelMuseConfig(max_observation_chars=500)
-    )
+    traj, model, _ = await _run(lambda q: huge, config=ParallelMuseConfig(max_observation_chars=500))
     content = traj["observations"][0]["content"]
     assert len(content) <= 500 + len(" …[truncated]")
     assert content.endswith(" …[truncated]")
@@ -151,9 +149,7 @@ async def test_huge_tool_output_is_truncated_to_max_observation_chars():
 
 
 async def test_long_error_text_is_truncated_too():
-    traj, _, _ = await _run(
-        _raise(ValueError("x" * 100_000)), config=ParallelMuseConfig(max_observation_chars=300)
-    )
+    traj, _, _ = await _run(_raise(ValueError("x" * 100_000)), config=ParallelMuseConfig(max_observation_chars=300))
     content = traj["observations"][0]["content"]
     assert content.startswith("Error: tool 'search' failed: ValueError: xxx")
     assert len(content) <= 300 + len(" …[truncated]")
@@ -217,9 +213,7 @@ async def test_backoff_is_exponential_with_jitter_and_only_for_transient_errors(
     async def fake_sleep(delay):
         sleeps.append(delay)
 
-    monkeypatch.setattr(
-        retry, "asyncio", types.SimpleNamespace(sleep=fake_sleep, TimeoutError=TimeoutError)
-    )
+    monkeypatch.setattr(retry, "asyncio", types.SimpleNamespace(sleep=fake_sleep, TimeoutError=TimeoutError))
     attempts = {"n": 0}
 
     async def always_down():

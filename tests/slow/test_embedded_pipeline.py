@@ -20,11 +20,18 @@ from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 pytestmark = pytest.mark.slow
 
 DOCS = [
-    {"id": "d1", "title": "Eiffel Tower", "text": "The Eiffel Tower is a wrought-iron lattice tower on the "
-     "Champ de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company "
-     "designed and built the tower from 1887 to 1889."},
-    {"id": "d2", "title": "Gustave Eiffel", "text": "Alexandre Gustave Eiffel was a French civil engineer. "
-     "He was born in Dijon in 1832."},
+    {
+        "id": "d1",
+        "title": "Eiffel Tower",
+        "text": "The Eiffel Tower is a wrought-iron lattice tower on the "
+        "Champ de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company "
+        "designed and built the tower from 1887 to 1889.",
+    },
+    {
+        "id": "d2",
+        "title": "Gustave Eiffel",
+        "text": "Alexandre Gustave Eiffel was a French civil engineer. He was born in Dijon in 1832.",
+    },
     {"id": "d3", "title": "Louvre", "text": "The Louvre is the world's most-visited art museum, in Paris."},
 ]
 QUESTION = "In which city was the engineer who gave his name to the Eiffel Tower born?"
@@ -47,8 +54,9 @@ def model():
 @pytest.mark.timeout(600)
 async def test_real_trajectory_records_aligned_finite_logprobs_per_region(model, tools):
     runner = RolloutRunner(model, tools)
-    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="slow-agent",
-                            config=make_config(seed=3, max_turns=4))
+    traj = await runner.run(
+        QUESTION, trajectory_id="t0", thread_id="slow-agent", config=make_config(seed=3, max_turns=4)
+    )
     assert traj["status"] in {"answered", "max_turns"}
     assert any(o["name"] == "search" and not o["error"] for o in traj["observations"])
     history = [s async for s in runner.graph.aget_state_history(runner._thread("slow-agent"))]
@@ -58,7 +66,7 @@ async def test_real_trajectory_records_aligned_finite_logprobs_per_region(model,
         for tok in step["tokens"]:
             assert math.isfinite(tok["logprob"]) and tok["logprob"] <= 0.0
             # Offsets line up with the step text (a token may hold only part of a character).
-            assert step["text"][tok["start"]:tok["end"]] in tok["token"] or tok["token"] == ""
+            assert step["text"][tok["start"] : tok["end"]] in tok["token"] or tok["token"] == ""
         assert tokens_in_span(step["tokens"], step["regions"]["reasoning"])
     search = next(s for s in traj["steps"] if s["action"].get("name") == "search")
     query_tokens = tokens_in_span(search["tokens"], search["regions"]["exploration"])

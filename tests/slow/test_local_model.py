@@ -46,9 +46,7 @@ def llm() -> LocalChatModel:
 @pytest.fixture(scope="module")
 def llm_plain() -> LocalChatModel:
     """Same weights, no prefix cache and no batching: the reference path."""
-    return LocalChatModel.embedded(
-        max_tokens=16, temperature=0.0, prefix_cache=False, batching=False
-    )
+    return LocalChatModel.embedded(max_tokens=16, temperature=0.0, prefix_cache=False, batching=False)
 
 
 def tokens_of(reply: AIMessage) -> list[dict]:
@@ -77,9 +75,7 @@ def test_logprobs_are_finite_and_tokens_concatenate_to_content(llm: LocalChatMod
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
-def test_prefix_cache_gives_the_same_logprobs(
-    llm: LocalChatModel, llm_plain: LocalChatModel
-) -> None:
+def test_prefix_cache_gives_the_same_logprobs(llm: LocalChatModel, llm_plain: LocalChatModel) -> None:
     messages = ask("Why is the sky blue?")
     llm.invoke(messages)  # warm the cache with this prompt (+ its generation)
     cached = llm.invoke(messages)
@@ -104,9 +100,7 @@ def test_second_call_sharing_a_prefix_reads_the_cache(llm: LocalChatModel) -> No
     assert first.usage_metadata["input_tokens"] > 0
 
 
-async def test_batched_greedy_matches_unbatched(
-    llm: LocalChatModel, llm_plain: LocalChatModel
-) -> None:
+async def test_batched_greedy_matches_unbatched(llm: LocalChatModel, llm_plain: LocalChatModel) -> None:
     llm.engine.reset_stats()
     batched = await asyncio.gather(*(llm.ainvoke(ask(q)) for q in QUESTIONS))
     stats = llm.engine.stats()
@@ -126,14 +120,11 @@ async def test_concurrent_requests_keep_their_own_stops_and_settings(
         (ask(QUESTIONS[0]), ["Paris"], 12),
         (ask(QUESTIONS[2]), [], 5),
     ]
-    replies = await asyncio.gather(
-        *(llm.ainvoke(m, stop=stop, max_tokens=n) for m, stop, n in jobs)
-    )
+    replies = await asyncio.gather(*(llm.ainvoke(m, stop=stop, max_tokens=n) for m, stop, n in jobs))
     for (messages, stop, n), reply in zip(jobs, replies, strict=True):
         reference = llm_plain.invoke(messages, stop=stop, max_tokens=n)
         assert reply.content == reference.content
-        assert reply.response_metadata["finish_reason"] == reference.response_metadata[
-            "finish_reason"]
+        assert reply.response_metadata["finish_reason"] == reference.response_metadata["finish_reason"]
         assert "".join(e["token"] for e in tokens_of(reply)) == reply.content
         assert all(s not in reply.content for s in stop)
         assert reply.usage_metadata["output_tokens"] <= n

@@ -25,8 +25,9 @@ class RecordingChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "recording-fake"
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         self.calls.append({"messages": list(messages), "stop": stop, "kwargs": kwargs})
         reply = self.responses[len(self.calls) - 1]
         if isinstance(reply, BaseException):
@@ -36,39 +37,67 @@ class RecordingChatModel(BaseChatModel):
             text = text.split(s, 1)[0]
         message = AIMessage(
             text,
-            usage_metadata={"input_tokens": 7, "output_tokens": len(text.split()),
-                            "total_tokens": 7 + len(text.split())},
+            usage_metadata={
+                "input_tokens": 7,
+                "output_tokens": len(text.split()),
+                "total_tokens": 7 + len(text.split()),
+            },
             response_metadata={"finish_reason": finish},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def _trajectory(tid: str = "t0", answer: str | None = "Paris", *,
-                steps: list[str] | None = None, observations: dict[int, str] | None = None,
-                tops: list[list[float]] | None = None, generated_tokens: int = 10) -> dict:
+def _trajectory(
+    tid: str = "t0",
+    answer: str | None = "Paris",
+    *,
+    steps: list[str] | None = None,
+    observations: dict[int, str] | None = None,
+    tops: list[list[float]] | None = None,
+    generated_tokens: int = 10,
+) -> dict:
     """A finished trajectory; ``observations`` maps step index -> tool output; ``tops`` gives
     each generated token's top logprobs (all tokens land in the first step)."""
     if steps is None:
-        steps = ['<think>find the city</think><tool_call>{"name": "search", "arguments": '
-                 '{"query": "capital of France"}}</tool_call>',
-                 f"<think>found it</think><answer>{answer}</answer>"]
+        steps = [
+            '<think>find the city</think><tool_call>{"name": "search", "arguments": '
+            '{"query": "capital of France"}}</tool_call>',
+            f"<think>found it</think><answer>{answer}</answer>",
+        ]
     if observations is None:
         observations = {0: "France's capital is Paris."}
-    tokens = [{"token": "x", "logprob": t[0], "top_logprobs": [["x", lp] for lp in t],
-               "start": 0, "end": 1} for t in tops or []]
+    tokens = [
+        {"token": "x", "logprob": t[0], "top_logprobs": [["x", lp] for lp in t], "start": 0, "end": 1}
+        for t in tops or []
+    ]
     return {
         "id": tid,
         "thread_id": f"thread-{tid}",
         "origin": {"kind": "initial"},
         "steps": [
-            {"index": i, "text": text, "tokens": tokens if i == 0 else [], "regions": {},
-             "action": {}, "prompt_tokens": 0, "generated_tokens": generated_tokens,
-             "cached_prompt_tokens": 0, "finish_reason": "stop", "seconds": 0.0}
+            {
+                "index": i,
+                "text": text,
+                "tokens": tokens if i == 0 else [],
+                "regions": {},
+                "action": {},
+                "prompt_tokens": 0,
+                "generated_tokens": generated_tokens,
+                "cached_prompt_tokens": 0,
+                "finish_reason": "stop",
+                "seconds": 0.0,
+            }
             for i, text in enumerate(steps)
         ],
         "observations": [
-            {"step": i, "name": "search", "arguments": {"query": "q"}, "content": content,
-             "error": False, "seconds": 0.0}
+            {
+                "step": i,
+                "name": "search",
+                "arguments": {"query": "q"},
+                "content": content,
+                "error": False,
+                "seconds": 0.0,
+            }
             for i, content in observations.items()
         ],
         "status": "answered" if answer else "max_turns",

@@ -76,9 +76,7 @@ def _content_spans(text: str) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def logprob_payload(
-    text: str, *, logprob: float = -0.1, regions: dict[str, float] | None = None
-) -> dict:
+def logprob_payload(text: str, *, logprob: float = -0.1, regions: dict[str, float] | None = None) -> dict:
     """The OpenAI chat logprobs payload of ``text`` as :func:`tokenize` splits it."""
     spans = _content_spans(text)
     content = []
@@ -141,33 +139,23 @@ class ScriptedChatModel(BaseChatModel):
             item = self.responder(list(messages))
         else:
             if index >= len(self.script):
-                raise AssertionError(
-                    f"the script has {len(self.script)} replies; call {index + 1} was made"
-                )
+                raise AssertionError(f"the script has {len(self.script)} replies; call {index + 1} was made")
             item = self.script[index]
         if isinstance(item, BaseException):
             raise item
         return item if isinstance(item, Reply) else Reply(str(item))
 
-    def _result(
-        self, messages: list[BaseMessage], reply: Reply, stop: list[str] | None
-    ) -> ChatResult:
+    def _result(self, messages: list[BaseMessage], reply: Reply, stop: list[str] | None) -> ChatResult:
         text = reply.text
         cuts = [text.find(s) for s in stop or () if s and s in text]
         if cuts:
             text = text[: min(cuts)]
-        prompt_chars = sum(
-            len(m.content) if isinstance(m.content, str) else len(str(m.content)) for m in messages
-        )
-        input_tokens = (
-            reply.input_tokens if reply.input_tokens is not None else prompt_chars // 4 + 1
-        )
+        prompt_chars = sum(len(m.content) if isinstance(m.content, str) else len(str(m.content)) for m in messages)
+        input_tokens = reply.input_tokens if reply.input_tokens is not None else prompt_chars // 4 + 1
         output_tokens = len(tokenize(text))
         metadata: dict[str, Any] = {"finish_reason": reply.finish_reason}
         if reply.logprobs:
-            metadata["logprobs"] = logprob_payload(
-                text, logprob=reply.logprob, regions=reply.regions
-            )
+            metadata["logprobs"] = logprob_payload(text, logprob=reply.logprob, regions=reply.regions)
         usage: dict[str, Any] = {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -307,9 +295,7 @@ def make_tools(
     async def search(query: str) -> str:
         """Search the web; returns result snippets with document titles."""
         calls["search"].append(query)
-        return await _run(
-            search_fn, query, f"Snippets for {query}: the capital of France is Paris."
-        )
+        return await _run(search_fn, query, f"Snippets for {query}: the capital of France is Paris.")
 
     @tool
     async def visit(doc: str) -> str:

@@ -40,10 +40,18 @@ def _report(tid: str, answer: str | None, text: str | None = None) -> dict:
 
 async def test_aggregator_sees_only_the_question_and_the_reports(fake_model, make_trajectory):
     trajs = [
-        make_trajectory("t0", "Paris", observations={0: "TOOL_OUTPUT_ZERO says Paris"},
-                        steps=["<think>STEP_ZERO_THOUGHT</think><answer>Paris</answer>"]),
-        make_trajectory("t1", "Lyon", observations={0: "TOOL_OUTPUT_ONE says Lyon"},
-                        steps=["<think>STEP_ONE_THOUGHT</think><answer>Lyon</answer>"]),
+        make_trajectory(
+            "t0",
+            "Paris",
+            observations={0: "TOOL_OUTPUT_ZERO says Paris"},
+            steps=["<think>STEP_ZERO_THOUGHT</think><answer>Paris</answer>"],
+        ),
+        make_trajectory(
+            "t1",
+            "Lyon",
+            observations={0: "TOOL_OUTPUT_ONE says Lyon"},
+            steps=["<think>STEP_ONE_THOUGHT</think><answer>Lyon</answer>"],
+        ),
     ]
     compressor = fake_model(["plan A", "method A", "reason A", "plan B", "method B", "reason B"])
     reports = [await compress_trajectory(compressor, QUESTION, t, guided=True) for t in trajs]
@@ -69,8 +77,14 @@ async def test_aggregator_sees_only_the_question_and_the_reports(fake_model, mak
     everything = "\n".join(m.content for m in sent)
     for secret in ("STEP_ZERO_THOUGHT", "STEP_ONE_THOUGHT", "TOOL_OUTPUT_ZERO", "TOOL_OUTPUT_ONE"):
         assert secret not in everything
-    for rule in ("not proof", "Pick exactly one answer", "Do not refuse", "Do not merge",
-                 "Do not call tools", "<answer></answer>"):
+    for rule in (
+        "not proof",
+        "Pick exactly one answer",
+        "Do not refuse",
+        "Do not merge",
+        "Do not call tools",
+        "<answer></answer>",
+    ):
         assert rule in body
     assert (result.answer, result.source) == ("Paris", "aggregator")
     assert result.candidates == ["Paris", "Lyon"]
@@ -88,8 +102,12 @@ async def test_free_answer_is_taken_as_written(fake_model):
 
 @pytest.mark.parametrize(
     "reply",
-    ["I think both reports are plausible.", "<answer>   </answer>", RuntimeError("server down"),
-     ("<answer>Paris is the", "length")],
+    [
+        "I think both reports are plausible.",
+        "<answer>   </answer>",
+        RuntimeError("server down"),
+        ("<answer>Paris is the", "length"),
+    ],
     ids=["no-tag", "empty", "exception", "cut-off"],
 )
 async def test_failed_aggregation_falls_back_to_the_majority(fake_model, reply):
@@ -131,8 +149,7 @@ async def test_no_answered_reports_gives_none_without_calling_the_model(fake_mod
 
 
 async def test_reports_without_answer_are_shown_but_are_not_candidates(fake_model):
-    reports = [_report("a", None, "Solution planning: lost\nFinal reasoning: none"),
-               _report("b", "Rome")]
+    reports = [_report("a", None, "Solution planning: lost\nFinal reasoning: none"), _report("b", "Rome")]
     model = fake_model(["Rome"])
     result = await aggregate_reports(model, QUESTION, reports, guided=True)
 
@@ -160,15 +177,23 @@ def test_vote_key_is_the_scoring_one():
 
 
 def test_majority_vote_groups_normalised_answers(make_trajectory):
-    trajs = [make_trajectory("a", "Lyon"), make_trajectory("b", "The Paris."),
-             make_trajectory("c", "Answer: paris"), make_trajectory("d", None),
-             make_trajectory("e", "")]
+    trajs = [
+        make_trajectory("a", "Lyon"),
+        make_trajectory("b", "The Paris."),
+        make_trajectory("c", "Answer: paris"),
+        make_trajectory("d", None),
+        make_trajectory("e", ""),
+    ]
     assert majority_vote(trajs) == "The Paris."
 
 
 def test_majority_vote_tie_goes_to_the_earliest_group(make_trajectory):
-    trajs = [make_trajectory("a", "Lyon"), make_trajectory("b", "Paris"),
-             make_trajectory("c", "paris"), make_trajectory("d", "lyon")]
+    trajs = [
+        make_trajectory("a", "Lyon"),
+        make_trajectory("b", "Paris"),
+        make_trajectory("c", "paris"),
+        make_trajectory("d", "lyon"),
+    ]
     assert majority_vote(trajs) == "Lyon"
     assert majority_vote([]) is None
     assert majority_vote([make_trajectory("a", None)]) is None
@@ -177,8 +202,11 @@ def test_majority_vote_tie_goes_to_the_earliest_group(make_trajectory):
 def test_weighted_vote_lets_a_confident_minority_win(make_trajectory):
     unsure = [[-1.0, -1.2]] * 3  # token confidence 1.1
     sure = [[-0.01, -9.99]] * 3  # token confidence 5.0
-    trajs = [make_trajectory("a", "Lyon", tops=unsure), make_trajectory("b", "Lyon", tops=unsure),
-             make_trajectory("c", "Paris", tops=sure)]
+    trajs = [
+        make_trajectory("a", "Lyon", tops=unsure),
+        make_trajectory("b", "Lyon", tops=unsure),
+        make_trajectory("c", "Paris", tops=sure),
+    ]
     assert trace_confidence(trajs[2]) == pytest.approx(5.0)
     assert trace_confidence(trajs[0]) == pytest.approx(1.1)
     assert majority_vote(trajs) == "Lyon"
@@ -188,8 +216,7 @@ def test_weighted_vote_lets_a_confident_minority_win(make_trajectory):
 
 
 def test_weighted_vote_without_logprobs_is_the_majority(make_trajectory):
-    trajs = [make_trajectory("a", "Lyon"), make_trajectory("b", "Paris"),
-             make_trajectory("c", "Paris")]
+    trajs = [make_trajectory("a", "Lyon"), make_trajectory("b", "Paris"), make_trajectory("c", "Paris")]
     assert weighted_vote(trajs) == "Paris"
     # A voter with logprobs outweighs voters without any.
     trajs.append(make_trajectory("d", "Rome", tops=[[-0.5, -1.5]]))
@@ -203,10 +230,12 @@ def test_weighted_vote_ties_go_to_the_earliest_group(make_trajectory):
 
 
 def test_max_tool_calls_picks_the_most_explored_trajectory(make_trajectory):
-    trajs = [make_trajectory("a", "Lyon", observations={0: "x"}),
-             make_trajectory("b", "Paris", observations={0: "x", 1: "y"}),
-             make_trajectory("c", "Rome", observations={0: "x", 1: "y"}),
-             make_trajectory("d", None, observations={0: "x", 1: "y", 2: "z"})]
+    trajs = [
+        make_trajectory("a", "Lyon", observations={0: "x"}),
+        make_trajectory("b", "Paris", observations={0: "x", 1: "y"}),
+        make_trajectory("c", "Rome", observations={0: "x", 1: "y"}),
+        make_trajectory("d", None, observations={0: "x", 1: "y", 2: "z"}),
+    ]
     assert max_tool_calls(trajs) == "Paris"  # tie with "Rome": earliest; "d" has no answer
     assert max_tool_calls([make_trajectory("a", None)]) is None
 

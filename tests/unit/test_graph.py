@@ -40,9 +40,7 @@ STEPS = [
         call_text("search", "Find the country first", query="capital of France"),
         regions={"tool_call": -0.2, "think": -0.3},
     ),
-    Reply(
-        call_text("visit", "Open the page", doc="Paris"), regions={"tool_call": -2.5, "think": -0.1}
-    ),
+    Reply(call_text("visit", "Open the page", doc="Paris"), regions={"tool_call": -2.5, "think": -0.1}),
     Reply(answer_text("Paris", "It says Paris"), regions={"think": -3.0, "answer": -0.1}),
 ]
 
@@ -82,9 +80,7 @@ def _roles(model):
         (7, 1, 3, 2, "all", 1, 6, 0),
     ],
 )
-async def test_n_trajectories_come_out_for_every_valid_budget(
-    n, m, k, t, mode, initial, branch, fill
-):
+async def test_n_trajectories_come_out_for_every_valid_budget(n, m, k, t, mode, initial, branch, fill):
     graph, model, _ = _graph({"n": n, "m": m, "k": k, "t": t, "mode": mode})
     out = await graph.ainvoke({"question": QUESTION})
 
@@ -158,9 +154,7 @@ async def test_k2_exploration_picks_both_tool_steps_most_uncertain_first():
 
 async def test_fewer_pickable_steps_than_k_are_filled_from_scratch_and_reported():
     # The initial trajectory answers at once: it has no exploration region to branch from.
-    graph, _, _ = _graph(
-        {"n": 4, "m": 1, "k": 1, "t": 3}, agent=lambda i, msgs: Reply(answer_text("Paris"))
-    )
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 3}, agent=lambda i, msgs: Reply(answer_text("Paris")))
     out = await graph.ainvoke({"question": QUESTION})
     assert len(out["trajectories"]) == 4
     assert _kinds(out) == Counter({"initial": 1, "fill": 3})
@@ -217,9 +211,7 @@ async def test_n_trajectories_to_n_reports_to_one_answer():
     assert len(out["reports"]) == 3
     assert {r["trajectory_id"] for r in out["reports"]} == {tr["id"] for tr in out["trajectories"]}
     by_id = {tr["id"]: tr["answer"] for tr in out["trajectories"]}
-    assert all(
-        r["answer"] == by_id[r["trajectory_id"]] and r["status"] == "ok" for r in out["reports"]
-    )
+    assert all(r["answer"] == by_id[r["trajectory_id"]] and r["status"] == "ok" for r in out["reports"])
     # The aggregator saw the question and the three reports, not the trajectories.
     prompt = seen["prompt"]
     assert QUESTION in prompt
@@ -248,9 +240,7 @@ async def test_separate_aggregator_model_gets_only_the_aggregation():
     graph_model = ScriptedChatModel(responder=research_responder(by_step()))
     aggregator = ScriptedChatModel(script=["<answer>Paris</answer>"])
     tools, _ = make_tools()
-    graph = create_parallelmuse(
-        graph_model, tools, aggregator_model=aggregator, config={"n": 2, "mode": "none"}
-    )
+    graph = create_parallelmuse(graph_model, tools, aggregator_model=aggregator, config={"n": 2, "mode": "none"})
     out = await graph.ainvoke({"question": QUESTION})
     assert len(aggregator.calls) == 1 and role_of(aggregator.calls[0]["messages"]) == "aggregate"
     assert _roles(graph_model)["aggregate"] == 0 and _roles(graph_model)["compress"] == 2
@@ -270,9 +260,7 @@ async def test_baseline_aggregations_skip_compression(aggregation):
 
 
 async def test_no_answer_anywhere_gives_answer_none():
-    graph, _, _ = _graph(
-        {"n": 2, "mode": "none"}, agent=lambda i, msgs: RuntimeError("model unreachable")
-    )
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, agent=lambda i, msgs: RuntimeError("model unreachable"))
     out = await graph.ainvoke({"question": QUESTION})
     assert out["answer"] is None and out["answer_source"] == "none"
     assert [tr["status"] for tr in out["trajectories"]] == ["failed", "failed"]
@@ -285,9 +273,7 @@ async def test_no_answer_anywhere_gives_answer_none():
 
 async def test_messages_input_appends_an_ai_message_with_the_answer():
     graph, model, _ = _graph({"n": 2, "mode": "none"})
-    out = await graph.ainvoke(
-        {"messages": [HumanMessage("Hi"), AIMessage("Hello!"), HumanMessage(QUESTION)]}
-    )
+    out = await graph.ainvoke({"messages": [HumanMessage("Hi"), AIMessage("Hello!"), HumanMessage(QUESTION)]})
     assert out["question"] == QUESTION
     assert [type(m) for m in out["messages"]] == [HumanMessage, AIMessage, HumanMessage, AIMessage]
     reply = out["messages"][-1]
@@ -355,9 +341,7 @@ async def test_custom_stream_yields_progress_events_in_order():
     # two branches start after it.
     assert names[:pick].count("trajectory_finished") == 2
     assert names[pick + 1 :].count("trajectory_started") == 2
-    assert names.index("report_written") > max(
-        i for i, n in enumerate(names) if n == "trajectory_finished"
-    )
+    assert names.index("report_written") > max(i for i, n in enumerate(names) if n == "trajectory_finished")
     picked = events[pick]
     assert (picked["parent"], picked["step"], picked["region"]) == ("t0", 1, "exploration")
     finished = [e for e in events if e["event"] == "trajectory_finished"]

@@ -97,9 +97,7 @@ def test_node_of_a_checkpointed_chat_keeps_the_conversation_sync():
     assert out["messages"][-1].content == "Paris" and out["messages"][-1].name == "parallelmuse"
     # The second turn researched the second question (the last human message).
     questions = {
-        c["messages"][-1].content
-        for c in model.calls
-        if role_of(c["messages"]) == "agent" and len(c["messages"]) == 2
+        c["messages"][-1].content for c in model.calls if role_of(c["messages"]) == "agent" and len(c["messages"]) == 2
     }
     assert any("Louvre" in q for q in questions) and any("Eiffel" in q for q in questions)
 
@@ -168,9 +166,7 @@ class RunRecorder(BaseCallbackHandler):
             "ended": False,
         }
 
-    def on_chain_start(
-        self, serialized, inputs, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs
-    ):
+    def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
         self._start("chain", run_id, parent_run_id, kwargs.get("name"), tags, metadata)
 
     def on_chat_model_start(
@@ -249,9 +245,7 @@ def _check_trace(rec: RunRecorder, *, n_trajectories: int) -> None:
     assert ids == ["f0", "t0", "t0.s1.b0", "t0.s1.b1"]
     for run in rollouts:
         if run["metadata"]["trajectory_id"].startswith("t0.s1."):  # branches name their fork point
-            assert run["metadata"]["fork_step"] == 1 and run["metadata"]["parent_thread"].endswith(
-                "/t0"
-            )
+            assert run["metadata"]["fork_step"] == 1 and run["metadata"]["parent_thread"].endswith("/t0")
     # Agent-step model calls sit inside the rollout runs (think node), reports inside compress.
     llm_parents = Counter(
         next(a for a in rec.ancestors(r) if a in ("think", "compress", "aggregate"))
@@ -274,9 +268,7 @@ TRACE_CONFIG = {
 async def test_callbacks_see_every_stage_and_the_rollout_subgraph():
     graph, _ = make_graph()
     rec = RunRecorder()
-    out = await graph.ainvoke(
-        {"question": "Which city is the Eiffel Tower in?"}, {**TRACE_CONFIG, "callbacks": [rec]}
-    )
+    out = await graph.ainvoke({"question": "Which city is the Eiffel Tower in?"}, {**TRACE_CONFIG, "callbacks": [rec]})
     assert out["answer"] == "Paris"
     _check_trace(rec, n_trajectories=4)
 
@@ -284,9 +276,7 @@ async def test_callbacks_see_every_stage_and_the_rollout_subgraph():
 def test_callbacks_under_the_sync_api():
     graph, _ = make_graph()
     rec = RunRecorder()
-    out = graph.invoke(
-        {"question": "Which city is the Eiffel Tower in?"}, {**TRACE_CONFIG, "callbacks": [rec]}
-    )
+    out = graph.invoke({"question": "Which city is the Eiffel Tower in?"}, {**TRACE_CONFIG, "callbacks": [rec]})
     assert out["answer"] == "Paris"
     _check_trace(rec, n_trajectories=4)
 

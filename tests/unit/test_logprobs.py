@@ -127,9 +127,7 @@ def test_openai_vllm_completions_payload():
 
 
 def test_completions_payload_without_top_logprobs():
-    recs = normalize_logprobs(
-        {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0], "top_logprobs": None}, "ab"
-    )
+    recs = normalize_logprobs({"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0], "top_logprobs": None}, "ab")
     assert [r["top_logprobs"] for r in recs] == [[], []]
     assert [r["logprob"] for r in recs] == [-1.0, -2.0]
 
@@ -236,10 +234,7 @@ def test_multibyte_char_split_over_two_tokens_keeps_offsets_aligned_with_the_tex
     assert [(r["start"], r["end"]) for r in middle] == [(3, 4), (3, 4)]
     assert _covered([recs[0], recs[1], recs[3]], text) == text
     # Offsets never decrease.
-    assert all(
-        a["end"] <= b["start"] or a["start"] == b["start"]
-        for a, b in zip(recs, recs[1:], strict=False)
-    )
+    assert all(a["end"] <= b["start"] or a["start"] == b["start"] for a, b in zip(recs, recs[1:], strict=False))
 
 
 def test_both_tokens_of_a_split_char_at_a_region_start_are_in_the_region():
@@ -307,12 +302,7 @@ def test_protocol_error_is_a_value_error():
 
 def _records(tokens):
     return normalize_logprobs(
-        {
-            "content": [
-                {"token": t, "logprob": -0.1 * (i + 1), "top_logprobs": []}
-                for i, t in enumerate(tokens)
-            ]
-        },
+        {"content": [{"token": t, "logprob": -0.1 * (i + 1), "top_logprobs": []} for i, t in enumerate(tokens)]},
         "".join(tokens),
     )
 

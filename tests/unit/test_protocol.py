@@ -77,9 +77,7 @@ def test_truncated_turn_with_a_closing_tag_is_not_an_answer():
 
 
 def test_bad_json_is_invalid_and_says_why():
-    action = parse_action(
-        '<think>x</think><tool_call>{"name": "search", "arguments": {query: 1}}</tool_call>'
-    )
+    action = parse_action('<think>x</think><tool_call>{"name": "search", "arguments": {query: 1}}</tool_call>')
     assert action["type"] == "invalid"
     assert "not valid JSON" in action["error"]
 
@@ -125,9 +123,7 @@ def test_missing_or_bad_name_is_invalid(payload):
     assert '"name"' in action["error"]
 
 
-@pytest.mark.parametrize(
-    "text", ["", "<think>only thinking</think>", "Paris", "<think>x</think> the answer is Paris"]
-)
+@pytest.mark.parametrize("text", ["", "<think>only thinking</think>", "Paris", "<think>x</think> the answer is Paris"])
 def test_no_action_is_invalid(text):
     action = parse_action(text)
     assert action["type"] == "invalid"
@@ -275,8 +271,7 @@ def _history():
         _step(0, f"<think>start</think>\n<tool_call>{CALL}</tool_call>"),
         _step(
             1,
-            "<think>open it</think>\n"
-            '<tool_call>{"name": "visit", "arguments": {"doc": "Paris"}}</tool_call>',
+            '<think>open it</think>\n<tool_call>{"name": "visit", "arguments": {"doc": "Paris"}}</tool_call>',
         ),
         _step(2, "<think>done</think>\n<answer>Paris</answer>"),
     ]
@@ -311,9 +306,7 @@ def test_build_messages_is_deterministic_and_prefix_stable():
         # What a fork at step t sends: only the prefix, observations of later steps present or not.
         prefix = messages_to_dict(build_messages("Q?", steps[:t], observations[:t], system="SYS"))
         assert prefix == full[: len(prefix)]
-        with_later_obs = messages_to_dict(
-            build_messages("Q?", steps[:t], observations, system="SYS")
-        )
+        with_later_obs = messages_to_dict(build_messages("Q?", steps[:t], observations, system="SYS"))
         assert with_later_obs == prefix
         assert json.dumps(prefix) == json.dumps(full[: len(prefix)])
 
@@ -322,10 +315,7 @@ def test_final_turn_note_joins_the_last_tool_response():
     steps, observations = _history()
     messages = build_messages("Q?", steps[:2], observations, system="SYS", final_turn=True)
     assert isinstance(messages[-1], HumanMessage)
-    assert (
-        messages[-1].content
-        == format_tool_response(observations[1]["content"]) + "\n" + FINAL_TURN_NOTE
-    )
+    assert messages[-1].content == format_tool_response(observations[1]["content"]) + "\n" + FINAL_TURN_NOTE
     # Without the note the same prefix is unchanged before that message.
     plain = build_messages("Q?", steps[:2], observations, system="SYS")
     assert messages_to_dict(messages[:-1]) == messages_to_dict(plain[:-1])

@@ -131,9 +131,7 @@ async def test_search_success(fake: FakeTavily) -> None:
         "The Eiffel Tower is a wrought-iron lattice tower in Paris."
     )
     assert "[2] Visit Paris (id: https://example.org/paris)" in msg.content
-    assert msg.artifact == {
-        "doc_ids": ["https://en.wikipedia.org/wiki/Eiffel_Tower", "https://example.org/paris"]
-    }
+    assert msg.artifact == {"doc_ids": ["https://en.wikipedia.org/wiki/Eiffel_Tower", "https://example.org/paris"]}
     path, headers, payload = fake.requests[0]
     assert path == "/search"
     assert headers["Authorization"] == f"Bearer {KEY}"

@@ -150,12 +150,8 @@ def test_step_without_tokens_scores_none_everywhere():
 
 
 def test_score_steps_is_per_step_and_uses_the_estimator():
-    a = _step_from_tokens(
-        [("<think>", -0.1, [-0.1, -0.2]), ("a", -0.5, [-0.5, -0.6]), ("</think>", -0.1, [-0.1])]
-    )
-    b = _step_from_tokens(
-        [("<think>", -0.1, [-0.1]), ("b", -2.0, [-2.0, -0.2]), ("</think>", -0.1, [-0.1])]
-    )
+    a = _step_from_tokens([("<think>", -0.1, [-0.1, -0.2]), ("a", -0.5, [-0.5, -0.6]), ("</think>", -0.1, [-0.1])])
+    b = _step_from_tokens([("<think>", -0.1, [-0.1]), ("b", -2.0, [-2.0, -0.2]), ("</think>", -0.1, [-0.1])])
     nll = score_steps([a, b], "nll")
     ent = score_steps([a, b], "entropy")
     assert len(nll) == len(ent) == 2
