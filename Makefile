@@ -29,7 +29,7 @@ agent: setup
 
 ## The test command (what .ci/run calls): fast suite, the slow real-model suite, then the
 ## integration suite (real servers on loopback).
-test: setup test-fast test-slow test-integration
+test: setup lint test-fast test-slow test-integration
 
 test-fast: setup
 	$(BIN)/pytest -q
@@ -44,6 +44,7 @@ test-integration: setup
 
 lint: setup
 	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks
+	$(BIN)/ruff format --check langgraph_parallelmuse tests graphs benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache
