@@ -6,7 +6,7 @@ exactly one answer. Like compression, the free and guided forms are one prompt a
 :func:`~langgraph_parallelmuse.segments.generate_turn` call with different segment lists:
 
 * **free** (strong models): one ``Gen``; the answer is read from ``<answer>…</answer>``.
-* **guided** (small local models): ``<answer>`` is prefilled and the model writes until
+* **guided** (small local models): ``Answer:`` is prefilled and the model writes until
   ``</answer>`` or a newline; the text is then *snapped* to the candidate answer of the reports
   with the highest normalised token F1 (nothing overlapping: the majority vote), so the result is
   always one of the reports' answers. A 135M model cannot be trusted to copy a candidate exactly,
@@ -76,7 +76,7 @@ class AggregateResult:
         source: ``"aggregator"`` (the model's pick), ``"majority_fallback"`` (aggregation failed,
             or in the guided form nothing the model wrote overlaps a candidate) or ``"none"``.
         prompt: The exact messages sent to the model (empty when it was not called).
-        raw: The text the model produced (``<answer>`` prefill included in the guided form).
+        raw: The text the model produced (``Answer:`` prefill included in the guided form).
         candidates: The distinct answers of the reports, in order of first occurrence.
         tokens: Tokens the model generated.
         seconds: Wall time of the model call.
@@ -243,7 +243,7 @@ async def aggregate_reports(
         question: The user's question.
         reports: The compressed reports (fallback reports included: they carry only an answer,
             so the aggregator sees they have no evidence).
-        guided: Prefill ``<answer>`` and snap the output to a candidate (small local models)
+        guided: Prefill ``Answer:`` and snap the output to a candidate (small local models)
             instead of letting the model write the answer freely.
         seed: Sampling seed.
         max_tokens: Token bound of the model's reply.
@@ -260,7 +260,7 @@ async def aggregate_reports(
         >>> result = asyncio.run(aggregate_reports(
         ...     FakeListChatModel(responses=["the city of Lyon"]), "Where?", reports, guided=True))
         >>> result.answer, result.source, result.raw
-        ('Lyon', 'aggregator', '<answer>the city of Lyon</answer>')
+        ('Lyon', 'aggregator', 'Answer:the city of Lyon')
     """
     answers = [r.get("answer") for r in reports]
     candidates = _candidates(answers)
@@ -268,8 +268,10 @@ async def aggregate_reports(
         return AggregateResult(answer=None, source="none")
     majority = _vote(answers)
     messages = build_aggregate_messages(question, reports)
+    # "Answer:" is what a small model continues with a candidate; after a bare "<answer>" prefill
+    # SmolLM2 closes the tag at once (measured: 3/3 empty vs 3/3 candidates).
     segments: list[Lit | Gen] = (
-        [Lit("<answer>"), Gen(stop=("</answer>", "\n"), max_tokens=max_tokens), Lit("</answer>")]
+        [Lit("Answer:"), Gen(stop=("</answer>", "\n"), max_tokens=max_tokens, name="pick")]
         if guided
         else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
     )
@@ -281,8 +283,11 @@ async def aggregate_reports(
         logger.warning("aggregation failed, using the majority vote: %r", exc)
         return result
     result.raw, result.tokens, result.seconds = turn.text, turn.generated_tokens, turn.seconds
-    tags = _ANSWER_TAG.findall(turn.text)
-    picked = " ".join(tags[-1].split()) if tags else ""
+    if guided:
+        picked = " ".join(turn.segments.get("pick", "").split())
+    else:
+        tags = _ANSWER_TAG.findall(turn.text)
+        picked = " ".join(tags[-1].split()) if tags else ""
     # A free-form answer cut off by the token limit is not an answer.
     if not guided and turn.finish_reason == "length":
         picked = ""

@@ -126,7 +126,10 @@ def _segments(answer: str, *, guided: bool, max_report_tokens: int) -> list[Lit 
     segments: list[Lit | Gen] = []
     for i, (section, tokens) in enumerate(zip(SECTIONS, shares, strict=True)):
         segments.append(Lit(("\n" if i else "") + f"{section}:"))
-        segments.append(Gen(stop=("\n",), max_tokens=tokens, name=section))
+        # A small model often opens a section with a line break: stop at a blank line or at the
+        # next heading instead of the first newline, which left sections empty.
+        later = tuple(SECTIONS[i + 1 :]) + ("Final answer",)
+        segments.append(Gen(stop=("\n\n", *later), max_tokens=tokens, name=section))
     segments.append(Lit(f"\nFinal answer: {answer}"))
     return segments
 

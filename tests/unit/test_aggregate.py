@@ -126,9 +126,9 @@ async def test_guided_output_is_snapped_to_the_closest_candidate(fake_model):
 
     assert result.answer == "Eiffel Tower, Paris"
     assert result.source == "aggregator"
-    assert result.raw == "<answer>the tower of Eiffel</answer>"
+    assert result.raw == "Answer:the tower of Eiffel"
     # The answer tag is prefilled and the model stops at its end or at a newline.
-    assert model.calls[0]["messages"][-1] == AIMessage("<answer>")
+    assert model.calls[0]["messages"][-1] == AIMessage("Answer:")
     assert model.calls[0]["stop"] == ["</answer>", "\n"]
 
 

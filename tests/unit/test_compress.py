@@ -35,12 +35,17 @@ async def test_guided_report_is_prefilled_and_states_the_trajectory_answer(fake_
         "Final reasoning: so Paris\n"
         "Final answer: Paris"
     )
-    # Each section continues the prefilled report so far and stops at the end of its line.
+    # Each section continues the prefilled report so far and stops at a blank line or the next
+    # heading (a small model often opens a section with a line break).
     assert len(model.calls) == 3
     last = model.calls[1]["messages"][-1]
     assert isinstance(last, AIMessage)
     assert last.content == "Solution planning:find the capital of France\nSolution methods:"
-    assert all(call["stop"] == ["\n"] for call in model.calls)
+    assert [call["stop"] for call in model.calls] == [
+        ["\n\n", "Solution methods", "Final reasoning", "Final answer"],
+        ["\n\n", "Final reasoning", "Final answer"],
+        ["\n\n", "Final answer"],
+    ]
     assert sum(call["kwargs"]["max_tokens"] for call in model.calls) <= 256
 
 
