@@ -41,6 +41,7 @@ from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import ParallelMuseConfig, ParallelMuseContext, make_config, resolve_config
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.state import (
     Origin,
     ParallelMuseInput,
@@ -249,6 +250,10 @@ def build_parallelmuse_graph(
         return initial + [fill_job(state, i) for i in range(settings.fill_budget)]
 
     async def rollout(job: dict) -> dict[str, Any]:
+        with routing_scope(job["question"]):
+            return await _rollout(job)
+
+    async def _rollout(job: dict) -> dict[str, Any]:
         settings = cfg()
         thread_id = f"{job['run_id']}/{job['id']}"
         async with limit():
@@ -351,6 +356,10 @@ def build_parallelmuse_graph(
         return sends or "aggregate"
 
     async def compress(job: dict) -> dict[str, Any]:
+        with routing_scope(job["question"]):
+            return await _compress(job)
+
+    async def _compress(job: dict) -> dict[str, Any]:
         settings = cfg()
         traj = job["trajectory"]
         async with limit():
@@ -372,6 +381,10 @@ def build_parallelmuse_graph(
         return {"reports": [report]}
 
     async def aggregate(state: ParallelMuseState) -> dict[str, Any]:
+        with routing_scope(state["question"]):
+            return await _aggregate(state)
+
+    async def _aggregate(state: ParallelMuseState) -> dict[str, Any]:
         settings = cfg()
         trajectories = state.get("trajectories", [])
         reports = state.get("reports", [])

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from langgraph_parallelmuse.models.local import LocalChatModel
     from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixHit
+    from langgraph_parallelmuse.models.routing import StickyRouter
 
 _EXPORTS = {
     "GenerationRequest": "engine",
@@ -40,6 +41,7 @@ _EXPORTS = {
     "LocalChatModel": "local",
     "PrefixCache": "prefix_cache",
     "PrefixHit": "prefix_cache",
+    "StickyRouter": "routing",
 }
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "LocalChatModel",
     "PrefixCache",
     "PrefixHit",
+    "StickyRouter",
     "load_embedded_model_path",
     "load_model",
     "shared_engine",
