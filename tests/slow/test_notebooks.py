@@ -1,7 +1,11 @@
-"""Execute the notebooks on the embedded default (slow: they run the real model)."""
+"""Execute the notebooks on the embedded default (slow: they run the real model).
+
+Set ``PARALLELMUSE_NOTEBOOK_OUT`` to a folder to keep the executed notebooks (with outputs) there.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -13,10 +17,13 @@ pytestmark = pytest.mark.slow
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path: Path, tmp_path: Path) -> None:
+def test_notebook_runs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    client = NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+    if out := os.environ.get("PARALLELMUSE_NOTEBOOK_OUT"):
+        nbformat.write(nb, Path(out) / path.name)
