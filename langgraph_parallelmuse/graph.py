@@ -33,7 +33,7 @@ from langgraph.config import get_config, get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
-from langgraph.types import Send
+from langgraph.types import Overwrite, Send
 
 from langgraph_parallelmuse.agent import RolloutRunner, pick_driver
 from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports, majority_vote
@@ -218,7 +218,16 @@ def build_parallelmuse_graph(
         if callable(engine_stats := getattr(model, "engine_stats", None)):
             # The first access loads the model: keep that off the event loop.
             stats["engine_start"] = await asyncio.to_thread(engine_stats)
-        return {"question": question, "run_id": run_id, "stats": stats}
+        # A checkpointed chat thread keeps the previous question's records: start this run clean.
+        return {
+            "question": question,
+            "run_id": run_id,
+            "stats": Overwrite(stats),
+            "trajectories": Overwrite([]),
+            "reports": Overwrite([]),
+            "picks": None,
+            "answer": None,
+        }
 
     def fill_job(state: ParallelMuseState, i: int) -> Send:
         return Send(

@@ -506,3 +506,17 @@ def test_sync_invoke_runs_every_model_call_on_one_long_lived_loop():
     assert graph.invoke({"question": QUESTION})["answer"] == "Paris"
     assert graph.invoke({"question": QUESTION})["answer"] == "Paris"
     assert len(loops) == 1
+
+
+async def test_a_second_question_on_the_same_thread_starts_clean():
+    """In a checkpointed chat thread the previous run's trajectories, reports and picks must not leak."""
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "chat"}}
+    first = await graph.ainvoke({"question": QUESTION}, cfg)
+    second = await graph.ainvoke({"question": "Where is the Louvre?"}, cfg)
+    assert len(first["trajectories"]) == len(second["trajectories"]) == 4
+    assert _kinds(second) == Counter({"initial": 1, "branch": 2, "fill": 1})
+    assert {t["thread_id"].split("/")[0] for t in second["trajectories"]} != {
+        t["thread_id"].split("/")[0] for t in first["trajectories"]
+    }
+    assert len(second["reports"]) == 4 and second["stats"]["rollout"]["trajectories"] == 4
