@@ -48,14 +48,15 @@ SECTIONS = ("Solution planning", "Solution methods", "Final reasoning")
 
 _SYSTEM = "You write short, factual reports about research logs."
 
+# The parts are described in prose, not as "Heading: description" lines: a small model
+# continuing a prefilled "Solution planning:" copied such a line verbatim (2/2 probes).
 _INSTRUCTIONS = """\
 Write a short report about how the research log above answers the question. Use only what is in \
-the log. Skip failed searches, repeated results and dead ends. The report has three parts:
-Solution planning: how the question was split into sub-problems, which depends on which, and in \
-what order they were solved.
-Solution methods: for each sub-problem, the tool call and its parameters, the sub-answer found, \
-and only the essential words quoted from the tool result.
-Final reasoning: how the sub-answers combine into the final answer."""
+the log. Skip failed searches, repeated results and dead ends. The report has three parts. In the \
+solution planning part, say how the question was split into sub-problems and in what order they \
+were solved. In the solution methods part, name each tool call with its parameters and the fact it \
+found, quoting only the essential words. In the final reasoning part, say how those facts give the \
+final answer."""
 
 _FORMAT = {
     "free": "\nWrite each part as a heading followed by its text. Then give the final answer as a "
