@@ -94,6 +94,19 @@ def _tools(args: argparse.Namespace):
     return make_corpus_tools(index, doc_ids=doc_ids)
 
 
+def _progress(*, eta: bool = False) -> Progress:
+    columns = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    ]
+    if eta:
+        columns += [TextColumn("ETA"), TimeRemainingColumn()]
+    return Progress(*columns, console=console)
+
+
 def _short(text: str | None, limit: int = 100) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -175,14 +188,7 @@ async def _ask(args: argparse.Namespace) -> int:
             f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {args.db})" if args.db else "")
         )
         final: dict[str, Any] = {}
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as prog:
+        with _progress() as prog:
             roll = prog.add_task("trajectories", total=settings.n)
             rep = prog.add_task("reports", total=None, visible=False)
             async for mode, chunk in graph.astream(payload, run_config, stream_mode=["custom", "values"]):
@@ -309,16 +315,7 @@ async def _bench(args: argparse.Namespace) -> int:
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-    ) as prog:
+    with _progress(eta=True) as prog:
         task = prog.add_task("questions", total=len(items))
 
         def tick(rec: dict) -> None:
