@@ -20,7 +20,6 @@ from langgraph_parallelmuse.errors import (
     MissingLogprobsError,
     ParallelMuseError,
     ProtocolError,
-    ToolError,
 )
 
 _LAZY = {
@@ -43,7 +42,6 @@ __all__ = [
     "ParallelMuseConfig",
     "ParallelMuseError",
     "ProtocolError",
-    "ToolError",
     "make_config",
     *_LAZY,
 ]

@@ -21,7 +21,3 @@ class MissingLogprobsError(ParallelMuseError):
 
 class ProtocolError(ParallelMuseError, ValueError):
     """Model output or a logprob payload could not be read as the text protocol expects."""
-
-
-class ToolError(ParallelMuseError):
-    """A tool failed in a way the agent should see as an error observation."""

@@ -59,7 +59,6 @@ class TurnResult:
     finish_reason: str = "stop"
     calls: int = 0
     seconds: float = 0.0
-    has_logprobs: bool = True
 
 
 @dataclass(frozen=True)
@@ -174,8 +173,6 @@ async def generate_turn(
         content = msg.content if isinstance(msg.content, str) else str(msg.content)
         raw = (msg.response_metadata or {}).get("logprobs")
         tokens = normalize_logprobs(raw, content) if raw else []
-        if not raw and content:
-            result.has_logprobs = False
         result.tokens.extend(shift(tokens, len(result.text)))
         if seg.name:
             result.segments[seg.name] = content
