@@ -7,27 +7,22 @@ One trajectory per question, run one after another so seconds per trajectory are
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
 
+from common import arguments, dev_set
+
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import make_config
-from langgraph_parallelmuse.eval import eval_data_dir, load_questions
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
-from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+from langgraph_parallelmuse.tools import make_corpus_tools
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--limit", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    data = eval_data_dir()
-    items = load_questions(data / "hotpotqa_train100.questions.jsonl", limit=args.limit)
-    index = CorpusIndex.from_jsonl(data / "hotpotqa_train100.corpus.jsonl")
+    args = arguments(__doc__, limit=30)
+    items, index = dev_set(args.dataset, args.limit)
     model = LocalChatModel.embedded()
     cfg = make_config(seed=args.seed)
     rows = []

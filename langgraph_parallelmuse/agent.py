@@ -23,7 +23,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
 from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.driver import Driver, FreeDriver, GuidedDriver, StepContext
+from langgraph_parallelmuse.driver import Driver, FreeDriver, GuidedDriver, StepContext, call_key
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, describe_tools, parse_action, region_spans
 from langgraph_parallelmuse.retry import with_retries
@@ -90,6 +90,7 @@ def build_rollout_graph(
     *,
     driver: Driver,
     system_prompt: str | None = None,
+    fork_actions: dict[str, set[str]] | None = None,
 ) -> StateGraph:
     """The think ⇄ act ReAct loop as an uncompiled graph (compile it with a checkpointer).
 
@@ -98,7 +99,10 @@ def build_rollout_graph(
         tools: Tools by name (``search`` and usually ``visit``).
         driver: How a think step is generated (:class:`FreeDriver` or :class:`GuidedDriver`).
         system_prompt: Overrides the protocol's system prompt (``{tools}`` is filled in).
+        fork_actions: Tool calls already taken at each fork checkpoint (by checkpoint id), shared
+            by the branches of that checkpoint when ``diverse_branches`` is on.
     """
+    fork_actions = {} if fork_actions is None else fork_actions
     by_name = {t.name: t for t in tools}
     system = (
         (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
@@ -108,6 +112,10 @@ def build_rollout_graph(
         cfg = runtime.context or _DEFAULT_CONFIG
         steps, observations = state.get("steps", []), state.get("observations", [])
         index = len(steps)
+        origin = state.get("origin") or {}
+        # The first regenerated step of a branch: with diverse_branches it must not redo the
+        # parent's or an earlier sibling's tool call.
+        fork = origin.get("checkpoint_id") if cfg.diverse_branches and origin.get("step") == index else None
         exhausted = _context_exhausted(steps, observations, cfg)
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_logprobs=cfg.top_logprobs)
         spent_generated = spent_prompt = spent_cached = spent_calls = 0
@@ -122,6 +130,7 @@ def build_rollout_graph(
                 final=exhausted or index >= cfg.max_turns - 1,
                 max_step_tokens=cfg.max_step_tokens,
                 tool_names=frozenset(by_name),
+                avoid=frozenset(fork_actions.get(fork, ())) if fork else frozenset(),
             )
             messages = build_messages(
                 state["question"],
@@ -172,6 +181,8 @@ def build_rollout_graph(
             finish_reason=turn.finish_reason,
             seconds=time.perf_counter() - started,
         )
+        if fork and action["type"] == "tool_call":
+            fork_actions.setdefault(fork, set()).add(call_key(action))
         update: dict[str, Any] = {"steps": [step]}
         if action["type"] == "answer":
             update.update(status="answered", answer=action["answer"])
@@ -279,8 +290,9 @@ class RolloutRunner:
         self.tools = list(tools)
         self.driver = driver if isinstance(driver, (FreeDriver, GuidedDriver)) else pick_driver(model, driver)
         self.checkpointer = checkpointer or InMemorySaver()
+        self.fork_actions: dict[str, set[str]] = {}
         self.graph: CompiledStateGraph = build_rollout_graph(
-            model, self.tools, driver=self.driver, system_prompt=system_prompt
+            model, self.tools, driver=self.driver, system_prompt=system_prompt, fork_actions=self.fork_actions
         ).compile(checkpointer=self.checkpointer, name="rollout")
 
     @staticmethod
@@ -370,6 +382,9 @@ class RolloutRunner:
                 **(origin or {}),
             }
         )
+        parent_action = parent["steps"][step]["action"] if step < len(parent["steps"]) else {}
+        if (config or _DEFAULT_CONFIG).diverse_branches and parent_action.get("type") == "tool_call":
+            self.fork_actions.setdefault(origin["checkpoint_id"], set()).add(call_key(parent_action))
         tc = self._thread(
             thread_id,
             {

@@ -1,8 +1,10 @@
-"""Command line: ``parallelmuse ask`` (full pipeline), ``parallelmuse agent`` (one trajectory).
+"""Command line: ``ask`` (full pipeline), ``agent`` (one trajectory), ``bench``, ``calibrate``.
 
 Example:
     $ parallelmuse ask "Which country is the Eiffel Tower in?" --n 8 --json result.json
     $ parallelmuse agent "Who painted the Mona Lisa?"
+    $ parallelmuse calibrate bench-results/hotpot/results.jsonl --out calibration.json
+    $ parallelmuse ask "Who painted the Mona Lisa?" --calibration calibration.json
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
-from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
+from langgraph_parallelmuse.eval.bench import METHODS
 
 console = Console(stderr=True)
 out = Console()
@@ -51,6 +54,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
         if kind is bool:
+            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description)
             continue
         typ = {int: int, float: float}.get(kind, None)
         if typ is None and "int" in str(kind):
@@ -299,18 +303,18 @@ async def _bench(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.tools import CorpusIndex
 
     items = load_questions(args.questions, limit=args.limit)
-    settings = BenchSettings(
+    settings = BenchSettings(  # validated here, before any model is loaded
         n=args.n,
         k=args.k,
         t=args.t,
         modes=tuple(args.modes.split(",")),
+        methods=tuple(args.methods.split(",")),
         estimator=args.estimator,
         seed=args.seed,
         setting=args.setting,
-        aggregate=not args.no_aggregate,
         max_turns=args.max_turns,
+        extra=dict(args.set),
     )
-    settings.config()  # validate before loading anything
     out_dir = Path(args.out)
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
@@ -362,6 +366,55 @@ async def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    """``FIELD=VALUE`` of ``--set``; the value is read as JSON when it parses (numbers, true/false)."""
+    name, sep, value = text.partition("=")
+    if not sep or name not in ParallelMuseConfig.model_fields:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use FIELD=VALUE with a ParallelMuseConfig field ({', '.join(ParallelMuseConfig.model_fields)})"
+        )
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def _scored_runs(paths: list[str]) -> tuple[list[list[dict]], set[str]]:
+    """Per-step uncertainty of the from-scratch trajectories in bench or ``ask --json`` outputs."""
+    runs: list[list[dict]] = []
+    estimators: set[str] = set()
+    for path in paths:
+        text = Path(path).read_text()
+        try:
+            records = [json.loads(text)]
+        except json.JSONDecodeError:  # JSONL of bench records
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        for rec in records:
+            trajs = rec.get("trajectories") or []
+            trajs = trajs.values() if isinstance(trajs, dict) else trajs
+            config = rec.get("settings") or (rec.get("stats") or {}).get("config") or {}
+            estimators.add(config.get("estimator", "nll"))
+            # From-scratch trajectories only: branches over-represent the uncertain steps.
+            runs += [t["uncertainty"] for t in trajs if (t.get("origin") or {}).get("kind") in ("initial", "fill")]
+    return runs, estimators
+
+
+async def _calibrate(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.calibration import Calibration
+
+    runs, estimators = _scored_runs(args.runs)
+    if len(estimators) > 1:
+        raise ConfigError(f"the runs mix estimators {sorted(estimators)}: calibrate from one estimator's runs")
+    cal = Calibration.fit(runs, quantile=args.quantile, estimator=estimators.pop() if estimators else "nll")
+    cal.save(args.out)
+    table = Table("region", "threshold (perplexity)", "steps")
+    for region, threshold in cal.thresholds.items():
+        table.add_row(region, f"{threshold:.3f}", str(cal.samples[region]))
+    out.print(table)
+    console.print(f"{len(runs)} trajectories; wrote {args.out} (use it with --calibration {args.out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -396,10 +449,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-turns", type=int, default=6)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--concurrency", type=int, default=1, help="questions in flight at once")
-    bench.add_argument("--no-aggregate", action="store_true", help="skip compression/aggregation methods")
+    bench.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated, from: {', '.join(METHODS)} (partial/parallelmuse run once per mode)",
+    )
+    bench.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="FIELD=VALUE",
+        help="any other ParallelMuseConfig field for the partial-rollout runs, e.g. --set rounds=2 "
+        "--set diverse_branches=true (repeatable)",
+    )
     bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
     _add_model_args(bench)
     bench.set_defaults(func=_bench)
+    cal = sub.add_parser(
+        "calibrate", help="learn branching thresholds (for --calibration) from earlier runs' trajectories"
+    )
+    cal.add_argument("runs", nargs="+", help="bench results.jsonl files or `ask --json` outputs")
+    cal.add_argument("--out", required=True, help="calibration file to write")
+    cal.add_argument("--quantile", type=float, default=0.8, help="share of steps that will not branch")
+    cal.set_defaults(func=_calibrate)
     return parser
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from langgraph_parallelmuse.calibration import REGIONS_OF_MODE, Calibration
 from langgraph_parallelmuse.errors import ConfigError
 
 Mode = Literal["exploration", "reasoning", "mixed", "all", "none"]
@@ -45,6 +46,23 @@ class ParallelMuseConfig(BaseModel):
     estimator: Estimator = Field(
         "nll", description="'nll' = paper Eq. 1 perplexity; 'entropy' = top-k entropy (official code)."
     )
+    # Beyond the paper (off by default).
+    rounds: int = Field(
+        1,
+        description="Branching rounds. Above 1, the budget left after round 1 goes to branches of the "
+        "branches (at their most uncertain regenerated step) instead of from-scratch fills.",
+    )
+    calibration: str | None = Field(
+        None,
+        description="Calibration file (`parallelmuse calibrate`): branch at every step whose region "
+        "perplexity exceeds the calibrated threshold, most uncertain first, capped by the budget "
+        "(replaces top-k).",
+    )
+    diverse_branches: bool = Field(
+        False,
+        description="Resample a branch's first step when its tool call repeats the parent's or a "
+        "sibling's (same tool, same normalised arguments).",
+    )
     # Sampling.
     temperature: float = Field(0.6, description="Rollout sampling temperature.")
     top_p: float = Field(0.95, description="Rollout nucleus sampling.")
@@ -78,8 +96,27 @@ class ParallelMuseConfig(BaseModel):
             problems.append(f"t={self.t}: T (branches per pick) must be at least 1")
         if self.m > self.n:
             problems.append(f"m={self.m} > n={self.n}: initial trajectories cannot exceed N")
-        elif self.mode != "none" and self.m + self.m * self.k * self.t > self.n:
+        elif self.mode != "none" and self.calibration is None and self.m + self.m * self.k * self.t > self.n:
             problems.append(f"n={self.n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t")
+        elif self.calibration is not None and self.m + self.t > self.n:
+            problems.append(f"n={self.n} < m + t = {self.m + self.t}: no room for one calibrated pick's branches")
+        if self.rounds < 1:
+            problems.append(f"rounds={self.rounds}: use 1 (the paper) or more")
+        if self.mode == "none" and (self.rounds > 1 or self.calibration is not None):
+            problems.append("rounds > 1 and calibration need a branching mode: set mode (e.g. 'exploration')")
+        if self.calibration is not None and self.mode != "none":
+            try:
+                cal = Calibration.load(self.calibration)
+            except ConfigError as exc:
+                problems.append(f"calibration: {exc}")
+            else:
+                if cal.estimator != self.estimator:
+                    problems.append(
+                        f"calibration was fitted with estimator={cal.estimator!r} but estimator={self.estimator!r}:"
+                        " use the same estimator or recalibrate"
+                    )
+                if not any(r in cal.thresholds for r in REGIONS_OF_MODE[self.mode]):
+                    problems.append(f"calibration has no threshold for mode {self.mode!r}: recalibrate")
         if not 0.0 <= self.temperature <= 2.0:
             problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:
@@ -107,13 +144,21 @@ class ParallelMuseConfig(BaseModel):
 
     @property
     def branch_budget(self) -> int:
-        """Branches the paper's schedule launches in the first round (M*k*T, 0 for mode 'none')."""
-        return 0 if self.mode == "none" else self.m * self.k * self.t
+        """Most branches the first round can launch: M*k*T (the paper), as many whole groups of T
+        as fit in N - M with a calibration, 0 for mode 'none'."""
+        if self.mode == "none":
+            return 0
+        if self.calibration is not None:
+            return (self.n - self.m) // self.t * self.t
+        return self.m * self.k * self.t
 
     @property
     def fill_budget(self) -> int:
-        """From-scratch trajectories that fill the budget after the planned branches."""
-        return self.n - self.m - self.branch_budget
+        """From-scratch trajectories launched beside the initial ones (they need no uncertainty).
+
+        With ``rounds > 1`` the leftover budget is kept for later rounds instead.
+        """
+        return 0 if self.rounds > 1 else self.n - self.m - self.branch_budget
 
 
 def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides) -> ParallelMuseConfig:

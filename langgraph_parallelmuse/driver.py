@@ -37,6 +37,8 @@ class StepContext:
     final: bool  # this step must answer (last turn, or context exhausted)
     max_step_tokens: int
     tool_names: frozenset[str] = field(default_factory=frozenset)
+    # Tool calls this step must not repeat: the parent's and siblings' at a fork (diverse_branches).
+    avoid: frozenset[str] = field(default_factory=frozenset)
 
 
 def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
@@ -44,7 +46,8 @@ def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
-def _call_key(action: Action) -> str:
+def call_key(action: Action) -> str:
+    """A tool call's identity: the tool and its whitespace- and case-normalised arguments."""
     args = {k: " ".join(str(v).lower().split()) for k, v in (action.get("arguments") or {}).items()}
     return json.dumps([action.get("name"), args], sort_keys=True)
 
@@ -53,8 +56,13 @@ def repeated_call(action: Action, steps: Sequence[Step]) -> bool:
     """True when a tool call repeats an earlier one (same tool, same normalised arguments)."""
     if action.get("type") != "tool_call":
         return False
-    key = _call_key(action)
-    return any(s["action"].get("type") == "tool_call" and _call_key(s["action"]) == key for s in steps)
+    key = call_key(action)
+    return any(s["action"].get("type") == "tool_call" and call_key(s["action"]) == key for s in steps)
+
+
+def repeats_sibling(action: Action, ctx: StepContext) -> bool:
+    """True when a branch's regenerated tool call repeats its parent's or a sibling's."""
+    return action.get("type") == "tool_call" and call_key(action) in ctx.avoid
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ class FreeDriver:
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
         if repeated_call(action, ctx.steps):
             return "repeats an earlier tool call"
+        if repeats_sibling(action, ctx):
+            return "repeats the parent's or a sibling's tool call"
         return None
 
 
@@ -186,6 +196,9 @@ class GuidedDriver:
             return "empty tool argument"
         if repeated_call(action, ctx.steps):
             return "repeats an earlier tool call"
+        # A visit's document is the driver's choice, not the model's: resampling cannot change it.
+        if action.get("name") != "visit" and repeats_sibling(action, ctx):
+            return "repeats the parent's or a sibling's tool call"
         return None
 
 

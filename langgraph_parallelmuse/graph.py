@@ -3,12 +3,14 @@
 ::
 
     START → prepare → Send(initial_rollout × (M + fills)) → select_branches
-          → Send(branch_rollout × (k·T forks + shortfall fills)) → collect
-          → Send(compress × answered trajectories) → aggregate → END
+          ⇄ Send(branch_rollout × (forks of the round + final fills))
+          → collect → Send(compress × answered trajectories) → aggregate → END
 
 Trajectories run in the checkpointed rollout subgraph (:mod:`langgraph_parallelmuse.agent`),
 each in its own thread; ``select_branches`` is the uncertainty node that picks the checkpoints
-to fork. Nodes are async-first; each also has a sync form so ``invoke``/``batch``/``stream`` work.
+to fork, once per branching round (one round in the paper). Which jobs each wave holds is
+decided by :mod:`langgraph_parallelmuse.schedule`. Nodes are async-first; each also has a sync
+form so ``invoke``/``batch``/``stream`` work.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import asdict
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -42,14 +45,13 @@ from langgraph_parallelmuse.config import ParallelMuseConfig, ParallelMuseContex
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import InputError
 from langgraph_parallelmuse.models.routing import routing_scope
+from langgraph_parallelmuse.schedule import Job, Pick, budget_stats, first_wave, next_wave, pick_branches, run_job
 from langgraph_parallelmuse.state import (
-    Origin,
     ParallelMuseInput,
     ParallelMuseOutput,
     ParallelMuseState,
     Trajectory,
 )
-from langgraph_parallelmuse.uncertainty import require_logprobs, select_branch_steps
 
 MAX_QUESTION_CHARS = 4000
 
@@ -225,61 +227,36 @@ def build_parallelmuse_graph(
             "stats": Overwrite(stats),
             "trajectories": Overwrite([]),
             "reports": Overwrite([]),
-            "picks": None,
+            "picks": Overwrite([]),
+            "round": 0,
             "answer": None,
         }
 
-    def fill_job(state: ParallelMuseState, i: int) -> Send:
-        return Send(
-            "initial_rollout" if state.get("picks") is None else "branch_rollout",
-            {
-                "question": state["question"],
-                "run_id": state["run_id"],
-                "id": f"f{i}",
-                "origin": Origin(kind="fill", parent=None, round=0),
-            },
-        )
+    def send(node: str, state: ParallelMuseState, job: Job) -> Send:
+        parent = next((t for t in state["trajectories"] if t["id"] == job.parent), None) if job.parent else None
+        # Plain dicts: a persistent checkpointer serialises Send payloads.
+        payload = {"question": state["question"], "run_id": state["run_id"], "job": asdict(job), "parent": parent}
+        return Send(node, payload)
 
     def launch_initial(state: ParallelMuseState) -> list[Send]:
-        settings = cfg()
-        initial = [
-            Send(
-                "initial_rollout",
-                {
-                    "question": state["question"],
-                    "run_id": state["run_id"],
-                    "id": f"t{i}",
-                    "origin": Origin(kind="initial", parent=None, round=0),
-                },
-            )
-            for i in range(settings.m)
-        ]
-        # Fill-ins do not depend on any uncertainty, so they run alongside the initial
-        # trajectories instead of after them (the only serial part of partial rollout).
-        return initial + [fill_job(state, i) for i in range(settings.fill_budget)]
+        return [send("initial_rollout", state, job) for job in first_wave(cfg())]
 
-    async def rollout(job: dict) -> dict[str, Any]:
-        with routing_scope(job["question"]):
-            return await _rollout(job)
+    async def rollout(payload: dict) -> dict[str, Any]:
+        with routing_scope(payload["question"]):
+            return await _rollout(payload)
 
-    async def _rollout(job: dict) -> dict[str, Any]:
-        settings = cfg()
-        thread_id = f"{job['run_id']}/{job['id']}"
+    async def _rollout(payload: dict) -> dict[str, Any]:
+        job = Job(**payload["job"])
         async with limit():
-            _emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
-            if job["origin"]["kind"] == "branch":
-                traj = await runner.fork(
-                    job["parent"],
-                    job["origin"]["step"],
-                    trajectory_id=job["id"],
-                    thread_id=thread_id,
-                    config=settings,
-                    origin=job["origin"],
-                )
-            else:
-                traj = await runner.run(
-                    job["question"], trajectory_id=job["id"], thread_id=thread_id, config=settings, origin=job["origin"]
-                )
+            _emit("trajectory_started", id=job.id, kind=job.origin["kind"], step=job.origin.get("step"))
+            traj = await run_job(
+                runner,
+                job,
+                payload["question"],
+                run_id=payload["run_id"],
+                config=cfg(),
+                parent=payload["parent"],
+            )
         _emit(
             "trajectory_finished",
             id=traj["id"],
@@ -292,67 +269,34 @@ def build_parallelmuse_graph(
         return {"trajectories": [traj]}
 
     async def select_branches(state: ParallelMuseState) -> dict[str, Any]:
+        """The uncertainty node, once per round: score the latest trajectories, pick checkpoints."""
         settings = cfg()
-        initial = [t for t in state["trajectories"] if t["origin"].get("kind") == "initial"]
-        fills = len(state["trajectories"]) - len(initial)
-        picks: list[dict[str, Any]] = []
-        if settings.mode != "none":
-            require_logprobs([s for t in initial for s in t["steps"]])
-            for traj in sorted(initial, key=lambda t: t["id"]):
-                # A failed trajectory's steps are still valid fork points.
-                for step, region, score in select_branch_steps(traj["uncertainty"], mode=settings.mode, k=settings.k):
-                    picks.append({"parent": traj["id"], "step": step, "region": region, "score": score})
-                    _emit("branch_picked", parent=traj["id"], step=step, region=region, score=score)
-        planned = settings.branch_budget
-        launched = len(picks) * settings.t
-        return {
-            "picks": picks,
-            "stats": {
-                "budget": {
-                    "n": settings.n,
-                    "initial": len(initial),
-                    "branches_planned": planned,
-                    "branches": launched,
-                    "shortfall_filled": planned - launched,
-                    "fill": fills + planned - launched,
-                },
-                "timeline": {"selected": time.time()},
-            },
-        }
+        if len(state["trajectories"]) >= settings.n:
+            return {}
+        round = state.get("round", 0) + 1
+        picks = pick_branches(state["trajectories"], settings, round=round)
+        for pick in picks:
+            _emit("branch_picked", **asdict(pick))
+        stamp = "selected" if round == 1 else f"selected_round{round}"
+        return {"round": round, "picks": [asdict(p) for p in picks], "stats": {"timeline": {stamp: time.time()}}}
 
     def launch_branches(state: ParallelMuseState) -> list[Send] | str:
         settings = cfg()
-        parents = {t["id"]: t for t in state["trajectories"]}
-        sends = []
-        for pick in state.get("picks", []):
-            for j in range(settings.t):
-                origin = Origin(
-                    kind="branch",
-                    parent=pick["parent"],
-                    step=pick["step"],
-                    region=pick["region"],
-                    score=pick["score"],
-                    round=1,
-                )
-                sends.append(
-                    Send(
-                        "branch_rollout",
-                        {
-                            "question": state["question"],
-                            "run_id": state["run_id"],
-                            "id": f"{pick['parent']}.s{pick['step']}.b{j}",
-                            "origin": origin,
-                            "parent": parents[pick["parent"]],
-                        },
-                    )
-                )
-        # Picks short of k (a trajectory with few scored steps) are made up by more fill-ins.
-        done = len(state["trajectories"])
-        sends += [fill_job(state, settings.fill_budget + i) for i in range(settings.n - done - len(sends))]
-        return sends or "collect"
+        if len(state["trajectories"]) >= settings.n:
+            return "collect"
+        round = state["round"]
+        picks = [Pick(**p) for p in state.get("picks", []) if p["round"] == round]
+        jobs = next_wave(state["trajectories"], picks, settings, round=round)
+        return [send("branch_rollout", state, job) for job in jobs]
 
     async def collect(state: ParallelMuseState) -> dict[str, Any]:
-        return {"stats": {"rollout": _summary(state["trajectories"]), "timeline": {"rolled_out": time.time()}}}
+        return {
+            "stats": {
+                "rollout": _summary(state["trajectories"]),
+                "budget": budget_stats(state["trajectories"], cfg()),
+                "timeline": {"rolled_out": time.time()},
+            }
+        }
 
     def launch_compress(state: ParallelMuseState) -> list[Send] | str:
         if cfg().aggregation != "parallelmuse":
@@ -448,7 +392,7 @@ def build_parallelmuse_graph(
     graph.add_conditional_edges("prepare", launch_initial, ["initial_rollout"])
     graph.add_edge("initial_rollout", "select_branches")
     graph.add_conditional_edges("select_branches", launch_branches, ["branch_rollout", "collect"])
-    graph.add_edge("branch_rollout", "collect")
+    graph.add_edge("branch_rollout", "select_branches")
     graph.add_conditional_edges("collect", launch_compress, ["compress", "aggregate"])
     graph.add_edge("compress", "aggregate")
     graph.add_edge("aggregate", END)

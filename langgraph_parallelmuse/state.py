@@ -193,7 +193,8 @@ class ParallelMuseState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     trajectories: Annotated[list[Trajectory], merge_trajectories]
     reports: Annotated[list[Report], merge_reports]
-    picks: list[dict[str, Any]]
+    picks: Annotated[list[dict[str, Any]], operator.add]  # every round's picks (schedule.Pick fields)
+    round: int  # the branching round in progress (0 before the first)
     answer: str | None
     answer_source: str  # "aggregator" | "majority_fallback" | baseline name | "none"
     stats: Annotated[dict[str, Any], merge_stats]

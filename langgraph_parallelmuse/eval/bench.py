@@ -4,7 +4,8 @@ Per question, N from-scratch trajectories are sampled once. They serve every met
 from-scratch samples (no scaling, majority, DeepConf weighted vote, max #tool calls, aggregation
 only), trajectory 0 is the initial trajectory M=1 of partial rollout, and the fill-ins of partial
 rollout are from-scratch trajectories 1, 2, … (they are from-scratch samples by definition), so
-differences between methods are paired. Each partial-rollout mode then adds only its k·T branches.
+differences between methods are paired. Each partial-rollout mode runs the graph's schedule
+(:func:`~langgraph_parallelmuse.schedule.partial_rollout`) and adds only its branches.
 Reports are written once per trajectory and shared by every method that aggregates it.
 
 Results are appended to a JSONL file one question at a time; a rerun skips finished questions.
@@ -28,31 +29,76 @@ from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.driver import GuidedDriver
+from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
-from langgraph_parallelmuse.state import Origin, Trajectory
-from langgraph_parallelmuse.uncertainty import select_branch_steps
+from langgraph_parallelmuse.schedule import partial_rollout
+from langgraph_parallelmuse.state import Trajectory
 
 METRICS = ("em", "f1", "contains")
 
 
 @dataclass(frozen=True)
+class Method:
+    """A method the bench can score, and which shared stages it needs."""
+
+    description: str
+    per_mode: bool = False  # one entry per partial-rollout mode: ``{name}_{mode}``
+    partial: bool = False  # needs the partial-rollout trajectories
+    reports: bool = False  # needs compressed reports
+
+
+METHODS: dict[str, Method] = {
+    "no_scaling": Method("mean score of the single from-scratch trajectories"),
+    "majority": Method("majority vote over the N from-scratch answers"),
+    "weighted": Method("DeepConf weighted vote over the N from-scratch answers"),
+    "max_tool_calls": Method("answer of the from-scratch trajectory with the most tool calls"),
+    "aggregation_only": Method("compressed-report aggregation over the N from-scratch trajectories", reports=True),
+    "partial": Method("partial rollout, majority-voted", per_mode=True, partial=True),
+    "parallelmuse": Method(
+        "partial rollout + compressed-report aggregation", per_mode=True, partial=True, reports=True
+    ),
+}
+
+
+@dataclass(frozen=True)
 class BenchSettings:
-    """What to run per question (paper defaults: N=8, M=1, k=2, T=3)."""
+    """What to run per question (paper defaults: N=8, M=1, k=2, T=3).
+
+    Raises:
+        ConfigError: An unknown method, or settings that make an invalid ParallelMuse config.
+
+    Example:
+        >>> BenchSettings(methods=("majority", "parallelmuse"), modes=("exploration",)).method_names()
+        ['majority', 'parallelmuse_exploration']
+    """
 
     n: int = 8
     k: int = 2
     t: int = 3
     modes: tuple[str, ...] = ("exploration", "reasoning", "mixed")
+    methods: tuple[str, ...] = tuple(METHODS)
     estimator: str = "nll"
     seed: int = 0
     setting: str = "distractor"  # or "open": the whole corpus
-    aggregate: bool = True  # compress + aggregate (ParallelMuse, aggregation only)
     max_turns: int = 6
     extra: dict[str, Any] = field(default_factory=dict)  # more ParallelMuseConfig fields
 
-    def config(self, mode: str = "exploration") -> ParallelMuseConfig:
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ConfigError(f"unknown bench method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
+        if "none" in self.modes:
+            raise ConfigError("modes: 'none' is from-scratch sampling, which the bench always runs; drop it")
+        for mode in self.modes:
+            self.config(mode)
+
+    def config(self, mode: str = "none") -> ParallelMuseConfig:
+        """The ParallelMuse config of one partial-rollout mode (``none``: from-scratch sampling)."""
+        extra = dict(self.extra)
+        if mode == "none":  # branching-only settings do not apply to from-scratch sampling
+            extra.update(rounds=1, calibration=None)
         return make_config(
             n=self.n,
             m=1,
@@ -62,8 +108,19 @@ class BenchSettings:
             estimator=self.estimator,
             seed=self.seed,
             max_turns=self.max_turns,
-            **self.extra,
+            **extra,
         )
+
+    def needs(self, stage: str) -> bool:
+        """Whether any selected method needs ``stage`` (``partial`` or ``reports``)."""
+        return any(getattr(METHODS[m], stage) for m in self.methods)
+
+    def method_names(self) -> list[str]:
+        """The method entries each question record will hold."""
+        return [f"{m}_{mode}" if METHODS[m].per_mode else m for m in self.methods for mode in self._modes(m)]
+
+    def _modes(self, method: str) -> tuple[str, ...]:
+        return self.modes if METHODS[method].per_mode else ("",)
 
 
 def _seen(traj: Trajectory, kind: str | None = None) -> list[str]:
@@ -76,6 +133,12 @@ def _cost(trajs: Sequence[Trajectory], reports: dict[str, dict] | None = None) -
     if reports is not None:
         out["report_tokens"] = float(sum(reports[t["id"]]["tokens"] for t in trajs if t["id"] in reports))
     return out
+
+
+def _mean_single(group: Sequence[Trajectory], answers: Sequence[str]) -> dict[str, float]:
+    """ "No scaling": the mean score of the group's single trajectories."""
+    per = [score_answer(t["answer"], answers) for t in group]
+    return {m: sum(p[m] for p in per) / len(per) for m in METRICS}
 
 
 async def run_question(
@@ -96,48 +159,40 @@ async def run_question(
     base = settings.config()
     runner = RolloutRunner(model, tools, driver=pick_driver(model, base.driver, guided), checkpointer=InMemorySaver())
     started = time.perf_counter()
-    scratch = await asyncio.gather(
-        *(
-            runner.run(item.question, trajectory_id=f"t{i}", thread_id=f"{item.id}/t{i}", config=base)
-            for i in range(settings.n)
-        )
-    )
+    scratch, _ = await partial_rollout(runner, item.question, config=base, run_id=f"{item.id}/scratch")
     timings = {"scratch_rollout": time.perf_counter() - started}
     note(f"{settings.n} from-scratch trajectories")
-    initial = scratch[0]
-    sets: dict[str, list[Trajectory]] = {"scratch": list(scratch)}
+    sets: dict[str, list[Trajectory]] = {"scratch": scratch}
     picks_by_mode: dict[str, list] = {}
-    for mode in settings.modes:
-        cfg = settings.config(mode)
-        picks = select_branch_steps(initial["uncertainty"], mode=mode, k=settings.k)
-        picks_by_mode[mode] = picks
+    for mode in settings.modes if settings.needs("partial") else ():
         t0 = time.perf_counter()
-        branches = await asyncio.gather(
-            *(
-                runner.fork(
-                    initial,
-                    step,
-                    trajectory_id=f"{mode[:3]}.s{step}.b{j}",
-                    thread_id=f"{item.id}/{mode}.s{step}.b{j}",
-                    config=cfg,
-                    origin=Origin(kind="branch", region=region, score=score, round=1),
-                )
-                for step, region, score in picks
-                for j in range(settings.t)
-            )
+        # The graph's own schedule; its from-scratch jobs (initial, fills) are the samples above.
+        group, picks = await partial_rollout(
+            runner, item.question, config=settings.config(mode), run_id=f"{item.id}/{mode}", reuse=scratch
         )
         timings[f"branches_{mode}"] = time.perf_counter() - t0
-        note(f"{len(branches)} {mode} branches")
-        fills = list(scratch[1 : 1 + settings.n - 1 - len(branches)])
-        sets[f"partial_{mode}"] = [initial, *branches, *fills]
+        picks_by_mode[mode] = [[p.step, p.region, p.score, p.round] for p in picks]
+        # Branch ids repeat across modes; this record holds every mode's trajectories.
+        sets[f"partial_{mode}"] = [
+            t if t["origin"].get("kind") != "branch" else {**t, "id": f"{mode[:3]}.{t['id']}"} for t in group
+        ]
+        note(f"{sum(t['origin'].get('kind') == 'branch' for t in group)} {mode} branches")
+
+    # Each method entry: (its family, the trajectories it reads).
+    entries: dict[str, tuple[str, list[Trajectory]]] = {
+        f"{family}_{mode}" if mode else family: (family, sets[f"partial_{mode}"] if mode else scratch)
+        for family in settings.methods
+        for mode in settings._modes(family)
+    }
     trajectories = {t["id"]: t for group in sets.values() for t in group}
 
     reports: dict[str, dict] = {}
-    answers: dict[str, dict[str, Any]] = {}
     guided_reports = isinstance(runner.driver, GuidedDriver)
-    if settings.aggregate:
+    to_compress = {
+        t["id"]: t for family, group in entries.values() if METHODS[family].reports for t in group if t["answer"]
+    }
+    if to_compress:
         t0 = time.perf_counter()
-        todo = [t for t in trajectories.values() if t["answer"]]
         done = await asyncio.gather(
             *(
                 compress_trajectory(
@@ -148,50 +203,40 @@ async def run_question(
                     max_report_tokens=base.max_report_tokens,
                     seed=settings.seed,
                 )
-                for t in todo
+                for t in to_compress.values()
             )
         )
         reports = {r["trajectory_id"]: dict(r) for r in done}
         timings["compress"] = time.perf_counter() - t0
         note(f"{len(done)} reports")
-        for name, group in [("aggregation_only", sets["scratch"])] + [
-            (f"parallelmuse_{m}", sets[f"partial_{m}"]) for m in settings.modes
-        ]:
-            group_reports = [reports[t["id"]] for t in group if t["id"] in reports]
-            result = await aggregate_reports(
-                model, item.question, group_reports, guided=guided_reports, seed=settings.seed
-            )
-            answers[name] = {
-                "answer": result.answer,
-                "source": result.source,
-                "aggregate_tokens": result.tokens,
-                "trajectories": [t["id"] for t in group],
-            }
-    for name, fn in BASELINES.items():
-        answers[name] = {"answer": fn(sets["scratch"]), "source": name, "trajectories": [t["id"] for t in scratch]}
-    for mode in settings.modes:
-        group = sets[f"partial_{mode}"]
-        answers[f"partial_{mode}"] = {
-            "answer": BASELINES["majority"](group),
-            "source": "majority",
-            "trajectories": [t["id"] for t in group],
-        }
 
     methods: dict[str, dict[str, Any]] = {}
-    for name, rec in answers.items():
-        group = [trajectories[i] for i in rec["trajectories"]]
-        methods[name] = {
-            **rec,
-            **score_answer(rec["answer"], item.answers),
-            "cost": _cost(group, reports if name.startswith(("parallelmuse", "aggregation")) else None),
-        }
-    for set_name, group in sets.items():  # "no scaling": the average single trajectory
-        label = "no_scaling" if set_name == "scratch" else f"single_{set_name}"
-        per = [score_answer(t["answer"], item.answers) for t in group]
-        methods[label] = {
+    for name, (family_name, group) in entries.items():
+        family = METHODS[family_name]
+        ids = [t["id"] for t in group]
+        if name == "no_scaling":
+            rec = {"answer": None, **_mean_single(group, item.answers)}
+        elif family.reports:
+            result = await aggregate_reports(
+                model,
+                item.question,
+                [reports[i] for i in ids if i in reports],
+                guided=guided_reports,
+                seed=settings.seed,
+            )
+            rec = {"answer": result.answer, "source": result.source, "aggregate_tokens": result.tokens}
+        else:
+            vote = "majority" if family.partial else name
+            rec = {"answer": BASELINES[vote](group), "source": vote}
+        if "em" not in rec:
+            rec.update(score_answer(rec["answer"], item.answers))
+        methods[name] = {**rec, "trajectories": ids, "cost": _cost(group, reports if family.reports else None)}
+    for mode in picks_by_mode:  # diagnostics: the average single trajectory of each partial set
+        group = sets[f"partial_{mode}"]
+        methods[f"single_partial_{mode}"] = {
             "answer": None,
             "trajectories": [t["id"] for t in group],
-            **{m: sum(p[m] for p in per) / len(per) for m in METRICS},
+            **_mean_single(group, item.answers),
             "cost": _cost(group),
         }
 
@@ -204,7 +249,7 @@ async def run_question(
         "setting": settings.setting,
         "seconds": time.perf_counter() - started,
         "timings": timings,
-        "picks": {m: [list(p) for p in ps] for m, ps in picks_by_mode.items()},
+        "picks": picks_by_mode,
         "methods": methods,
         "reports": {
             k: {f: v[f] for f in ("answer", "tokens", "trajectory_tokens", "status")} for k, v in reports.items()
@@ -308,6 +353,9 @@ async def run_bench(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_done(out)
+    if out.exists() and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+        with out.open("a") as fh:  # a crash cut the last line: keep new records off it
+            fh.write("\n")
     records = [done[i.id] for i in items if i.id in done]
     todo = [i for i in items if i.id not in done]
     sem = asyncio.Semaphore(concurrency)

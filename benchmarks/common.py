@@ -1,0 +1,26 @@
+"""Setup shared by the benchmark scripts: a dev set of ``../shared/eval-data`` and its index."""
+
+from __future__ import annotations
+
+import argparse
+
+from langgraph_parallelmuse.eval import QAItem, eval_data_dir, load_questions
+from langgraph_parallelmuse.tools import CorpusIndex
+
+DATASETS = ("hotpotqa_train100", "musique_train100")
+
+
+def arguments(doc: str, *, limit: int) -> argparse.Namespace:
+    """``--dataset``, ``--limit`` and ``--seed``, the options every benchmark script takes."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--dataset", choices=DATASETS, default=DATASETS[0])
+    ap.add_argument("--limit", type=int, default=limit)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args()
+
+
+def dev_set(name: str, limit: int) -> tuple[list[QAItem], CorpusIndex]:
+    """The first ``limit`` questions of a dev set and the full-text index of its corpus."""
+    data = eval_data_dir()
+    items = load_questions(data / f"{name}.questions.jsonl", limit=limit)
+    return items, CorpusIndex.from_jsonl(data / f"{name}.corpus.jsonl")

@@ -1,0 +1,140 @@
+"""Calibrated branching thresholds: branch wherever a region is unusually uncertain.
+
+The paper branches at a fixed top-k steps per trajectory. A calibration instead learns, from
+earlier trajectories of the same model and task, the perplexity quantile above which a step
+counts as uncertain, and branches at every such step (most uncertain first, capped by the
+budget). It is a small JSON file, so one calibration serves many runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from langgraph_parallelmuse.errors import ConfigError
+
+REGIONS_OF_MODE = {
+    "exploration": ("exploration",),
+    "reasoning": ("reasoning",),
+    "mixed": ("exploration", "reasoning"),
+    "all": ("all",),
+}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-region perplexity thresholds learned from earlier trajectories.
+
+    Example:
+        >>> steps = [{"reasoning": r, "exploration": e, "all": r} for r, e in [(1, 9), (2, 3), (3, 1), (4, None)]]
+        >>> cal = Calibration.fit([steps], quantile=0.5, estimator="nll")
+        >>> cal.thresholds["reasoning"], cal.thresholds["exploration"]
+        (2.5, 3.0)
+        >>> cal.excess({"reasoning": 5.0, "exploration": 1.0}, mode="mixed")
+        ('reasoning', 2.0)
+    """
+
+    estimator: str
+    quantile: float
+    thresholds: dict[str, float]
+    samples: dict[str, int]
+
+    @classmethod
+    def fit(
+        cls,
+        uncertainties: Iterable[Iterable[Mapping[str, float | None]]],
+        *,
+        quantile: float = 0.8,
+        estimator: str = "nll",
+    ) -> Calibration:
+        """Thresholds at ``quantile`` of each region's step perplexities.
+
+        Args:
+            uncertainties: Per trajectory, its per-step region scores (``Trajectory["uncertainty"]``).
+            quantile: Share of steps that will *not* qualify for branching, in (0, 1).
+            estimator: The estimator the scores were computed with (checked when used).
+        """
+        if not 0.0 < quantile < 1.0:
+            raise ConfigError(f"quantile={quantile}: use a value strictly between 0 and 1")
+        values: dict[str, list[float]] = {r: [] for r in ("reasoning", "exploration", "all")}
+        for steps in uncertainties:
+            for step in steps:
+                for region, vals in values.items():
+                    if step.get(region) is not None:
+                        vals.append(float(step[region]))
+        if not any(values.values()):
+            raise ConfigError("no scored steps to calibrate from: run some trajectories with logprobs first")
+        return cls(
+            estimator=estimator,
+            quantile=quantile,
+            thresholds={r: _quantile(v, quantile) for r, v in values.items() if v},
+            samples={r: len(v) for r, v in values.items()},
+        )
+
+    def excess(self, scores: Mapping[str, float | None], *, mode: str) -> tuple[str, float] | None:
+        """The region of ``mode`` whose score most exceeds its threshold, as ``(region, score/threshold)``.
+
+        ``None`` when no region of the mode has both a score and a threshold.
+        """
+        best: tuple[str, float] | None = None
+        for region in REGIONS_OF_MODE.get(mode, ()):
+            score, threshold = scores.get(region), self.thresholds.get(region)
+            if score is None or not threshold:
+                continue
+            ratio = score / threshold
+            if best is None or ratio > best[1]:
+                best = (region, ratio)
+        return best
+
+    def save(self, path: str | Path) -> Path:
+        """Write the calibration as JSON and return the path."""
+        path = Path(path)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> Calibration:
+        """Read a calibration file written by :meth:`save` (or ``parallelmuse calibrate``).
+
+        Raises:
+            ConfigError: Missing or malformed file.
+        """
+        path = Path(path)
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise ConfigError(
+                f"calibration file {str(path)!r} not found: write one with `parallelmuse calibrate`"
+            ) from exc
+        return _load(str(path.resolve()), stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _load(path: str, mtime_ns: int) -> Calibration:
+    # Keyed by mtime: every node of a run resolves the config, the file is read once per change.
+    try:
+        data = json.loads(Path(path).read_text())
+        cal = Calibration(
+            estimator=str(data["estimator"]),
+            quantile=float(data["quantile"]),
+            thresholds={str(k): float(v) for k, v in data["thresholds"].items()},
+            samples={str(k): int(v) for k, v in data.get("samples", {}).items()},
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"calibration file {path!r} is malformed ({exc}): regenerate it with `parallelmuse calibrate`"
+        ) from exc
+    if not cal.thresholds:
+        raise ConfigError(f"calibration file {path!r} has no thresholds: regenerate it with more trajectories")
+    return cal

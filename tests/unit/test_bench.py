@@ -1,0 +1,133 @@
+"""The benchmark harness with a scripted model over a real (tiny) full-text index: the method
+registry, paired samples, and resume without repeating a question."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.eval.bench import METHODS, BenchSettings, load_done, run_bench, summarize
+from langgraph_parallelmuse.eval.datasets import QAItem
+from langgraph_parallelmuse.tools import CorpusIndex
+from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder
+
+DOCS = [
+    {"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
+    {"id": "d2", "title": "Rome", "text": "Rome is the capital of Italy."},
+    {"id": "d3", "title": "Madrid", "text": "Madrid is the capital of Spain."},
+]
+
+
+def _item(i: int, question: str, answer: str, doc: str) -> QAItem:
+    return QAItem(f"q{i}", question, [answer], [doc], [d["id"] for d in DOCS], "toy")
+
+
+ITEMS = [
+    _item(1, "What is the capital of France?", "Paris", "d1"),
+    _item(2, "What is the capital of Italy?", "Rome", "d2"),
+    _item(3, "What is the capital of Spain?", "Madrid", "d3"),
+]
+ANSWERS = {item.question: item.answers[0] for item in ITEMS}
+
+
+def _question(messages) -> str:
+    return next(q for q in ANSWERS if any(q in str(m.content) for m in messages))
+
+
+def _agent(index, messages):
+    if index == 0:
+        return Reply(call_text("search", "Look it up", query="capital"), regions={"tool_call": -2.0})
+    return Reply(answer_text(ANSWERS[_question(messages)]), regions={"think": -1.0})
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    return CorpusIndex.from_jsonl(corpus)
+
+
+def _model(*, on: str | None = None, hook=None):
+    """The scripted model; ``hook()`` runs when a prompt mentions question ``on``."""
+    respond = research_responder(_agent)
+
+    def responder(messages):
+        if on is not None and any(on in str(m.content) for m in messages):
+            hook()
+        return respond(messages)
+
+    return ScriptedChatModel(responder=responder)
+
+
+SMALL = {"n": 4, "k": 1, "t": 2, "modes": ("exploration",)}
+
+
+async def test_every_registered_method_is_scored_on_paired_samples(index, tmp_path):
+    settings = BenchSettings(**SMALL)
+    assert settings.method_names() == [
+        "no_scaling",
+        "majority",
+        "weighted",
+        "max_tool_calls",
+        "aggregation_only",
+        "partial_exploration",
+        "parallelmuse_exploration",
+    ]
+    (rec,) = await run_bench(_model(), index, ITEMS[:1], settings, tmp_path / "r.jsonl")
+    assert set(settings.method_names()) <= set(rec["methods"])
+    methods = rec["methods"]
+    assert methods["majority"]["answer"] == "Paris" and methods["majority"]["em"] == 1.0
+    assert methods["parallelmuse_exploration"]["source"] == "aggregator"
+    # Paired: the partial set's from-scratch members are the from-scratch samples themselves.
+    scratch = methods["majority"]["trajectories"]
+    partial = methods["partial_exploration"]["trajectories"]
+    assert partial[0] == scratch[0] and set(partial) - set(scratch) == {"exp.t0.s0.b0", "exp.t0.s0.b1"}
+    assert methods["parallelmuse_exploration"]["cost"]["report_tokens"] > 0
+    assert "report_tokens" not in methods["majority"]["cost"]
+
+
+async def test_selected_methods_only_run_the_stages_they_need(index, tmp_path):
+    model = _model()
+    settings = BenchSettings(**{**SMALL, "methods": ("majority", "weighted")})
+    (rec,) = await run_bench(model, index, ITEMS[:1], settings, tmp_path / "r.jsonl")
+    assert set(rec["methods"]) == {"majority", "weighted"}
+    assert rec["reports"] == {} and rec["picks"] == {}
+    # Four from-scratch trajectories of two steps each, nothing else: no branches, no reports.
+    assert len(model.calls) == 4 * 2
+
+
+def test_an_unknown_method_or_mode_is_a_config_error_naming_the_choices():
+    with pytest.raises(ConfigError, match="unknown bench method.*majorty.*choose from no_scaling"):
+        BenchSettings(methods=("majorty",))
+    with pytest.raises(ConfigError, match="mode"):
+        BenchSettings(modes=("explore",))
+    with pytest.raises(ConfigError, match="always runs"):
+        BenchSettings(modes=("none",))
+    assert set(METHODS) >= {"no_scaling", "majority", "weighted", "max_tool_calls", "aggregation_only"}
+
+
+async def test_an_interrupted_bench_resumes_without_repeating_a_finished_question(index, tmp_path):
+    out = tmp_path / "results.jsonl"
+    settings = BenchSettings(**SMALL)
+    loop, run = asyncio.get_running_loop(), {}
+    # Interrupted (as by Ctrl-C) while question 2 is being answered.
+    model = _model(on=ITEMS[1].question, hook=lambda: loop.call_soon_threadsafe(run["task"].cancel))
+    run["task"] = asyncio.ensure_future(run_bench(model, index, ITEMS, settings, out))
+    with pytest.raises(asyncio.CancelledError):
+        await run["task"]
+    assert list(load_done(out)) == ["q1"]
+    with out.open("a") as fh:
+        fh.write('{"id": "q2", "trunc')  # a line cut by the crash
+
+    model = _model()
+    records = await run_bench(model, index, ITEMS, settings, out)
+    assert [r["id"] for r in records] == ["q1", "q2", "q3"]
+    asked = {_question(c["messages"]) for c in model.calls}
+    assert asked == {ITEMS[1].question, ITEMS[2].question}  # q1 was not run again
+    assert sorted(load_done(out)) == ["q1", "q2", "q3"]
+    summary = summarize(records)
+    assert summary["majority"]["questions"] == 3 and summary["majority"]["em"][0] == 1.0

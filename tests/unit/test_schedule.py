@@ -1,0 +1,224 @@
+"""The partial-rollout schedule: one plan for the graph and for ``partial_rollout``; multi-round
+branching within N; calibrated thresholds; sibling diversity."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.schedule import partial_rollout
+from tests.unit.fakes import Reply, ScriptedChatModel, call_text, make_tools, research_responder
+from tests.unit.test_graph import QUESTION, STEPS, by_step
+
+
+def _runner(agent=None):
+    model = ScriptedChatModel(responder=research_responder(agent or by_step()))
+    tools, calls = make_tools()
+    return RolloutRunner(model, tools, checkpointer=InMemorySaver()), model, calls
+
+
+def _shape(trajectories):
+    return sorted(
+        (t["id"], t["origin"]["kind"], t["origin"].get("step"), t["origin"].get("round")) for t in trajectories
+    )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"n": 8, "m": 1, "k": 2, "t": 3},
+        {"n": 8, "m": 1, "k": 2, "t": 3, "rounds": 2},
+        {"n": 9, "m": 1, "k": 1, "t": 2, "rounds": 3},
+        {"n": 6, "m": 2, "k": 1, "t": 2, "mode": "reasoning"},
+        {"n": 4, "mode": "none"},
+    ],
+)
+async def test_graph_and_partial_rollout_run_the_same_schedule(config):
+    cfg = make_config(config)
+    graph = create_parallelmuse(ScriptedChatModel(responder=research_responder(by_step())), make_tools()[0], config=cfg)
+    out = await graph.ainvoke({"question": QUESTION})
+    runner, _, _ = _runner()
+    trajectories, _ = await partial_rollout(runner, QUESTION, config=cfg, run_id="direct")
+    assert _shape(out["trajectories"]) == _shape(trajectories)
+    assert len(trajectories) == cfg.n
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "t", "rounds", "forkable"),
+    [
+        (8, 2, 3, 2, True),
+        (14, 2, 2, 2, True),
+        (14, 2, 2, 3, True),
+        (9, 2, 2, 4, True),
+        # k=1 forks step 1 only; its branches' later steps have no tool call: the leftover is filled.
+        (12, 1, 2, 2, False),
+    ],
+)
+async def test_multi_round_branching_stays_within_n_and_spends_the_leftover_on_branches(n, k, t, rounds, forkable):
+    runner, _, _ = _runner()
+    cfg = make_config(n=n, k=k, t=t, rounds=rounds)
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=cfg, run_id="mr")
+    assert len(trajectories) == n
+    assert len({t["thread_id"] for t in trajectories}) == n
+    later = [tr for tr in trajectories if tr["origin"].get("round", 0) >= 2 and tr["origin"]["kind"] == "branch"]
+    assert bool(later) == forkable  # when later rounds find nothing to fork, fills make up N
+    by_id = {tr["id"]: tr for tr in trajectories}
+    for branch in later:
+        parent = by_id[branch["origin"]["parent"]]
+        # A later-round branch forks its parent *after* the parent's own fork point...
+        assert parent["origin"]["kind"] == "branch"
+        assert branch["origin"]["round"] == parent["origin"]["round"] + 1
+        assert branch["origin"]["step"] > parent["origin"]["step"]
+        # ...and starts from exactly the parent's conversation up to that step.
+        step = branch["origin"]["step"]
+        assert branch["steps"][:step] == parent["steps"][:step]
+        before = [o for o in branch["observations"] if o["step"] < step]
+        assert before == [o for o in parent["observations"] if o["step"] < step]
+    assert {p.round for p in picks} == set(range(1, max(p.round for p in picks) + 1))
+
+
+async def test_rounds_2_with_default_budget_forks_the_round_1_branch_at_its_uncertain_step():
+    # STEPS: step 1 (visit) is the most uncertain exploration, then step 0 (search). Round 1 forks
+    # both; in round 2 only the step-0 branches have a later tool step to fork (their step 1).
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=research_responder(by_step())),
+        make_tools()[0],
+        config={"n": 8, "k": 2, "t": 3, "rounds": 2},
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    kinds = Counter((t["origin"]["kind"], t["origin"].get("round")) for t in out["trajectories"])
+    assert kinds == Counter({("initial", 0): 1, ("branch", 1): 6, ("branch", 2): 1})
+    (late,) = [t for t in out["trajectories"] if t["origin"].get("round") == 2]
+    assert late["id"] == "t0.s0.b0.s1.b0" and late["origin"]["parent"] == "t0.s0.b0"
+    budget = out["stats"]["budget"]
+    assert budget["branches_by_round"] == {"1": 6, "2": 1} and budget["fill"] == 0
+
+
+async def test_partial_rollout_reuses_given_samples_for_its_from_scratch_jobs():
+    runner, model, _ = _runner()
+    cfg = make_config(n=8, k=2, t=3)
+    samples, _ = await partial_rollout(runner, QUESTION, config=make_config(cfg, mode="none"), run_id="s")
+    calls = len(model.calls)
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=cfg, run_id="p", reuse=samples)
+    assert [t["id"] for t in trajectories[:2]] == ["t0", "f0"]
+    assert trajectories[0] is samples[0] and trajectories[1] is samples[1]
+    assert len(trajectories) == 8 and len(picks) == 2
+    # Only the six branches called the model: 2 regenerated steps each from step 1, 3 from step 0.
+    assert len(model.calls) - calls == 3 * 2 + 3 * 3
+
+
+# ------------------------------------------------------------------ calibrated threshold
+
+
+def _calibration_file(tmp_path, thresholds, estimator="nll"):
+    path = tmp_path / "cal.json"
+    Calibration(estimator=estimator, quantile=0.8, thresholds=thresholds, samples={}).save(path)
+    return str(path)
+
+
+async def test_calibrated_mode_branches_at_every_step_over_the_threshold_capped_by_the_budget(tmp_path):
+    # Exploration PPL: step 0 = e^0.2 ≈ 1.22, step 1 = e^2.5 ≈ 12.2 (STEPS).
+    runner, _, _ = _runner()
+    one = make_config(n=8, t=3, calibration=_calibration_file(tmp_path, {"exploration": 2.0}))
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=one, run_id="c1")
+    assert [(p.step, p.region) for p in picks] == [(1, "exploration")]
+    assert Counter(t["origin"]["kind"] for t in trajectories) == Counter({"initial": 1, "branch": 3, "fill": 4})
+
+    low = make_config(n=6, t=3, calibration=_calibration_file(tmp_path, {"exploration": 1.0}))
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=low, run_id="c2")
+    # Both steps qualify, most uncertain first, but n=6 holds only one group of T=3 branches.
+    assert [p.step for p in picks] == [1]
+    assert len(trajectories) == 6
+
+
+def test_calibration_fit_save_load_roundtrip(tmp_path):
+    runs = [[{"reasoning": float(i), "exploration": None, "all": float(i)} for i in range(1, 11)]]
+    cal = Calibration.fit(runs, quantile=0.9, estimator="entropy")
+    assert cal.thresholds["reasoning"] == pytest.approx(9.1) and "exploration" not in cal.thresholds
+    assert cal.samples == {"reasoning": 10, "exploration": 0, "all": 10}
+    assert Calibration.load(cal.save(tmp_path / "c.json")) == cal
+
+
+@pytest.mark.parametrize(
+    ("content", "config", "needle"),
+    [
+        (None, {}, "not found"),
+        ("{not json", {}, "malformed"),
+        (json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {}}), {}, "no thresholds"),
+        (
+            json.dumps({"estimator": "entropy", "quantile": 0.8, "thresholds": {"exploration": 2}}),
+            {},
+            "same estimator",
+        ),
+        (json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"reasoning": 2}}), {}, "no threshold"),
+        (json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 2}}), {"n": 3}, r"m \+ t"),
+    ],
+)
+def test_a_bad_calibration_raises_config_error_naming_the_fix(tmp_path, content, config, needle):
+    path = tmp_path / "cal.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=needle):
+        make_config(calibration=str(path), **config)
+
+
+def test_rounds_and_calibration_need_a_branching_mode():
+    with pytest.raises(ConfigError, match="rounds=0"):
+        make_config(rounds=0)
+    with pytest.raises(ConfigError, match="need a branching mode"):
+        make_config(rounds=2, mode="none")
+
+
+# ------------------------------------------------------------------ sibling diversity
+
+
+def _queries(per_call):
+    """Step 0 searches; step 1's query comes from ``per_call`` in call order; step 2 answers."""
+    step1_calls = iter(per_call)
+
+    def agent(index, messages):
+        if index == 0:
+            return STEPS[0]
+        if index == 1:
+            query = next(step1_calls)
+            return Reply(call_text("search", "Look closer", query=query), regions={"tool_call": -2.5})
+        return STEPS[2]
+
+    return agent
+
+
+@pytest.mark.parametrize(
+    ("diverse", "step1_replies", "branch_queries", "resampled"),
+    [
+        # Parent "paris"; branch 0 repeats it, resamples "lyon"; branch 1 repeats its sibling, resamples "nice".
+        (True, ["paris", "Paris ", "lyon", "LYON", "nice"], ["lyon", "nice"], [True, True]),
+        # Off: the repeats stand.
+        (False, ["paris", "paris", "lyon"], ["paris", "lyon"], [False, False]),
+        # Bounded: the driver resamples once, then keeps what it got.
+        (True, ["paris", "paris", "paris", "paris", "paris"], ["paris", "paris"], [True, True]),
+    ],
+)
+async def test_diverse_branches_resample_a_repeat_of_the_parent_or_a_sibling(
+    diverse, step1_replies, branch_queries, resampled
+):
+    runner, model, calls = _runner(_queries(step1_replies))
+    cfg = make_config(diverse_branches=diverse)
+    parent = await runner.run(QUESTION, trajectory_id="t0", thread_id="t0", config=cfg)
+    branches = [await runner.fork(parent, 1, trajectory_id=f"b{j}", thread_id=f"b{j}", config=cfg) for j in range(2)]
+    got = [b["steps"][1]["action"]["arguments"]["query"].strip().lower() for b in branches]
+    assert got == branch_queries
+    assert [b["steps"][1]["calls"] == 2 for b in branches] == resampled
+    # A rejected attempt's tokens are a real cost: they are counted beside the kept ones.
+    for b, again in zip(branches, resampled, strict=True):
+        kept = len(b["steps"][1]["tokens"])
+        assert (b["steps"][1]["generated_tokens"] > kept) == again
+    # Only accepted calls reach the tool: the parent's two searches, then one per branch.
+    assert calls["search"][2:] == [q for q in got]
