@@ -33,6 +33,8 @@ _LAZY = {
     "make_corpus_tools": "langgraph_parallelmuse.tools",
     "make_tavily_tools": "langgraph_parallelmuse.tools",
     "normalize_logprobs": "langgraph_parallelmuse.logprobs",
+    "partial_rollout": "langgraph_parallelmuse.schedule",
+    "Calibration": "langgraph_parallelmuse.calibration",
 }
 
 __all__ = [

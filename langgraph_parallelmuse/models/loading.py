@@ -113,7 +113,7 @@ def load_model(model_path: str | None = None, gguf_file: str | None = None, dtyp
 
     Example:
         >>> loaded = load_model()  # doctest: +SKIP
-        >>> loaded.name
+        >>> loaded.name  # doctest: +SKIP
         'SmolLM2-135M-Instruct'
     """
     if model_path is None:

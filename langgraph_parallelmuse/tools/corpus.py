@@ -250,7 +250,9 @@ class CorpusIndex:
             Up to ``k`` hits, best first; empty when no term matches.
 
         Example:
-            >>> index.search('Lilu "demon" AND (Gallu)', k=2, doc_ids=["hptrain100-00005"])
+            >>> index = CorpusIndex.wikipedia()  # doctest: +SKIP
+            >>> [h.title for h in index.search('Eiffel "tower" AND (Paris)', k=2)]  # doctest: +SKIP
+            ['Eiffel Tower', 'Gustave Eiffel']
         """
         match = fts_query(query)
         if match is None or k <= 0:
@@ -281,7 +283,7 @@ class CorpusIndex:
             doc_ids: If given, only these documents can be returned.
 
         Example:
-            >>> index.get("eiffel tower").id
+            >>> CorpusIndex.wikipedia().get("eiffel tower").id  # doctest: +SKIP
             'eiffel-tower'
         """
         key = id_or_title.strip()
