@@ -217,13 +217,15 @@ def build_parallelmuse_graph(
             "run_started", question=question, n=settings.n, m=settings.m, k=settings.k, t=settings.t, mode=settings.mode
         )
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
+        engine_start: dict[str, Any] = {}
         if callable(engine_stats := getattr(model, "engine_stats", None)):
             # The first access loads the model: keep that off the event loop.
-            stats["engine_start"] = await asyncio.to_thread(engine_stats)
+            engine_start = await asyncio.to_thread(engine_stats)
         # A checkpointed chat thread keeps the previous question's records: start this run clean.
         return {
             "question": question,
             "run_id": run_id,
+            "engine_start": engine_start,
             "stats": Overwrite(stats),
             "trajectories": Overwrite([]),
             "reports": Overwrite([]),
@@ -365,7 +367,7 @@ def build_parallelmuse_graph(
             source = "none"
         if callable(engine_stats := getattr(model, "engine_stats", None)):
             now = await asyncio.to_thread(engine_stats)
-            stats["engine"] = _engine_delta(state.get("stats", {}).get("engine_start", {}), now)
+            stats["engine"] = _engine_delta(state.get("engine_start") or {}, now)
         _emit("answer", answer=answer, source=source)
         text = answer if answer is not None else "No answer: every trajectory failed to produce one."
         return {

@@ -195,6 +195,7 @@ class ParallelMuseState(TypedDict, total=False):
     reports: Annotated[list[Report], merge_reports]
     picks: Annotated[list[dict[str, Any]], operator.add]  # every round's picks (schedule.Pick fields)
     round: int  # the branching round in progress (0 before the first)
+    engine_start: dict[str, Any]  # in-process engine counters at run start (stats.engine is the delta)
     answer: str | None
     answer_source: str  # "aggregator" | "majority_fallback" | baseline name | "none"
     stats: Annotated[dict[str, Any], merge_stats]
