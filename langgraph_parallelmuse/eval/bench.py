@@ -136,7 +136,7 @@ def _cost(trajs: Sequence[Trajectory], reports: dict[str, dict] | None = None) -
 
 
 def _mean_single(group: Sequence[Trajectory], answers: Sequence[str]) -> dict[str, float]:
-    """ "No scaling": the mean score of the group's single trajectories."""
+    """The mean score of the group's single trajectories ("no scaling")."""
     per = [score_answer(t["answer"], answers) for t in group]
     return {m: sum(p[m] for p in per) / len(per) for m in METRICS}
 
@@ -310,6 +310,43 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
                 entry[key] = sum(vals) / len(vals)
         out[name] = entry
     return out
+
+
+def rollout_table(records: Sequence[dict]) -> str:
+    """Partial rollout vs from-scratch sampling, per mode, as a Markdown table (the paper's Table 3).
+
+    Per question: generated tokens and their ratio to the from-scratch set, the share of prompt
+    tokens that were the parent's prefix (reusable by a prefix cache) and that the engine actually
+    served from its cache, tool calls, rollout seconds (the branches only, for partial sets: their
+    initial and fill trajectories are the from-scratch samples) and the mean single-trajectory
+    F1 / contains-gold.
+    """
+    sets = [("from scratch", "no_scaling", "scratch_rollout")] + [
+        (f"partial: {name.removeprefix('single_partial_')}", name, f"branches_{name.removeprefix('single_partial_')}")
+        for name in sorted({m for r in records for m in r["methods"] if m.startswith("single_partial_")})
+    ]
+    head = (
+        "| set | gen. tokens/q | ratio to scratch | prompt: parent's prefix | prompt: served by cache "
+        "| tool calls/q | rollout s/q | F1 | contains |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    base = sum(r["methods"]["no_scaling"]["cost"]["generated_tokens"] for r in records if "no_scaling" in r["methods"])
+    for label, name, timing in sets:
+        rows = [r for r in records if name in r["methods"]]
+        if not rows:
+            continue
+        cost = {k: sum(r["methods"][name]["cost"][k] for r in rows) for k in rows[0]["methods"][name]["cost"]}
+        prompt = cost["prompt_tokens"] or 1.0
+        lines.append(
+            f"| {label} | {cost['generated_tokens'] / len(rows):.0f} | "
+            f"{cost['generated_tokens'] / base if base else float('nan'):.3f} | "
+            f"{cost['reused_prefix_tokens'] / prompt:.0%} | {cost['cached_prompt_tokens'] / prompt:.0%} | "
+            f"{cost['tool_calls'] / len(rows):.1f} | "
+            f"{sum(r['timings'].get(timing, 0.0) for r in rows) / len(rows):.0f} | "
+            f"{sum(r['methods'][name]['f1'] for r in rows) / len(rows):.3f} | "
+            f"{sum(r['methods'][name]['contains'] for r in rows) / len(rows):.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> str:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.eval.bench import METHODS, BenchSettings, load_done, run_bench, summarize
+from langgraph_parallelmuse.eval.bench import METHODS, BenchSettings, load_done, rollout_table, run_bench, summarize
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.tools import CorpusIndex
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder
@@ -131,3 +131,14 @@ async def test_an_interrupted_bench_resumes_without_repeating_a_finished_questio
     assert sorted(load_done(out)) == ["q1", "q2", "q3"]
     summary = summarize(records)
     assert summary["majority"]["questions"] == 3 and summary["majority"]["em"][0] == 1.0
+
+
+async def test_rollout_table_puts_partial_rollout_beside_from_scratch_sampling(index, tmp_path):
+    records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    lines = rollout_table(records).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| from scratch", "| partial: exploration"]
+    scratch, partial = (line.split(" | ") for line in lines[2:])
+    assert scratch[2] == "1.000"
+    # Two of the four partial trajectories are branches from step 0: same 2-step cost as from
+    # scratch, so the ratio is exactly 1 here; their prompts start with the parent's prefix.
+    assert partial[2] == "1.000" and partial[3] != "0%"
