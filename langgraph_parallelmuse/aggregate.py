@@ -32,7 +32,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.eval.scoring import f1_score, normalize_vote_key
-from langgraph_parallelmuse.protocol import neutralize
+from langgraph_parallelmuse.protocol import neutralize, quote_lines
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory
 
@@ -206,7 +206,7 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
     """The messages the aggregator receives: the question and the numbered reports, nothing else.
 
     Report text is neutralised: a report may quote tool output, which must not open or close a
-    protocol tag in the aggregator's prompt.
+    protocol tag in the aggregator's prompt, nor start a line that poses as a section of it.
 
     Example:
         >>> msgs = build_aggregate_messages("Capital of France?", [
@@ -215,7 +215,11 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
         Report 1:
         Final answer: Paris
     """
-    numbered = "\n\n".join(f"Report {i}:\n{neutralize(r['text'].strip())}" for i, r in enumerate(reports, 1))
+    # A report quoting tool output must not start a fake "Report N:" or "Question:" section.
+    numbered = "\n\n".join(
+        f"Report {i}:\n{quote_lines(neutralize(r['text'].strip()), ('Report ', 'Question:', 'Each report above'))}"
+        for i, r in enumerate(reports, 1)
+    )
     body = f"Question: {question}\n\n{numbered}\n\nQuestion: {question}\n\n{_INSTRUCTIONS}"
     return [SystemMessage(_SYSTEM), HumanMessage(body)]
 
