@@ -208,7 +208,7 @@ async def _ask(args: argparse.Namespace) -> int:
                     )
                 elif ev == "branch_picked":
                     prog.console.print(
-                        f"  [yellow]⑂[/] branch from {chunk['parent']} step {chunk['step']} "
+                        f"  [yellow]⑂[/] round {chunk['round']}: branch from {chunk['parent']} step {chunk['step']} "
                         f"({chunk['region']} PPL {chunk['score']:.2f})"
                     )
                 elif ev == "report_written":
