@@ -85,6 +85,20 @@ def _model(args: argparse.Namespace):
         return LocalChatModel(model_path=args.model_path) if args.model_path else LocalChatModel.embedded()
 
 
+def _judge(args: argparse.Namespace):
+    """The LLM judge of ``bench``: a deterministic ChatOpenAI on ``--judge-base-url``, or None."""
+    if not args.judge_base_url:
+        return None
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        base_url=args.judge_base_url,
+        model=args.judge_model or "default",
+        api_key=os.environ.get("OPENAI_API_KEY", "none"),
+        temperature=0.0,
+    )
+
+
 def _tools(args: argparse.Namespace):
     if args.tavily:
         from langgraph_parallelmuse.tools import make_tavily_tools
@@ -340,6 +354,7 @@ async def _bench(args: argparse.Namespace) -> int:
             settings,
             out_dir / "results.jsonl",
             concurrency=args.concurrency,
+            judge=_judge(args),
             progress=tick,
             log=prog.console.print,
         )
@@ -464,6 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--set diverse_branches=true (repeatable)",
     )
     bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
+    bench.add_argument(
+        "--judge-base-url",
+        help="OpenAI-compatible server of an LLM judge (BrowseComp grading prompt); adds a 'judge' score",
+    )
+    bench.add_argument("--judge-model", default=None, help="judge model name on that server")
     _add_model_args(bench)
     bench.set_defaults(func=_bench)
     cal = sub.add_parser(

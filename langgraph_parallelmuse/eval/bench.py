@@ -31,6 +31,7 @@ from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval.datasets import QAItem
+from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.schedule import partial_rollout
@@ -141,6 +142,26 @@ def _mean_single(group: Sequence[Trajectory], answers: Sequence[str]) -> dict[st
     return {m: sum(p[m] for p in per) / len(per) for m in METRICS}
 
 
+async def _judge_methods(
+    judge: BaseChatModel, item: QAItem, methods: dict[str, dict], trajectories: dict[str, Trajectory]
+) -> None:
+    """Add the judge's verdict to every method; "no scaling" entries average their trajectories'."""
+    verdicts: dict[str, float] = {}
+
+    async def verdict(answer: str | None) -> float:
+        key = " ".join((answer or "").lower().split())
+        if key not in verdicts:  # one judge call per distinct answer
+            verdicts[key] = 1.0 if await llm_judge(judge, item.question, answer, item.answers) else 0.0
+        return verdicts[key]
+
+    for rec in methods.values():
+        if rec["answer"] is not None or "source" in rec:
+            rec["judge"] = await verdict(rec["answer"])
+        else:
+            scores = [await verdict(trajectories[i]["answer"]) for i in rec["trajectories"]]
+            rec["judge"] = sum(scores) / len(scores)
+
+
 async def run_question(
     model: BaseChatModel,
     tools: Sequence,
@@ -148,9 +169,14 @@ async def run_question(
     settings: BenchSettings,
     *,
     guided: GuidedDriver | None = None,
+    judge: BaseChatModel | None = None,
     log: Any = None,
 ) -> dict[str, Any]:
-    """Run every method on one question and score it. Returns one JSON-able record."""
+    """Run every method on one question and score it. Returns one JSON-able record.
+
+    With a ``judge`` model every answer also gets a ``judge`` score (1.0 when the judge says it
+    matches the gold answer; an unreadable verdict counts as 0.0).
+    """
 
     def note(stage: str) -> None:
         if log is not None:
@@ -240,6 +266,8 @@ async def run_question(
             "cost": _cost(group),
         }
 
+    if judge is not None:
+        await _judge_methods(judge, item, methods, trajectories)
     support = item.supporting_doc_ids
     return {
         "id": item.id,
@@ -286,6 +314,12 @@ def load_done(path: Path) -> dict[str, dict]:
     return done
 
 
+def _metrics(rows: Sequence[dict], name: str) -> tuple[str, ...]:
+    """The string metrics, plus ``judge`` when every row of the method was judged."""
+    judged = all("judge" in r["methods"][name] for r in rows)
+    return (*METRICS, "judge") if judged else METRICS
+
+
 def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int = 0) -> dict[str, dict]:
     """Mean and bootstrap 95% interval per method and metric, paired differences vs ``baseline``."""
     names = sorted({m for r in records for m in r["methods"]})
@@ -293,7 +327,7 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
     for name in names:
         rows = [r for r in records if name in r["methods"]]
         entry: dict[str, Any] = {"questions": len(rows)}
-        for metric in METRICS:
+        for metric in _metrics(rows, name):
             values = [r["methods"][name][metric] for r in rows]
             entry[metric] = bootstrap_ci(values, seed=seed)
             if baseline in rows[0]["methods"] and name != baseline:
@@ -350,10 +384,16 @@ def rollout_table(records: Sequence[dict]) -> str:
 
 
 def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> str:
-    """The summary as a Markdown table (mean [95% CI]; Δ vs baseline, '~' = within noise)."""
+    """The summary as a Markdown table (mean [95% CI]; Δ vs baseline, '~' = within noise).
+
+    A ``judge`` column appears when the run had an LLM judge.
+    """
+    scores = ["em", "f1", "contains"] + (["judge"] if summary and all("judge" in e for e in summary.values()) else [])
     head = (
-        "| method | EM | F1 | contains | ΔF1 vs " + baseline + " | gen. tokens/q | report tokens/q"
-        " | tool calls/q |\n|---|---|---|---|---|---|---|---|"
+        "| method | "
+        + " | ".join("EM" if m == "em" else m if m != "f1" else "F1" for m in scores)
+        + f" | ΔF1 vs {baseline} | gen. tokens/q | report tokens/q | tool calls/q |\n|"
+        + "---|" * (len(scores) + 5)
     )
     lines = [head]
 
@@ -367,7 +407,7 @@ def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> s
             "—" if delta is None else f"{delta[0]:+.3f} [{delta[1]:+.2f}, {delta[2]:+.2f}]" + (" ~" if delta[3] else "")
         )
         lines.append(
-            f"| {name} | {ci(e, 'em')} | {ci(e, 'f1')} | {ci(e, 'contains')} | {dtxt} | "
+            f"| {name} | " + " | ".join(ci(e, m) for m in scores) + f" | {dtxt} | "
             f"{e.get('generated_tokens', 0):.0f} | {e.get('report_tokens', 0) or 0:.0f} | "
             f"{e.get('tool_calls', 0):.1f} |"
         )
@@ -382,6 +422,7 @@ async def run_bench(
     out: Path,
     *,
     concurrency: int = 1,
+    judge: BaseChatModel | None = None,
     progress: Any = None,
     log: Any = None,
 ) -> list[dict]:
@@ -401,7 +442,8 @@ async def run_bench(
     async def one(item: QAItem) -> None:
         async with sem:
             subset = item.context_doc_ids if settings.setting == "distractor" else None
-            rec = await run_question(model, make_corpus_tools(index, doc_ids=subset), item, settings, log=log)
+            tools = make_corpus_tools(index, doc_ids=subset)
+            rec = await run_question(model, tools, item, settings, judge=judge, log=log)
             rec["settings"] = asdict(settings)
             async with lock:
                 with out.open("a") as fh:

@@ -9,7 +9,15 @@ import json
 import pytest
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.eval.bench import METHODS, BenchSettings, load_done, rollout_table, run_bench, summarize
+from langgraph_parallelmuse.eval.bench import (
+    METHODS,
+    BenchSettings,
+    load_done,
+    markdown_table,
+    rollout_table,
+    run_bench,
+    summarize,
+)
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.tools import CorpusIndex
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder
@@ -142,3 +150,21 @@ async def test_rollout_table_puts_partial_rollout_beside_from_scratch_sampling(i
     # Two of the four partial trajectories are branches from step 0: same 2-step cost as from
     # scratch, so the ratio is exactly 1 here; their prompts start with the parent's prefix.
     assert partial[2] == "1.000" and partial[3] != "0%"
+
+
+async def test_an_llm_judge_adds_a_judge_score_to_every_method_and_the_table(index, tmp_path):
+    calls = []
+
+    def judge_reply(messages):
+        prompt = messages[-1].content
+        calls.append(prompt)
+        # Says yes only for the exact gold, so a wrong answer must come back as 0.
+        response = prompt.split("[response]: ", 1)[1].split("\n", 1)[0]
+        return "correct: yes" if response == "Paris" else "correct: no"
+
+    judge = ScriptedChatModel(responder=judge_reply)
+    (rec,) = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl", judge=judge)
+    assert {name: m["judge"] for name, m in rec["methods"].items()} == {name: 1.0 for name in rec["methods"]}
+    assert len(calls) == 1  # one call per distinct answer
+    table = markdown_table(summarize([rec]))
+    assert "| judge |" in table.splitlines()[0]
