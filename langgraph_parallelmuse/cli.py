@@ -312,7 +312,14 @@ async def _agent(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.eval.bench import BenchSettings, markdown_table, rollout_table, run_bench, summarize
+    from langgraph_parallelmuse.eval.bench import (
+        BenchSettings,
+        markdown_table,
+        rollout_table,
+        run_bench,
+        run_facts,
+        summarize,
+    )
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
@@ -359,7 +366,14 @@ async def _bench(args: argparse.Namespace) -> int:
             log=prog.console.print,
         )
     summary = summarize(records, seed=args.seed)
-    table = markdown_table(summary) + "\n\n" + rollout_table(records)
+    facts = run_facts(records)
+    table = (
+        markdown_table(summary)
+        + "\n\n"
+        + rollout_table(records)
+        + "\n\n"
+        + "\n".join(f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in facts.items())
+    )
     (out_dir / "summary.md").write_text(table + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from langgraph_parallelmuse.eval.plots import uncertainty_profile

@@ -346,6 +346,41 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
     return out
 
 
+def run_facts(records: Sequence[dict]) -> dict[str, float | int]:
+    """Agent and compression figures of a bench run (from-scratch trajectories for the agent ones).
+
+    Example:
+        >>> run_facts([])["questions"]
+        0
+    """
+    scratch = [t for r in records for t in r["trajectories"].values() if t["origin"].get("kind") in ("initial", "fill")]
+    reports = [rep for r in records for rep in r["reports"].values()]
+    aggregated = [
+        m for r in records for m in r["methods"].values() if m.get("source") in ("aggregator", "majority_fallback")
+    ]
+
+    def mean(values: Sequence[float | None]) -> float:
+        kept = [v for v in values if v is not None]
+        return sum(kept) / len(kept) if kept else float("nan")
+
+    report_tokens = sum(rep["tokens"] for rep in reports)
+    trajectory_tokens = sum(rep["trajectory_tokens"] for rep in reports)
+    return {
+        "questions": len(records),
+        "scratch_trajectories": len(scratch),
+        "well_formed": mean([float(t["well_formed"]) for t in scratch]),
+        "mean_steps": mean([t["steps"] for t in scratch]),
+        "recall_seen": mean([t["recall_seen"] for t in scratch]),
+        "recall_opened": mean([t["recall_opened"] for t in scratch]),
+        "reports": len(reports),
+        "fallback_reports": sum(rep["status"] == "fallback" for rep in reports),
+        "mean_report_tokens": report_tokens / len(reports) if reports else float("nan"),
+        "compression_ratio": report_tokens / trajectory_tokens if trajectory_tokens else float("nan"),
+        "aggregations": len(aggregated),
+        "aggregator_picked": sum(m["source"] == "aggregator" for m in aggregated),
+    }
+
+
 def rollout_table(records: Sequence[dict]) -> str:
     """Partial rollout vs from-scratch sampling, per mode, as a Markdown table (the paper's Table 3).
 

@@ -16,6 +16,7 @@ from langgraph_parallelmuse.eval.bench import (
     markdown_table,
     rollout_table,
     run_bench,
+    run_facts,
     summarize,
 )
 from langgraph_parallelmuse.eval.datasets import QAItem
@@ -168,3 +169,12 @@ async def test_an_llm_judge_adds_a_judge_score_to_every_method_and_the_table(ind
     assert len(calls) == 1  # one call per distinct answer
     table = markdown_table(summarize([rec]))
     assert "| judge |" in table.splitlines()[0]
+
+
+async def test_run_facts_report_the_agent_and_compression_figures(index, tmp_path):
+    records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    facts = run_facts(records)
+    assert facts["questions"] == 2 and facts["scratch_trajectories"] == 8
+    assert facts["well_formed"] == 1.0 and facts["mean_steps"] == 2.0
+    assert facts["aggregations"] == 4 and facts["aggregator_picked"] == 4
+    assert facts["reports"] == 12 and 0 < facts["compression_ratio"]
