@@ -98,3 +98,32 @@ async def test_full_graph_on_the_embedded_default_n4(model, tools):
     assert {"trajectory_finished", "branch_picked", "answer"} <= set(events)
     engine = result["stats"]["engine"]
     assert engine["prefill_tokens_reused"] > 0  # the shared prefix really came from the KV cache
+
+
+@pytest.mark.timeout(900)
+async def test_beyond_paper_options_on_the_real_model(model, tools, tmp_path):
+    """Multi-round branching with sibling diversity, then a calibration fitted on those trajectories."""
+    from langgraph_parallelmuse.calibration import Calibration
+    from langgraph_parallelmuse.driver import call_key
+    from langgraph_parallelmuse.schedule import partial_rollout
+
+    runner = RolloutRunner(model, tools)
+    cfg = make_config(n=6, m=1, k=1, t=2, rounds=2, diverse_branches=True, seed=5, max_turns=4)
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=cfg, run_id="slow-beyond")
+    assert len(trajectories) == 6 and picks and picks[0].round == 1
+    by_id = {t["id"]: t for t in trajectories}
+    for branch in (t for t in trajectories if t["origin"]["kind"] == "branch"):
+        parent, step = by_id[branch["origin"]["parent"]], branch["origin"]["step"]
+        assert branch["steps"][:step] == parent["steps"][:step]
+        if branch["origin"]["round"] == 2:
+            assert parent["origin"]["kind"] == "branch" and step > parent["origin"]["step"]
+        mine, theirs = branch["steps"][step]["action"], parent["steps"][step]["action"]
+        if mine.get("name") == "search" and call_key(mine) == call_key(theirs):
+            assert branch["steps"][step]["calls"] > 1, "a repeat of the parent's query must have been resampled"
+
+    path = Calibration.fit([t["uncertainty"] for t in trajectories], quantile=0.5).save(tmp_path / "cal.json")
+    calibrated = make_config(cfg, rounds=1, calibration=str(path))
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=calibrated, run_id="slow-calibrated")
+    threshold = Calibration.load(path).thresholds["exploration"]
+    assert len(trajectories) == 6
+    assert all(p.score > threshold for p in picks)
