@@ -312,14 +312,7 @@ async def _agent(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.eval.bench import (
-        BenchSettings,
-        markdown_table,
-        rollout_table,
-        run_bench,
-        run_facts,
-        summarize,
-    )
+    from langgraph_parallelmuse.eval.bench import BenchSettings, run_bench, write_outputs
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
@@ -365,31 +358,9 @@ async def _bench(args: argparse.Namespace) -> int:
             progress=tick,
             log=prog.console.print,
         )
-    summary = summarize(records, seed=args.seed)
-    facts = run_facts(records)
-    table = (
-        markdown_table(summary)
-        + "\n\n"
-        + rollout_table(records)
-        + "\n\n"
-        + "\n".join(f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in facts.items())
-    )
-    (out_dir / "summary.md").write_text(table + "\n")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    from langgraph_parallelmuse.eval.plots import uncertainty_profile
-
-    profile = {
-        region: {str(step): sum(v) / len(v) for step, v in sorted(steps.items())}
-        for region, steps in uncertainty_profile(records, kinds=("initial", "fill")).items()
-    }
-    (out_dir / "profile.json").write_text(json.dumps(profile, indent=2))
+    table, plotted = write_outputs(records, out_dir, seed=args.seed)
     out.print(table)
-    try:
-        from langgraph_parallelmuse.eval.plots import plot_accuracy_vs_tokens, plot_uncertainty_profile
-
-        plot_accuracy_vs_tokens(summary, out_dir / "accuracy_vs_tokens.png")
-        plot_uncertainty_profile(records, out_dir / "uncertainty_profile.png")
-    except ImportError:
+    if not plotted:
         console.print("matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')")
     console.print(f"{len(records)} questions in {time.perf_counter() - started:.0f}s; results in {out_dir}")
     return 0

@@ -490,3 +490,34 @@ async def run_bench(
     await asyncio.gather(*(one(i) for i in todo))
     order = {i.id: n for n, i in enumerate(items)}
     return sorted(records, key=lambda r: order.get(r["id"], 0))
+
+
+def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> tuple[str, bool]:
+    """Write ``summary.md`` (methods table, rollout table, run facts), ``summary.json``,
+    ``profile.json`` and, with matplotlib, the plots of a bench run.
+
+    Returns:
+        The Markdown summary, and whether the plots were drawn.
+    """
+    from langgraph_parallelmuse.eval.plots import uncertainty_profile
+
+    summary = summarize(records, seed=seed)
+    facts = "\n".join(
+        f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in run_facts(records).items()
+    )
+    table = f"{markdown_table(summary)}\n\n{rollout_table(records)}\n\n{facts}"
+    (out_dir / "summary.md").write_text(table + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    profile = {
+        region: {str(step): sum(v) / len(v) for step, v in sorted(steps.items())}
+        for region, steps in uncertainty_profile(records, kinds=("initial", "fill")).items()
+    }
+    (out_dir / "profile.json").write_text(json.dumps(profile, indent=2))
+    from langgraph_parallelmuse.eval.plots import plot_accuracy_vs_tokens, plot_uncertainty_profile
+
+    try:  # matplotlib is the optional extra "plot"; it is imported when the first plot is drawn
+        plot_accuracy_vs_tokens(summary, out_dir / "accuracy_vs_tokens.png")
+        plot_uncertainty_profile(records, out_dir / "uncertainty_profile.png")
+    except ImportError:
+        return table, False
+    return table, True

@@ -18,6 +18,7 @@ from langgraph_parallelmuse.eval.bench import (
     run_bench,
     run_facts,
     summarize,
+    write_outputs,
 )
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.tools import CorpusIndex
@@ -178,3 +179,12 @@ async def test_run_facts_report_the_agent_and_compression_figures(index, tmp_pat
     assert facts["well_formed"] == 1.0 and facts["mean_steps"] == 2.0
     assert facts["aggregations"] == 4 and facts["aggregator_picked"] == 4
     assert facts["reports"] == 12 and 0 < facts["compression_ratio"]
+
+
+async def test_write_outputs_writes_the_summary_files(index, tmp_path):
+    records = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    table, _ = write_outputs(records, tmp_path)
+    assert (tmp_path / "summary.md").read_text().startswith("| method |")
+    assert "| set |" in table and "- compression_ratio:" in table
+    assert "majority" in json.loads((tmp_path / "summary.json").read_text())
+    assert set(json.loads((tmp_path / "profile.json").read_text())) >= {"exploration", "reasoning"}
