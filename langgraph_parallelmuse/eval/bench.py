@@ -28,7 +28,7 @@ from langgraph_parallelmuse.agent import RolloutRunner, pick_driver
 from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
-from langgraph_parallelmuse.driver import GuidedDriver
+from langgraph_parallelmuse.driver import GuidedDriver, call_key
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
@@ -290,6 +290,10 @@ async def run_question(
                 "stats": t["stats"],
                 "uncertainty": t["uncertainty"],
                 "steps": len(t["steps"]),
+                # [step, tool + normalised arguments] of every tool call: sibling diversity is read off these.
+                "calls": [
+                    [s["index"], call_key(s["action"])] for s in t["steps"] if s["action"].get("type") == "tool_call"
+                ],
                 "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
                 "recall_seen": retrieval_recall(_seen(t), support) if support else None,
                 "recall_opened": retrieval_recall(_seen(t, "visit"), support) if support else None,

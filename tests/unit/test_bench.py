@@ -97,6 +97,8 @@ async def test_every_registered_method_is_scored_on_paired_samples(index, tmp_pa
     partial = methods["partial_exploration"]["trajectories"]
     assert partial[0] == scratch[0] and set(partial) - set(scratch) == {"exp.t0.s0.b0", "exp.t0.s0.b1"}
     assert methods["parallelmuse_exploration"]["cost"]["report_tokens"] > 0
+    # Each trajectory's tool calls are kept with their step, for diversity analyses.
+    assert rec["trajectories"]["t0"]["calls"] == [[0, '["search", {"query": "capital"}]']]
     assert "report_tokens" not in methods["majority"]["cost"]
 
 
