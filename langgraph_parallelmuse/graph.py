@@ -289,7 +289,8 @@ def build_parallelmuse_graph(
         round = state["round"]
         picks = [Pick(**p) for p in state.get("picks", []) if p["round"] == round]
         jobs = next_wave(state["trajectories"], picks, settings, round=round)
-        return [send("branch_rollout", state, job) for job in jobs]
+        # next_wave tops up to N, so jobs is never empty here; "collect" keeps the run alive if it were.
+        return [send("branch_rollout", state, job) for job in jobs] or "collect"
 
     async def collect(state: ParallelMuseState) -> dict[str, Any]:
         return {
