@@ -193,14 +193,29 @@ async def run_question(
     for mode in settings.modes if settings.needs("partial") else ():
         t0 = time.perf_counter()
         # The graph's own schedule; its from-scratch jobs (initial, fills) are the samples above.
+        # One run id for every mode: a branch id names its checkpoint and seeds, so a branch an
+        # earlier mode already ran is the same sample and the runner returns it finished.
         group, picks = await partial_rollout(
-            runner, item.question, config=settings.config(mode), run_id=f"{item.id}/{mode}", reuse=scratch
+            runner, item.question, config=settings.config(mode), run_id=f"{item.id}/partial", reuse=scratch
         )
         timings[f"branches_{mode}"] = time.perf_counter() - t0
         picks_by_mode[mode] = [[p.step, p.region, p.score, p.round] for p in picks]
-        # Branch ids repeat across modes; this record holds every mode's trajectories.
+        by_fork = {(p.parent, p.step): p for p in picks}
+        # Branch ids repeat across modes; this record holds every mode's trajectories, each branch
+        # labelled with the region that picked it in this mode.
         sets[f"partial_{mode}"] = [
-            t if t["origin"].get("kind") != "branch" else {**t, "id": f"{mode[:3]}.{t['id']}"} for t in group
+            t
+            if t["origin"].get("kind") != "branch"
+            else {
+                **t,
+                "id": f"{mode[:3]}.{t['id']}",
+                "origin": {
+                    **t["origin"],
+                    "region": by_fork[(t["origin"]["parent"], t["origin"]["step"])].region,
+                    "score": by_fork[(t["origin"]["parent"], t["origin"]["step"])].score,
+                },
+            }
+            for t in group
         ]
         note(f"{sum(t['origin'].get('kind') == 'branch' for t in group)} {mode} branches")
 
@@ -214,8 +229,9 @@ async def run_question(
 
     reports: dict[str, dict] = {}
     guided_reports = isinstance(runner.driver, GuidedDriver)
+    # Keyed by thread: a branch shared by several modes is one trajectory, compressed once.
     to_compress = {
-        t["id"]: t for family, group in entries.values() if METHODS[family].reports for t in group if t["answer"]
+        t["thread_id"]: t for family, group in entries.values() if METHODS[family].reports for t in group if t["answer"]
     }
     if to_compress:
         t0 = time.perf_counter()
@@ -232,7 +248,12 @@ async def run_question(
                 for t in to_compress.values()
             )
         )
-        reports = {r["trajectory_id"]: dict(r) for r in done}
+        by_thread = dict(zip(to_compress, done, strict=True))
+        reports = {
+            t["id"]: {**by_thread[t["thread_id"]], "trajectory_id": t["id"]}
+            for t in trajectories.values()
+            if t["thread_id"] in by_thread
+        }
         timings["compress"] = time.perf_counter() - t0
         note(f"{len(done)} reports")
 

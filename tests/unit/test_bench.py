@@ -22,7 +22,7 @@ from langgraph_parallelmuse.eval.bench import (
 )
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.tools import CorpusIndex
-from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder
+from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder, role_of
 
 DOCS = [
     {"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
@@ -190,3 +190,18 @@ async def test_write_outputs_writes_the_summary_files(index, tmp_path):
     assert "| set |" in table and "- compression_ratio:" in table
     assert "majority" in json.loads((tmp_path / "summary.json").read_text())
     assert set(json.loads((tmp_path / "profile.json").read_text())) >= {"exploration", "reasoning"}
+
+
+async def test_a_branch_two_modes_share_is_run_and_compressed_once(index, tmp_path):
+    # With k=1, "mixed" picks ceil(1/2)=1 step by exploration: the same checkpoint as "exploration".
+    model = _model()
+    settings = BenchSettings(**{**SMALL, "modes": ("exploration", "mixed")})
+    (rec,) = await run_bench(model, index, ITEMS[:1], settings, tmp_path / "r.jsonl")
+    assert rec["picks"]["exploration"] == rec["picks"]["mixed"]
+    roles = [role_of(c["messages"]) for c in model.calls]
+    # 4 from-scratch trajectories + 2 branches, 2 steps each: the mixed branches were not rerun.
+    assert roles.count("agent") == (4 + 2) * 2
+    # One report per distinct trajectory (6), shared by both modes' entries.
+    assert roles.count("compress") == 6
+    assert rec["reports"]["exp.t0.s0.b0"] == rec["reports"]["mix.t0.s0.b0"]
+    assert rec["trajectories"]["mix.t0.s0.b0"]["origin"]["region"] == "exploration"
