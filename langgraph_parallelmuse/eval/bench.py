@@ -412,7 +412,8 @@ def rollout_table(records: Sequence[dict]) -> str:
     Per question: generated tokens and their ratio to the from-scratch set, the share of prompt
     tokens that were the parent's prefix (reusable by a prefix cache) and that the engine actually
     served from its cache, tool calls, rollout seconds (the branches only, for partial sets: their
-    initial and fill trajectories are the from-scratch samples) and the mean single-trajectory
+    initial and fill trajectories are the from-scratch samples; a branch an earlier mode already
+    ran is reused, so later modes' seconds leave it out) and the mean single-trajectory
     F1 / contains-gold.
     """
     sets = [("from scratch", "no_scaling", "scratch_rollout")] + [
