@@ -7,11 +7,11 @@ import math
 import re
 
 import pytest
-from langchain_core.messages import HumanMessage, messages_to_dict
+from langchain_core.messages import HumanMessage, SystemMessage, messages_to_dict
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
+from langgraph_parallelmuse.driver import QUERY_SYSTEM, FreeDriver, GuidedDriver, StepContext
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, tokenize
@@ -403,6 +403,31 @@ async def test_a_guided_answer_cut_off_by_its_token_bound_is_not_an_answer():
     )
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0", config=ParallelMuseConfig(max_turns=1))
     assert traj["answer"] is None
+
+
+async def test_a_guided_search_query_is_written_from_the_plain_question_prompt():
+    runner, model, calls = _runner(
+        ["Look it up", "capital of France", "Found it", "Paris"], driver=GuidedDriver(schedule=("search",))
+    )
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert _dump(model.calls[1]["messages"]) == _dump(
+        [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {QUESTION}")]
+    )
+    assert calls["search"] == ["capital of France"]
+    assert traj["steps"][0]["action"]["arguments"] == {"query": "capital of France"}
+    assert traj["answer"] == "Paris"
+
+
+def test_a_later_guided_query_sees_the_evidence_and_the_earlier_queries():
+    searched = {"action": {"type": "tool_call", "name": "search", "arguments": {"query": "capital of France"}}}
+    found = {"name": "visit", "content": "Paris is the capital of France.", "doc_ids": ["d1"], "error": False}
+    found["step"] = 1
+    empty = {"name": "search", "content": "No document matches.", "doc_ids": [], "error": False, "step": 0}
+    prompt = GuidedDriver().query_prompt(StepContext(QUESTION, [searched], [empty, found], 2, False, 64))
+    assert prompt[-1].content == (
+        f"Paris is the capital of France.\n\nQuestion: {QUESTION}\nAlready searched: capital of France\n"
+        "Write a new search query for what is still missing."
+    )
 
 
 async def test_a_model_that_always_raises_fails_the_trajectory_without_raising():
