@@ -195,10 +195,10 @@ class GuidedDriver:
     def query_prompt(self, ctx: StepContext) -> list[BaseMessage]:
         """The plain search prompt: the question, and from the second search on, what was found.
 
-        Written inside the agent conversation, a 135M model's queries repeated themselves or
-        drifted off the question (supporting-doc recall 0.48 over a trajectory, HotpotQA
-        distractor pool, 4 hits per search); one query written from this prompt's bare question
-        finds 0.68 (the raw question itself: 0.80).
+        Written inside the agent conversation (system prompt, protocol, tool responses), a 135M
+        model's queries repeated themselves or drifted off the question: a trajectory saw 0.48 of
+        the supporting documents (HotpotQA distractor pool, 4 hits per search); written from
+        this prompt, 0.68 (``benchmarks/agent_protocol.py --limit 30``, BENCHMARKS.md).
 
         Example:
             >>> GuidedDriver().query_prompt(StepContext("Who?", [], [], 0, False, 64))[-1].content
