@@ -49,10 +49,10 @@ lint: setup
 ## The benchmarks of BENCHMARKS.md (long: tens of minutes on 2 cores).
 bench: setup
 	$(BIN)/python benchmarks/engine_micro.py
-	$(BIN)/python benchmarks/engine_rollout.py --limit 3
+	$(BIN)/python benchmarks/engine_rollout.py --limit 10
 	$(BIN)/python benchmarks/agent_protocol.py --limit 30
 	$(BIN)/parallelmuse bench --questions ../shared/eval-data/hotpotqa_train100.questions.jsonl \
-		--corpus ../shared/eval-data/hotpotqa_train100.corpus.jsonl --limit 10 --out bench-results/hotpot10
+		--corpus ../shared/eval-data/hotpotqa_train100.corpus.jsonl --limit 20 --concurrency 2 --out bench-results/hotpot20
 
 clean:
 	rm -rf $(VENV) .pytest_cache
