@@ -53,6 +53,8 @@ bench: setup
 	$(BIN)/python benchmarks/agent_protocol.py --limit 30
 	$(BIN)/parallelmuse bench --questions ../shared/eval-data/hotpotqa_train100.questions.jsonl \
 		--corpus ../shared/eval-data/hotpotqa_train100.corpus.jsonl --limit 20 --concurrency 2 --out bench-results/hotpot20
+	$(BIN)/parallelmuse bench --questions ../shared/eval-data/musique_train100.questions.jsonl \
+		--corpus ../shared/eval-data/musique_train100.corpus.jsonl --limit 20 --concurrency 2 --out bench-results/musique20
 
 clean:
 	rm -rf $(VENV) .pytest_cache
