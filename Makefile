@@ -46,7 +46,7 @@ lint: setup
 	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks
 	$(BIN)/ruff format --check langgraph_parallelmuse tests graphs benchmarks
 
-## The benchmarks of BENCHMARKS.md (long: tens of minutes on 2 cores).
+## The benchmarks of BENCHMARKS.md (long: about 3 h on 2 cores).
 bench: setup
 	$(BIN)/python benchmarks/engine_micro.py
 	$(BIN)/python benchmarks/engine_rollout.py --limit 10
