@@ -420,8 +420,13 @@ async def test_a_guided_search_query_is_written_from_the_plain_question_prompt()
 
 def test_a_later_guided_query_sees_the_evidence_and_the_earlier_queries():
     searched = {"action": {"type": "tool_call", "name": "search", "arguments": {"query": "capital of France"}}}
-    found = {"name": "visit", "content": "Paris is the capital of France.", "doc_ids": ["d1"], "error": False}
-    found["step"] = 1
+    found = {
+        "name": "visit",
+        "content": "Paris is the capital of France.",
+        "doc_ids": ["d1"],
+        "error": False,
+        "step": 1,
+    }
     empty = {"name": "search", "content": "No document matches.", "doc_ids": [], "error": False, "step": 0}
     prompt = GuidedDriver().query_prompt(StepContext(QUESTION, [searched], [empty, found], 2, False, 64))
     assert prompt[-1].content == (
