@@ -34,7 +34,7 @@ from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
-from langgraph_parallelmuse.schedule import partial_rollout
+from langgraph_parallelmuse.schedule import Pick, partial_rollout
 from langgraph_parallelmuse.state import Trajectory
 
 METRICS = ("em", "f1", "contains")
@@ -162,6 +162,20 @@ async def _judge_methods(
             rec["judge"] = sum(scores) / len(scores)
 
 
+def _label_branch(trajectory: Trajectory, mode: str, picks: list[Pick]) -> Trajectory:
+    """``trajectory`` as this mode's record shows it: a branch gets a mode-prefixed id and the region
+    and score of the pick that forked it in this mode; from-scratch trajectories are unchanged."""
+    origin = trajectory["origin"]
+    if origin.get("kind") != "branch":
+        return trajectory
+    pick = next(p for p in picks if (p.parent, p.step) == (origin["parent"], origin["step"]))
+    return {
+        **trajectory,
+        "id": f"{mode[:3]}.{trajectory['id']}",
+        "origin": {**origin, "region": pick.region, "score": pick.score},
+    }
+
+
 async def run_question(
     model: BaseChatModel,
     tools: Sequence,
@@ -200,23 +214,9 @@ async def run_question(
         )
         timings[f"branches_{mode}"] = time.perf_counter() - t0
         picks_by_mode[mode] = [[p.step, p.region, p.score, p.round] for p in picks]
-        by_fork = {(p.parent, p.step): p for p in picks}
         # Branch ids repeat across modes; this record holds every mode's trajectories, each branch
         # labelled with the region that picked it in this mode.
-        sets[f"partial_{mode}"] = [
-            t
-            if t["origin"].get("kind") != "branch"
-            else {
-                **t,
-                "id": f"{mode[:3]}.{t['id']}",
-                "origin": {
-                    **t["origin"],
-                    "region": by_fork[(t["origin"]["parent"], t["origin"]["step"])].region,
-                    "score": by_fork[(t["origin"]["parent"], t["origin"]["step"])].score,
-                },
-            }
-            for t in group
-        ]
+        sets[f"partial_{mode}"] = [_label_branch(t, mode, picks) for t in group]
         note(f"{sum(t['origin'].get('kind') == 'branch' for t in group)} {mode} branches")
 
     # Each method entry: (its family, the trajectories it reads).
