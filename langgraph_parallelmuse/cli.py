@@ -312,7 +312,7 @@ async def _agent(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.eval.bench import BenchSettings, run_bench, write_outputs
+    from langgraph_parallelmuse.eval.bench import BenchSettings, load_done, run_bench, write_outputs
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
@@ -330,38 +330,59 @@ async def _bench(args: argparse.Namespace) -> int:
         extra=dict(args.set),
     )
     out_dir = Path(args.out)
+    results = out_dir / "results.jsonl"
+
+    def summarise(records: list[dict]) -> None:
+        if not records:
+            console.print(f"no finished question in {results}: nothing to summarise")
+            return
+        table, plotted = write_outputs(records, out_dir, seed=args.seed)
+        out.print(table)
+        if not plotted:
+            console.print("matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')")
+
+    def finished() -> list[dict]:
+        done = load_done(results)
+        return [done[i.id] for i in items if i.id in done]
+
+    if args.report_only:
+        summarise(finished())
+        return 0
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
-    with _progress(eta=True) as prog:
-        task = prog.add_task("questions", total=len(items))
+    try:
+        with _progress(eta=True) as prog:
+            task = prog.add_task("questions", total=len(items))
 
-        def tick(rec: dict) -> None:
-            prog.advance(task)
-            pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
-            prog.console.print(
-                f"  {rec['id']}: gold={rec['answers'][0]!r} answer={_short(pm.get('answer'), 50)!r} "
-                f"({rec['seconds']:.0f}s)"
+            def tick(rec: dict) -> None:
+                prog.advance(task)
+                pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
+                prog.console.print(
+                    f"  {rec['id']}: gold={rec['answers'][0]!r} answer={_short(pm.get('answer'), 50)!r} "
+                    f"({rec['seconds']:.0f}s)"
+                )
+
+            prog.advance(task, len(finished()))
+            records = await run_bench(
+                model,
+                index,
+                items,
+                settings,
+                results,
+                concurrency=args.concurrency,
+                judge=_judge(args),
+                progress=tick,
+                log=prog.console.print,
             )
-
-        from langgraph_parallelmuse.eval.bench import load_done
-
-        prog.advance(task, len([i for i in items if i.id in load_done(out_dir / "results.jsonl")]))
-        records = await run_bench(
-            model,
-            index,
-            items,
-            settings,
-            out_dir / "results.jsonl",
-            concurrency=args.concurrency,
-            judge=_judge(args),
-            progress=tick,
-            log=prog.console.print,
-        )
-    table, plotted = write_outputs(records, out_dir, seed=args.seed)
-    out.print(table)
-    if not plotted:
-        console.print("matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')")
+    except asyncio.CancelledError:
+        # Ctrl-C: the finished questions are on disk; summarise them so the run's tables are
+        # current, then let the interrupt end the command.
+        records = finished()
+        summarise(records)
+        console.print(f"{len(records)} of {len(items)} questions finished; rerun the same command to continue")
+        raise
+    summarise(records)
     console.print(f"{len(records)} questions in {time.perf_counter() - started:.0f}s; results in {out_dir}")
     return 0
 
@@ -426,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--db", help="SQLite file that checkpoints the run (enables --resume)")
     ask.add_argument("--run-id", help="name of the run inside --db")
     ask.add_argument("--resume", action="store_true", help="continue the interrupted run --run-id from --db")
-    ask.set_defaults(func=_ask)
+    ask.set_defaults(func=_ask, on_interrupt="rerun with --db/--run-id/--resume to continue a checkpointed run")
     agent = sub.add_parser("agent", help="run one agent trajectory and show every step")
     agent.add_argument("question")
     _add_model_args(agent)
@@ -465,12 +486,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
     bench.add_argument(
+        "--report-only",
+        action="store_true",
+        help="load no model: write summary.md/json and the plots from the questions already in --out",
+    )
+    bench.add_argument(
         "--judge-base-url",
         help="OpenAI-compatible server of an LLM judge (BrowseComp grading prompt); adds a 'judge' score",
     )
     bench.add_argument("--judge-model", default=None, help="judge model name on that server")
     _add_model_args(bench)
-    bench.set_defaults(func=_bench)
+    bench.set_defaults(func=_bench, on_interrupt="rerun the same command to continue; finished questions are kept")
     cal = sub.add_parser(
         "calibrate", help="learn branching thresholds (for --calibration) from earlier runs' trajectories"
     )
@@ -489,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {exc}")
         return 1
     except KeyboardInterrupt:
-        console.print("interrupted; rerun with --db/--run-id/--resume to continue a checkpointed run")
+        console.print(f"interrupted; {args.on_interrupt}" if hasattr(args, "on_interrupt") else "interrupted")
         return 130
 
 

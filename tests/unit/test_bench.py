@@ -205,3 +205,59 @@ async def test_a_branch_two_modes_share_is_run_and_compressed_once(index, tmp_pa
     assert roles.count("compress") == 6
     assert rec["reports"]["exp.t0.s0.b0"] == rec["reports"]["mix.t0.s0.b0"]
     assert rec["trajectories"]["mix.t0.s0.b0"]["origin"]["region"] == "exploration"
+
+
+def _questions_file(path, items):
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": i.id,
+                    "question": i.question,
+                    "answers": i.answers,
+                    "supporting_doc_ids": i.supporting_doc_ids,
+                    "context_doc_ids": i.context_doc_ids,
+                }
+            )
+            + "\n"
+            for i in items
+        )
+    )
+    return str(path)
+
+
+async def test_report_only_summarises_the_finished_questions_without_loading_a_model(index, tmp_path, monkeypatch):
+    from langgraph_parallelmuse import cli
+
+    out_dir = tmp_path / "run"
+    await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), out_dir / "results.jsonl")
+
+    def no_model(args):
+        raise AssertionError("--report-only loaded a model")
+
+    monkeypatch.setattr(cli, "_model", no_model)
+    # Three questions asked, two finished: the summary covers exactly the finished two.
+    questions = _questions_file(tmp_path / "q.jsonl", ITEMS)
+    argv = ["bench", "--questions", questions, "--out", str(out_dir), "--report-only"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    assert json.loads((out_dir / "summary.json").read_text())["majority"]["questions"] == 2
+    assert (out_dir / "summary.md").read_text().startswith("| method |")
+
+
+def test_an_interrupted_bench_command_summarises_what_finished(index, tmp_path, monkeypatch):
+    from langgraph_parallelmuse import cli
+
+    run = {}
+
+    def scripted(args):
+        run["loop"], run["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        return _model(on=ITEMS[1].question, hook=lambda: run["loop"].call_soon_threadsafe(run["task"].cancel))
+
+    monkeypatch.setattr(cli, "_model", scripted)
+    out_dir = tmp_path / "run"
+    argv = ["bench", "--questions", _questions_file(tmp_path / "q.jsonl", ITEMS), "--out", str(out_dir)]
+    argv += ["--corpus", str(tmp_path / "corpus.jsonl"), "--n", "4", "--k", "1", "--t", "2", "--modes", "exploration"]
+    with pytest.raises(asyncio.CancelledError):
+        cli.main(argv)
+    assert list(load_done(out_dir / "results.jsonl")) == ["q1"]
+    assert json.loads((out_dir / "summary.json").read_text())["majority"]["questions"] == 1
