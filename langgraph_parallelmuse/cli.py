@@ -312,7 +312,7 @@ async def _agent(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.eval.bench import BenchSettings, load_done, run_bench, write_outputs
+    from langgraph_parallelmuse.eval.bench import BenchSettings, finished_records, run_bench, write_outputs
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
@@ -341,12 +341,8 @@ async def _bench(args: argparse.Namespace) -> int:
         if not plotted:
             console.print("matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')")
 
-    def finished() -> list[dict]:
-        done = load_done(results)
-        return [done[i.id] for i in items if i.id in done]
-
     if args.report_only:
-        summarise(finished())
+        summarise(finished_records(results, items))
         return 0
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
@@ -363,7 +359,7 @@ async def _bench(args: argparse.Namespace) -> int:
                     f"({rec['seconds']:.0f}s)"
                 )
 
-            prog.advance(task, len(finished()))
+            prog.advance(task, len(finished_records(results, items)))
             records = await run_bench(
                 model,
                 index,
@@ -378,7 +374,7 @@ async def _bench(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         # Ctrl-C: the finished questions are on disk; summarise them so the run's tables are
         # current, then let the interrupt end the command.
-        records = finished()
+        records = finished_records(results, items)
         summarise(records)
         console.print(f"{len(records)} of {len(items)} questions finished; rerun the same command to continue")
         raise
@@ -515,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {exc}")
         return 1
     except KeyboardInterrupt:
-        console.print(f"interrupted; {args.on_interrupt}" if hasattr(args, "on_interrupt") else "interrupted")
+        console.print(f"interrupted; {getattr(args, 'on_interrupt', 'rerun the command')}")
         return 130
 
 

@@ -475,6 +475,12 @@ def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> s
     return "\n".join(lines)
 
 
+def finished_records(path: Path, items: Sequence[QAItem]) -> list[dict]:
+    """The records in ``path`` of the questions ``items`` asks, in the order of ``items``."""
+    done = load_done(path)
+    return [done[i.id] for i in items if i.id in done]
+
+
 async def run_bench(
     model: BaseChatModel,
     index: Any,
@@ -491,12 +497,12 @@ async def run_bench(
     from langgraph_parallelmuse.tools import make_corpus_tools
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = load_done(out)
     if out.exists() and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
         with out.open("a") as fh:  # a crash cut the last line: keep new records off it
             fh.write("\n")
-    records = [done[i.id] for i in items if i.id in done]
-    todo = [i for i in items if i.id not in done]
+    records = finished_records(out, items)
+    finished = {r["id"] for r in records}
+    todo = [i for i in items if i.id not in finished]
     sem = asyncio.Semaphore(concurrency)
     lock = asyncio.Lock()
 
