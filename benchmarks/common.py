@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from langgraph_parallelmuse.eval import QAItem, eval_data_dir, load_questions
 from langgraph_parallelmuse.tools import CorpusIndex
@@ -10,12 +11,19 @@ from langgraph_parallelmuse.tools import CorpusIndex
 DATASETS = ("hotpotqa_train100", "musique_train100")
 
 
-def arguments(doc: str, *, limit: int) -> argparse.Namespace:
-    """``--dataset``, ``--limit`` and ``--seed``, the options every benchmark script takes."""
+def arguments(
+    doc: str, *, limit: int, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """``--dataset``, ``--limit`` and ``--seed``, the options every benchmark script takes.
+
+    ``extra`` adds a script's own options to the parser.
+    """
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--dataset", choices=DATASETS, default=DATASETS[0])
     ap.add_argument("--limit", type=int, default=limit)
     ap.add_argument("--seed", type=int, default=0)
+    if extra is not None:
+        extra(ap)
     return ap.parse_args()
 
 
