@@ -24,6 +24,7 @@ from langgraph_parallelmuse.schedule import partial_rollout
 from langgraph_parallelmuse.tools import make_corpus_tools
 
 CONFIGS = ("pm_engine", "pm_naive", "scratch_engine", "scratch_naive")
+COUNTERS = ("prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches")
 
 
 def options(ap) -> None:
@@ -72,6 +73,7 @@ async def main() -> None:
     engines = {kind: LocalChatModel.embedded(prefix_cache=kind, batching=kind) for kind in (True, False)}
     runs = {name: (partial if name.startswith("pm") else scratch, engines[name.endswith("engine")]) for name in names}
     seconds = dict.fromkeys(runs, 0.0)
+    engine = {k: dict.fromkeys((*COUNTERS, "rows"), 0.0) for k in runs}
     results: dict[str, list[dict]] = {k: [] for k in runs}
     chunks = [items[i : i + args.concurrency] for i in range(0, len(items), args.concurrency)]
     for n, chunk in enumerate(chunks, 1):
@@ -80,6 +82,7 @@ async def main() -> None:
         for name in order:
             cfg, model = runs[name]
             model.engine.clear_cache()  # every configuration starts cold on every chunk
+            model.engine.reset_stats()
             t0 = time.perf_counter()
             done = await asyncio.gather(
                 *(
@@ -96,6 +99,10 @@ async def main() -> None:
             took = time.perf_counter() - t0
             seconds[name] += took
             results[name].extend(done)
+            stats = model.engine.stats()
+            for key in COUNTERS:
+                engine[name][key] += stats[key]
+            engine[name]["rows"] += stats["mean_batch_size"] * stats["batches"]
             line.append(f"{name}={took:.1f}s")
         print(f"[{n}/{len(chunks)}] {len(chunk)} question(s): " + "  ".join(line), flush=True)
 
@@ -104,6 +111,13 @@ async def main() -> None:
     for k, v in results.items():
         per_q = seconds[k] / len(items)
         print(f"| {k} | {seconds[k]:.0f} | {per_q:.1f} | {statistics.fmean(r['generated'] for r in v):.0f} |")
+    print("\n| configuration | prefill computed/q | prefill reused/q | decoded/q | mean batch |\n|---|---|---|---|---|")
+    q = len(items)
+    for k, e in engine.items():
+        print(
+            f"| {k} | {e['prefill_tokens_computed'] / q:.0f} | {e['prefill_tokens_reused'] / q:.0f} | "
+            f"{e['decode_tokens'] / q:.0f} | {e['rows'] / max(e['batches'], 1):.2f} |"
+        )
     ratio(seconds, "scratch_naive", "pm_engine", "\nParallelMuse+engine vs naive from-scratch", 2.5)
     ratio(seconds, "scratch_engine", "pm_engine", "ParallelMuse+engine vs from-scratch+engine", 1.3)
     ratio(seconds, "scratch_naive", "scratch_engine", "engine alone on from-scratch sampling", None)
