@@ -49,7 +49,7 @@ lint: setup
 ## The benchmarks of BENCHMARKS.md (long: about 3 h on 2 cores).
 bench: setup
 	$(BIN)/python benchmarks/engine_micro.py
-	$(BIN)/python benchmarks/engine_rollout.py --limit 10
+	$(BIN)/python benchmarks/engine_rollout.py --limit 10 --concurrency 5
 	$(BIN)/python benchmarks/agent_protocol.py --limit 30
 	$(BIN)/parallelmuse bench --questions ../shared/eval-data/hotpotqa_train100.questions.jsonl \
 		--corpus ../shared/eval-data/hotpotqa_train100.corpus.jsonl --limit 20 --concurrency 2 --out bench-results/hotpot20
