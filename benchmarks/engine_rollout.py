@@ -1,12 +1,13 @@
 """Issue 5 (b): wall time of the rollout stage, ParallelMuse vs from-scratch, engine on vs off.
 
-Four configurations are run side by side on each question (same process, same weights, same seeds):
-the graph's partial-rollout schedule (N=8, M=1, k=2, T=3, fills) and 8 from-scratch trajectories, each
-with the in-process engine's prefix cache + batching on, and with both off (what naive parallel
-sampling gets). Only the rollout stage is timed (no compression/aggregation).
+Four configurations are run side by side on each chunk of ``--concurrency`` questions (same process,
+same weights, same seeds): the graph's partial-rollout schedule (N=8, M=1, k=2, T=3, fills) and 8
+from-scratch trajectories, each with the in-process engine's prefix cache + batching on, and with
+both off (what naive parallel sampling gets). Only the rollout stage is timed (no
+compression/aggregation); the engine's prefill/decode counters are printed per configuration.
 
-    .venv/bin/python benchmarks/engine_rollout.py --limit 10 [--dataset musique_train100]
-        [--configs pm_engine,scratch_engine] [--concurrency 2]
+    .venv/bin/python benchmarks/engine_rollout.py --limit 10 --concurrency 5 [--dataset musique_train100]
+        [--configs pm_engine,scratch_engine]
 """
 
 from __future__ import annotations
