@@ -12,6 +12,7 @@ compression/aggregation); the engine's prefill/decode counters are printed per c
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import time
@@ -28,7 +29,7 @@ CONFIGS = ("pm_engine", "pm_naive", "scratch_engine", "scratch_naive")
 COUNTERS = ("prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches")
 
 
-def options(ap) -> None:
+def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--configs",
         default=",".join(CONFIGS),
@@ -119,7 +120,8 @@ async def main() -> None:
             f"| {k} | {e['prefill_tokens_computed'] / q:.0f} | {e['prefill_tokens_reused'] / q:.0f} | "
             f"{e['decode_tokens'] / q:.0f} | {e['rows'] / max(e['batches'], 1):.2f} |"
         )
-    ratio(seconds, "scratch_naive", "pm_engine", "\nParallelMuse+engine vs naive from-scratch", 2.5)
+    print()
+    ratio(seconds, "scratch_naive", "pm_engine", "ParallelMuse+engine vs naive from-scratch", 2.5)
     ratio(seconds, "scratch_engine", "pm_engine", "ParallelMuse+engine vs from-scratch+engine", 1.3)
     ratio(seconds, "scratch_naive", "scratch_engine", "engine alone on from-scratch sampling", None)
     if pm := results.get("pm_engine"):
