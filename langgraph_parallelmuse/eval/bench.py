@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -444,6 +445,42 @@ def rollout_table(records: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def fork_table(records: Sequence[dict]) -> str:
+    """Where each mode forked, as a Markdown table: per mode and fork step (1-based, as in the
+    uncertainty plot), the questions with a pick there, the branches forked there, and what a
+    branch generated relative to the mean from-scratch trajectory of its question (1.00: it
+    regenerated a whole trajectory; the token saving of partial rollout comes from the rows below 1).
+
+    Example:
+        >>> fork_table([]).splitlines()[0]
+        '| mode | fork step | questions picked | branches | branch gen. tokens / scratch |'
+    """
+    lines = [
+        "| mode | fork step | questions picked | branches | branch gen. tokens / scratch |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in sorted({m for r in records for m in r["picks"]}):
+        picked: dict[int, int] = defaultdict(int)
+        ratios: dict[int, list[float]] = defaultdict(list)
+        for r in records:
+            for step in {p[0] for p in r["picks"].get(mode, [])}:
+                picked[step] += 1
+            trajs = r["trajectories"]
+            scratch = [t["stats"]["generated_tokens"] for t in trajs.values() if t["origin"].get("kind") != "branch"]
+            mean = sum(scratch) / len(scratch) if scratch else 0.0
+            for tid in r["methods"].get(f"single_partial_{mode}", {}).get("trajectories", []):
+                origin = trajs[tid]["origin"]
+                if origin.get("kind") == "branch" and mean:
+                    ratios[origin["step"]].append(trajs[tid]["stats"]["generated_tokens"] / mean)
+        for step in sorted(picked.keys() | ratios.keys()):
+            v = ratios[step]
+            lines.append(
+                f"| {mode} | {step + 1} | {picked[step]} of {len(records)} | {len(v)} | "
+                + (f"{sum(v) / len(v):.2f} |" if v else "— |")
+            )
+    return "\n".join(lines)
+
+
 def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> str:
     """The summary as a Markdown table (mean [95% CI]; Δ vs baseline, '~' = within noise).
 
@@ -525,7 +562,7 @@ async def run_bench(
 
 
 def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> tuple[str, bool]:
-    """Write ``summary.md`` (methods table, rollout table, run facts), ``summary.json``,
+    """Write ``summary.md`` (methods table, rollout table, fork table, run facts), ``summary.json``,
     ``profile.json`` and, with matplotlib, the plots of a bench run.
 
     Returns:
@@ -537,7 +574,7 @@ def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> t
     facts = "\n".join(
         f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in run_facts(records).items()
     )
-    table = f"{markdown_table(summary)}\n\n{rollout_table(records)}\n\n{facts}"
+    table = f"{markdown_table(summary)}\n\n{rollout_table(records)}\n\n{fork_table(records)}\n\n{facts}"
     (out_dir / "summary.md").write_text(table + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     profile = {

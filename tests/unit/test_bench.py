@@ -12,6 +12,7 @@ from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval.bench import (
     METHODS,
     BenchSettings,
+    fork_table,
     load_done,
     markdown_table,
     rollout_table,
@@ -156,6 +157,15 @@ async def test_rollout_table_puts_partial_rollout_beside_from_scratch_sampling(i
     assert partial[2] == "1.000" and partial[3] != "0%"
 
 
+async def test_fork_table_counts_each_modes_picks_and_what_their_branches_regenerated(index, tmp_path):
+    records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    assert [r["picks"]["exploration"][0][0] for r in records] == [0, 0]
+    rows = fork_table(records).splitlines()[2:]
+    # k=1: one pick per question, at the first step (the only search); its 2 branches regenerate
+    # the whole two-step trajectory, as many tokens as a from-scratch sample.
+    assert rows == ["| exploration | 1 | 2 of 2 | 4 | 1.00 |"]
+
+
 async def test_an_llm_judge_adds_a_judge_score_to_every_method_and_the_table(index, tmp_path):
     calls = []
 
@@ -187,7 +197,7 @@ async def test_write_outputs_writes_the_summary_files(index, tmp_path):
     records = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
     table, _ = write_outputs(records, tmp_path)
     assert (tmp_path / "summary.md").read_text().startswith("| method |")
-    assert "| set |" in table and "- compression_ratio:" in table
+    assert "| set |" in table and "| fork step |" in table and "- compression_ratio:" in table
     assert "majority" in json.loads((tmp_path / "summary.json").read_text())
     assert set(json.loads((tmp_path / "profile.json").read_text())) >= {"exploration", "reasoning"}
 
