@@ -58,19 +58,27 @@ def plot_uncertainty_profile(records: Sequence[dict], path: str | Path) -> Path:
 
 
 def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metric: str = "f1") -> Path:
-    """Accuracy (with 95% interval) against generated tokens per question, one point per method."""
+    """Accuracy (with 95% interval) against generated tokens per question, one point per method.
+
+    Methods are told apart by colour and marker in a legend beside the axes: several of them share
+    the same cost (every vote reads the same trajectories), where labels on the points overlap.
+
+    Example:
+        >>> plot_accuracy_vs_tokens(summarize(records), "accuracy_vs_tokens.png")  # doctest: +SKIP
+    """
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, entry in summary.items():
-        if "generated_tokens" not in entry:
-            continue
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    markers = "osD^vPX<>"
+    entries = [(name, e) for name, e in summary.items() if "generated_tokens" in e]
+    for i, (name, entry) in enumerate(entries):
         mean, lo, hi = entry[metric]
         x = entry["generated_tokens"] + (entry.get("report_tokens") or 0)
-        ax.errorbar([x], [mean], yerr=[[mean - lo], [hi - mean]], fmt="o", capsize=3)
-        ax.annotate(name, (x, mean), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.errorbar([x], [mean], yerr=[[mean - lo], [hi - mean]], fmt=markers[i % len(markers)], capsize=3, label=name)
+    questions = max((e.get("questions", 0) for _, e in entries), default=0)
     ax.set_xlabel("generated tokens per question (rollout + reports)")
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} vs cost")
+    ax.set_title(f"{metric} vs cost ({questions} questions, 95% intervals)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
