@@ -45,10 +45,15 @@ def plot_uncertainty_profile(records: Sequence[dict], path: str | Path) -> Path:
         steps = sorted(profile[region])
         means = [sum(profile[region][s]) / len(profile[region][s]) for s in steps]
         counts = [len(profile[region][s]) for s in steps]
-        ax.plot([s + 1 for s in steps], means, marker=marker, label=f"{region} (n={sum(counts)})")
+        ax.plot([s + 1 for s in steps], means, marker=marker, label=region)
+        # A step that few trajectories reach can dominate the curve: each point shows its count.
+        for step, mean, count in zip(steps, means, counts, strict=True):
+            ax.annotate(
+                str(count), (step + 1, mean), textcoords="offset points", xytext=(0, 6), fontsize=6, ha="center"
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("mean perplexity")
-    ax.set_title("Step-wise uncertainty per functional region")
+    ax.set_title("Step-wise uncertainty per functional region (numbers: steps measured)", fontsize=10)
     ax.legend()
     fig.tight_layout()
     path = Path(path)
