@@ -26,7 +26,7 @@ from langgraph_parallelmuse.schedule import partial_rollout
 from langgraph_parallelmuse.tools import make_corpus_tools
 
 CONFIGS = ("pm_engine", "pm_naive", "scratch_engine", "scratch_naive")
-COUNTERS = ("prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches")
+COUNTERS = ("prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches", "batch_rows")
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -75,7 +75,7 @@ async def main() -> None:
     engines = {kind: LocalChatModel.embedded(prefix_cache=kind, batching=kind) for kind in (True, False)}
     runs = {name: (partial if name.startswith("pm") else scratch, engines[name.endswith("engine")]) for name in names}
     seconds = dict.fromkeys(runs, 0.0)
-    engine = {k: dict.fromkeys((*COUNTERS, "rows"), 0.0) for k in runs}
+    engine = {k: dict.fromkeys(COUNTERS, 0) for k in runs}
     results: dict[str, list[dict]] = {k: [] for k in runs}
     chunks = [items[i : i + args.concurrency] for i in range(0, len(items), args.concurrency)]
     for n, chunk in enumerate(chunks, 1):
@@ -104,7 +104,6 @@ async def main() -> None:
             stats = model.engine.stats()
             for key in COUNTERS:
                 engine[name][key] += stats[key]
-            engine[name]["rows"] += stats["mean_batch_size"] * stats["batches"]
             line.append(f"{name}={took:.1f}s")
         print(f"[{n}/{len(chunks)}] {len(chunk)} question(s): " + "  ".join(line), flush=True)
 
@@ -118,7 +117,7 @@ async def main() -> None:
     for k, e in engine.items():
         print(
             f"| {k} | {e['prefill_tokens_computed'] / q:.0f} | {e['prefill_tokens_reused'] / q:.0f} | "
-            f"{e['decode_tokens'] / q:.0f} | {e['rows'] / max(e['batches'], 1):.2f} |"
+            f"{e['decode_tokens'] / q:.0f} | {e['batch_rows'] / max(e['batches'], 1):.2f} |"
         )
     print()
     ratio(seconds, "scratch_naive", "pm_engine", "ParallelMuse+engine vs naive from-scratch", 2.5)

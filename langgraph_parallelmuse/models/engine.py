@@ -273,14 +273,15 @@ class InferenceEngine:
         """Counters since the last :meth:`reset_stats`.
 
         Keys: ``requests``, ``prefill_tokens_computed``, ``prefill_tokens_reused``,
-        ``decode_tokens``, ``batches`` (joint decode steps), ``mean_batch_size``,
+        ``decode_tokens``, ``batches`` (joint decode steps), ``batch_rows`` (sequences summed
+        over those steps), ``mean_batch_size``,
         ``cache_hit_rate`` (share of requests that reused a prefix), ``cache_token_reuse``
         (share of prompt tokens reused), ``cache_bytes``.
         """
         with self._stats_lock:
             s = dict(self._stats)
         prompt = s["prefill_tokens_computed"] + s["prefill_tokens_reused"]
-        s["mean_batch_size"] = s.pop("_rows") / s["batches"] if s["batches"] else 0.0
+        s["mean_batch_size"] = s["batch_rows"] / s["batches"] if s["batches"] else 0.0
         s["cache_hit_rate"] = s.pop("_hits") / s["requests"] if s["requests"] else 0.0
         s["cache_token_reuse"] = s["prefill_tokens_reused"] / prompt if prompt else 0.0
         s["cache_bytes"] = self.cache.nbytes if self.cache is not None else 0
@@ -296,7 +297,7 @@ class InferenceEngine:
                     "prefill_tokens_reused",
                     "decode_tokens",
                     "batches",
-                    "_rows",
+                    "batch_rows",
                     "_hits",
                 ),
                 0,
@@ -494,7 +495,7 @@ class InferenceEngine:
             cache=batch,
             use_cache=True,
         )
-        self._count(batches=1, _rows=len(active))
+        self._count(batches=1, batch_rows=len(active))
         logits = out.logits[:, -1, :]
         for i, seq in enumerate(active):
             self._consume(seq, logits[i])
