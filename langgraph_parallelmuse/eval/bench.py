@@ -577,16 +577,14 @@ def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> t
     table = f"{markdown_table(summary)}\n\n{rollout_table(records)}\n\n{fork_table(records)}\n\n{facts}"
     (out_dir / "summary.md").write_text(table + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    profile = {
-        region: {str(step): sum(v) / len(v) for step, v in sorted(steps.items())}
-        for region, steps in uncertainty_profile(records, kinds=("initial", "fill")).items()
-    }
-    (out_dir / "profile.json").write_text(json.dumps(profile, indent=2))
+    profile = uncertainty_profile(records)
+    means = {region: {str(step): mean for step, (mean, _) in steps.items()} for region, steps in profile.items()}
+    (out_dir / "profile.json").write_text(json.dumps(means, indent=2))
     from langgraph_parallelmuse.eval.plots import plot_accuracy_vs_tokens, plot_uncertainty_profile
 
     try:  # matplotlib is the optional extra "plot"; it is imported when the first plot is drawn
         plot_accuracy_vs_tokens(summary, out_dir / "accuracy_vs_tokens.png")
-        plot_uncertainty_profile(records, out_dir / "uncertainty_profile.png")
+        plot_uncertainty_profile(profile, out_dir / "uncertainty_profile.png")
     except ImportError:
         return table, False
     return table, True

@@ -16,40 +16,52 @@ def _plt():
     return plt
 
 
-def uncertainty_profile(
-    records: Sequence[dict], *, kinds: tuple[str, ...] = ("initial",)
-) -> dict[str, dict[int, list[float]]]:
-    """Per region, step index → perplexities of the from-scratch trajectories' steps."""
-    profile: dict[str, dict[int, list[float]]] = {"reasoning": defaultdict(list), "exploration": defaultdict(list)}
+def uncertainty_profile(records: Sequence[dict]) -> dict[str, dict[int, tuple[float, int]]]:
+    """Per region, step index → (mean perplexity, steps measured) over the from-scratch trajectories.
+
+    From-scratch means the initial trajectory and the budget fills, not the branches: a branch
+    regenerates from its fork, so its early steps are its parent's.
+
+    Example:
+        >>> uncertainty_profile(records)["reasoning"][0]  # doctest: +SKIP
+        (3.16, 312)
+    """
+    values: dict[str, dict[int, list[float]]] = {"reasoning": defaultdict(list), "exploration": defaultdict(list)}
     for rec in records:
         for traj in rec["trajectories"].values():
-            if traj["origin"].get("kind", "initial") not in kinds:
+            if traj["origin"].get("kind", "initial") not in ("initial", "fill"):
                 continue
             for i, scores in enumerate(traj["uncertainty"]):
-                for region in profile:
+                for region in values:
                     if scores.get(region) is not None:
-                        profile[region][i].append(scores[region])
-    return profile
+                        values[region][i].append(scores[region])
+    return {
+        region: {step: (sum(v) / len(v), len(v)) for step, v in sorted(steps.items())}
+        for region, steps in values.items()
+    }
 
 
-def plot_uncertainty_profile(records: Sequence[dict], path: str | Path) -> Path:
+def plot_uncertainty_profile(profile: dict[str, dict[int, tuple[float, int]]], path: str | Path) -> Path:
     """Mean step-wise perplexity per functional region (the paper's Figure 1 analogue).
 
     Example:
-        >>> plot_uncertainty_profile(records, "profile.png")  # doctest: +SKIP
+        >>> plot_uncertainty_profile(uncertainty_profile(records), "profile.png")  # doctest: +SKIP
     """
     plt = _plt()
-    profile = uncertainty_profile(records, kinds=("initial", "fill"))
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for region, marker in (("exploration", "o"), ("reasoning", "s")):
         steps = sorted(profile[region])
-        means = [sum(profile[region][s]) / len(profile[region][s]) for s in steps]
-        counts = [len(profile[region][s]) for s in steps]
+        means = [profile[region][s][0] for s in steps]
         ax.plot([s + 1 for s in steps], means, marker=marker, label=region)
         # A step that few trajectories reach can dominate the curve: each point shows its count.
-        for step, mean, count in zip(steps, means, counts, strict=True):
+        for step, mean in zip(steps, means, strict=True):
             ax.annotate(
-                str(count), (step + 1, mean), textcoords="offset points", xytext=(0, 6), fontsize=6, ha="center"
+                str(profile[region][step][1]),
+                (step + 1, mean),
+                textcoords="offset points",
+                xytext=(0, 6),
+                fontsize=6,
+                ha="center",
             )
     ax.set_xlabel("step")
     ax.set_ylabel("mean perplexity")

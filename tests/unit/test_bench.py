@@ -22,6 +22,7 @@ from langgraph_parallelmuse.eval.bench import (
     write_outputs,
 )
 from langgraph_parallelmuse.eval.datasets import QAItem
+from langgraph_parallelmuse.eval.plots import uncertainty_profile
 from langgraph_parallelmuse.tools import CorpusIndex
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder, role_of
 
@@ -195,11 +196,22 @@ async def test_run_facts_report_the_agent_and_compression_figures(index, tmp_pat
 
 async def test_write_outputs_writes_the_summary_files(index, tmp_path):
     records = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
-    table, _ = write_outputs(records, tmp_path)
+    table, drawn = write_outputs(records, tmp_path)
+    assert drawn and (tmp_path / "accuracy_vs_tokens.png").stat().st_size > 0
+    assert (tmp_path / "uncertainty_profile.png").stat().st_size > 0
     assert (tmp_path / "summary.md").read_text().startswith("| method |")
     assert "| set |" in table and "| fork step |" in table and "- compression_ratio:" in table
     assert "majority" in json.loads((tmp_path / "summary.json").read_text())
     assert set(json.loads((tmp_path / "profile.json").read_text())) >= {"exploration", "reasoning"}
+
+
+async def test_uncertainty_profile_averages_the_from_scratch_steps_only(index, tmp_path):
+    (rec,) = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    scratch = [t for t in rec["trajectories"].values() if t["origin"]["kind"] in ("initial", "fill")]
+    assert len(scratch) < len(rec["trajectories"])  # there are branches, and they must not count
+    firsts = [t["uncertainty"][0]["reasoning"] for t in scratch]
+    mean, count = uncertainty_profile([rec])["reasoning"][0]
+    assert count == len(scratch) and mean == pytest.approx(sum(firsts) / len(firsts))
 
 
 async def test_a_branch_two_modes_share_is_run_and_compressed_once(index, tmp_path):
