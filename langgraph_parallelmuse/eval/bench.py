@@ -459,25 +459,25 @@ def fork_table(records: Sequence[dict]) -> str:
         "| mode | fork step | questions picked | branches | branch gen. tokens / scratch |",
         "|---|---|---|---|---|",
     ]
-    for mode in sorted({m for r in records for m in r["picks"]}):
-        picked: dict[int, int] = defaultdict(int)
-        ratios: dict[int, list[float]] = defaultdict(list)
-        for r in records:
-            for step in {p[0] for p in r["picks"].get(mode, [])}:
-                picked[step] += 1
-            trajs = r["trajectories"]
-            scratch = [t["stats"]["generated_tokens"] for t in trajs.values() if t["origin"].get("kind") != "branch"]
-            mean = sum(scratch) / len(scratch) if scratch else 0.0
+    picked: dict[tuple[str, int], int] = defaultdict(int)
+    ratios: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in records:
+        trajs = r["trajectories"]
+        scratch = [t["stats"]["generated_tokens"] for t in trajs.values() if t["origin"].get("kind") != "branch"]
+        mean = sum(scratch) / len(scratch) if scratch else 0.0
+        for mode, picks in r["picks"].items():
+            for step in {p[0] for p in picks}:
+                picked[mode, step] += 1
             for tid in r["methods"].get(f"single_partial_{mode}", {}).get("trajectories", []):
                 origin = trajs[tid]["origin"]
                 if origin.get("kind") == "branch" and mean:
-                    ratios[origin["step"]].append(trajs[tid]["stats"]["generated_tokens"] / mean)
-        for step in sorted(picked.keys() | ratios.keys()):
-            v = ratios[step]
-            lines.append(
-                f"| {mode} | {step + 1} | {picked[step]} of {len(records)} | {len(v)} | "
-                + (f"{sum(v) / len(v):.2f} |" if v else "— |")
-            )
+                    ratios[mode, origin["step"]].append(trajs[tid]["stats"]["generated_tokens"] / mean)
+    for mode, step in sorted(picked.keys() | ratios.keys()):
+        v = ratios[mode, step]
+        lines.append(
+            f"| {mode} | {step + 1} | {picked[mode, step]} of {len(records)} | {len(v)} | "
+            + (f"{sum(v) / len(v):.2f} |" if v else "— |")
+        )
     return "\n".join(lines)
 
 
