@@ -23,8 +23,7 @@ def uncertainty_profile(records: Sequence[dict]) -> dict[str, dict[int, tuple[fl
     regenerates from its fork, so its early steps are its parent's.
 
     Example:
-        >>> uncertainty_profile(records)["reasoning"][0]  # doctest: +SKIP
-        (3.16, 312)
+        >>> mean, count = uncertainty_profile(records)["reasoning"][0]  # doctest: +SKIP
     """
     values: dict[str, dict[int, list[float]]] = {"reasoning": defaultdict(list), "exploration": defaultdict(list)}
     for rec in records:
@@ -50,18 +49,12 @@ def plot_uncertainty_profile(profile: dict[str, dict[int, tuple[float, int]]], p
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for region, marker in (("exploration", "o"), ("reasoning", "s")):
-        steps = sorted(profile[region])
-        means = [profile[region][s][0] for s in steps]
-        ax.plot([s + 1 for s in steps], means, marker=marker, label=region)
+        points = sorted(profile[region].items())
+        ax.plot([s + 1 for s, _ in points], [mean for _, (mean, _) in points], marker=marker, label=region)
         # A step that few trajectories reach can dominate the curve: each point shows its count.
-        for step, mean in zip(steps, means, strict=True):
+        for step, (mean, count) in points:
             ax.annotate(
-                str(profile[region][step][1]),
-                (step + 1, mean),
-                textcoords="offset points",
-                xytext=(0, 6),
-                fontsize=6,
-                ha="center",
+                str(count), (step + 1, mean), textcoords="offset points", xytext=(0, 6), fontsize=6, ha="center"
             )
     ax.set_xlabel("step")
     ax.set_ylabel("mean perplexity")
