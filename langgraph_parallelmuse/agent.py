@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
@@ -22,23 +23,17 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
-from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.driver import Driver, FreeDriver, GuidedDriver, StepContext, call_key
+from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
+from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, describe_tools, parse_action, region_spans
 from langgraph_parallelmuse.retry import with_retries
-from langgraph_parallelmuse.segments import Sampling, derive_seed, generate_turn
-from langgraph_parallelmuse.state import AgentState, Observation, Origin, Step, Trajectory
+from langgraph_parallelmuse.segments import Sampling, TurnResult, derive_seed, generate_turn
+from langgraph_parallelmuse.state import Action, AgentState, Observation, Origin, Step, Trajectory, count_tool_calls
 from langgraph_parallelmuse.uncertainty import score_steps
 
 _DEFAULT_CONFIG = ParallelMuseConfig()
-
-
-def pick_driver(model: BaseChatModel, setting: str, guided: GuidedDriver | None = None) -> Driver:
-    """``auto`` guides models that can continue a prefilled turn (the in-process model)."""
-    if setting == "guided" or (setting == "auto" and getattr(model, "supports_prefill", False)):
-        return guided or GuidedDriver()
-    return FreeDriver()
 
 
 def close_open_tag(text: str) -> str:
@@ -84,43 +79,81 @@ def _tool_text(content: Any) -> str:
     return str(content)
 
 
-def build_rollout_graph(
+@dataclass
+class _Spent:
+    """What a step's model calls cost, rejected attempts included (they are real work)."""
+
+    generated: int = 0
+    prompt: int = 0
+    cached: int = 0
+    calls: int = 0
+
+    def add(self, turn: TurnResult) -> None:
+        self.generated += turn.generated_tokens
+        self.prompt += turn.prompt_tokens
+        self.cached += turn.cached_prompt_tokens
+        self.calls += turn.calls
+
+
+async def _sample_step(
     model: BaseChatModel,
-    tools: Sequence[BaseTool],
+    driver: StepDriver,
+    ctx: StepContext,
+    messages: Sequence[BaseMessage],
     *,
-    driver: Driver,
-    system_prompt: str | None = None,
-    fork_actions: dict[str, set[str]] | None = None,
-) -> StateGraph:
-    """The think ⇄ act ReAct loop as an uncompiled graph (compile it with a checkpointer).
+    sampling: Sampling,
+    seed: Callable[[int], int],
+    spent: _Spent,
+) -> tuple[str, Action, TurnResult]:
+    """Generate one turn, resampling (up to ``driver.retries`` times) what the driver rejects."""
+    for attempt in range(driver.retries + 1):
+        turn = await generate_turn(model, messages, driver.plan(ctx), sampling=sampling, seed=seed(attempt))
+        truncated = turn.finish_reason == "length"
+        text = turn.text if truncated else close_open_tag(turn.text)
+        action = parse_action(text, truncated=truncated)
+        spent.add(turn)
+        if driver.reject(ctx, text, action) is None:
+            break
+    return text, action, turn
 
-    Args:
-        model: Chat model returning token logprobs in ``response_metadata["logprobs"]``.
-        tools: Tools by name (``search`` and usually ``visit``).
-        driver: How a think step is generated (:class:`FreeDriver` or :class:`GuidedDriver`).
-        system_prompt: Overrides the protocol's system prompt (``{tools}`` is filled in).
-        fork_actions: Tool calls already taken at each fork checkpoint (by checkpoint id), shared
-            by the branches of that checkpoint when ``diverse_branches`` is on.
-    """
-    fork_actions = {} if fork_actions is None else fork_actions
-    by_name = {t.name: t for t in tools}
-    system = (
-        (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
-    )
 
-    async def think(state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
+def _outcome(step: Step, *, final: bool, exhausted: bool) -> dict[str, Any]:
+    """The state update of a finished think step."""
+    update: dict[str, Any] = {"steps": [step]}
+    action = step["action"]
+    if action["type"] == "answer":
+        update.update(status="answered", answer=action["answer"])
+    elif final:
+        update.update(status="context_exhausted" if exhausted else "max_turns", answer=None)
+    else:
+        update["status"] = "running"
+    return update
+
+
+TakenCalls = Callable[[Origin], Awaitable[frozenset[str]]]
+
+
+@dataclass(frozen=True)
+class _StepNodes:
+    """The think and act nodes of the rollout graph and what they read."""
+
+    model: BaseChatModel
+    by_name: dict[str, BaseTool]
+    driver: StepDriver
+    system: str
+    taken_calls: TakenCalls | None
+
+    async def think(self, state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
+        """Generate step ``len(steps)``: a thought, then a tool call or the answer."""
         cfg = runtime.context or _DEFAULT_CONFIG
         steps, observations = state.get("steps", []), state.get("observations", [])
         index = len(steps)
         origin = state.get("origin") or {}
-        # The first regenerated step of a branch: with diverse_branches it must not redo the
-        # parent's or an earlier sibling's tool call.
-        fork = origin.get("checkpoint_id") if cfg.diverse_branches and origin.get("step") == index else None
+        forking = cfg.diverse_branches and self.taken_calls is not None and origin.get("step") == index
+        avoid = await self.taken_calls(origin) if forking else frozenset()
         exhausted = _context_exhausted(steps, observations, cfg)
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_logprobs=cfg.top_logprobs)
-        spent_generated = spent_prompt = spent_cached = spent_calls = 0
-        started = time.perf_counter()
-        trim: int | None = None
+        spent, started, trim = _Spent(), time.perf_counter(), None
         while True:
             ctx = StepContext(
                 state["question"],
@@ -129,35 +162,27 @@ def build_rollout_graph(
                 index,
                 final=exhausted or index >= cfg.max_turns - 1,
                 max_step_tokens=cfg.max_step_tokens,
-                tool_names=frozenset(by_name),
-                avoid=frozenset(fork_actions.get(fork, ())) if fork else frozenset(),
+                tool_names=frozenset(self.by_name),
+                avoid=avoid,
             )
             messages = build_messages(
                 state["question"],
                 steps,
                 observations,
-                system=system,
-                final_turn=ctx.final and isinstance(driver, FreeDriver),
+                system=self.system,
+                final_turn=ctx.final and isinstance(self.driver, FreeDriver),
                 max_observation_chars=trim,
             )
             try:
-                for attempt in range(driver.retries + 1):
-                    turn = await generate_turn(
-                        model,
-                        messages,
-                        driver.plan(ctx),
-                        sampling=sampling,
-                        seed=derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt),
-                    )
-                    truncated = turn.finish_reason == "length"
-                    text = turn.text if truncated else close_open_tag(turn.text)
-                    action = parse_action(text, truncated=truncated)
-                    spent_generated += turn.generated_tokens
-                    spent_prompt += turn.prompt_tokens
-                    spent_cached += turn.cached_prompt_tokens
-                    spent_calls += turn.calls
-                    if driver.reject(ctx, text, action) is None:
-                        break
+                text, action, turn = await _sample_step(
+                    self.model,
+                    self.driver,
+                    ctx,
+                    messages,
+                    sampling=sampling,
+                    seed=lambda attempt: derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt),
+                    spent=spent,
+                )
                 break
             except ParallelMuseError:
                 raise
@@ -173,64 +198,25 @@ def build_rollout_graph(
             tokens=turn.tokens,
             regions=region_spans(text),
             action=action,
-            prompt_tokens=spent_prompt,
+            prompt_tokens=spent.prompt,
             context_tokens=turn.context_tokens,
-            generated_tokens=spent_generated,
-            cached_prompt_tokens=spent_cached,
-            calls=spent_calls,
+            generated_tokens=spent.generated,
+            cached_prompt_tokens=spent.cached,
+            calls=spent.calls,
             finish_reason=turn.finish_reason,
             seconds=time.perf_counter() - started,
         )
-        if fork and action["type"] == "tool_call":
-            fork_actions.setdefault(fork, set()).add(call_key(action))
-        update: dict[str, Any] = {"steps": [step]}
-        if action["type"] == "answer":
-            update.update(status="answered", answer=action["answer"])
-        elif ctx.final:
-            update.update(status="context_exhausted" if exhausted else "max_turns", answer=None)
-        else:
-            update["status"] = "running"
-        return update
+        return _outcome(step, final=ctx.final, exhausted=exhausted)
 
-    async def act(state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
+    async def act(self, state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
+        """Run the last step's action and record the tool response (errors included)."""
         cfg = runtime.context or _DEFAULT_CONFIG
         step = state["steps"][-1]
-        action = step["action"]
         started = time.perf_counter()
-        name, args = action.get("name", ""), action.get("arguments", {})
-        doc_ids: list[str] = []
-        error = True
-        if action["type"] != "tool_call":
-            # No tags in the hint: it travels inside a tool response, where tags are neutralised.
-            content = (
-                f"Error: {action.get('error', 'unreadable reply')}. Reply with your thinking in a think "
-                "block, then exactly one tool call (JSON with name and arguments) or an answer block."
-            )
-        elif name not in by_name:
-            content = f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(by_name))}."
-        else:
-            call = {
-                "type": "tool_call",
-                "name": name,
-                "args": args,
-                "id": f"{state.get('trajectory_id')}-{step['index']}",
-            }
-            try:
-                # The timeout bounds the whole call, retries of transient failures included.
-                result = await asyncio.wait_for(
-                    with_retries(lambda: by_name[name].ainvoke(call)), timeout=cfg.tool_timeout
-                )
-                content = _tool_text(result.content if isinstance(result, ToolMessage) else result)
-                artifact = getattr(result, "artifact", None)
-                if isinstance(artifact, dict):
-                    doc_ids = [str(d) for d in artifact.get("doc_ids", [])]
-                error = isinstance(result, ToolMessage) and result.status == "error"
-            except TimeoutError:
-                content = f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s."
-            except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
-                content = f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"
+        content, error, doc_ids = await _run_tool(self.by_name, step, state.get("trajectory_id"), cfg)
         # Lone surrogates cannot be sent as UTF-8 and would be stored differently than sent.
         content = content.encode("utf-8", "replace").decode("utf-8")
+        name = step["action"].get("name", "")
         if not content.strip() and not error:
             content, error = f"Error: tool {name!r} returned nothing.", True
         if len(content) > cfg.max_observation_chars:
@@ -238,7 +224,7 @@ def build_rollout_graph(
         obs = Observation(
             step=step["index"],
             name=name or "invalid",
-            arguments=args,
+            arguments=step["action"].get("arguments", {}),
             content=content,
             error=error,
             seconds=time.perf_counter() - started,
@@ -246,16 +232,69 @@ def build_rollout_graph(
         )
         return {"observations": [obs]}
 
+    @staticmethod
     def route(state: AgentState) -> str:
         return "act" if state.get("status") == "running" else END
 
+
+def build_rollout_graph(
+    model: BaseChatModel,
+    tools: Sequence[BaseTool],
+    *,
+    driver: StepDriver,
+    system_prompt: str | None = None,
+    taken_calls: TakenCalls | None = None,
+) -> StateGraph:
+    """The think ⇄ act ReAct loop as an uncompiled graph (compile it with a checkpointer).
+
+    Args:
+        model: Chat model returning token logprobs in ``response_metadata["logprobs"]``.
+        tools: Tools by name (``search`` and usually ``visit``).
+        driver: How a think step is generated (:class:`FreeDriver` or :class:`GuidedDriver`).
+        system_prompt: Overrides the protocol's system prompt (``{tools}`` is filled in).
+        taken_calls: With ``diverse_branches``, the tool calls a branch's first regenerated step
+            must not repeat (its parent's and its siblings', read from their checkpoints).
+    """
+    system = (
+        (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
+    )
+    nodes = _StepNodes(model, {t.name: t for t in tools}, driver, system, taken_calls)
     graph = StateGraph(AgentState, context_schema=ParallelMuseConfig)
-    graph.add_node("think", think)
-    graph.add_node("act", act)
+    graph.add_node("think", nodes.think)
+    graph.add_node("act", nodes.act)
     graph.add_edge(START, "think")
-    graph.add_conditional_edges("think", route, ["act", END])
+    graph.add_conditional_edges("think", nodes.route, ["act", END])
     graph.add_edge("act", "think")
     return graph
+
+
+async def _run_tool(
+    by_name: dict[str, BaseTool], step: Step, trajectory_id: str | None, cfg: ParallelMuseConfig
+) -> tuple[str, bool, list[str]]:
+    """Execute a step's action: ``(content, is_error, doc_ids)``; every failure becomes an error text."""
+    action = step["action"]
+    name, args = action.get("name", ""), action.get("arguments", {})
+    if action["type"] != "tool_call":
+        # No tags in the hint: it travels inside a tool response, where tags are neutralised.
+        hint = (
+            f"Error: {action.get('error', 'unreadable reply')}. Reply with your thinking in a think "
+            "block, then exactly one tool call (JSON with name and arguments) or an answer block."
+        )
+        return hint, True, []
+    if name not in by_name:
+        return f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(by_name))}.", True, []
+    call = {"type": "tool_call", "name": name, "args": args, "id": f"{trajectory_id}-{step['index']}"}
+    try:
+        # The timeout bounds the whole call, retries of transient failures included.
+        result = await asyncio.wait_for(with_retries(lambda: by_name[name].ainvoke(call)), timeout=cfg.tool_timeout)
+    except TimeoutError:
+        return f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s.", True, []
+    except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
+        return f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}", True, []
+    artifact = getattr(result, "artifact", None)
+    doc_ids = [str(d) for d in artifact.get("doc_ids", [])] if isinstance(artifact, dict) else []
+    error = isinstance(result, ToolMessage) and result.status == "error"
+    return _tool_text(result.content if isinstance(result, ToolMessage) else result), error, doc_ids
 
 
 class RolloutRunner:
@@ -282,7 +321,7 @@ class RolloutRunner:
         model: BaseChatModel,
         tools: Sequence[BaseTool],
         *,
-        driver: Driver | str = "auto",
+        driver: StepDriver | DriverName = "auto",
         checkpointer: BaseCheckpointSaver | None = None,
         system_prompt: str | None = None,
     ) -> None:
@@ -290,9 +329,8 @@ class RolloutRunner:
         self.tools = list(tools)
         self.driver = driver if isinstance(driver, (FreeDriver, GuidedDriver)) else pick_driver(model, driver)
         self.checkpointer = checkpointer or InMemorySaver()
-        self.fork_actions: dict[str, set[str]] = {}
         self.graph: CompiledStateGraph = build_rollout_graph(
-            model, self.tools, driver=self.driver, system_prompt=system_prompt, fork_actions=self.fork_actions
+            model, self.tools, driver=self.driver, system_prompt=system_prompt, taken_calls=self.taken_calls
         ).compile(checkpointer=self.checkpointer, name="rollout")
 
     @staticmethod
@@ -309,8 +347,48 @@ class RolloutRunner:
         """The finished trajectory of a thread, if it already ran (resume support)."""
         snap = await self.graph.aget_state(self._thread(thread_id))
         if snap.values and not snap.next and snap.values.get("status") not in (None, "running"):
-            return self._trajectory(thread_id, snap.values, 0.0, config)
+            return await self._trajectory(thread_id, snap.values, 0.0, config)
         return None
+
+    async def run_job(
+        self, job: Job, *, question: str | None = None, config: ParallelMuseConfig | None = None
+    ) -> Trajectory:
+        """Run one job of the schedule in its thread (or return it if that thread already finished).
+
+        A from-scratch job needs the ``question``; a branch continues a new thread from the checkpoint its
+        origin names (the shared prefix keeps its steps and tool responses; nothing of it is re-run).
+        """
+        thread_id, origin = job["thread_id"], job["origin"]
+        if (done := await self.existing(thread_id, config)) is not None:
+            return done
+        started = time.perf_counter()
+        branch = origin.get("kind") == "branch"
+        metadata = {"trajectory_id": job["id"], "origin_kind": origin.get("kind")}
+        if branch:
+            metadata.update(
+                parent_thread=origin["parent_thread"],
+                fork_checkpoint_id=origin["checkpoint_id"],
+                fork_step=origin["step"],
+            )
+        tc = self._thread(thread_id, metadata)
+        current = await self.graph.aget_state(tc)
+        payload: dict[str, Any] | None = None
+        if not current.values or not current.next:
+            seed = await self._fork_values(origin) if branch else {"question": self._question(question, job)}
+            fresh = {"trajectory_id": job["id"], "origin": origin, "status": "running", "answer": None}
+            if branch:
+                await self.graph.aupdate_state(tc, {**seed, **fresh}, as_node="act")
+            else:
+                payload = {**seed, **fresh}
+        await self.graph.ainvoke(payload, tc, context=config or _DEFAULT_CONFIG)
+        final = await self.graph.aget_state(tc)
+        return await self._trajectory(thread_id, final.values, time.perf_counter() - started, config)
+
+    @staticmethod
+    def _question(question: str | None, job: Job) -> str:
+        if question is None:
+            raise ParallelMuseError(f"job {job['id']!r} runs from scratch: pass its question")
+        return question
 
     async def run(
         self,
@@ -322,26 +400,29 @@ class RolloutRunner:
         origin: Origin | None = None,
     ) -> Trajectory:
         """Run one trajectory from scratch (or return it if its thread already finished)."""
-        if (done := await self.existing(thread_id, config)) is not None:
-            return done
         origin = origin or Origin(kind="initial", parent=None, round=0)
-        started = time.perf_counter()
-        tc = self._thread(thread_id, {"trajectory_id": trajectory_id, "origin_kind": origin.get("kind")})
-        snap = await self.graph.aget_state(tc)
-        payload = (
-            None
-            if snap.next
-            else {
-                "question": question,
-                "trajectory_id": trajectory_id,
-                "origin": origin,
-                "status": "running",
-                "answer": None,
-            }
+        return await self.run_job(
+            Job(id=trajectory_id, thread_id=thread_id, origin=origin), question=question, config=config
         )
-        await self.graph.ainvoke(payload, tc, context=config or _DEFAULT_CONFIG)
-        final = await self.graph.aget_state(tc)
-        return self._trajectory(thread_id, final.values, time.perf_counter() - started, config)
+
+    async def fork(
+        self,
+        parent: Trajectory,
+        step: int,
+        *,
+        run_id: str,
+        sibling: int = 0,
+        config: ParallelMuseConfig | None = None,
+        region: str | None = None,
+        score: float | None = None,
+    ) -> Trajectory:
+        """Branch ``sibling`` of ``parent`` at step ``step``, in thread ``{run_id}/{parent}.s{step}.b{sibling}``.
+
+        The branch keeps steps ``< step`` and their tool responses (not re-fetched) and
+        regenerates step ``step`` and everything after it.
+        """
+        pick = Pick(parent=parent["id"], step=step, region=region, score=score, round=1)
+        return await self.run_job(branch_job(parent, pick, sibling, run_id=run_id), config=config)
 
     async def fork_point(self, parent_thread: str, step: int):
         """The snapshot just before step ``step``'s think node in ``parent_thread``."""
@@ -350,66 +431,45 @@ class RolloutRunner:
                 return snap
         raise ParallelMuseError(f"no checkpoint before step {step} in thread {parent_thread!r}")
 
-    async def fork(
-        self,
-        parent: Trajectory,
-        step: int,
-        *,
-        trajectory_id: str,
-        thread_id: str,
-        config: ParallelMuseConfig | None = None,
-        origin: Origin | None = None,
+    async def _fork_values(self, origin: Origin) -> dict[str, Any]:
+        """The values of the checkpoint a branch starts from, checked to be that fork point."""
+        config = {"configurable": {"thread_id": origin["parent_thread"], "checkpoint_id": origin["checkpoint_id"]}}
+        snap = await self.graph.aget_state(config)
+        if snap.next != ("think",) or len(snap.values.get("steps", [])) != origin["step"]:
+            raise ParallelMuseError(
+                f"checkpoint {origin['checkpoint_id']!r} of thread {origin['parent_thread']!r} is not the fork point "
+                f"before step {origin['step']}"
+            )
+        return dict(snap.values)
+
+    async def taken_calls(self, origin: Origin) -> frozenset[str]:
+        """Tool calls already taken at a branch's fork point: its parent's and every sibling's that got
+        that far, read from their checkpoints (siblings are the threads forked from the same checkpoint)."""
+        step = origin["step"]
+        threads = {origin["parent_thread"]}
+        async for cp in self.checkpointer.alist(None, filter={"fork_checkpoint_id": origin["checkpoint_id"]}):
+            threads.add(cp.config["configurable"]["thread_id"])
+        keys: set[str] = set()
+        for thread in threads:
+            snap = await self.graph.aget_state(self._thread(thread))
+            steps = snap.values.get("steps", [])
+            if len(steps) > step and steps[step]["action"].get("type") == "tool_call":
+                keys.add(call_key(steps[step]["action"]))
+        return frozenset(keys)
+
+    async def _fork_points(self, thread_id: str, steps: int) -> list[str | None]:
+        """Per step, the id of this thread's checkpoint just before it (``None``: the step is a branch's
+        prefix, whose fork point lives in the parent's thread)."""
+        points: list[str | None] = [None] * steps
+        async for snap in self.graph.aget_state_history(self._thread(thread_id)):
+            at = len(snap.values.get("steps", []))
+            if snap.next == ("think",) and at < steps:
+                points[at] = snap.config["configurable"]["checkpoint_id"]
+        return points
+
+    async def _trajectory(
+        self, thread_id: str, values: dict, seconds: float, config: ParallelMuseConfig | None
     ) -> Trajectory:
-        """Continue a new thread from the checkpoint before ``parent``'s step ``step``.
-
-        The branch keeps steps ``< step`` and their tool responses (not re-fetched) and
-        regenerates step ``step`` and everything after it.
-        """
-        if (done := await self.existing(thread_id, config)) is not None:
-            return done
-        started = time.perf_counter()
-        snap = await self.fork_point(parent["thread_id"], step)
-        prefix_tokens = parent["steps"][step]["context_tokens"] if step < len(parent["steps"]) else 0
-        origin = Origin(
-            **{
-                "kind": "branch",
-                "parent": parent["id"],
-                "parent_thread": parent["thread_id"],
-                "checkpoint_id": snap.config["configurable"]["checkpoint_id"],
-                "step": step,
-                "prefix_tokens": prefix_tokens,
-                "round": 1,
-                **(origin or {}),
-            }
-        )
-        parent_action = parent["steps"][step]["action"] if step < len(parent["steps"]) else {}
-        if (config or _DEFAULT_CONFIG).diverse_branches and parent_action.get("type") == "tool_call":
-            self.fork_actions.setdefault(origin["checkpoint_id"], set()).add(call_key(parent_action))
-        tc = self._thread(
-            thread_id,
-            {
-                "trajectory_id": trajectory_id,
-                "parent_thread": parent["thread_id"],
-                "fork_checkpoint_id": origin["checkpoint_id"],
-                "fork_step": step,
-            },
-        )
-        current = await self.graph.aget_state(tc)
-        if not current.values:
-            values = {
-                **snap.values,
-                "trajectory_id": trajectory_id,
-                "origin": origin,
-                "status": "running",
-                "answer": None,
-            }
-            await self.graph.aupdate_state(tc, values, as_node="act")
-        await self.graph.ainvoke(None, tc, context=config or _DEFAULT_CONFIG)
-        final = await self.graph.aget_state(tc)
-        return self._trajectory(thread_id, final.values, time.perf_counter() - started, config)
-
-    @staticmethod
-    def _trajectory(thread_id: str, values: dict, seconds: float, config: ParallelMuseConfig | None) -> Trajectory:
         origin = values.get("origin") or Origin(kind="initial", parent=None)
         steps, observations = values.get("steps", []), values.get("observations", [])
         first_own = (origin.get("step") or 0) if origin.get("kind") == "branch" else 0
@@ -421,6 +481,7 @@ class RolloutRunner:
             origin=origin,
             steps=steps,
             observations=observations,
+            fork_points=await self._fork_points(thread_id, len(steps)),
             status=values.get("status", "failed"),
             answer=values.get("answer"),
             error=values.get("error"),
@@ -431,7 +492,7 @@ class RolloutRunner:
                 # Every call of a branch starts with the parent's prompt at the fork point.
                 "reused_prefix_tokens": origin.get("prefix_tokens", 0) * sum(s["calls"] for s in own),
                 "cached_prompt_tokens": sum(s["cached_prompt_tokens"] for s in own),
-                "tool_calls": sum(1 for o in own_obs if o["name"] != "invalid"),
+                "tool_calls": count_tool_calls(own_obs),
                 "seconds": seconds,
             },
         )

@@ -31,10 +31,10 @@ from typing import Literal
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.eval.scoring import f1_score, normalize_vote_key
+from langgraph_parallelmuse.answers import normalize_vote_key, token_f1
 from langgraph_parallelmuse.protocol import neutralize, quote_lines
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, generate_turn
-from langgraph_parallelmuse.state import Report, Trajectory
+from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls
 
 __all__ = [
     "BASELINES",
@@ -180,17 +180,19 @@ def weighted_vote(trajectories: Sequence[Trajectory], *, top_k: int = 16) -> str
 def max_tool_calls(trajectories: Sequence[Trajectory]) -> str | None:
     """Answer of the answered trajectory with the most tool calls (ties: the earliest).
 
-    Tool calls are counted as the trajectory's observations.
+    Tool calls are counted over the whole trajectory (a branch's prefix included) by
+    :func:`~langgraph_parallelmuse.state.count_tool_calls`, the definition of ``stats.tool_calls``:
+    error replies to an unreadable turn are not calls.
 
     Example:
-        >>> max_tool_calls([{"answer": "Lyon", "observations": [1]},
-        ...                 {"answer": "Paris", "observations": [1, 2]}])
+        >>> max_tool_calls([{"answer": "Lyon", "observations": [{"name": "search"}]},
+        ...                 {"answer": "Paris", "observations": [{"name": "search"}, {"name": "visit"}]}])
         'Paris'
     """
     voters = [t for t in trajectories if normalize_vote_key(t.get("answer"))]
     if not voters:
         return None
-    best = max(voters, key=lambda t: len(t.get("observations", [])))
+    best = max(voters, key=lambda t: count_tool_calls(t.get("observations", [])))
     return best["answer"].strip()
 
 
@@ -225,7 +227,7 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
 
 
 def _snap(text: str, candidates: Sequence[str]) -> str | None:
-    scores = [f1_score(text, c) for c in candidates]
+    scores = [token_f1(text, c) for c in candidates]
     best = max(range(len(candidates)), key=scores.__getitem__)
     return candidates[best] if scores[best] > 0 else None
 

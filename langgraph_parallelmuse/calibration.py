@@ -16,13 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from langgraph_parallelmuse.errors import ConfigError
-
-REGIONS_OF_MODE = {
-    "exploration": ("exploration",),
-    "reasoning": ("reasoning",),
-    "mixed": ("exploration", "reasoning"),
-    "all": ("all",),
-}
+from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE
 
 
 def _quantile(values: list[float], q: float) -> float:

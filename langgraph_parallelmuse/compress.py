@@ -188,11 +188,18 @@ def fallback_report(trajectory: Trajectory, *, tokens: int = 0, seconds: float =
         'Final answer: Paris'
     """
     answer = _one_line(trajectory.get("answer") or "") or None
+    text = f"Final answer: {neutralize(answer)}" if answer else "No final answer."
+    return _report(trajectory, text=text, answer=answer, status="fallback", tokens=tokens, seconds=seconds)
+
+
+def _report(
+    trajectory: Trajectory, *, text: str, answer: str | None, status: str, tokens: int, seconds: float
+) -> Report:
     return Report(
         trajectory_id=trajectory["id"],
-        text=f"Final answer: {neutralize(answer)}" if answer else "No final answer.",
+        text=text,
         answer=answer,
-        status="fallback",
+        status=status,
         tokens=tokens,
         trajectory_tokens=trajectory_token_count(trajectory),
         seconds=seconds,
@@ -293,15 +300,8 @@ async def compress_trajectory(
         cut_off = not guided and turn.finish_reason == "length"
         problem = _malformed(sections, answer, cut_off=cut_off)
         if problem is None:
-            return Report(
-                trajectory_id=tid,
-                text=_canonical(sections, answer),
-                answer=answer,
-                status="ok",
-                tokens=tokens,
-                trajectory_tokens=trajectory_token_count(trajectory),
-                seconds=time.perf_counter() - started,
-            )
+            text, seconds = _canonical(sections, answer), time.perf_counter() - started
+            return _report(trajectory, text=text, answer=answer, status="ok", tokens=tokens, seconds=seconds)
         logger.warning("report for %s is malformed (attempt %d): %s", tid, attempt + 1, problem)
     return fallback_report(trajectory, tokens=tokens, seconds=time.perf_counter() - started)
 

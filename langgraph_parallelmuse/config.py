@@ -10,13 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from langgraph_parallelmuse.calibration import REGIONS_OF_MODE, Calibration
+from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.logprobs import top_logprobs_problem
+from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, Estimator, Mode
 
-Mode = Literal["exploration", "reasoning", "mixed", "all", "none"]
-Estimator = Literal["nll", "entropy"]
 Aggregation = Literal["parallelmuse", "majority", "weighted", "max_tool_calls"]
-Driver = Literal["auto", "free", "guided"]
+DriverName = Literal["auto", "free", "guided"]
 
 
 class ParallelMuseConfig(BaseModel):
@@ -74,7 +74,7 @@ class ParallelMuseConfig(BaseModel):
     max_context_tokens: int = Field(8192, description="Prompt budget; when exceeded the agent is forced to answer.")
     max_observation_chars: int = Field(1200, description="Tool output longer than this is truncated.")
     tool_timeout: float = Field(30.0, description="Seconds before a tool call is abandoned.")
-    driver: Driver = Field(
+    driver: DriverName = Field(
         "auto",
         description="'free' = model writes whole steps; 'guided' = tags prefilled (small local models).",
     )
@@ -121,8 +121,8 @@ class ParallelMuseConfig(BaseModel):
             problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"top_p={self.top_p}: use a value in (0, 1]")
-        if not 0 <= self.top_logprobs <= 20:
-            problems.append(f"top_logprobs={self.top_logprobs}: use 0..20 (OpenAI's limit)")
+        if (problem := top_logprobs_problem(self.top_logprobs)) is not None:
+            problems.append(problem)
         if self.estimator == "entropy" and self.mode != "none" and self.top_logprobs < 2:
             problems.append("estimator='entropy' needs top_logprobs >= 2 (16 in the paper)")
         if self.max_turns < 1:

@@ -21,3 +21,7 @@ class MissingLogprobsError(ParallelMuseError):
 
 class ProtocolError(ParallelMuseError, ValueError):
     """Model output or a logprob payload could not be read as the text protocol expects."""
+
+
+class CorpusError(ParallelMuseError, ValueError):
+    """A corpus source is missing or malformed; the message names the file and the fix."""

@@ -17,6 +17,23 @@ from typing import Any
 from langgraph_parallelmuse.errors import ProtocolError
 from langgraph_parallelmuse.state import TokenRecord
 
+MAX_TOP_LOGPROBS = 20
+
+
+def top_logprobs_problem(value: object) -> str | None:
+    """What is wrong with a ``top_logprobs`` setting, or ``None``: the one check every layer uses.
+
+    The OpenAI API allows 0 to 20 alternatives per token and the servers follow it.
+
+    Example:
+        >>> top_logprobs_problem(16) is None, top_logprobs_problem(32)
+        (True, 'top_logprobs=32: use 0..20 (the OpenAI API limit)')
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        return f"top_logprobs={value!r}: use 0..{MAX_TOP_LOGPROBS} (the OpenAI API limit)"
+    return None
+
+
 # vLLM reports -inf (or this sentinel) for tokens outside the kept vocabulary.
 _FLOOR = -9999.0
 

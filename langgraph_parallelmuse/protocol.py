@@ -17,7 +17,6 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langgraph_parallelmuse.state import Action, Observation, Step
 
-TAGS = ("think", "tool_call", "answer", "tool_response")
 REGION_TAGS = {"reasoning": "think", "exploration": "tool_call", "answer": "answer"}
 
 # Any opening or closing protocol tag, also with odd spacing/case, so a web page cannot

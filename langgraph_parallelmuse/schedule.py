@@ -18,50 +18,32 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.state import Origin, Trajectory
+from langgraph_parallelmuse.lineage import Job, Pick, branch_job, scratch_job
+from langgraph_parallelmuse.state import Trajectory
 from langgraph_parallelmuse.uncertainty import require_logprobs, select_branch_steps
 
-
-@dataclass(frozen=True)
-class Pick:
-    """A checkpoint chosen for branching: the state just before ``parent``'s step ``step``."""
-
-    parent: str
-    step: int
-    region: str
-    score: float
-    round: int
+if TYPE_CHECKING:
+    from langgraph_parallelmuse.agent import RolloutRunner
 
 
-@dataclass(frozen=True)
-class Job:
-    """One trajectory to run: from scratch (``parent`` is None) or forked from a pick."""
-
-    id: str
-    origin: Origin
-    parent: str | None = None
-
-
-def _fills(trajectories: Sequence[Trajectory], count: int, *, round: int) -> list[Job]:
+def _fills(trajectories: Sequence[Trajectory], count: int, *, round: int, run_id: str) -> list[Job]:
     start = sum(1 for t in trajectories if t["origin"].get("kind") == "fill")
-    return [Job(f"f{start + i}", Origin(kind="fill", parent=None, round=round)) for i in range(count)]
+    return [scratch_job("fill", start + i, run_id=run_id, round=round) for i in range(count)]
 
 
-def first_wave(config: ParallelMuseConfig) -> list[Job]:
+def first_wave(config: ParallelMuseConfig, *, run_id: str) -> list[Job]:
     """The M initial trajectories and the fill-ins that can run beside them.
 
     Example:
-        >>> [j.id for j in first_wave(ParallelMuseConfig())]
-        ['t0', 'f0']
+        >>> [j["thread_id"] for j in first_wave(ParallelMuseConfig(), run_id="r")]
+        ['r/t0', 'r/f0']
     """
-    initial = [Job(f"t{i}", Origin(kind="initial", parent=None, round=0)) for i in range(config.m)]
-    return initial + _fills([], config.fill_budget, round=0)
+    initial = [scratch_job("initial", i, run_id=run_id) for i in range(config.m)]
+    return initial + _fills([], config.fill_budget, round=0, run_id=run_id)
 
 
 def round_budget(config: ParallelMuseConfig, done: int, round: int) -> int:
@@ -109,40 +91,48 @@ def pick_branches(trajectories: Sequence[Trajectory], config: ParallelMuseConfig
                 hit = calibration.excess(traj["uncertainty"][i], mode=config.mode)
                 if hit is not None and hit[1] > 1.0:
                     region, ratio = hit
-                    scored.append((ratio, Pick(traj["id"], i, region, traj["uncertainty"][i][region], round)))
+                    score = traj["uncertainty"][i][region]
+                    scored.append((ratio, Pick(parent=traj["id"], step=i, region=region, score=score, round=round)))
         else:
             k = config.k if round == 1 else 1
             for i, region, score in select_branch_steps(traj["uncertainty"], mode=config.mode, k=k, eligible=eligible):
                 # Round 1 keeps each trajectory's top-k in order (the sort is stable);
                 # later rounds rank the branches' best steps against each other.
-                scored.append((score if round > 1 else 0.0, Pick(traj["id"], i, region, score, round)))
+                pick = Pick(parent=traj["id"], step=i, region=region, score=score, round=round)
+                scored.append((score if round > 1 else 0.0, pick))
     return [p for _, p in sorted(scored, key=lambda kp: -kp[0])][:limit]
 
 
 def next_wave(
-    trajectories: Sequence[Trajectory], picks: Sequence[Pick], config: ParallelMuseConfig, *, round: int
+    trajectories: Sequence[Trajectory],
+    picks: Sequence[Pick],
+    config: ParallelMuseConfig,
+    *,
+    round: int,
+    run_id: str,
 ) -> list[Job]:
     """The jobs of round ``round``: T branches per pick within the round's budget, then, in the last
     round (or when nothing was picked), fills up to N.
 
     Example:
         >>> cfg = ParallelMuseConfig(n=4, k=1, t=2)
-        >>> initial = [{"id": "t0", "origin": {"kind": "initial"}}, {"id": "f0", "origin": {"kind": "fill"}}]
-        >>> [j.id for j in next_wave(initial, [Pick("t0", 1, "exploration", 3.2, 1)], cfg, round=1)]
+        >>> t0 = {"id": "t0", "thread_id": "r/t0", "origin": {"kind": "initial"}, "fork_points": ["c0", "c1"],
+        ...       "steps": [{"context_tokens": 20}, {"context_tokens": 90}]}
+        >>> initial = [t0, {"id": "f0", "origin": {"kind": "fill"}}]
+        >>> pick = Pick(parent="t0", step=1, region="exploration", score=3.2, round=1)
+        >>> [j["id"] for j in next_wave(initial, [pick], cfg, round=1, run_id="r")]
         ['t0.s1.b0', 't0.s1.b1']
     """
     budget = round_budget(config, len(trajectories), round)
+    by_id = {t["id"]: t for t in trajectories}
     jobs: list[Job] = []
     for pick in picks:
         for j in range(config.t):
             if len(jobs) == budget:
                 break
-            origin = Origin(
-                kind="branch", parent=pick.parent, step=pick.step, region=pick.region, score=pick.score, round=round
-            )
-            jobs.append(Job(f"{pick.parent}.s{pick.step}.b{j}", origin, parent=pick.parent))
+            jobs.append(branch_job(by_id[pick["parent"]], pick, j, run_id=run_id))
     if round >= config.rounds or not picks:
-        jobs += _fills(trajectories, config.n - len(trajectories) - len(jobs), round=round)
+        jobs += _fills(trajectories, config.n - len(trajectories) - len(jobs), round=round, run_id=run_id)
     return jobs
 
 
@@ -165,26 +155,6 @@ def budget_stats(trajectories: Sequence[Trajectory], config: ParallelMuseConfig)
         "shortfall_filled": planned - branches,
         "fill": kinds.count("fill"),
     }
-
-
-async def run_job(
-    runner: RolloutRunner,
-    job: Job,
-    question: str,
-    *,
-    run_id: str,
-    config: ParallelMuseConfig,
-    parent: Trajectory | None = None,
-) -> Trajectory:
-    """Run one job in thread ``{run_id}/{job.id}``: from scratch, or forked from ``parent``."""
-    thread_id = f"{run_id}/{job.id}"
-    if job.parent is None:
-        return await runner.run(question, trajectory_id=job.id, thread_id=thread_id, config=config, origin=job.origin)
-    if parent is None or parent["id"] != job.parent:
-        raise ValueError(f"job {job.id!r} forks {job.parent!r}: pass that trajectory as parent")
-    return await runner.fork(
-        parent, job.origin["step"], trajectory_id=job.id, thread_id=thread_id, config=config, origin=job.origin
-    )
 
 
 async def partial_rollout(
@@ -210,6 +180,7 @@ async def partial_rollout(
 
     Example:
         >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+        >>> from langgraph_parallelmuse.agent import RolloutRunner
         >>> runner = RolloutRunner(FakeListChatModel(responses=["<think>x</think><answer>4</answer>"]), [])
         >>> trajs, picks = asyncio.run(partial_rollout(runner, "2+2?", config=ParallelMuseConfig(n=3, mode="none"),
         ...                                            run_id="demo"))
@@ -220,18 +191,17 @@ async def partial_rollout(
     trajectories: list[Trajectory] = []
 
     async def run(job: Job) -> Trajectory:
-        if job.parent is None and (sample := next(pool, None)) is not None:
+        if job["origin"].get("kind") != "branch" and (sample := next(pool, None)) is not None:
             return sample
-        parent = next((t for t in trajectories if t["id"] == job.parent), None)
-        return await run_job(runner, job, question, run_id=run_id, config=config, parent=parent)
+        return await runner.run_job(job, question=question, config=config)
 
-    trajectories += await asyncio.gather(*(run(job) for job in first_wave(config)))
+    trajectories += await asyncio.gather(*(run(job) for job in first_wave(config, run_id=run_id)))
     picks: list[Pick] = []
     round = 0
     while len(trajectories) < config.n:
         round += 1
         chosen = pick_branches(trajectories, config, round=round)
-        wave = next_wave(trajectories, chosen, config, round=round)
+        wave = next_wave(trajectories, chosen, config, round=round, run_id=run_id)
         trajectories += await asyncio.gather(*(run(job) for job in wave))
         picks += chosen
     return trajectories, picks

@@ -12,8 +12,6 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
 
-Region = Literal["reasoning", "exploration", "answer", "all"]
-
 
 class TokenRecord(TypedDict):
     """One generated token: text, raw logprob, top alternatives, char span in the step text."""
@@ -64,6 +62,17 @@ class Observation(TypedDict):
     doc_ids: NotRequired[list[str]]  # documents the tool showed or opened (retrieval recall)
 
 
+def count_tool_calls(observations: list[Observation]) -> int:
+    """Tool calls among observations: every call the agent made, failed ones too, but not the error
+    replies to an unreadable turn (those answer no call).
+
+    Example:
+        >>> count_tool_calls([{"name": "search"}, {"name": "invalid"}, {"name": "visit"}])
+        2
+    """
+    return sum(1 for o in observations if o["name"] != "invalid")
+
+
 TrajectoryStatus = Literal["running", "answered", "max_turns", "context_exhausted", "failed"]
 
 
@@ -111,6 +120,9 @@ class Trajectory(TypedDict):
     origin: Origin
     steps: list[Step]
     observations: list[Observation]
+    # Per step, the id of the checkpoint just before it in this thread (its fork point); None for
+    # a branch's prefix steps, whose fork points live in the parent's thread.
+    fork_points: list[str | None]
     status: TrajectoryStatus
     answer: str | None
     error: NotRequired[str | None]
@@ -193,7 +205,7 @@ class ParallelMuseState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     trajectories: Annotated[list[Trajectory], merge_trajectories]
     reports: Annotated[list[Report], merge_reports]
-    picks: Annotated[list[dict[str, Any]], operator.add]  # every round's picks (schedule.Pick fields)
+    picks: Annotated[list[dict[str, Any]], operator.add]  # every round's picks (lineage.Pick records)
     round: int  # the branching round in progress (0 before the first)
     engine_start: dict[str, Any]  # in-process engine counters at run start (stats.engine is the delta)
     answer: str | None

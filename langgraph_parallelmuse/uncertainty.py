@@ -20,8 +20,17 @@ from langgraph_parallelmuse.errors import MissingLogprobsError
 from langgraph_parallelmuse.logprobs import tokens_in_span
 from langgraph_parallelmuse.state import Step, TokenRecord
 
-REGIONS = ("reasoning", "exploration", "all")
 Estimator = Literal["nll", "entropy"]
+Mode = Literal["exploration", "reasoning", "mixed", "all", "none"]
+
+REGIONS_OF_MODE: dict[str, tuple[str, ...]] = {
+    "exploration": ("exploration",),
+    "reasoning": ("reasoning",),
+    "mixed": ("exploration", "reasoning"),
+    "all": ("all",),
+    "none": (),
+}
+"""The regions whose uncertainty picks branch points in each mode (``none``: no branching)."""
 
 
 def token_entropy(record: TokenRecord) -> float:
@@ -89,8 +98,8 @@ def select_branch_steps(
 
     Args:
         uncertainty: Per-step region scores from :func:`score_steps`.
-        mode: ``exploration``, ``reasoning``, ``all``, ``mixed`` (ceil(k/2) by exploration then
-            floor(k/2) by reasoning, no step twice) or ``none``.
+        mode: A key of :data:`REGIONS_OF_MODE`: ``exploration``, ``reasoning``, ``all``, ``mixed``
+            (ceil(k/2) by exploration then floor(k/2) by reasoning, no step twice) or ``none``.
         k: Steps to pick; fewer come back when fewer steps have the region.
         eligible: Step indices that may be picked (default: all).
 
@@ -104,24 +113,21 @@ def select_branch_steps(
         >>> select_branch_steps(u, mode="mixed", k=2)
         [(0, 'exploration', 3.0), (1, 'reasoning', 5.0)]
     """
-    if mode == "none" or k <= 0:
-        return []
+    if mode not in REGIONS_OF_MODE:
+        raise ValueError(f"unknown mode {mode!r}: use {', '.join(REGIONS_OF_MODE)}")
+    regions = REGIONS_OF_MODE[mode] if k > 0 else ()
     allowed = set(range(len(uncertainty)) if eligible is None else eligible)
-
-    def ranked(region: str, taken: set[int]) -> list[tuple[int, str, float]]:
+    picks: list[tuple[int, str, float]] = []
+    for i, region in enumerate(regions):
+        taken = {p[0] for p in picks}
         scored = [
-            (i, region, u[region])
-            for i, u in enumerate(uncertainty)
-            if i in allowed and i not in taken and u.get(region) is not None
+            (step, region, u[region])
+            for step, u in enumerate(uncertainty)
+            if step in allowed and step not in taken and u.get(region) is not None
         ]
         # Ties go to the earlier step: it shares less prefix but is where the paper finds
         # uncertainty peaks, and a deterministic order keeps runs reproducible.
-        return sorted(scored, key=lambda item: (-item[2], item[0]))
-
-    if mode == "mixed":
-        picks = ranked("exploration", set())[: math.ceil(k / 2)]
-        picks += ranked("reasoning", {i for i, _, _ in picks})[: k // 2]
-        return picks
-    if mode not in REGIONS:
-        raise ValueError(f"unknown mode {mode!r}: use exploration, reasoning, mixed, all or none")
-    return ranked(mode, set())[:k]
+        scored.sort(key=lambda item: (-item[2], item[0]))
+        # k is split over the mode's regions, the first ones taking the remainder (mixed: ceil, floor).
+        picks += scored[: (k + len(regions) - 1 - i) // len(regions)]
+    return picks

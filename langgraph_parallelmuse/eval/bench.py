@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,17 +25,17 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.memory import InMemorySaver
 
-from langgraph_parallelmuse.agent import RolloutRunner, pick_driver
-from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports
-from langgraph_parallelmuse.compress import compress_trajectory
+from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
-from langgraph_parallelmuse.driver import GuidedDriver, call_key
+from langgraph_parallelmuse.driver import GuidedDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
-from langgraph_parallelmuse.schedule import Pick, partial_rollout
+from langgraph_parallelmuse.lineage import Pick
+from langgraph_parallelmuse.schedule import partial_rollout
+from langgraph_parallelmuse.stage2 import choose_answer, write_report
 from langgraph_parallelmuse.state import Trajectory
 
 METRICS = ("em", "f1", "contains")
@@ -169,11 +169,105 @@ def _label_branch(trajectory: Trajectory, mode: str, picks: list[Pick]) -> Traje
     origin = trajectory["origin"]
     if origin.get("kind") != "branch":
         return trajectory
-    pick = next(p for p in picks if (p.parent, p.step) == (origin["parent"], origin["step"]))
+    pick = next(p for p in picks if (p["parent"], p["step"]) == (origin["parent"], origin["step"]))
     return {
         **trajectory,
         "id": f"{mode[:3]}.{trajectory['id']}",
-        "origin": {**origin, "region": pick.region, "score": pick.score},
+        "origin": {**origin, "region": pick["region"], "score": pick["score"]},
+    }
+
+
+@dataclass
+class _Rollouts:
+    """The trajectory sets of one question: ``scratch`` and ``partial_{mode}``, with picks and timings."""
+
+    sets: dict[str, list[Trajectory]]
+    picks: dict[str, list[list[Any]]]
+    timings: dict[str, float]
+
+
+async def _rollouts(
+    runner: RolloutRunner, item: QAItem, settings: BenchSettings, note: Callable[[str], None]
+) -> _Rollouts:
+    started = time.perf_counter()
+    scratch, _ = await partial_rollout(runner, item.question, config=settings.config(), run_id=f"{item.id}/scratch")
+    out = _Rollouts({"scratch": scratch}, {}, {"scratch_rollout": time.perf_counter() - started})
+    note(f"{settings.n} from-scratch trajectories")
+    for mode in settings.modes if settings.needs("partial") else ():
+        t0 = time.perf_counter()
+        # The graph's own schedule; its from-scratch jobs (initial, fills) are the samples above.
+        # One run id for every mode: a branch id names its checkpoint and seeds, so a branch an
+        # earlier mode already ran is the same sample and the runner returns it finished.
+        group, picks = await partial_rollout(
+            runner, item.question, config=settings.config(mode), run_id=f"{item.id}/partial", reuse=scratch
+        )
+        out.timings[f"branches_{mode}"] = time.perf_counter() - t0
+        out.picks[mode] = [[p["step"], p["region"], p["score"], p["round"]] for p in picks]
+        # Branch ids repeat across modes; this record holds every mode's trajectories, each branch
+        # labelled with the region that picked it in this mode.
+        out.sets[f"partial_{mode}"] = [_label_branch(t, mode, picks) for t in group]
+        note(f"{sum(t['origin'].get('kind') == 'branch' for t in group)} {mode} branches")
+    return out
+
+
+async def _reports(
+    model: BaseChatModel, item: QAItem, trajectories: Sequence[Trajectory], *, config: ParallelMuseConfig, guided: bool
+) -> dict[str, dict]:
+    """One report per trajectory id, each distinct thread compressed once (a branch shared by several
+    modes is one trajectory), by the graph's own map step."""
+    unique = {t["thread_id"]: t for t in trajectories if t["answer"]}
+    done = await asyncio.gather(
+        *(write_report(model, item.question, t, config=config, guided=guided) for t in unique.values())
+    )
+    by_thread = dict(zip(unique, done, strict=True))
+    return {
+        t["id"]: {**by_thread[t["thread_id"]], "trajectory_id": t["id"]}
+        for t in trajectories
+        if t["thread_id"] in by_thread
+    }
+
+
+async def _method_record(
+    model: BaseChatModel,
+    item: QAItem,
+    name: str,
+    family: Method,
+    group: list[Trajectory],
+    reports: dict[str, dict],
+    *,
+    base: ParallelMuseConfig,
+    guided: bool,
+) -> dict[str, Any]:
+    """One method's answer by the graph's own reduce step (``parallelmuse`` or a baseline), scored."""
+    ids = [t["id"] for t in group]
+    if name == "no_scaling":
+        rec: dict[str, Any] = {"answer": None, **_mean_single(group, item.answers)}
+    else:
+        aggregation = "parallelmuse" if family.reports else "majority" if family.partial else name
+        own = [reports[i] for i in ids if i in reports]
+        config = make_config(base, aggregation=aggregation)
+        choice = await choose_answer(model, item.question, group, own, config=config, guided=guided)
+        rec = {"answer": choice.answer, "source": choice.source, **score_answer(choice.answer, item.answers)}
+        if family.reports:
+            rec["aggregate_tokens"] = choice.tokens
+    return {**rec, "trajectories": ids, "cost": _cost(group, reports if family.reports else None)}
+
+
+def _trajectory_record(t: Trajectory, item: QAItem) -> dict[str, Any]:
+    support = item.supporting_doc_ids
+    return {
+        "answer": t["answer"],
+        "status": t["status"],
+        "origin": t["origin"],
+        "stats": t["stats"],
+        "uncertainty": t["uncertainty"],
+        "steps": len(t["steps"]),
+        # [step, tool + normalised arguments] of every tool call: sibling diversity is read off these.
+        "calls": [[s["index"], call_key(s["action"])] for s in t["steps"] if s["action"].get("type") == "tool_call"],
+        "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
+        "recall_seen": retrieval_recall(_seen(t), support) if support else None,
+        "recall_opened": retrieval_recall(_seen(t, "visit"), support) if support else None,
+        **score_answer(t["answer"], item.answers),
     }
 
 
@@ -197,100 +291,39 @@ async def run_question(
         if log is not None:
             log(f"    {item.id}: {stage} ({time.perf_counter() - started:.0f}s)")
 
+    started = time.perf_counter()
     base = settings.config()
     runner = RolloutRunner(model, tools, driver=pick_driver(model, base.driver, guided), checkpointer=InMemorySaver())
-    started = time.perf_counter()
-    scratch, _ = await partial_rollout(runner, item.question, config=base, run_id=f"{item.id}/scratch")
-    timings = {"scratch_rollout": time.perf_counter() - started}
-    note(f"{settings.n} from-scratch trajectories")
-    sets: dict[str, list[Trajectory]] = {"scratch": scratch}
-    picks_by_mode: dict[str, list] = {}
-    for mode in settings.modes if settings.needs("partial") else ():
-        t0 = time.perf_counter()
-        # The graph's own schedule; its from-scratch jobs (initial, fills) are the samples above.
-        # One run id for every mode: a branch id names its checkpoint and seeds, so a branch an
-        # earlier mode already ran is the same sample and the runner returns it finished.
-        group, picks = await partial_rollout(
-            runner, item.question, config=settings.config(mode), run_id=f"{item.id}/partial", reuse=scratch
-        )
-        timings[f"branches_{mode}"] = time.perf_counter() - t0
-        picks_by_mode[mode] = [[p.step, p.region, p.score, p.round] for p in picks]
-        # Branch ids repeat across modes; this record holds every mode's trajectories, each branch
-        # labelled with the region that picked it in this mode.
-        sets[f"partial_{mode}"] = [_label_branch(t, mode, picks) for t in group]
-        note(f"{sum(t['origin'].get('kind') == 'branch' for t in group)} {mode} branches")
-
+    guided_reports = isinstance(runner.driver, GuidedDriver)
+    rollouts = await _rollouts(runner, item, settings, note)
     # Each method entry: (its family, the trajectories it reads).
     entries: dict[str, tuple[str, list[Trajectory]]] = {
-        f"{family}_{mode}" if mode else family: (family, sets[f"partial_{mode}"] if mode else scratch)
+        f"{family}_{mode}" if mode else family: (family, rollouts.sets[f"partial_{mode}" if mode else "scratch"])
         for family in settings.methods
         for mode in settings._modes(family)
     }
-    trajectories = {t["id"]: t for group in sets.values() for t in group}
-
+    trajectories = {t["id"]: t for group in rollouts.sets.values() for t in group}
+    to_compress = [t for family, group in entries.values() if METHODS[family].reports for t in group]
     reports: dict[str, dict] = {}
-    guided_reports = isinstance(runner.driver, GuidedDriver)
-    # Keyed by thread: a branch shared by several modes is one trajectory, compressed once.
-    to_compress = {
-        t["thread_id"]: t for family, group in entries.values() if METHODS[family].reports for t in group if t["answer"]
-    }
     if to_compress:
         t0 = time.perf_counter()
-        done = await asyncio.gather(
-            *(
-                compress_trajectory(
-                    model,
-                    item.question,
-                    t,
-                    guided=guided_reports,
-                    max_report_tokens=base.max_report_tokens,
-                    seed=settings.seed,
-                )
-                for t in to_compress.values()
-            )
-        )
-        by_thread = dict(zip(to_compress, done, strict=True))
-        reports = {
-            t["id"]: {**by_thread[t["thread_id"]], "trajectory_id": t["id"]}
-            for t in trajectories.values()
-            if t["thread_id"] in by_thread
-        }
-        timings["compress"] = time.perf_counter() - t0
-        note(f"{len(done)} reports")
-
-    methods: dict[str, dict[str, Any]] = {}
-    for name, (family_name, group) in entries.items():
-        family = METHODS[family_name]
-        ids = [t["id"] for t in group]
-        if name == "no_scaling":
-            rec = {"answer": None, **_mean_single(group, item.answers)}
-        elif family.reports:
-            result = await aggregate_reports(
-                model,
-                item.question,
-                [reports[i] for i in ids if i in reports],
-                guided=guided_reports,
-                seed=settings.seed,
-            )
-            rec = {"answer": result.answer, "source": result.source, "aggregate_tokens": result.tokens}
-        else:
-            vote = "majority" if family.partial else name
-            rec = {"answer": BASELINES[vote](group), "source": vote}
-        if "em" not in rec:
-            rec.update(score_answer(rec["answer"], item.answers))
-        methods[name] = {**rec, "trajectories": ids, "cost": _cost(group, reports if family.reports else None)}
-    for mode in picks_by_mode:  # diagnostics: the average single trajectory of each partial set
-        group = sets[f"partial_{mode}"]
+        reports = await _reports(model, item, to_compress, config=base, guided=guided_reports)
+        rollouts.timings["compress"] = time.perf_counter() - t0
+        note(f"{len({r['text'] for r in reports.values()})} reports")
+    methods = {
+        name: await _method_record(model, item, name, METHODS[family], group, reports, base=base, guided=guided_reports)
+        for name, (family, group) in entries.items()
+    }
+    for mode in rollouts.picks:  # diagnostics: the average single trajectory of each partial set
+        group = rollouts.sets[f"partial_{mode}"]
         methods[f"single_partial_{mode}"] = {
             "answer": None,
             "trajectories": [t["id"] for t in group],
             **_mean_single(group, item.answers),
             "cost": _cost(group),
         }
-
     if judge is not None:
         await _judge_methods(judge, item, methods, trajectories)
-    support = item.supporting_doc_ids
     return {
         "id": item.id,
         "question": item.question,
@@ -298,31 +331,13 @@ async def run_question(
         "dataset": item.dataset,
         "setting": settings.setting,
         "seconds": time.perf_counter() - started,
-        "timings": timings,
-        "picks": picks_by_mode,
+        "timings": rollouts.timings,
+        "picks": rollouts.picks,
         "methods": methods,
         "reports": {
             k: {f: v[f] for f in ("answer", "tokens", "trajectory_tokens", "status")} for k, v in reports.items()
         },
-        "trajectories": {
-            t["id"]: {
-                "answer": t["answer"],
-                "status": t["status"],
-                "origin": t["origin"],
-                "stats": t["stats"],
-                "uncertainty": t["uncertainty"],
-                "steps": len(t["steps"]),
-                # [step, tool + normalised arguments] of every tool call: sibling diversity is read off these.
-                "calls": [
-                    [s["index"], call_key(s["action"])] for s in t["steps"] if s["action"].get("type") == "tool_call"
-                ],
-                "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
-                "recall_seen": retrieval_recall(_seen(t), support) if support else None,
-                "recall_opened": retrieval_recall(_seen(t, "visit"), support) if support else None,
-                **score_answer(t["answer"], item.answers),
-            }
-            for t in trajectories.values()
-        },
+        "trajectories": {t["id"]: _trajectory_record(t, item) for t in trajectories.values()},
     }
 
 

@@ -1,16 +1,15 @@
 """Answer and retrieval metrics in the SQuAD / HotpotQA style.
 
-Normalisation follows the official HotpotQA evaluation script (lowercase, drop punctuation, drop the
-articles a/an/the, collapse whitespace), so numbers are comparable with published results.
+Normalisation (:mod:`langgraph_parallelmuse.answers`) follows the official HotpotQA evaluation
+script, so numbers are comparable with published results.
 Every answer metric takes the gold answer and its aliases and scores the best match among them.
 """
 
 from __future__ import annotations
 
-import re
-import string
-from collections import Counter
 from collections.abc import Iterable
+
+from langgraph_parallelmuse.answers import normalize_answer, normalize_vote_key, token_f1
 
 __all__ = [
     "contains_gold",
@@ -22,60 +21,6 @@ __all__ = [
     "score_answer",
 ]
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = frozenset(string.punctuation)
-# HotpotQA's script refuses partial credit when either side is one of these: "no" must not earn
-# token overlap with "no, it is not".
-_SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
-# Models often prefix their final line ("Answer: Paris", "**Final answer:** Paris"); the prefix
-# must not split votes for the same answer.
-_ANSWER_PREFIX = re.compile(r"^\W*(?:final\s+)?answer\W*?:", re.IGNORECASE)
-
-
-def normalize_answer(text: str | None) -> str:
-    """Normalise an answer the way the SQuAD and HotpotQA scripts do.
-
-    Args:
-        text: Raw answer text; ``None`` counts as empty.
-
-    Returns:
-        Lowercased text without punctuation, without the articles a/an/the, with single spaces.
-
-    Example:
-        >>> normalize_answer("The  Eiffel-Tower!")
-        'eiffeltower'
-        >>> normalize_answer("An Apple a day")
-        'apple day'
-    """
-    if not text:
-        return ""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
-def normalize_vote_key(answer: str | None) -> str:
-    """Key under which majority voting groups equivalent answers.
-
-    Same normalisation as :func:`normalize_answer`, after removing a leading ``answer:`` /
-    ``final answer:`` label; a trailing period goes with the rest of the punctuation.
-
-    Args:
-        answer: A trajectory's final answer; ``None`` gives ``""``.
-
-    Returns:
-        The normalised key; equal keys mean the same vote.
-
-    Example:
-        >>> normalize_vote_key("Answer: Paris.")
-        'paris'
-        >>> normalize_vote_key("**Final answer:** the Paris") == normalize_vote_key("paris")
-        True
-    """
-    if not answer:
-        return ""
-    return normalize_answer(_ANSWER_PREFIX.sub("", answer.strip(), count=1))
-
 
 def _gold_list(answers: str | Iterable[str]) -> list[str]:
     # A bare string is one answer; iterating it would score against single characters.
@@ -83,19 +28,6 @@ def _gold_list(answers: str | Iterable[str]) -> list[str]:
     if not golds:
         raise ValueError("answers is empty: pass the gold answer and its aliases, e.g. ['Paris']")
     return golds
-
-
-def _f1_single(prediction: str, gold: str) -> float:
-    pred_norm, gold_norm = normalize_answer(prediction), normalize_answer(gold)
-    if pred_norm != gold_norm and (pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS):
-        return 0.0
-    pred_tokens, gold_tokens = pred_norm.split(), gold_norm.split()
-    num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-    if num_same == 0:
-        return 0.0
-    precision = num_same / len(pred_tokens)
-    recall = num_same / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
 
 
 def exact_match(prediction: str | None, answers: str | Iterable[str]) -> float:
@@ -148,7 +80,7 @@ def f1_score(prediction: str | None, answers: str | Iterable[str]) -> float:
     golds = _gold_list(answers)
     if not normalize_answer(prediction):
         return 0.0
-    return max(_f1_single(prediction, gold) for gold in golds)
+    return max(token_f1(prediction, gold) for gold in golds)
 
 
 def contains_gold(prediction: str | None, answers: str | Iterable[str]) -> float:

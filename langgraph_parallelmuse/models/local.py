@@ -20,6 +20,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr, field_validator
 
 from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.logprobs import top_logprobs_problem
 
 __all__ = ["LocalChatModel"]
 
@@ -105,8 +106,8 @@ class LocalChatModel(BaseChatModel):
     @field_validator("top_logprobs")
     @classmethod
     def _check_top_logprobs(cls, value: int) -> int:
-        if not 0 <= value <= 20:
-            raise ValueError("top_logprobs must be between 0 and 20 (the OpenAI API limit)")
+        if (problem := top_logprobs_problem(value)) is not None:
+            raise ValueError(problem)
         return value
 
     @classmethod
@@ -227,8 +228,8 @@ class LocalChatModel(BaseChatModel):
                 f"unsupported call arguments {sorted(unknown)}; LocalChatModel accepts {sorted(_CALL_KWARGS)} and stop="
             )
         top_logprobs = kwargs.get("top_logprobs", self.top_logprobs)
-        if not 0 <= top_logprobs <= 20:
-            raise InputError(f"top_logprobs must be between 0 and 20, got {top_logprobs}")
+        if (problem := top_logprobs_problem(top_logprobs)) is not None:
+            raise InputError(problem)
         prompt = self._prompt_ids(messages)
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
         context = self.max_context_tokens or self.engine.max_context_tokens

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.errors import CorpusError
 
 __all__ = ["CorpusError", "CorpusIndex", "Doc", "Hit", "default_cache_dir", "fts_query", "slugify"]
 
@@ -45,10 +45,6 @@ _STOPWORDS = frozenset(
 
 class _Connection(sqlite3.Connection):
     """A connection that can be weakly referenced (the base class cannot)."""
-
-
-class CorpusError(ParallelMuseError, ValueError):
-    """A corpus source is missing or malformed; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import os
 import random
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -88,31 +89,71 @@ def make_tavily_tools(
             "no Tavily API key: set the TAVILY_API_KEY environment variable or pass make_tavily_tools(api_key=...)"
         )
 
-    problems = [
-        f"{name}={value!r} must be {rule}"
-        for name, value, ok, rule in [
-            ("max_results", max_results, max_results >= 1, "at least 1"),
-            ("max_chars", max_chars, max_chars >= 200, "at least 200"),
-            ("retries", retries, retries >= 0, "0 or more"),
-            ("timeout", timeout, timeout > 0, "positive"),
-            ("backoff", backoff, backoff >= 0, "0 or more"),
-        ]
-        if not ok
+    web = _Tavily(
+        key=key,
+        base_url=base_url,
+        max_results=max_results,
+        max_chars=max_chars,
+        retries=retries,
+        timeout=timeout,
+        backoff=backoff,
+    )
+    return [
+        StructuredTool.from_function(
+            coroutine=web.search,
+            name="search",
+            description=SEARCH_DESCRIPTION.replace("the knowledge base", "the web"),
+            args_schema=SearchInput,
+            response_format="content_and_artifact",
+        ),
+        StructuredTool.from_function(
+            coroutine=web.visit,
+            name="visit",
+            description=VISIT_DESCRIPTION.replace("its id (or title)", "its URL"),
+            args_schema=VisitInput,
+            response_format="content_and_artifact",
+        ),
     ]
-    if problems:
-        raise ConfigError("make_tavily_tools: " + "; ".join(problems))
 
-    def redact(text: str) -> str:
+
+@dataclass(frozen=True)
+class _Tavily:
+    """The two tools' bodies over one key and one set of limits."""
+
+    key: str = field(repr=False)  # a secret: never printed
+    base_url: str | None
+    max_results: int
+    max_chars: int
+    retries: int
+    timeout: float
+    backoff: float
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name}={value!r} must be {rule}"
+            for name, value, ok, rule in [
+                ("max_results", self.max_results, self.max_results >= 1, "at least 1"),
+                ("max_chars", self.max_chars, self.max_chars >= 200, "at least 200"),
+                ("retries", self.retries, self.retries >= 0, "0 or more"),
+                ("timeout", self.timeout, self.timeout > 0, "positive"),
+                ("backoff", self.backoff, self.backoff >= 0, "0 or more"),
+            ]
+            if not ok
+        ]
+        if problems:
+            raise ConfigError("make_tavily_tools: " + "; ".join(problems))
+
+    def redact(self, text: str) -> str:
         # Servers and proxies may echo request headers into error bodies; never pass the key on.
-        return text.replace(key, "***")
+        return text.replace(self.key, "***")
 
-    async def call(op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    async def call(self, op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         attempt = 0
         while True:
             try:
                 # A client per call: an httpx pool is bound to the event loop that opened it, and
                 # the tools may be used from several loops (threads, asyncio.run per question).
-                async with AsyncTavilyClient(api_key=key, api_base_url=base_url) as client:
+                async with AsyncTavilyClient(api_key=self.key, api_base_url=self.base_url) as client:
                     data = await op(client)
                 if not isinstance(data, dict):
                     raise TypeError(f"unexpected Tavily response of type {type(data).__name__}")
@@ -120,37 +161,37 @@ def make_tavily_tools(
             except Exception as exc:
                 if not _is_transient(exc):
                     raise
-                if attempt >= retries:
+                if attempt >= self.retries:
                     raise _Transient(_describe(exc)) from exc
-            await asyncio.sleep(min(_MAX_BACKOFF, backoff * 2**attempt) * random.uniform(0.5, 1.5))
+            await asyncio.sleep(min(_MAX_BACKOFF, self.backoff * 2**attempt) * random.uniform(0.5, 1.5))
             attempt += 1
 
-    def failure(action: str, exc: Exception) -> str:
+    def failure(self, action: str, exc: Exception) -> str:
         if isinstance(exc, _Transient):
-            return redact(f"Error: {action} failed after {retries + 1} attempts ({exc}).")
-        return redact(f"Error: {action} failed ({_describe(exc)}).")
+            return self.redact(f"Error: {action} failed after {self.retries + 1} attempts ({exc}).")
+        return self.redact(f"Error: {action} failed ({_describe(exc)}).")
 
-    async def search(query: str) -> tuple[str, dict[str, list[str]]]:
+    async def search(self, query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
             return "empty query: give search some words to look for.", {"doc_ids": []}
         try:
-            data = await call(lambda c: c.search(query, max_results=max_results, timeout=timeout))
+            data = await self.call(lambda c: c.search(query, max_results=self.max_results, timeout=self.timeout))
         except Exception as exc:
-            return failure("web search", exc), {"doc_ids": []}
+            return self.failure("web search", exc), {"doc_ids": []}
         results = [r for r in data.get("results") or [] if isinstance(r, dict) and r.get("url")]
         if not results:
             return f"No results for {query!r}. Try other words.", {"doc_ids": []}
-        per_hit = max(max_chars // len(results) - 100, 80)
+        per_hit = max(self.max_chars // len(results) - 100, 80)
         lines = []
         for n, r in enumerate(results, 1):
             snippet = " ".join(str(r.get("content") or "").split())
             if len(snippet) > per_hit:
                 snippet = snippet[: per_hit - 1].rstrip() + "…"
             lines.append(f"[{n}] {r.get('title') or r['url']} (id: {r['url']})\n{snippet}")
-        text = "\n\n".join(lines)[:max_chars]
-        return redact(text), {"doc_ids": [r["url"] for r in results]}
+        text = "\n\n".join(lines)[: self.max_chars]
+        return self.redact(text), {"doc_ids": [r["url"] for r in results]}
 
-    async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
+    async def visit(self, doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
         url = _as_url(doc)
         if url is None:
             return (
@@ -158,36 +199,19 @@ def make_tavily_tools(
                 {"doc_ids": []},
             )
         try:
-            data = await call(lambda c: c.extract([url], format="text", timeout=timeout))
+            data = await self.call(lambda c: c.extract([url], format="text", timeout=self.timeout))
         except Exception as exc:
-            return failure(f"visit {url}", exc), {"doc_ids": []}
+            return self.failure(f"visit {url}", exc), {"doc_ids": []}
         pages = [r for r in data.get("results") or [] if isinstance(r, dict)]
         content = str(pages[0].get("raw_content") or "") if pages else ""
         if not content.strip():
             reasons = [str(f.get("error")) for f in data.get("failed_results") or [] if isinstance(f, dict)]
             why = f" ({'; '.join(reasons)})" if reasons else ""
-            return redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
+            return self.redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
         title = str(pages[0].get("title") or pages[0].get("url") or url)
         header = f"{title}\n\n"
-        body = goal_excerpt(content, goal, title=title, max_chars=max(max_chars - len(header), 0))
-        return redact(header + body), {"doc_ids": [url]}
-
-    return [
-        StructuredTool.from_function(
-            coroutine=search,
-            name="search",
-            description=SEARCH_DESCRIPTION.replace("the knowledge base", "the web"),
-            args_schema=SearchInput,
-            response_format="content_and_artifact",
-        ),
-        StructuredTool.from_function(
-            coroutine=visit,
-            name="visit",
-            description=VISIT_DESCRIPTION.replace("its id (or title)", "its URL"),
-            args_schema=VisitInput,
-            response_format="content_and_artifact",
-        ),
-    ]
+        body = goal_excerpt(content, goal, title=title, max_chars=max(self.max_chars - len(header), 0))
+        return self.redact(header + body), {"doc_ids": [url]}
 
 
 def _is_transient(exc: Exception) -> bool:

@@ -165,8 +165,7 @@ def _load_graph(limit: int, *, aggregator_delay: float = 0.01, separate_aggregat
 async def test_concurrency_limit_holds_under_load_in_abatch():
     """N=16 (1 initial + 6 branches + 9 fills) x 4 questions, max_concurrency=4.
 
-    The aggregator is a separate model here, so this measures every trajectory and report call;
-    the aggregation call itself is not limited (see the xfail test below).
+    The aggregator is a separate model here, so this measures every trajectory and report call.
     """
     graph, model, aggregator = _load_graph(4, separate_aggregator=True)
     outs = await graph.abatch([{"question": q} for q in QUESTIONS])
@@ -195,3 +194,12 @@ async def test_aggregation_calls_respect_max_concurrency_in_a_batch():
     outs = await graph.abatch([{"question": q} for q in QUESTIONS[:2]])
     assert [o["answer"] for o in outs] == ["Paris", "Paris"]
     assert model.peak_in_flight <= 1, f"{model.peak_in_flight} model calls in flight, limit 1"
+
+
+@pytest.mark.timeout(60)
+async def test_a_runs_context_max_concurrency_bounds_that_run():
+    """The factory allows 8 in flight; the run's context asks for 2, and gets it."""
+    graph, model, _ = _load_graph(8)
+    out = await graph.ainvoke({"question": QUESTIONS[0]}, context={"max_concurrency": 2})
+    assert len(out["trajectories"]) == 16 and out["stats"]["config"]["max_concurrency"] == 2
+    assert model.peak_in_flight == 2, f"{model.peak_in_flight} model calls in flight, the run asked for 2"

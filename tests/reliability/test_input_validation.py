@@ -15,7 +15,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError
-from langgraph_parallelmuse.graph import MAX_QUESTION_CHARS, create_parallelmuse
+from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.nodes import MAX_QUESTION_CHARS
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,

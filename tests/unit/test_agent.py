@@ -173,7 +173,7 @@ async def test_fork_reuses_the_prefix_byte_for_byte_and_does_not_rerun_its_tools
     runner, model, calls = _runner(PARENT_SCRIPT + BRANCH_SCRIPT)
     parent = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
     snap = await runner.fork_point("r/t0", 1)
-    branch = await runner.fork(parent, 1, trajectory_id="t0.s1.b0", thread_id="r/t0.s1.b0")
+    branch = await runner.fork(parent, 1, run_id="r")
 
     # Shared prefix: step 0 and its tool response, unchanged.
     assert branch["steps"][:1] == parent["steps"][:1]
@@ -225,7 +225,7 @@ async def test_fork_reuses_the_prefix_byte_for_byte_and_does_not_rerun_its_tools
 async def test_fork_at_step_zero_regenerates_everything_with_the_same_first_prompt():
     runner, model, calls = _runner(PARENT_SCRIPT + [answer_text("Paris", "I already know")])
     parent = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
-    branch = await runner.fork(parent, 0, trajectory_id="b", thread_id="r/b")
+    branch = await runner.fork(parent, 0, run_id="r")
     assert _dump(model.calls[3]["messages"]) == _dump(model.calls[0]["messages"])
     assert len(branch["steps"]) == 1 and branch["observations"] == []
     assert branch["stats"]["tool_calls"] == 0
@@ -235,16 +235,10 @@ async def test_fork_at_step_zero_regenerates_everything_with_the_same_first_prom
 async def test_fork_origin_extras_are_kept_and_history_continues_from_the_fork():
     runner, _, _ = _runner(PARENT_SCRIPT + BRANCH_SCRIPT)
     parent = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
-    branch = await runner.fork(
-        parent,
-        1,
-        trajectory_id="b",
-        thread_id="r/b",
-        origin={"region": "exploration", "score": 7.4, "round": 1},
-    )
+    branch = await runner.fork(parent, 1, run_id="r", region="exploration", score=7.4)
     assert branch["origin"]["region"] == "exploration" and branch["origin"]["score"] == 7.4
     assert branch["origin"]["parent"] == "t0"
-    history = await _history(runner, "r/b")
+    history = await _history(runner, "r/t0.s1.b0")
     assert history[0][1] == 1  # the branch thread starts with the parent's one-step prefix
     assert [steps for nxt, steps, _ in history if nxt == ("think",)] == [1, 2]
 
@@ -260,9 +254,7 @@ async def test_sibling_branches_from_one_fork_point_get_identical_prompts():
     siblings = [Reply(answer_text(f"City {i}")) for i in range(3)]
     runner, model, calls = _runner(PARENT_SCRIPT + siblings)
     parent = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
-    branches = await asyncio.gather(
-        *(runner.fork(parent, 2, trajectory_id=f"b{i}", thread_id=f"r/b{i}") for i in range(3))
-    )
+    branches = await asyncio.gather(*(runner.fork(parent, 2, run_id="r", sibling=i) for i in range(3)))
     prompts = [_dump(c["messages"]) for c in model.calls[3:]]
     assert prompts[0] == prompts[1] == prompts[2] == _dump(model.calls[2]["messages"])
     assert sorted(b["answer"] for b in branches) == ["City 0", "City 1", "City 2"]

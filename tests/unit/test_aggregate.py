@@ -19,6 +19,7 @@ from langgraph_parallelmuse.aggregate import (
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import Aggregation
 from langgraph_parallelmuse.eval.scoring import normalize_vote_key as scoring_key
+from langgraph_parallelmuse.state import count_tool_calls
 
 QUESTION = "What is the capital of France?"
 
@@ -238,6 +239,16 @@ def test_max_tool_calls_picks_the_most_explored_trajectory(make_trajectory):
     ]
     assert max_tool_calls(trajs) == "Paris"  # tie with "Rome": earliest; "d" has no answer
     assert max_tool_calls([make_trajectory("a", None)]) is None
+
+
+def test_max_tool_calls_counts_tool_calls_as_the_stats_do(make_trajectory):
+    """Error replies to unreadable turns are not tool calls, for the baseline as for ``stats.tool_calls``."""
+    babbler = make_trajectory("a", "Lyon", observations={0: "x", 1: "Error: no tool call", 2: "Error: again"})
+    for obs in babbler["observations"][1:]:
+        obs.update(name="invalid", error=True)
+    explorer = make_trajectory("b", "Paris", observations={0: "x", 1: "y"})
+    assert count_tool_calls(babbler["observations"]) == 1
+    assert max_tool_calls([babbler, explorer]) == "Paris"
 
 
 def test_baselines_cover_every_configured_aggregation_but_parallelmuse():

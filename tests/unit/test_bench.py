@@ -283,3 +283,37 @@ def test_an_interrupted_bench_command_summarises_what_finished(index, tmp_path, 
         cli.main(argv)
     assert list(load_done(out_dir / "results.jsonl")) == ["q1"]
     assert json.loads((out_dir / "summary.json").read_text())["majority"]["questions"] == 1
+
+
+def _raise(messages):
+    raise RuntimeError("aggregator down")
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "source"),
+    [
+        (None, "aggregator"),
+        (lambda messages: Reply("I cannot decide."), "majority_fallback"),  # no usable answer
+        (_raise, "majority_fallback"),
+    ],
+)
+async def test_the_bench_and_the_graph_choose_the_same_answer_on_the_same_trajectories(index, aggregate, source):
+    """One Stage 2: the bench's ParallelMuse entry is the graph's own map and reduce, fallbacks included."""
+    from langgraph_parallelmuse.eval.bench import run_question
+    from langgraph_parallelmuse.graph import create_parallelmuse
+    from langgraph_parallelmuse.tools import make_corpus_tools
+
+    def model():
+        kwargs = {} if aggregate is None else {"aggregate": aggregate}
+        return ScriptedChatModel(responder=research_responder(_agent, **kwargs))
+
+    item = ITEMS[0]
+    settings = BenchSettings(**SMALL, methods=("parallelmuse",))
+    tools = make_corpus_tools(index, doc_ids=item.context_doc_ids)
+    rec = await run_question(model(), tools, item, settings)
+    out = await create_parallelmuse(model(), tools, config=settings.config("exploration")).ainvoke(
+        {"question": item.question}
+    )
+    bench = rec["methods"]["parallelmuse_exploration"]
+    assert (bench["answer"], bench["source"]) == (out["answer"], out["answer_source"]) == ("Paris", source)
+    assert sorted(r["answer"] for r in rec["reports"].values()) == sorted(r["answer"] for r in out["reports"])

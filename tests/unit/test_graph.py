@@ -19,7 +19,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
 from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError
-from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.graph import create_parallelmuse, rollout_runner
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
@@ -116,7 +116,7 @@ async def test_branch_origins_point_at_the_most_uncertain_exploration_step():
     branches = [tr for tr in out["trajectories"] if tr["origin"]["kind"] == "branch"]
 
     assert parent["uncertainty"][1]["exploration"] == pytest.approx(math.exp(2.5))
-    snap = await graph.runner.fork_point(parent["thread_id"], 1)
+    snap = await rollout_runner(graph).fork_point(parent["thread_id"], 1)
     assert len(branches) == 2
     for br in branches:
         origin = br["origin"]
@@ -441,7 +441,7 @@ def test_compiled_graph_as_a_node_of_a_checkpointed_graph_sync():
     out = app.invoke({"question": QUESTION}, cfg)
     assert out["shouted"] == "PARIS"
     # Trajectory threads are named after the parent thread (resumable).
-    assert any(tid.startswith("conversation-1:") for tid in graph.runner.checkpointer.storage)
+    assert any(tid.startswith("conversation-1:") for tid in rollout_runner(graph).checkpointer.storage)
     calls_after_first = len(model.calls)
     # Same thread, same question: the finished trajectories are found, not rolled out again.
     again = app.invoke({"question": QUESTION}, cfg)
@@ -520,3 +520,35 @@ async def test_a_second_question_on_the_same_thread_starts_clean():
         t["thread_id"].split("/")[0] for t in first["trajectories"]
     }
     assert len(second["reports"]) == 4 and second["stats"]["rollout"]["trajectories"] == 4
+
+
+async def test_a_branch_send_carries_a_reference_to_the_parent_checkpoint_not_the_trajectory():
+    from langgraph_parallelmuse.agent import RolloutRunner
+    from langgraph_parallelmuse.config import make_config
+    from langgraph_parallelmuse.nodes import ParallelMuseNodes
+
+    model = ScriptedChatModel(responder=research_responder(by_step()))
+    runner = RolloutRunner(model, make_tools()[0])
+    nodes = ParallelMuseNodes(runner, aggregator=model, config=make_config(n=3, k=1, t=2))
+    state = {"question": QUESTION, "run_id": "r", "round": 0}
+    (initial,) = [s.arg["job"] for s in nodes.launch_initial(state)]
+    parent = await runner.run_job(initial, question=QUESTION)
+    state.update(trajectories=[parent], picks=[])
+    state.update(await nodes.select_branches(state))
+    sends = nodes.launch_branches(state)
+
+    assert [s.node for s in sends] == ["branch_rollout", "branch_rollout"]
+    snap = await runner.fork_point(parent["thread_id"], 1)
+    for sibling, send in enumerate(sends):
+        assert set(send.arg) == {"question", "job"}  # no trajectory, no logprobs in the payload
+        job = send.arg["job"]
+        assert job["thread_id"] == f"r/t0.s1.b{sibling}"
+        assert job["origin"]["parent_thread"] == parent["thread_id"] == "r/t0"
+        assert job["origin"]["checkpoint_id"] == snap.config["configurable"]["checkpoint_id"]
+        assert job["origin"]["step"] == 1
+    calls_before = len(model.calls)
+    branch = await runner.run_job(sends[0].arg["job"])
+    # The fork started from exactly that checkpoint: its first prompt is the parent's at step 1.
+    parent_prompt = next(c for c in model.calls if agent_step(c["messages"]) == 1)["messages"]
+    assert model.calls[calls_before]["messages"] == parent_prompt
+    assert branch["steps"][:1] == parent["steps"][:1]

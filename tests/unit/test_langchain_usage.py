@@ -20,7 +20,7 @@ from langchain_core.runnables import RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.graph import create_parallelmuse, rollout_runner
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
@@ -291,7 +291,7 @@ async def test_traced_rollouts_keep_their_own_threads(checkpointed):
     cfg = {"callbacks": [rec], "configurable": {"thread_id": "chat-7"}}
     await app.ainvoke({"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}, cfg)
     assert len(rec.named("parallelmuse.rollout")) == 4
-    runner_threads = set(graph.runner.checkpointer.storage)
+    runner_threads = set(rollout_runner(graph).checkpointer.storage)
     assert len(runner_threads) == 4 and all("/" in t for t in runner_threads)
     if checkpointed:
         assert all(t.startswith("chat-7:") for t in runner_threads)

@@ -82,7 +82,7 @@ async def test_multi_round_branching_stays_within_n_and_spends_the_leftover_on_b
         assert branch["steps"][:step] == parent["steps"][:step]
         before = [o for o in branch["observations"] if o["step"] < step]
         assert before == [o for o in parent["observations"] if o["step"] < step]
-    assert {p.round for p in picks} == set(range(1, max(p.round for p in picks) + 1))
+    assert {p["round"] for p in picks} == set(range(1, max(p["round"] for p in picks) + 1))
 
 
 async def test_rounds_2_with_default_budget_forks_the_round_1_branch_at_its_uncertain_step():
@@ -129,13 +129,13 @@ async def test_calibrated_mode_branches_at_every_step_over_the_threshold_capped_
     runner, _, _ = _runner()
     one = make_config(n=8, t=3, calibration=_calibration_file(tmp_path, {"exploration": 2.0}))
     trajectories, picks = await partial_rollout(runner, QUESTION, config=one, run_id="c1")
-    assert [(p.step, p.region) for p in picks] == [(1, "exploration")]
+    assert [(p["step"], p["region"]) for p in picks] == [(1, "exploration")]
     assert Counter(t["origin"]["kind"] for t in trajectories) == Counter({"initial": 1, "branch": 3, "fill": 4})
 
     low = make_config(n=6, t=3, calibration=_calibration_file(tmp_path, {"exploration": 1.0}))
     trajectories, picks = await partial_rollout(runner, QUESTION, config=low, run_id="c2")
     # Both steps qualify, most uncertain first, but n=6 holds only one group of T=3 branches.
-    assert [p.step for p in picks] == [1]
+    assert [p["step"] for p in picks] == [1]
     assert len(trajectories) == 6
 
 
@@ -212,7 +212,7 @@ async def test_diverse_branches_resample_a_repeat_of_the_parent_or_a_sibling(
     runner, model, calls = _runner(_queries(step1_replies))
     cfg = make_config(diverse_branches=diverse)
     parent = await runner.run(QUESTION, trajectory_id="t0", thread_id="t0", config=cfg)
-    branches = [await runner.fork(parent, 1, trajectory_id=f"b{j}", thread_id=f"b{j}", config=cfg) for j in range(2)]
+    branches = [await runner.fork(parent, 1, run_id="r", sibling=j, config=cfg) for j in range(2)]
     got = [b["steps"][1]["action"]["arguments"]["query"].strip().lower() for b in branches]
     assert got == branch_queries
     assert [b["steps"][1]["calls"] == 2 for b in branches] == resampled

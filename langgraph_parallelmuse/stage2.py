@@ -1,0 +1,105 @@
+"""Stage 2 as plain functions: write one trajectory's report, then choose the answer.
+
+The graph's ``compress`` (map) and ``aggregate`` (reduce) nodes call exactly these, and so does the
+benchmark harness, so an answer and its ``answer_source`` come out the same on the same
+trajectories wherever they are computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports, majority_vote
+from langgraph_parallelmuse.compress import compress_trajectory
+from langgraph_parallelmuse.config import ParallelMuseConfig
+from langgraph_parallelmuse.state import Report, Trajectory
+
+__all__ = ["Choice", "choose_answer", "compression_stats", "write_report"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The final answer of a run and where it came from.
+
+    Attributes:
+        answer: The answer, or ``None`` when no trajectory produced one.
+        source: ``"aggregator"``, ``"majority_fallback"`` (aggregation failed), a baseline's name,
+            or ``"none"``.
+        tokens: Tokens the aggregator generated (0 for a baseline).
+    """
+
+    answer: str | None
+    source: str
+    tokens: int = 0
+
+
+async def write_report(
+    model: BaseChatModel, question: str, trajectory: Trajectory, *, config: ParallelMuseConfig, guided: bool
+) -> Report:
+    """Compress one finished trajectory with the run's settings (the map step).
+
+    Example:
+        >>> import asyncio
+        >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+        >>> model = FakeListChatModel(responses=["split it", "search(q=France)", "so Paris"])
+        >>> traj = {"id": "t0", "steps": [], "observations": [], "answer": "Paris"}
+        >>> asyncio.run(write_report(model, "Capital?", traj, config=ParallelMuseConfig(), guided=True))["status"]
+        'ok'
+    """
+    return await compress_trajectory(
+        model, question, trajectory, guided=guided, max_report_tokens=config.max_report_tokens, seed=config.seed
+    )
+
+
+async def choose_answer(
+    aggregator: BaseChatModel,
+    question: str,
+    trajectories: Sequence[Trajectory],
+    reports: Sequence[Report],
+    *,
+    config: ParallelMuseConfig,
+    guided: bool,
+) -> Choice:
+    """Pick the answer by ``config.aggregation`` (the reduce step).
+
+    ``parallelmuse`` reads only the reports; when that yields nothing although some trajectory
+    answered, the majority vote over the trajectories stands in (``majority_fallback``). The
+    baselines vote over the trajectories.
+
+    Example:
+        >>> import asyncio
+        >>> trajs = [{"answer": "Paris"}, {"answer": "Lyon"}, {"answer": "Paris"}]
+        >>> cfg = ParallelMuseConfig(aggregation="majority")
+        >>> asyncio.run(choose_answer(None, "Capital?", trajs, [], config=cfg, guided=False))
+        Choice(answer='Paris', source='majority', tokens=0)
+    """
+    if config.aggregation != "parallelmuse":
+        answer, source, tokens = BASELINES[config.aggregation](trajectories), config.aggregation, 0
+    else:
+        result = await aggregate_reports(aggregator, question, list(reports), guided=guided, seed=config.seed)
+        answer, source, tokens = result.answer, result.source, result.tokens
+        if answer is None and any(t["answer"] for t in trajectories):
+            answer, source = majority_vote(trajectories), "majority_fallback"
+    return Choice(answer=answer, source=source if answer is not None else "none", tokens=tokens)
+
+
+def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:
+    """Reports written, their tokens against the trajectories', and how many fell back.
+
+    Example:
+        >>> compression_stats([{"tokens": 10, "trajectory_tokens": 200, "status": "ok"}])["compression_ratio"]
+        0.05
+    """
+    report_tokens = sum(r["tokens"] for r in reports)
+    traj_tokens = sum(r["trajectory_tokens"] for r in reports)
+    return {
+        "reports": len(reports),
+        "report_tokens": report_tokens,
+        "trajectory_tokens": traj_tokens,
+        "fallback_reports": sum(1 for r in reports if r["status"] == "fallback"),
+        "compression_ratio": report_tokens / traj_tokens if traj_tokens else None,
+    }
