@@ -31,7 +31,7 @@ from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, descr
 from langgraph_parallelmuse.retry import with_retries
 from langgraph_parallelmuse.segments import Sampling, TurnResult, derive_seed, generate_turn
 from langgraph_parallelmuse.state import Action, AgentState, Observation, Origin, Step, Trajectory, count_tool_calls
-from langgraph_parallelmuse.uncertainty import score_steps
+from langgraph_parallelmuse.uncertainty import require_logprobs, score_steps
 
 _DEFAULT_CONFIG = ParallelMuseConfig()
 
@@ -183,6 +183,8 @@ class _StepNodes:
                     seed=lambda attempt: derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt),
                     spent=spent,
                 )
+                if cfg.mode != "none":  # fail on the first call, not after a whole wave
+                    require_logprobs("".join(turn.segments.values()), turn.tokens)
                 break
             except ParallelMuseError:
                 raise
@@ -311,7 +313,8 @@ class RolloutRunner:
         >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
         >>> import asyncio
         >>> runner = RolloutRunner(FakeListChatModel(responses=["<think>easy</think><answer>4</answer>"]), [])
-        >>> traj = asyncio.run(runner.run("2+2?", trajectory_id="t0", thread_id="demo:t0"))
+        >>> no_branching = ParallelMuseConfig(mode="none")  # a fake model has no logprobs to score
+        >>> traj = asyncio.run(runner.run("2+2?", trajectory_id="t0", thread_id="demo:t0", config=no_branching))
         >>> traj["answer"], traj["status"]
         ('4', 'answered')
     """

@@ -161,6 +161,15 @@ class ParallelMuseConfig(BaseModel):
         return 0 if self.rounds > 1 else self.n - self.m - self.branch_budget
 
 
+def _problems(exc: ValidationError) -> str:
+    msgs = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        msgs.append(msg if not err["loc"] else f"{loc}: {msg}")
+    return "; ".join(msgs)
+
+
 def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides) -> ParallelMuseConfig:
     """Build a validated config, raising :class:`ConfigError` with every problem named.
 
@@ -176,12 +185,21 @@ def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides)
     try:
         return ParallelMuseConfig(**data)
     except ValidationError as exc:
-        msgs = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = err["msg"].removeprefix("Value error, ")
-            msgs.append(msg if not err["loc"] else f"{loc}: {msg}")
-        raise ConfigError("invalid ParallelMuse config: " + "; ".join(msgs)) from None
+        raise ConfigError("invalid ParallelMuse config: " + _problems(exc)) from None
+
+
+class _Context(BaseModel):
+    """LangGraph builds the context with ``context_schema(**context)``: name the bad field, as ConfigError."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, **data: object) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(
+                "invalid context: " + _problems(exc) + f" (fields: {', '.join(ParallelMuseConfig.model_fields)})"
+            ) from None
 
 
 def _context_model() -> type[BaseModel]:
@@ -189,7 +207,7 @@ def _context_model() -> type[BaseModel]:
         name: (field.annotation | None, Field(None, description=field.description))
         for name, field in ParallelMuseConfig.model_fields.items()
     }
-    model = create_model("ParallelMuseContext", __config__=ConfigDict(extra="forbid"), **fields)
+    model = create_model("ParallelMuseContext", __base__=_Context, **fields)
     model.__doc__ = (
         "Per-run overrides of :class:`ParallelMuseConfig` (the graph's ``context_schema``).\n\n"
         "Every field is optional; the ones given replace the graph's configured values and the "
@@ -202,6 +220,24 @@ def _context_model() -> type[BaseModel]:
 ParallelMuseContext = _context_model()
 
 
+def context_overrides(context: object) -> dict[str, object]:
+    """The settings a run's context sets explicitly (a full config sets them all).
+
+    Example:
+        >>> context_overrides(ParallelMuseContext(n=4))
+        {'n': 4}
+    """
+    if context is None:
+        return {}
+    if isinstance(context, ParallelMuseConfig):
+        return context.model_dump()
+    if isinstance(context, BaseModel):
+        return {k: getattr(context, k) for k in context.model_fields_set}
+    if isinstance(context, dict):
+        return dict(context)
+    raise ConfigError(f"context must be a dict or ParallelMuseContext, got {type(context).__name__}")
+
+
 def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseConfig:
     """The settings of one run: the factory config with the run's context overrides applied.
 
@@ -210,14 +246,7 @@ def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseCon
         >>> resolve_config(base, {"n": 4, "k": 1}).max_turns
         3
     """
-    if context is None:
-        return base
     if isinstance(context, ParallelMuseConfig):
         return context
-    if isinstance(context, BaseModel):
-        overrides = {k: getattr(context, k) for k in context.model_fields_set}
-    elif isinstance(context, dict):
-        overrides = dict(context)
-    else:
-        raise ConfigError(f"context must be a dict or ParallelMuseContext, got {type(context).__name__}")
-    return make_config(base, **overrides)
+    overrides = context_overrides(context)
+    return make_config(base, **overrides) if overrides else base

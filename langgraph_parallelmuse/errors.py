@@ -25,3 +25,16 @@ class ProtocolError(ParallelMuseError, ValueError):
 
 class CorpusError(ParallelMuseError, ValueError):
     """A corpus source is missing or malformed; the message names the file and the fix."""
+
+
+class RolloutFailedError(ParallelMuseError):
+    """Every trajectory of a run failed (the model could not be called); ``result`` keeps the partial run.
+
+    Attributes:
+        result: The run's question, its trajectories (each with its ``error``) and its stats, so
+            nothing finished is lost.
+    """
+
+    def __init__(self, message: str, *, result: dict) -> None:
+        super().__init__(message)
+        self.result = result

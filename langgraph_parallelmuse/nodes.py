@@ -10,11 +10,12 @@ in a test. Data flows one way: the schedule decides the jobs, the runner runs th
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -24,9 +25,9 @@ from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
 
 from langgraph_parallelmuse.agent import RolloutRunner
-from langgraph_parallelmuse.config import ParallelMuseConfig, resolve_config
+from langgraph_parallelmuse.config import ParallelMuseConfig, context_overrides, make_config, resolve_config
 from langgraph_parallelmuse.driver import GuidedDriver
-from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailedError
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, pick_branches
@@ -101,6 +102,61 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     return out
 
 
+def describe_model(model: BaseChatModel) -> str:
+    """Which model a message is about: its name and, for a server, its base URL.
+
+    Example:
+        >>> from langchain_openai import ChatOpenAI
+        >>> describe_model(ChatOpenAI(model="smollm2", base_url="http://127.0.0.1:8000/v1", api_key="x"))
+        "model 'smollm2' at http://127.0.0.1:8000/v1"
+    """
+    name = getattr(model, "model_name", None) or getattr(model, "model", None) or type(model).__name__
+    url = getattr(model, "openai_api_base", None) or getattr(model, "base_url", None)
+    return f"model {name!r}" + (f" at {url}" if url else "")
+
+
+def failure_message(model: BaseChatModel, trajectories: Sequence[Trajectory]) -> str:
+    """One message for a run whose every trajectory failed: how many, the distinct reasons, the model."""
+    reasons = list(dict.fromkeys(t.get("error") or "unknown error" for t in trajectories))
+    shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+    return (
+        f"every trajectory failed ({len(trajectories)} of {len(trajectories)}): {shown}. {describe_model(model)}: "
+        "check that the server is up, the base URL and the model name (CLI: --base-url, --model)"
+    )
+
+
+def active_seconds(spans: Sequence[Sequence[Any]], stage: str | None = None) -> float:
+    """Seconds covered by the nodes' ``[stage, start, end]`` spans (overlaps once), optionally of one stage.
+
+    Time no node ran in (a crashed process before its resume) is not counted.
+
+    Example:
+        >>> active_seconds([["rollout", 0, 10], ["rollout", 5, 12], ["stage2", 100, 103]])
+        15.0
+    """
+    total, reach = 0.0, float("-inf")
+    for _, start, end in sorted(sp for sp in spans if stage is None or sp[0] == stage):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _timed(stage: str) -> Callable[[Callable], Callable]:
+    """Record a node's wall-clock span in the state's ``spans`` (see :func:`active_seconds`)."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        async def run(self: ParallelMuseNodes, arg: Any) -> dict[str, Any]:
+            started = time.time()
+            update = await method(self, arg)
+            return {**update, "spans": [[stage, started, time.time()]]}
+
+        return run
+
+    return wrap
+
+
 class ParallelMuseNodes:
     """The nodes of one ParallelMuse graph.
 
@@ -115,7 +171,7 @@ class ParallelMuseNodes:
         >>> model = FakeListChatModel(responses=["<think>x</think><answer>4</answer>"])
         >>> config = ParallelMuseConfig(n=2, mode="none")
         >>> nodes = ParallelMuseNodes(RolloutRunner(model, []), aggregator=model, config=config)
-        >>> [s.node for s in nodes.launch_initial({"question": "2+2?", "run_id": "r"})]
+        >>> [s.node for s in nodes.launch_initial({"question": "2+2?", "run_id": "r", "settings": config.model_dump()})]
         ['initial_rollout', 'initial_rollout']
     """
 
@@ -135,13 +191,28 @@ class ParallelMuseNodes:
         self.guided_aggregate = self.guided_reports if guided_aggregate is None else guided_aggregate
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def settings(self) -> ParallelMuseConfig:
-        """This run's settings: the factory config with the run's context applied (outside a run: the former)."""
+    def settings(self, stored: dict[str, Any] | None = None) -> ParallelMuseConfig:
+        """The run's settings.
+
+        ``prepare`` resolves them (the factory config with the run's context applied) and stores
+        them in the state; every later node passes that ``stored`` copy, so a resumed run keeps the
+        settings it started with. A context that sets a different value on resume is an error.
+        """
         try:
             context = get_runtime().context
-        except RuntimeError:
-            return self.config
-        return resolve_config(self.config, context)
+        except RuntimeError:  # a node called outside a graph run (a unit test)
+            context = None
+        if stored is None:
+            return resolve_config(self.config, context)
+        settings = make_config(stored)
+        clash = {k: v for k, v in context_overrides(context).items() if getattr(settings, k) != v}
+        if clash:
+            started = ", ".join(f"{k}={getattr(settings, k)!r}" for k in clash)
+            raise ConfigError(
+                f"this run started with {started}; resume it with the same settings, or start a new run "
+                "(another thread_id)"
+            )
+        return settings
 
     def limit(self, settings: ParallelMuseConfig) -> asyncio.Semaphore:
         """Trajectories/reports in flight: one bound per event loop and ``max_concurrency``, shared by the
@@ -154,6 +225,7 @@ class ParallelMuseNodes:
     # ------------------------------------------------------------------ Stage 1
 
     async def prepare(self, state: ParallelMuseState) -> dict[str, Any]:
+        started = time.time()
         question = question_from_input(state)
         settings = self.settings()
         parent_thread = (get_config().get("configurable") or {}).get("thread_id")
@@ -171,6 +243,8 @@ class ParallelMuseNodes:
         return {
             "question": question,
             "run_id": run_id,
+            "settings": settings.model_dump(),
+            "spans": Overwrite([["rollout", started, time.time()]]),
             "engine_start": engine_start,
             "stats": Overwrite(stats),
             "trajectories": Overwrite([]),
@@ -184,15 +258,16 @@ class ParallelMuseNodes:
     def _send(node: str, state: ParallelMuseState, job: Job) -> Send:
         # The job names its thread and, for a branch, the parent's thread and checkpoint: the
         # payload never carries a trajectory.
-        return Send(node, {"question": state["question"], "job": job})
+        return Send(node, {"question": state["question"], "settings": state["settings"], "job": job})
 
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
-        jobs = first_wave(self.settings(), run_id=state["run_id"])
+        jobs = first_wave(self.settings(state["settings"]), run_id=state["run_id"])
         return [self._send("initial_rollout", state, job) for job in jobs]
 
+    @_timed("rollout")
     async def rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
         job: Job = payload["job"]
-        settings = self.settings()
+        settings = self.settings(payload["settings"])
         with routing_scope(payload["question"]):
             async with self.limit(settings):
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
@@ -208,9 +283,10 @@ class ParallelMuseNodes:
         )
         return {"trajectories": [traj]}
 
+    @_timed("rollout")
     async def select_branches(self, state: ParallelMuseState) -> dict[str, Any]:
         """The uncertainty node, once per round: score the latest trajectories, pick checkpoints."""
-        settings = self.settings()
+        settings = self.settings(state["settings"])
         if len(state["trajectories"]) >= settings.n:
             return {}
         round = state.get("round", 0) + 1
@@ -221,7 +297,7 @@ class ParallelMuseNodes:
         return {"round": round, "picks": picks, "stats": {"timeline": {stamp: time.time()}}}
 
     def launch_branches(self, state: ParallelMuseState) -> list[Send] | str:
-        settings = self.settings()
+        settings = self.settings(state["settings"])
         if len(state["trajectories"]) >= settings.n:
             return "collect"
         round = state["round"]
@@ -230,25 +306,32 @@ class ParallelMuseNodes:
         # next_wave tops up to N, so jobs is never empty here; "collect" keeps the run alive if it were.
         return [self._send("branch_rollout", state, job) for job in jobs] or "collect"
 
+    @_timed("rollout")
     async def collect(self, state: ParallelMuseState) -> dict[str, Any]:
-        return {
-            "stats": {
-                "rollout": rollout_summary(state["trajectories"]),
-                "budget": budget_stats(state["trajectories"], self.settings()),
-                "timeline": {"rolled_out": time.time()},
-            }
+        """Sum up the rollout stage; a run whose every trajectory failed stops here, with its reasons."""
+        trajectories = state["trajectories"]
+        stats = {
+            "rollout": rollout_summary(trajectories),
+            "budget": budget_stats(trajectories, self.settings(state["settings"])),
+            "timeline": {"rolled_out": time.time()},
         }
+        if trajectories and all(t["status"] == "failed" for t in trajectories):
+            result = {"question": state["question"], "trajectories": trajectories, "stats": stats}
+            raise RolloutFailedError(failure_message(self.model, trajectories), result=result)
+        return {"stats": stats}
 
     # ------------------------------------------------------------------ Stage 2
 
     def launch_compress(self, state: ParallelMuseState) -> list[Send] | str:
-        if self.settings().aggregation != "parallelmuse":
+        if self.settings(state["settings"]).aggregation != "parallelmuse":
             return "aggregate"
         answered = [t for t in state["trajectories"] if t["answer"]]
-        return [Send("compress", {"question": state["question"], "trajectory": t}) for t in answered] or "aggregate"
+        payload = {"question": state["question"], "settings": state["settings"]}
+        return [Send("compress", {**payload, "trajectory": t}) for t in answered] or "aggregate"
 
+    @_timed("stage2")
     async def compress(self, job: dict[str, Any]) -> dict[str, Any]:
-        settings, traj = self.settings(), job["trajectory"]
+        settings, traj = self.settings(job["settings"]), job["trajectory"]
         with routing_scope(job["question"]):
             async with self.limit(settings):
                 report = await write_report(
@@ -264,7 +347,8 @@ class ParallelMuseNodes:
         return {"reports": [report]}
 
     async def aggregate(self, state: ParallelMuseState) -> dict[str, Any]:
-        settings = self.settings()
+        started = time.time()
+        settings = self.settings(state["settings"])
         trajectories, reports = state.get("trajectories", []), state.get("reports", [])
         stats: dict[str, Any] = {"timeline": {"end": time.time()}}
         with routing_scope(state["question"]):
@@ -279,6 +363,12 @@ class ParallelMuseNodes:
                 )
         if settings.aggregation == "parallelmuse":
             stats["compress"] = compression_stats(reports)
+        spans = [*state.get("spans", []), ["stage2", started, time.time()]]
+        stats["seconds"] = {
+            "rollout": active_seconds(spans, "rollout"),
+            "stage2": active_seconds(spans, "stage2"),
+            "total": active_seconds(spans),
+        }
         if callable(engine_stats := getattr(self.model, "engine_stats", None)):
             stats["engine"] = engine_delta(state.get("engine_start") or {}, await asyncio.to_thread(engine_stats))
         emit("answer", answer=choice.answer, source=choice.source)

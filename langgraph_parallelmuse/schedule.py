@@ -79,7 +79,9 @@ def pick_branches(trajectories: Sequence[Trajectory], config: ParallelMuseConfig
     if not sources or limit == 0:
         return []
     if round == 1:
-        require_logprobs([s for t in sources for s in t["steps"]])
+        steps = [s for t in sources for s in t["steps"]]
+        generated = "".join(s["text"] for s in steps if s["generated_tokens"])
+        require_logprobs(generated, [tok for s in steps for tok in s["tokens"]])
     calibration = Calibration.load(config.calibration) if config.calibration is not None else None
     scored: list[tuple[float, Pick]] = []  # (sort key, pick)
     for traj in sorted(sources, key=lambda t: t["id"]):

@@ -202,6 +202,8 @@ class ParallelMuseState(TypedDict, total=False):
 
     question: str
     run_id: str  # prefix of the trajectory thread ids of this run
+    settings: dict[str, Any]  # the run's ParallelMuseConfig, fixed when it starts (a resume keeps it)
+    spans: Annotated[list[list[Any]], operator.add]  # [stage, start, end] of every node run (active seconds)
     messages: Annotated[list[AnyMessage], add_messages]
     trajectories: Annotated[list[Trajectory], merge_trajectories]
     reports: Annotated[list[Report], merge_reports]

@@ -76,15 +76,28 @@ def score_steps(steps: Sequence[Step], estimator: Estimator = "nll") -> list[dic
     return [step_uncertainty(step, estimator) for step in steps]
 
 
-def require_logprobs(steps: Sequence[Step]) -> None:
-    """Raise :class:`MissingLogprobsError` when the model generated text but no logprobs."""
-    generated = [s for s in steps if s["generated_tokens"] > 0]
-    if generated and not any(s["tokens"] for s in generated):
-        raise MissingLogprobsError(
-            "the model returned no token logprobs, which uncertainty-guided branching needs. "
-            "Use a backend that returns them (ChatOpenAI(..., logprobs=True, top_logprobs=16) "
-            "against vLLM/SGLang/llama.cpp/OpenAI, or LocalChatModel), or set mode='none'."
-        )
+MISSING_LOGPROBS = (
+    "the model returned no token logprobs, which uncertainty-guided branching needs. "
+    "Use a backend that returns them (ChatOpenAI(..., logprobs=True, top_logprobs=16) "
+    "against vLLM/SGLang/llama.cpp/OpenAI, or LocalChatModel), or set mode='none'."
+)
+
+
+def require_logprobs(generated: str, tokens: Sequence[TokenRecord]) -> None:
+    """Raise :class:`MissingLogprobsError` when a model call generated text but no logprobs.
+
+    The agent checks every step's model output as it arrives, so a backend without logprobs
+    fails on its first call, whether or not it reports token usage.
+
+    Example:
+        >>> require_logprobs("", [])  # nothing generated: nothing to score
+        >>> require_logprobs("Paris", [])
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.MissingLogprobsError: the model returned no token logprobs, ...
+    """
+    if generated.strip() and not tokens:
+        raise MissingLogprobsError(MISSING_LOGPROBS)
 
 
 def select_branch_steps(

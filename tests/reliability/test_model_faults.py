@@ -15,6 +15,7 @@ import pytest
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver
+from langgraph_parallelmuse.errors import MissingLogprobsError, RolloutFailedError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE, neutralize
 from tests.reliability.helpers import KwargsModel, ServerError, seed_table
@@ -180,27 +181,29 @@ async def test_a_failed_trajectory_is_excluded_and_the_rest_goes_on(failing, con
 
 
 @pytest.mark.parametrize("aggregation", ["parallelmuse", "majority", "weighted", "max_tool_calls"])
-async def test_all_trajectories_failing_gives_a_clear_no_answer_result(aggregation, fast_retries):
+async def test_all_trajectories_failing_raises_one_error_that_keeps_the_partial_run(aggregation, fast_retries):
+    """An all-failed run is an error naming the cause and the model, not a silent ``answer=None``."""
     model = ScriptedChatModel(responder=lambda msgs: ServerError(500, "engine crashed"))
     tools, calls = make_tools()
     graph = create_parallelmuse(model, tools, config={"n": 3, "mode": "none", "aggregation": aggregation})
-    out = await graph.ainvoke({"question": QUESTION})
-    assert out["answer"] is None and out["answer_source"] == "none"
-    assert [t["status"] for t in out["trajectories"]] == ["failed"] * 3
-    assert out["reports"] == []
-    last = out["messages"][-1]
-    assert last.content == "No answer: every trajectory failed to produce one."
-    assert last.response_metadata["answer_source"] == "none"
+    with pytest.raises(RolloutFailedError, match=r"every trajectory failed \(3 of 3\).*engine crashed") as err:
+        await graph.ainvoke({"question": QUESTION})
+    assert "ScriptedChatModel" in str(err.value)
+    result = err.value.result  # nothing is lost: the trajectories and their reasons come with it
+    assert result["question"] == QUESTION
+    assert [t["status"] for t in result["trajectories"]] == ["failed"] * 3
+    assert all("engine crashed" in t["error"] for t in result["trajectories"])
+    assert result["stats"]["rollout"]["failed"] == 3
     assert len(model.calls) == 9  # 3 trajectories x (1 + 2 retries), no compress/aggregate calls
 
 
-async def test_all_trajectories_failing_in_exploration_mode_gives_no_answer():
+async def test_all_trajectories_failing_in_exploration_mode_raises():
     model = ScriptedChatModel(responder=lambda msgs: ValueError("broken"))
     tools, _ = make_tools()
     graph = create_parallelmuse(model, tools, config={"n": 4, "m": 1, "k": 1, "t": 2})
-    out = await graph.ainvoke({"question": QUESTION})
-    assert out["answer"] is None and out["answer_source"] == "none"
-    assert len(out["trajectories"]) == 4
+    with pytest.raises(RolloutFailedError, match="ValueError: broken") as err:
+        await graph.ainvoke({"question": QUESTION})
+    assert len(err.value.result["trajectories"]) == 4
 
 
 # ----------------------------------------------------------------------------- malformed output
@@ -293,3 +296,18 @@ async def test_pathological_tool_call_json_is_a_recoverable_invalid_step():
     traj, model, _ = await _run([huge, answer_text("Paris")])
     assert traj["steps"][0]["action"]["type"] == "invalid"
     assert traj["status"] == "answered"
+
+
+async def test_a_backend_without_logprobs_or_usage_fails_on_its_first_call():
+    """Before: the first wave ran (model and tool calls paid for), and without usage data it never raised:
+    exploration mode silently became plain sampling with fills."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    step = '<think>look</think><tool_call>{"name": "search", "arguments": {"query": "France"}}</tool_call>'
+    model = FakeListChatModel(responses=[step] * 50)  # no logprobs, no usage metadata
+    tools, calls = make_tools()
+    graph = create_parallelmuse(model, tools, config={"n": 8, "max_turns": 3})
+    with pytest.raises(MissingLogprobsError, match="mode='none'"):
+        await graph.ainvoke({"question": QUESTION})
+    assert calls == {"search": [], "visit": []}  # no tool call was paid for
+    assert model.i <= 2  # the first call of each first-wave trajectory, at most

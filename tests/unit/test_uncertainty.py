@@ -240,17 +240,14 @@ def test_unknown_mode_raises():
 
 
 def test_require_logprobs_names_the_fix():
-    no_tokens = _step_from_tokens([], generated_tokens=12)
     with pytest.raises(MissingLogprobsError) as info:
-        require_logprobs([no_tokens, no_tokens])
+        require_logprobs("<think>generated text</think>", [])
     message = str(info.value)
     assert "logprobs=True" in message
     assert "mode='none'" in message
 
 
-def test_require_logprobs_accepts_steps_with_tokens_or_nothing_generated():
+def test_require_logprobs_accepts_output_with_tokens_or_nothing_generated():
     with_tokens = _step_from_tokens([("<think>", -0.1, ()), ("a", -0.1, ())])
-    prefilled_only = _step_from_tokens([], generated_tokens=0)
-    require_logprobs([with_tokens, _step_from_tokens([], generated_tokens=5)])
-    require_logprobs([prefilled_only])
-    require_logprobs([])
+    require_logprobs("<think>a", with_tokens["tokens"])
+    require_logprobs("", [])  # prefilled only

@@ -1,0 +1,81 @@
+"""Keep credentials out of everything the library stores or prints.
+
+A server that echoes request headers into an error body (some proxies and debug servers do) would
+otherwise put an API key into a trajectory's ``error``, its checkpoints and ``--json`` output.
+Every error text that the library keeps goes through :func:`redact`: the secret values it knows
+(the model's own ``SecretStr`` fields and the usual key variables of the environment) and anything
+shaped like a bearer token or an ``api_key=`` pair become ``***``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+from pydantic import BaseModel, SecretStr
+
+__all__ = ["SECRET_ENV_VARS", "redact", "secrets_of"]
+
+SECRET_ENV_VARS = (
+    "OPENAI_API_KEY",
+    "TAVILY_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "LANGSMITH_API_KEY",
+    "LANGCHAIN_API_KEY",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "VLLM_API_KEY",
+)
+_SHORTEST_SECRET = 6  # shorter values (e.g. "none", "EMPTY") are placeholders, not secrets
+_PATTERNS = (
+    re.compile(r"(?i)((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*["']?)[^\s"',}]{6,}"""),
+)
+
+
+def secrets_of(*models: object) -> list[str]:
+    """The secret values the library can know: the models' ``SecretStr`` fields and the environment's keys.
+
+    Example:
+        >>> from langchain_openai import ChatOpenAI
+        >>> "sk-test-123456" in secrets_of(ChatOpenAI(api_key="sk-test-123456", base_url="http://x/v1"))
+        True
+    """
+    found = [os.environ.get(name, "") for name in SECRET_ENV_VARS]
+    for model in models:
+        for value in _fields(model):
+            if isinstance(value, SecretStr):
+                found.append(value.get_secret_value())
+    return sorted({s for s in found if len(s) >= _SHORTEST_SECRET}, key=len, reverse=True)
+
+
+def _fields(model: object) -> Iterable[object]:
+    if isinstance(model, BaseModel):
+        for name in type(model).model_fields:
+            value = getattr(model, name, None)
+            yield value
+            if isinstance(value, list | tuple):  # e.g. a router's list of models
+                for item in value:
+                    yield from _fields(item)
+
+
+def redact(text: str, secrets: Iterable[str] | None = None) -> str:
+    """``text`` with known secrets and credential-shaped substrings replaced by ``***``.
+
+    Args:
+        text: An error message, a log line, a tool output.
+        secrets: Secret values to remove (default: :func:`secrets_of` with no model).
+
+    Example:
+        >>> redact("500: echo Authorization: Bearer sk-live-0123456789abcdef", [])
+        '500: echo Authorization: Bearer ***'
+        >>> redact("key tvly-abcdefgh leaked", ["tvly-abcdefgh"])
+        'key *** leaked'
+    """
+    for secret in secrets_of() if secrets is None else secrets:
+        if len(secret) >= _SHORTEST_SECRET:
+            text = text.replace(secret, "***")
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + "***", text)
+    return text
