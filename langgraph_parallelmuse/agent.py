@@ -28,6 +28,7 @@ from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext,
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, describe_tools, parse_action, region_spans
+from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import with_retries
 from langgraph_parallelmuse.segments import Sampling, TurnResult, derive_seed, generate_turn
 from langgraph_parallelmuse.state import Action, AgentState, Observation, Origin, Step, Trajectory, count_tool_calls
@@ -193,7 +194,8 @@ class _StepNodes:
                     # Blind retries cannot fit the window: shrink old tool output and answer now.
                     exhausted, trim = True, 200
                     continue
-                return {"status": "failed", "error": f"model call failed at step {index}: {type(exc).__name__}: {exc}"}
+                error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
+                return {"status": "failed", "error": redact(error, secrets_of(self.model))}
         step = Step(
             index=index,
             text=text,
@@ -292,7 +294,7 @@ async def _run_tool(
     except TimeoutError:
         return f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s.", True, []
     except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
-        return f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}", True, []
+        return redact(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"), True, []
     artifact = getattr(result, "artifact", None)
     doc_ids = [str(d) for d in artifact.get("doc_ids", [])] if isinstance(artifact, dict) else []
     error = isinstance(result, ToolMessage) and result.status == "error"

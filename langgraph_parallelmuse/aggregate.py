@@ -7,10 +7,13 @@ exactly one answer. Like compression, the free and guided forms are one prompt a
 
 * **free** (strong models): one ``Gen``; the answer is read from ``<answer>…</answer>``.
 * **guided** (small local models): ``Answer:`` is prefilled and the model writes until
-  ``</answer>`` or a newline; the text is then *snapped* to the candidate answer of the reports
-  with the highest normalised token F1 (nothing overlapping: the majority vote), so the result is
-  always one of the reports' answers. A 135M model cannot be trusted to copy a candidate exactly,
-  and the method forbids inventing or merging answers.
+  ``</answer>`` or a newline.
+
+Either way the text is then *snapped* to the candidate answer of the reports with the highest
+normalised token F1 (nothing overlapping: the majority vote), so the result is always one of the
+reports' answers, which are the trajectories' own: a small model cannot be trusted to copy a
+candidate exactly, the method forbids inventing or merging answers, and no text that a trajectory
+did not answer (a page's injected ``<answer>``) can become the final answer.
 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
 over the reports is returned with ``source="majority_fallback"``.
@@ -32,7 +35,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.answers import normalize_vote_key, token_f1
-from langgraph_parallelmuse.protocol import neutralize, quote_lines
+from langgraph_parallelmuse.protocol import quote_untrusted
+from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls
 
@@ -219,7 +223,7 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
     """
     # A report quoting tool output must not start a fake "Report N:" or "Question:" section.
     numbered = "\n\n".join(
-        f"Report {i}:\n{quote_lines(neutralize(r['text'].strip()), ('Report ', 'Question:', 'Each report above'))}"
+        f"Report {i}:\n{quote_untrusted(r['text'].strip(), ('Report ', 'Question:', 'Each report above'))}"
         for i, r in enumerate(reports, 1)
     )
     body = f"Question: {question}\n\n{numbered}\n\nQuestion: {question}\n\n{_INSTRUCTIONS}"
@@ -286,7 +290,7 @@ async def aggregate_reports(
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
     except Exception as exc:  # noqa: BLE001 - a failed aggregation falls back to the majority vote
-        logger.warning("aggregation failed, using the majority vote: %r", exc)
+        logger.warning("aggregation failed, using the majority vote: %s", redact(repr(exc), secrets_of(model)))
         return result
     result.raw, result.tokens, result.seconds = turn.text, turn.generated_tokens, turn.seconds
     if guided:
@@ -297,7 +301,7 @@ async def aggregate_reports(
     # A free-form answer cut off by the token limit is not an answer.
     if not guided and turn.finish_reason == "length":
         picked = ""
-    if picked and guided:
+    if picked:  # the final answer is always one the trajectories gave
         picked = _snap(picked, candidates) or ""
     if picked:
         result.answer, result.source = picked, "aggregator"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -27,6 +28,7 @@ from rich.table import Table
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
 from langgraph_parallelmuse.eval.bench import METHODS
+from langgraph_parallelmuse.redact import redact
 
 console = Console(stderr=True)
 out = Console()
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(args.func(args))
     except ParallelMuseError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return 1
     except KeyboardInterrupt:
         console.print(f"interrupted; {getattr(args, 'on_interrupt', 'rerun the command')}")

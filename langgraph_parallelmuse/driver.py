@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.protocol import render_tool_call
+from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
 from langgraph_parallelmuse.segments import Gen, Lit
 from langgraph_parallelmuse.state import Action, Observation, Step
 
 _RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 QUERY_SYSTEM = "Write a short web search query for the question."
+# The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot
+# pose as the question or as an instruction after it.
+PROMPT_LINES = ("Question:", "Answer", "Already searched:", "Write a new search query")
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ class GuidedDriver:
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.
             chunk = _RESULT_MARKUP.sub("", obs["content"]).strip()[: max(budget, 0)]
-            parts.append(chunk)
+            parts.append(quote_untrusted(chunk, PROMPT_LINES))
             budget -= len(chunk)
         return "\n\n".join(parts)
 
