@@ -7,11 +7,34 @@ from typing import Any
 
 import torch
 
+from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models import kv_batch
 
-__all__ = ["ModelRunner"]
+__all__ = ["ModelRunner", "check_transformers"]
 
 _PREFILL_CHUNK = 2048
+_TRANSFORMERS_FLOOR = (5, 24)
+
+
+def check_transformers() -> None:
+    """Refuse a transformers release that ignores the ``cache=`` keyword the runner passes.
+
+    Raises:
+        ConfigError: transformers is older than 5.24; the message names the upgrade.
+
+    Example:
+        >>> check_transformers()
+    """
+    import transformers
+    from packaging.version import Version
+
+    installed = Version(transformers.__version__)
+    if installed.release < _TRANSFORMERS_FLOOR:
+        floor = ".".join(map(str, _TRANSFORMERS_FLOOR))
+        raise ConfigError(
+            f"transformers {installed} is installed but the engine needs >= {floor} (it passes the model "
+            f"`cache=`, which older releases ignore): pip install 'transformers>={floor},<6'"
+        )
 
 
 class ModelRunner:
@@ -29,6 +52,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: Any) -> None:
+        check_transformers()
         self.model = model
         self.config = model.config
 
