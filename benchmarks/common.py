@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from langgraph_parallelmuse.eval import QAItem, eval_data_dir, load_questions
 from langgraph_parallelmuse.tools import CorpusIndex
@@ -27,8 +28,12 @@ def arguments(
     return ap.parse_args()
 
 
+def corpus_file(name: str) -> Path:
+    """The corpus JSONL (one ``{"title", "text", ...}`` paragraph a line) of dev set ``name``."""
+    return eval_data_dir() / f"{name}.corpus.jsonl"
+
+
 def dev_set(name: str, limit: int) -> tuple[list[QAItem], CorpusIndex]:
     """The first ``limit`` questions of a dev set and the full-text index of its corpus."""
-    data = eval_data_dir()
-    items = load_questions(data / f"{name}.questions.jsonl", limit=limit)
-    return items, CorpusIndex.from_jsonl(data / f"{name}.corpus.jsonl")
+    items = load_questions(eval_data_dir() / f"{name}.questions.jsonl", limit=limit)
+    return items, CorpusIndex.from_jsonl(corpus_file(name))

@@ -18,13 +18,11 @@ import argparse
 import asyncio
 import json
 import time
-from pathlib import Path
 
+from common import corpus_file
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.models import LocalChatModel
-
-CORPUS = Path("/work/shared/eval-data/hotpotqa_train100.corpus.jsonl")
 
 
 def build_prefix(llm: LocalChatModel, target_tokens: int) -> list:
@@ -32,7 +30,7 @@ def build_prefix(llm: LocalChatModel, target_tokens: int) -> list:
     system = SystemMessage("Answer the question using the documents. Think step by step.")
     question = "\n\nQuestion: Which of these documents describes the oldest subject?"
     docs: list[str] = []
-    with CORPUS.open() as handle:
+    with corpus_file("hotpotqa_train100").open() as handle:
         for line in handle:
             doc = json.loads(line)
             docs.append(f"[{doc['title']}] {doc['text']}")

@@ -15,12 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from langgraph_parallelmuse.models.engine import (
-        GenerationRequest,
-        GenerationResult,
-        InferenceEngine,
-        shared_engine,
-    )
+    from langgraph_parallelmuse.models.engine import InferenceEngine, shared_engine
     from langgraph_parallelmuse.models.loading import (
         LoadedModel,
         load_embedded_model_path,
@@ -28,11 +23,12 @@ if TYPE_CHECKING:
     )
     from langgraph_parallelmuse.models.local import LocalChatModel
     from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixHit
+    from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
     from langgraph_parallelmuse.models.routing import StickyRouter
 
 _EXPORTS = {
-    "GenerationRequest": "engine",
-    "GenerationResult": "engine",
+    "GenerationRequest": "requests",
+    "GenerationResult": "requests",
     "InferenceEngine": "engine",
     "shared_engine": "engine",
     "LoadedModel": "loading",

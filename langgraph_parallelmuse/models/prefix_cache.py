@@ -4,7 +4,9 @@ Every edge of the tree holds a run of token ids together with the KV slice that 
 for exactly those positions, so sequences sharing a prefix share its memory. A lookup walks the
 query down the tree and concatenates the slices on the way: the result is a fresh tensor per layer,
 so a caller may extend it (or the ``DynamicCache`` built from it) freely without touching the stored
-entry. Memory is bounded in bytes; least recently used leaves are evicted first.
+entry. Memory is bounded in bytes; least recently used leaves are evicted first. The tree keeps
+its set of leaves up to date as it grows and shrinks (as SGLang's ``RadixCache`` does), so an
+eviction orders only the leaves instead of walking every node.
 
 The tree is framework-agnostic: a "state" is any sequence of tensors whose sequence axis is
 ``-2`` (the transformers ``[batch=1, heads, seq, head_dim]`` layout), e.g.
@@ -13,6 +15,7 @@ The tree is framework-agnostic: a "state" is any sequence of tensors whose seque
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 from collections.abc import Sequence
@@ -86,6 +89,7 @@ class PrefixCache:
         self._lock = threading.Lock()
         self._clock = itertools.count(1)
         self._bytes = 0
+        self._leaves: set[_Node] = set()
 
     @property
     def nbytes(self) -> int:
@@ -102,6 +106,7 @@ class PrefixCache:
         """Drop every entry."""
         with self._lock:
             self._root.children.clear()
+            self._leaves.clear()
             self._bytes = 0
 
     def lookup(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit:
@@ -183,6 +188,8 @@ class PrefixCache:
             )
             leaf.nbytes = _state_bytes(leaf.state)
             node.children[leaf.tokens[0]] = leaf
+            self._leaves.add(leaf)
+            self._leaves.discard(node)
             self._bytes += leaf.nbytes
 
     def _split(self, child: _Node, n: int) -> _Node:
@@ -218,15 +225,23 @@ class PrefixCache:
 
     def _evict(self, needed: int, keep: _Node) -> None:
         """Drop LRU leaves until ``needed`` more bytes fit, sparing ``keep`` and its ancestors."""
+        if self._bytes + needed <= self.max_bytes:
+            return
         protected = set()
         node = keep
         while node is not None:
             protected.add(id(node))
             node = node.parent
-        while self._bytes + needed > self.max_bytes:
-            leaves = [n for n in self._iter_nodes() if not n.children and id(n) not in protected]
-            if not leaves:
-                return
-            victim = min(leaves, key=lambda n: n.last_used)
-            del victim.parent.children[victim.tokens[0]]
+        order = itertools.count()  # ties in last_used: oldest pushed first, never compare nodes
+        heap = [(n.last_used, next(order), n) for n in self._leaves if id(n) not in protected]
+        heapq.heapify(heap)
+        while heap and self._bytes + needed > self.max_bytes:
+            _, _, victim = heapq.heappop(heap)
+            parent = victim.parent
+            del parent.children[victim.tokens[0]]
+            self._leaves.discard(victim)
             self._bytes -= victim.nbytes
+            if not parent.children and parent is not self._root:
+                self._leaves.add(parent)
+                if id(parent) not in protected:
+                    heapq.heappush(heap, (parent.last_used, next(order), parent))

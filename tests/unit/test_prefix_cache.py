@@ -141,3 +141,29 @@ def test_many_layers_and_mismatched_state_rejected() -> None:
     assert len(cache.lookup([1, 2]).state) == 4
     with pytest.raises(ValueError, match="positions"):
         cache.insert([4, 5], kv([4, 5, 6]))
+
+
+def test_a_shared_prefix_is_evicted_once_its_branches_are_gone() -> None:
+    cache = PrefixCache(max_bytes=4 * BYTES_PER_TOKEN)
+    cache.insert([1, 2, 3], kv([1, 2, 3]))
+    cache.insert([1, 2, 4], kv([1, 2, 4]))  # [1, 2] -> {[3], [4]}: four positions
+    cache.insert([7, 8, 9], kv([7, 8, 9]))  # needs three: both branches, then their prefix
+    assert cache.nbytes == 3 * BYTES_PER_TOKEN
+    assert cache.lookup([1, 2]).length == 0
+    assert_state_is(cache.lookup([7, 8, 9]).state, [7, 8, 9])
+
+
+def test_the_newest_insert_survives_and_tree_stays_consistent() -> None:
+    """Many overlapping inserts under a small bound: the byte count is what the tree holds."""
+    import random
+
+    rng = random.Random(0)
+    cache = PrefixCache(max_bytes=24 * BYTES_PER_TOKEN)
+    for _ in range(300):
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(1, 9))]
+        cache.insert(tokens, kv(tokens))
+        assert cache.nbytes <= cache.max_bytes
+        assert cache.nbytes == cache.num_tokens * BYTES_PER_TOKEN
+        hit = cache.lookup(tokens)
+        assert hit.length == len(tokens)
+        assert_state_is(hit.state, tokens)

@@ -1,0 +1,185 @@
+"""From a row's logits to the request's next token, text, logprob entry and stop state.
+
+Log-probabilities are *raw*: ``log_softmax`` of the unwarped logits, before temperature and top-p.
+Text is produced incrementally by decoding a short window that ends at the new tokens, so the
+pieces concatenate to the decoded whole even for tokenizers that drop a leading space per call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from langgraph_parallelmuse.models.requests import GenerationRequest, RequestState
+
+__all__ = ["Decoder", "byte_decoder", "eos_ids", "sample"]
+
+_TOP_P_HEAD = 512
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE alphabet: character -> byte (printable bytes map to themselves).
+
+    Example:
+        >>> decoder = byte_decoder()
+        >>> decoder["A"], decoder["Ġ"]
+        (65, 32)
+    """
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    codes = list(visible)
+    extra = 0
+    for b in range(256):
+        if b not in visible:
+            visible.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(visible, codes, strict=True)}
+
+
+def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """End-of-sequence ids named by the model's generation config, its config and the tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None)
+        ids.update(value if isinstance(value, list | tuple) else [value])
+    ids.add(tokenizer.eos_token_id)
+    return frozenset(i for i in ids if i is not None)
+
+
+def sample(logits: torch.Tensor, req: GenerationRequest, generator: torch.Generator | None) -> int:
+    """The next token from one row's float32 logits: greedy at temperature 0, else nucleus sampling.
+
+    Example:
+        >>> import torch
+        >>> sample(torch.tensor([0.0, 3.0, 1.0]), GenerationRequest([1], temperature=0.0), None)
+        1
+    """
+    if req.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / req.temperature, dim=-1)
+    if req.top_p < 1.0:
+        # A full sort of the vocabulary dominated the decode step; the nucleus almost always
+        # lies within the top few hundred tokens, so sort only those unless it does not.
+        head, order = torch.topk(probs, min(_TOP_P_HEAD, probs.numel()))
+        if float(head.sum()) < req.top_p:
+            head, order = torch.sort(probs, descending=True)
+        # Keep the smallest head whose mass reaches top_p (the first token always survives).
+        head = head.masked_fill((torch.cumsum(head, dim=-1) - head) >= req.top_p, 0.0)
+        choice = torch.multinomial(head, 1, generator=generator)
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Decoder:
+    """Turns each row's logits into the request's next token, text piece and logprob entry.
+
+    Args:
+        tokenizer: The model's tokenizer (token strings, decoding).
+        eos: End-of-sequence token ids.
+
+    Example:
+        >>> from langgraph_parallelmuse.models.loading import load_model
+        >>> tokenizer = load_model().tokenizer  # doctest: +SKIP
+        >>> Decoder(tokenizer, frozenset({2})).token_info(tokenizer("Hi").input_ids[0])  # doctest: +SKIP
+        ('Hi', [72, 105])
+    """
+
+    def __init__(self, tokenizer: Any, eos: frozenset[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos = eos
+        self._bytes_of_char = byte_decoder()
+        self.token_info = functools.lru_cache(maxsize=65536)(self._token_info)
+
+    def _token_info(self, token_id: int) -> tuple[str, list[int]]:
+        """A token's own text and bytes (byte-level pieces map back to their exact bytes)."""
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and all(ch in self._bytes_of_char for ch in piece):
+            raw = [self._bytes_of_char[ch] for ch in piece]
+            text = bytes(raw).decode("utf-8", errors="replace")
+            return text, raw
+        text = self.decode([token_id])
+        return text, list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens and spacing kept as they are."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def consume(self, seq: RequestState, logits: torch.Tensor) -> None:
+        """Pick ``seq``'s next token from its raw logits and update its text, entries and stop state."""
+        logits = logits.float()
+        token = sample(logits, seq.req, seq.generator)
+        req = seq.req
+        if token in self.eos and not req.ignore_eos:
+            seq.finish = "stop"
+            return
+        seq.gen.append(token)
+        piece = self._next_piece(seq)
+        final = len(seq.gen) >= seq.max_new
+        if piece.endswith("\ufffd") and not final:
+            piece = ""  # an incomplete UTF-8 character: its text comes with the next token
+        else:
+            seq.pending_from = len(seq.gen)
+        if req.logprobs:
+            seq.entries.append(self._entry(logits, token, piece, req.top_logprobs))
+            seq.starts.append(len(seq.text))
+        before = len(seq.text)
+        seq.text += piece
+        if req.stop and piece:
+            at = _find_stop(seq.text, req.stop, before)
+            if at is not None:
+                cut(seq, at)
+                seq.finish = "stop"
+                return
+        if final:
+            seq.finish = "length"
+
+    def _next_piece(self, seq: RequestState) -> str:
+        # Decode a short window ending at the new tokens: the text between two decodes that
+        # share their start is exact even for tokenizers that drop a leading space per call.
+        ids = seq.context + seq.gen
+        done = len(seq.context) + seq.pending_from
+        start = max(0, done - 4)
+        return self.decode(ids[start:])[len(self.decode(ids[start:done])) :]
+
+    def _entry(self, logits: torch.Tensor, token: int, piece: str, top: int) -> dict[str, Any]:
+        logp = torch.log_softmax(logits, dim=-1)
+        entry: dict[str, Any] = {
+            "token": piece,
+            "logprob": float(logp[token]),
+            "bytes": self.token_info(token)[1],
+            "top_logprobs": [],
+        }
+        if top:
+            values, ids = torch.topk(logp, top)
+            for value, tid in zip(values.tolist(), ids.tolist(), strict=True):
+                text, raw = self.token_info(tid)
+                entry["top_logprobs"].append({"token": text, "logprob": value, "bytes": raw})
+        return entry
+
+
+def _find_stop(text: str, stops: Sequence[str], before: int) -> int | None:
+    """Earliest start of a stop string that ends after offset ``before`` (new text), or ``None``."""
+    longest = max(len(s) for s in stops)
+    window = max(0, before - longest + 1)
+    cuts = [i for s in stops if s and (i := text.find(s, window)) >= 0]
+    return min(cuts) if cuts else None
+
+
+def cut(seq: RequestState, at: int) -> None:
+    """Cut ``seq``'s text at offset ``at``; entries past it go, the one it falls into is trimmed."""
+    seq.text = seq.text[:at]
+    if not seq.req.logprobs:
+        return
+    kept = []
+    for entry, start in zip(seq.entries, seq.starts, strict=True):
+        if start >= at:
+            break
+        if start + len(entry["token"]) > at:
+            # The stop string begins inside this token: keep its logprob, trim its text.
+            entry = {**entry, "token": seq.text[start:at]}
+            entry["bytes"] = list(entry["token"].encode("utf-8"))
+        kept.append(entry)
+    seq.entries = kept

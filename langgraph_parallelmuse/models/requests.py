@@ -1,0 +1,124 @@
+"""What the engine is asked, what it answers, and the state of a request while it is served."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["GenerationRequest", "GenerationResult", "RequestState"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion request over token ids.
+
+    Attributes:
+        prompt_ids: Prompt token ids (already chat-templated).
+        max_new_tokens: Upper bound on generated tokens.
+        temperature: Sampling temperature; ``0`` means greedy.
+        top_p: Nucleus sampling mass (applied after temperature).
+        seed: Seed of this request's private RNG; ``None`` draws a fresh one.
+        stop: Stop strings; the text is cut before the earliest occurrence.
+        logprobs: Return per-token raw logprobs.
+        top_logprobs: How many alternatives per token (0-20), best first.
+        ignore_eos: Keep generating past end-of-sequence tokens (benchmarks).
+
+    Example:
+        >>> GenerationRequest([1, 2, 3], max_new_tokens=8, temperature=0.0).temperature
+        0.0
+    """
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 0.95
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    logprobs: bool = True
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerationResult:
+    """What a request produced.
+
+    Attributes:
+        text: Generated text, cut before the first stop string.
+        token_ids: Generated token ids (including a token that a stop string cut into).
+        logprobs: OpenAI-shaped entries ``{"token", "logprob", "bytes", "top_logprobs"}`` whose
+            ``token`` strings concatenate to ``text``; ``None`` if not requested.
+        finish_reason: ``"stop"`` (EOS or stop string) or ``"length"``.
+        prompt_tokens: Prompt length in tokens.
+        cached_tokens: Prompt tokens served from the prefix cache.
+
+    Example:
+        >>> GenerationResult("Hi", [17], None, "stop", prompt_tokens=5, cached_tokens=0).completion_tokens
+        1
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]] | None
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        """Number of generated tokens."""
+        return len(self.token_ids)
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A request being served: its generated tokens, text so far and place in the batch.
+
+    Attributes:
+        req: The request.
+        future: Resolved with the :class:`GenerationResult` (or the error).
+        prompt: The prompt token ids.
+        max_new: Generation bound after clipping to the context window.
+        generator: The request's private RNG (``None`` when greedy).
+        context: The last prompt tokens, the left context of incremental detokenising.
+        cached: Prompt tokens served from the prefix cache.
+        gen: Generated token ids (the last one not yet fed to the model).
+        pending_from: Index into ``gen`` of the first token whose text is not yet emitted.
+        text: Generated text so far.
+        entries: Logprob entries so far.
+        starts: Offset into ``text`` of each entry's token.
+        finish: Why generation stopped, once it has.
+        pad: Left padding of this request's row in the batch KV.
+        batch_cache: The request's own KV cache between prefill and joining the batch.
+    """
+
+    req: GenerationRequest
+    future: Future
+    prompt: list[int]
+    max_new: int
+    generator: torch.Generator | None
+    context: list[int]
+    cached: int = 0
+    gen: list[int] = field(default_factory=list)
+    pending_from: int = 0
+    text: str = ""
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    finish: Literal["stop", "length"] | None = None
+    pad: int = 0
+    batch_cache: Any = None
+
+    def result(self) -> GenerationResult:
+        """The :class:`GenerationResult` of what was generated so far."""
+        return GenerationResult(
+            text=self.text,
+            token_ids=list(self.gen),
+            logprobs=self.entries if self.req.logprobs else None,
+            finish_reason=self.finish or "length",
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached,
+        )

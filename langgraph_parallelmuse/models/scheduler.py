@@ -1,0 +1,283 @@
+"""The engine's worker loop: admission, batch membership and retirement of requests.
+
+Each admitted request first reuses the longest cached prefix of its prompt from the
+:class:`~.prefix_cache.PrefixCache` and prefills only the rest (batch size 1, so every request may
+hit a different cached length); its KV then joins the running batch (:mod:`.kv_batch`), which is
+decoded jointly one token per step. Requests arriving while a batch runs join it at the next step;
+finished rows leave it at once. Prompt KV is inserted into the prefix cache right after prefill (so
+sibling branches admitted in the same step already share it) and prompt + generated KV again when a
+request finishes.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from langgraph_parallelmuse.models import kv_batch
+from langgraph_parallelmuse.models.decoding import Decoder
+from langgraph_parallelmuse.models.prefix_cache import PrefixCache
+from langgraph_parallelmuse.models.requests import GenerationRequest, RequestState
+from langgraph_parallelmuse.models.runner import ModelRunner
+
+__all__ = ["COUNTERS", "Counters", "Scheduler"]
+
+#: Counter names of :class:`Counters` (``_hits``: requests that reused a prefix).
+COUNTERS = (
+    "requests",
+    "prefill_tokens_computed",
+    "prefill_tokens_reused",
+    "decode_tokens",
+    "batches",
+    "batch_rows",
+    "_hits",
+)
+
+Item = tuple[GenerationRequest, Future] | None
+
+
+class Counters:
+    """Thread-safe integer counters, written by the worker and read by any thread.
+
+    Example:
+        >>> counters = Counters()
+        >>> counters.add(requests=2)
+        >>> counters.snapshot()["requests"]
+        2
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def add(self, **deltas: int) -> None:
+        """Add ``deltas`` to the named counters."""
+        with self._lock:
+            for key, value in deltas.items():
+                self._values[key] += value
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of every counter."""
+        with self._lock:
+            return dict(self._values)
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        with self._lock:
+            self._values = dict.fromkeys(COUNTERS, 0)
+
+
+class Scheduler:
+    """Serves the requests of a queue on the calling thread until it reads ``None``.
+
+    Args:
+        requests: Where ``(request, future)`` pairs arrive; ``None`` stops the loop once the
+            running batch is done.
+        runner: Model forward passes.
+        decoder: Sampling, text and logprob entries per row.
+        cache: The prefix cache, or ``None`` to prefill every prompt whole.
+        counters: Where prefill, decode and batch counts go.
+        max_batch_size: Most rows decoded together.
+        batch_window: Seconds the idle loop waits after a first request for companions.
+        max_context_tokens: The model's context window (clips ``max_new_tokens``).
+    """
+
+    def __init__(
+        self,
+        requests: queue.Queue[Item],
+        runner: ModelRunner,
+        decoder: Decoder,
+        cache: PrefixCache | None,
+        counters: Counters,
+        *,
+        max_batch_size: int,
+        batch_window: float,
+        max_context_tokens: int,
+    ) -> None:
+        self.requests = requests
+        self.runner = runner
+        self.decoder = decoder
+        self.cache = cache
+        self.counters = counters
+        self.max_batch_size = max_batch_size
+        self.batch_window = batch_window
+        self.max_context_tokens = max_context_tokens
+        self.active: list[RequestState] = []
+        self.batch: Any = None
+        self.stopping = False
+
+    def run(self) -> None:
+        """The worker loop: admit what arrived, decode one step, retire finished rows; repeat."""
+        while not (self.stopping and not self.active):
+            incoming = self._collect()
+            try:
+                with torch.inference_mode():
+                    self._step(incoming)
+            except Exception as exc:  # noqa: BLE001 - a failed step must not kill the worker
+                for seq in self.active:
+                    if not seq.future.done():
+                        seq.future.set_exception(exc)
+                self.active, self.batch = [], None
+        self._refuse_leftovers()
+
+    def _collect(self) -> list[tuple[GenerationRequest, Future]]:
+        """New requests for the free rows: block (then wait ``batch_window``) only when idle."""
+        incoming: list[tuple[GenerationRequest, Future]] = []
+        room = self.max_batch_size - len(self.active)
+        if self.active:
+            while len(incoming) < room and not self.stopping:
+                try:
+                    item = self.requests.get_nowait()
+                except queue.Empty:
+                    break
+                self._take(item, incoming)
+            return incoming
+        item = self.requests.get()
+        if item is None:
+            self.stopping = True
+            return incoming
+        incoming.append(item)
+        deadline = time.monotonic() + self.batch_window
+        while len(incoming) < room and not self.stopping:
+            try:
+                item = self.requests.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self._take(item, incoming)
+        return incoming
+
+    def _take(self, item: Item, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+        if item is None:
+            self.stopping = True
+        else:
+            incoming.append(item)
+
+    def _refuse_leftovers(self) -> None:
+        # A request submitted while close() was putting its sentinel must not wait forever.
+        while True:
+            try:
+                item = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(RuntimeError("engine is closed"))
+
+    def _step(self, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+        live = []
+        for req, fut in incoming:
+            seq = self._admit(req, fut)
+            if seq is None:
+                continue
+            if seq.finish is None:
+                live.append(seq)
+            else:
+                self._resolve(seq)
+        if live:
+            self._join(live)
+        if self.active:
+            self._decode()
+            self._retire()
+
+    def _admit(self, req: GenerationRequest, fut: Future) -> RequestState | None:
+        """Prefill one request from its cached prefix; return it holding its own batch-1 cache."""
+        if not fut.set_running_or_notify_cancel():
+            return None
+        try:
+            prompt = list(req.prompt_ids)
+            generator = None
+            if req.temperature > 0:
+                generator = torch.Generator()
+                seed = req.seed if req.seed is not None else random.getrandbits(63)
+                generator.manual_seed(seed)
+            seq = RequestState(
+                req=req,
+                future=fut,
+                prompt=prompt,
+                generator=generator,
+                max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
+                context=prompt[-4:],
+            )
+            hit = self.cache.lookup(prompt, len(prompt) - 1) if self.cache is not None else None
+            seq.cached = hit.length if hit else 0
+            cache, logits = self.runner.prefill(prompt, hit.state if hit else (), seq.cached)
+            self.counters.add(
+                requests=1,
+                prefill_tokens_computed=len(prompt) - seq.cached,
+                prefill_tokens_reused=seq.cached,
+                _hits=int(seq.cached > 0),
+            )
+            if self.cache is not None:
+                self.cache.insert(prompt, kv_batch.row_state(cache, 0, 0))
+            seq.batch_cache = cache
+            if seq.max_new == 0:
+                seq.finish = "length"
+            else:
+                self._consume(seq, logits[0])
+            return seq
+        except Exception as exc:  # noqa: BLE001 - reported to the caller through its future
+            fut.set_exception(exc)
+            return None
+
+    def _join(self, admitted: list[RequestState]) -> None:
+        """Add freshly prefilled requests to the running batch (re-padding every row)."""
+        running, self.active = self.active, self.active + admitted  # a failed merge fails them all
+        if self.batch is None and len(admitted) == 1:
+            seq = admitted[0]
+            self.batch, seq.batch_cache, seq.pad = seq.batch_cache, None, 0
+            return
+        rows: list[tuple[Any, int, int]] = []
+        if self.batch is not None:
+            rows.extend((self.batch, i, s.pad) for i, s in enumerate(running))
+        rows.extend((s.batch_cache, 0, 0) for s in admitted)
+        self.batch, pads = kv_batch.merge_rows(self.runner.config, rows)
+        for s, pad in zip(self.active, pads, strict=True):
+            s.pad = pad
+        for s in admitted:
+            s.batch_cache = None
+
+    def _decode(self) -> None:
+        logits = self.runner.decode(self.batch, [s.pad for s in self.active], [s.gen[-1] for s in self.active])
+        self.counters.add(batches=1, batch_rows=len(self.active))
+        for i, seq in enumerate(self.active):
+            self._consume(seq, logits[i])
+
+    def _consume(self, seq: RequestState, logits: torch.Tensor) -> None:
+        before = len(seq.gen)
+        self.decoder.consume(seq, logits)
+        if len(seq.gen) > before:
+            self.counters.add(decode_tokens=1)
+
+    def _retire(self) -> None:
+        """Resolve finished rows, store their KV and drop them from the batch."""
+        done = [i for i, s in enumerate(self.active) if s.finish is not None]
+        if not done:
+            return
+        for i in done:
+            seq = self.active[i]
+            # The last sampled token was never fed, so the KV covers prompt + gen[:-1].
+            if self.cache is not None:
+                tokens = seq.prompt + seq.gen[:-1]
+                state = kv_batch.row_state(self.batch, i, seq.pad)
+                if state[0].shape[-2] == len(tokens):
+                    self.cache.insert(tokens, state)
+            self._resolve(seq)
+        keep = [i for i, s in enumerate(self.active) if s.finish is None]
+        if not keep:
+            self.active, self.batch = [], None
+            return
+        survivors = [self.active[i] for i in keep]
+        trim = kv_batch.drop_rows(self.batch, keep, [s.pad for s in survivors])
+        for s in survivors:
+            s.pad -= trim
+        self.active = survivors
+
+    @staticmethod
+    def _resolve(seq: RequestState) -> None:
+        if not seq.future.done():
+            seq.future.set_result(seq.result())

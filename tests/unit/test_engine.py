@@ -1,0 +1,203 @@
+"""The in-process engine end to end on a tiny random-weight Llama (real transformers calls, fast).
+
+Batched greedy equals unbatched, logprobs equal a teacher-forced forward pass, a shared prompt is
+served from the prefix cache, stop strings cut text and logprob entries consistently.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from langgraph_parallelmuse.errors import ConfigError, InputError
+from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
+from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
+
+# float32 batched (left-padded, masked) vs unbatched attention reorders sums: ~1e-6 here.
+LOGPROB_TOL = 1e-4
+
+PROMPTS = [
+    "the cat is on the mat and",
+    "a short one",
+    "there are seven bees in the garden, one for each of the",
+    "once upon a time",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_llama(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def engine(model, tokenizer):
+    engine = InferenceEngine(model, tokenizer, max_batch_size=8)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def plain(model, tokenizer):
+    """No prefix cache, no batching: the reference path."""
+    engine = InferenceEngine(model, tokenizer, prefix_cache=False, batching=False)
+    yield engine
+    engine.close()
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text).input_ids
+
+
+def greedy(tokenizer, text: str, **kwargs) -> GenerationRequest:
+    return GenerationRequest(ids(tokenizer, text), **{"max_new_tokens": 12, "temperature": 0.0, **kwargs})
+
+
+def teacher_forced(model, prompt: list[int], generated: list[int]) -> torch.Tensor:
+    """Raw log-probabilities of each generated position from one uncached forward pass."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + generated])).logits[0].float()
+    return torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(generated)], dim=-1)
+
+
+def assert_matches_teacher(model, prompt: list[int], result: GenerationResult) -> None:
+    logp = teacher_forced(model, prompt, result.token_ids)
+    assert len(result.logprobs) == len(result.token_ids)
+    for i, (entry, token) in enumerate(zip(result.logprobs, result.token_ids, strict=True)):
+        assert abs(entry["logprob"] - float(logp[i, token])) < LOGPROB_TOL
+        values, alternatives = torch.topk(logp[i], len(entry["top_logprobs"]))
+        for top, value in zip(entry["top_logprobs"], values.tolist(), strict=True):
+            assert abs(top["logprob"] - value) < LOGPROB_TOL
+        assert [e["token"] for e in entry["top_logprobs"]] == [
+            bytes(e["bytes"]).decode("utf-8", "replace") for e in entry["top_logprobs"]
+        ]
+        assert len(alternatives) == len(entry["top_logprobs"])
+
+
+def test_batched_greedy_equals_unbatched_and_logprobs_equal_teacher_forcing(engine, plain, model, tokenizer) -> None:
+    requests = [
+        greedy(tokenizer, p, max_new_tokens=8 + 3 * i, top_logprobs=5, ignore_eos=True) for i, p in enumerate(PROMPTS)
+    ]
+    engine.reset_stats()
+    batched = [f.result() for f in [engine.submit(r) for r in requests]]
+    assert engine.stats()["mean_batch_size"] > 1.5, engine.stats()
+    for request, result in zip(requests, batched, strict=True):
+        reference = plain.generate(request)
+        assert result.token_ids == reference.token_ids
+        assert result.text == reference.text
+        assert result.finish_reason == "length"
+        assert result.completion_tokens == request.max_new_tokens
+        assert "".join(e["token"] for e in result.logprobs) == result.text
+        assert_matches_teacher(model, list(request.prompt_ids), result)
+
+
+def test_sampled_rows_keep_their_own_seed_and_settings_in_a_batch(engine, plain, model, tokenizer) -> None:
+    prompt = ids(tokenizer, PROMPTS[0])
+    requests = [
+        GenerationRequest(prompt, max_new_tokens=10, temperature=t, top_p=p, seed=s, top_logprobs=3, ignore_eos=True)
+        for t, p, s in [(0.8, 0.9, 1), (0.8, 0.9, 2), (1.2, 1.0, 1), (0.0, 1.0, None)]
+    ]
+    batched = [f.result() for f in [engine.submit(r) for r in requests]]
+    for request, result in zip(requests, batched, strict=True):
+        assert result.token_ids == plain.generate(request).token_ids
+        assert_matches_teacher(model, prompt, result)
+    assert batched[0].token_ids != batched[1].token_ids  # different seeds, different samples
+
+
+def test_a_request_joining_a_running_batch_decodes_as_alone(model, tokenizer, plain) -> None:
+    engine = InferenceEngine(model, tokenizer, batch_window=0.0)
+    try:
+        first = engine.submit(greedy(tokenizer, PROMPTS[2], max_new_tokens=60, ignore_eos=True))
+        time.sleep(0.02)  # the first request is decoding when the others arrive
+        later = [engine.submit(greedy(tokenizer, p, max_new_tokens=20, ignore_eos=True)) for p in PROMPTS[:2]]
+        results = [first.result(), *(f.result() for f in later)]
+    finally:
+        engine.close()
+    for text, n, result in zip([PROMPTS[2], *PROMPTS[:2]], [60, 20, 20], results, strict=True):
+        assert result.token_ids == plain.generate(greedy(tokenizer, text, max_new_tokens=n, ignore_eos=True)).token_ids
+
+
+def test_a_shared_prompt_is_served_from_the_prefix_cache(engine, plain, model, tokenizer) -> None:
+    engine.clear_cache()
+    shared = ids(tokenizer, PROMPTS[2])
+    first = engine.generate(GenerationRequest(shared, max_new_tokens=6, temperature=0.0, ignore_eos=True))
+    assert first.cached_tokens == 0
+    # A branch continues the first request's prompt with other text: its prompt is served from cache.
+    branch = shared + ids(tokenizer, " what")
+    second = engine.generate(GenerationRequest(branch, max_new_tokens=6, temperature=0.0, top_logprobs=4))
+    assert second.cached_tokens >= len(shared)
+    assert second.prompt_tokens == len(branch)
+    reference = plain.generate(GenerationRequest(branch, max_new_tokens=6, temperature=0.0, top_logprobs=4))
+    assert second.token_ids == reference.token_ids and reference.cached_tokens == 0
+    assert_matches_teacher(model, branch, second)
+    stats = engine.stats()
+    assert stats["prefill_tokens_reused"] >= len(shared) and stats["cache_bytes"] > 0
+
+
+def test_stop_strings_cut_text_and_entries(engine, tokenizer) -> None:
+    request = greedy(tokenizer, PROMPTS[0], max_new_tokens=24, ignore_eos=True)
+    full = engine.generate(request)
+    # A stop string starting one character into a multi-character token trims that token.
+    starts = [0]
+    for entry in full.logprobs:
+        starts.append(starts[-1] + len(entry["token"]))
+    k = next(i for i, e in enumerate(full.logprobs[1:], 1) if len(e["token"]) > 1 and "\ufffd" not in e["token"])
+    at = starts[k] + 1
+    stop = full.text[at : at + 2]
+    at = full.text.index(stop)
+    cut = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=24, ignore_eos=True, stop=("zzzz", stop)))
+    assert cut.text == full.text[:at]
+    assert cut.finish_reason == "stop"
+    assert "".join(e["token"] for e in cut.logprobs) == cut.text
+    last = cut.logprobs[-1]
+    whole = full.logprobs[len(cut.logprobs) - 1]
+    assert last["logprob"] == whole["logprob"] and whole["token"].startswith(last["token"])
+
+
+def test_eos_ends_a_request_unless_ignored(model, tokenizer) -> None:
+    eos = tokenizer.eos_token_id
+    biased = InferenceEngine(_EosModel(model, eos), tokenizer)
+    try:
+        stopped = biased.generate(greedy(tokenizer, PROMPTS[1]))
+        kept = biased.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=3, ignore_eos=True))
+    finally:
+        biased.close()
+    assert stopped.finish_reason == "stop" and stopped.token_ids == [] and stopped.text == ""
+    assert kept.token_ids == [eos] * 3 and kept.finish_reason == "length"
+
+
+def test_bad_requests_are_refused(engine, tokenizer) -> None:
+    with pytest.raises(InputError, match="empty"):
+        engine.submit(GenerationRequest([]))
+    with pytest.raises(InputError, match="top_logprobs"):
+        engine.submit(greedy(tokenizer, "hi", top_logprobs=21))
+    with pytest.raises(InputError, match="context"):
+        engine.submit(GenerationRequest(list(range(5)) * 60))
+
+
+def test_a_transformers_release_without_the_cache_keyword_is_refused(model, tokenizer, monkeypatch) -> None:
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "5.23.0")
+    with pytest.raises(ConfigError, match=r"transformers>=5\.24"):
+        InferenceEngine(model, tokenizer)
+
+
+class _EosModel(torch.nn.Module):
+    """The tiny model with its end-of-sequence logit raised far above the rest."""
+
+    def __init__(self, inner, eos: int) -> None:
+        super().__init__()
+        self.inner, self.eos = inner, eos
+        self.config, self.generation_config = inner.config, inner.generation_config
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out.logits[..., self.eos] += 100.0
+        return out
