@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache
 from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
@@ -120,8 +121,8 @@ class InferenceEngine:
                 f"the prompt has {len(request.prompt_ids)} tokens but the model's context is "
                 f"{self.max_context_tokens}: shorten the messages"
             )
-        if not 0 <= request.top_logprobs <= 20:
-            raise InputError(f"top_logprobs must be in 0..20, got {request.top_logprobs}")
+        if (problem := top_logprobs_problem(request.top_logprobs)) is not None:
+            raise InputError(problem)
         future: Future[GenerationResult] = Future()
         self._queue.put((request, future))
         return future
