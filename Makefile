@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 QUESTION ?= Which country is the Eiffel Tower in, and what is the capital of that country?
+# The question reaches the shell single-quoted and unexpanded: backticks, $ and quotes stay text.
+QUOTED_QUESTION = '$(subst ','\'',$(value QUESTION))'
 
 .PHONY: setup run agent test test-fast test-slow test-integration lint bench bench-full clean
 
@@ -21,11 +23,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 ## The main job: answer a question with the full ParallelMuse pipeline on the embedded default.
 run: setup
-	$(BIN)/parallelmuse ask "$(QUESTION)"
+	$(BIN)/parallelmuse ask $(QUOTED_QUESTION)
 
 ## One trajectory of the plain agent, step by step.
 agent: setup
-	$(BIN)/parallelmuse agent "$(QUESTION)"
+	$(BIN)/parallelmuse agent $(QUOTED_QUESTION)
 
 ## The test command (what .ci/run calls): fast suite, the slow real-model suite, then the
 ## integration suite (real servers on loopback).

@@ -298,7 +298,11 @@ async def _run_tool(
     artifact = getattr(result, "artifact", None)
     doc_ids = [str(d) for d in artifact.get("doc_ids", [])] if isinstance(artifact, dict) else []
     error = isinstance(result, ToolMessage) and result.status == "error"
-    return _tool_text(result.content if isinstance(result, ToolMessage) else result), error, doc_ids
+    content = result.content if isinstance(result, ToolMessage) else result
+    # A tool function that returns None comes back from LangChain as the JSON text "null".
+    if content is None or (isinstance(result, ToolMessage) and content == "null"):
+        return f"Error: tool {name!r} returned nothing (None).", True, doc_ids
+    return _tool_text(content), error, doc_ids
 
 
 class RolloutRunner:

@@ -111,6 +111,10 @@ class Calibration:
             raise ConfigError(
                 f"calibration file {str(path)!r} not found: write one with `parallelmuse calibrate`"
             ) from exc
+        if not path.is_file():
+            raise ConfigError(
+                f"calibration {str(path)!r} is not a file: pass the JSON file `parallelmuse calibrate` wrote"
+            )
         return _load(str(path.resolve()), stat.st_mtime_ns)
 
 
@@ -125,10 +129,19 @@ def _load(path: str, mtime_ns: int) -> Calibration:
             thresholds={str(k): float(v) for k, v in data["thresholds"].items()},
             samples={str(k): int(v) for k, v in data.get("samples", {}).items()},
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise ConfigError(
             f"calibration file {path!r} is malformed ({exc}): regenerate it with `parallelmuse calibrate`"
         ) from exc
     if not cal.thresholds:
         raise ConfigError(f"calibration file {path!r} has no thresholds: regenerate it with more trajectories")
+    bad = {region: t for region, t in cal.thresholds.items() if not (math.isfinite(t) and t >= 1.0)}
+    if bad or not 0.0 < cal.quantile < 1.0:
+        # A perplexity is at least 1; NaN, infinite or smaller thresholds would branch everywhere or nowhere.
+        problem = (
+            f"thresholds {bad} must be finite perplexities >= 1" if bad else f"quantile {cal.quantile} not in (0, 1)"
+        )
+        raise ConfigError(
+            f"calibration file {path!r} is malformed: {problem}; regenerate it with `parallelmuse calibrate`"
+        )
     return cal

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,7 +27,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
-from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
+from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, RolloutFailedError
 from langgraph_parallelmuse.eval.bench import METHODS
 from langgraph_parallelmuse.redact import redact
 
@@ -50,24 +51,48 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tavily", action="store_true", help="search the web with Tavily (needs TAVILY_API_KEY)")
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+# Settings that shape one trajectory; ``agent`` runs one, so it offers only these.
+TRAJECTORY_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_logprobs",
+    "seed",
+    "max_turns",
+    "max_step_tokens",
+    "max_context_tokens",
+    "max_observation_chars",
+    "tool_timeout",
+    "driver",
+)
+
+
+def _add_config_args(p: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None) -> None:
     g = p.add_argument_group("ParallelMuse settings (defaults: the paper's)")
     for name, field in ParallelMuseConfig.model_fields.items():
+        if only is not None and name not in only:
+            continue
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
+        help_text = f"{field.description} (default: {field.default})"
         if kind is bool:
-            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description)
+            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             continue
+        choices = [c for c in get_args(kind) if isinstance(c, str)] if get_origin(kind) is Literal else None
         typ = {int: int, float: float}.get(kind, None)
         if typ is None and "int" in str(kind):
             typ = int
-        g.add_argument(flag, dest=name, type=typ or str, default=None, help=field.description)
+        if choices:
+            help_text += f"; one of: {', '.join(choices)}"
+        g.add_argument(flag, dest=name, type=typ or str, default=None, choices=choices, help=help_text)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given on the command line (unset flags keep the defaults, or a resumed run's)."""
+    return {k: getattr(args, k) for k in ParallelMuseConfig.model_fields if getattr(args, k, None) is not None}
 
 
 def _config_from(args: argparse.Namespace, **fixed: Any) -> ParallelMuseConfig:
-    values = {k: getattr(args, k) for k in ParallelMuseConfig.model_fields if getattr(args, k, None) is not None}
-    values.update(fixed)
-    return make_config(values)
+    return make_config({**_overrides(args), **fixed})
 
 
 def _model(args: argparse.Namespace):
@@ -136,7 +161,6 @@ def stats_table(result: dict[str, Any]) -> Table:
     """Tokens per stage, compression ratio, tool calls and seconds of one run."""
     stats = result.get("stats", {})
     roll, comp = stats.get("rollout", {}), stats.get("compress", {})
-    tl = stats.get("timeline", {})
     table = Table(title="Run statistics", show_header=True)
     table.add_column("stage")
     table.add_column("value", justify="right")
@@ -159,12 +183,10 @@ def stats_table(result: dict[str, Any]) -> Table:
             f"{comp.get('report_tokens', 0)} / {comp.get('trajectory_tokens', 0)}"
             + (f" = {ratio:.3f}" if ratio is not None else ""),
         )
-    if "rolled_out" in tl and "start" in tl:
-        table.add_row("seconds: rollout", f"{tl['rolled_out'] - tl['start']:.1f}")
-    if "end" in tl and "rolled_out" in tl:
-        table.add_row("seconds: compress + aggregate", f"{tl['end'] - tl['rolled_out']:.1f}")
-    if "end" in tl and "start" in tl:
-        table.add_row("seconds: total", f"{tl['end'] - tl['start']:.1f}")
+    seconds = stats.get("seconds") or {}
+    for key, label in (("rollout", "rollout"), ("stage2", "compress + aggregate"), ("total", "total")):
+        if key in seconds:  # time the nodes ran: a resumed run does not count the time it was dead
+            table.add_row(f"seconds: {label}", f"{seconds[key]:.1f}")
     engine = stats.get("engine")
     if engine:
         table.add_row(
@@ -175,81 +197,126 @@ def stats_table(result: dict[str, Any]) -> Table:
     return table
 
 
+async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) -> dict | None:
+    """The stored state of the run ``--run-id`` names, checked to be the run this command describes.
+
+    Returns ``None`` for a new run. Raises ``ConfigError`` when ``--resume`` names no run, when the
+    question or an explicitly given setting differs from the stored one, or when a new run would
+    reuse the id of an existing one.
+    """
+    snap = await graph.aget_state(run_config)
+    exists = bool(snap.values and snap.values.get("question"))
+    where = f"--run-id {args.run_id!r} in {args.db}"
+    if not args.resume:
+        if exists:
+            raise ConfigError(f"{where} already holds a run: add --resume to continue it, or choose another --run-id")
+        return None
+    if not exists:
+        raise ConfigError(f"no run {where}: start it without --resume (same --db and --run-id)")
+    stored = snap.values
+    if stored["question"] != args.question.strip():
+        raise ConfigError(
+            f"{where} was started with the question {stored['question']!r}; resume it with that question, "
+            "or start a new run with another --run-id"
+        )
+    settings = stored.get("settings") or {}
+    clash = {k: v for k, v in _overrides(args).items() if k in settings and settings[k] != v}
+    if clash:
+        given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
+        raise ConfigError(f"{where} was started with other settings: {given}; drop these flags to resume it")
+    return {"state": stored, "pending": list(snap.next)}
+
+
+async def _stream(graph: Any, payload: dict | None, run_config: dict, context: dict, n: int) -> dict[str, Any]:
+    """Run (or continue) the graph with a live progress display; return the final state."""
+    final: dict[str, Any] = {}
+    with _progress() as prog:
+        roll = prog.add_task("trajectories", total=n)
+        rep = prog.add_task("reports", total=None, visible=False)
+        async for mode, chunk in graph.astream(payload, run_config, context=context, stream_mode=["custom", "values"]):
+            if mode == "values":
+                final = chunk
+                continue
+            ev = chunk.get("event")
+            if ev == "trajectory_finished":
+                prog.advance(roll)
+                prog.console.print(
+                    f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
+                    f"steps={chunk['steps']} answer={escape(repr(_short(chunk['answer'], 60)))}"
+                )
+            elif ev == "branch_picked":
+                prog.console.print(
+                    f"  [yellow]⑂[/] round {chunk['round']}: branch from {chunk['parent']} step {chunk['step']} "
+                    f"({chunk['region']} PPL {chunk['score']:.2f})"
+                )
+            elif ev == "report_written":
+                prog.update(rep, visible=True, total=max(n, 1))
+                prog.advance(rep)
+    return final
+
+
+def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
+    from langgraph_parallelmuse.view import render_tree
+
+    out.print(Panel(render_tree(final.get("trajectories", [])), title="Trajectory tree"))
+    for report in final.get("reports", []):
+        out.print(Panel(escape(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
+    out.print(stats_table(final))
+    out.print(
+        Panel(
+            escape(str(final.get("answer"))),
+            title=f"Answer (source: {final.get('answer_source')})",
+            border_style="bold green",
+        )
+    )
+    _write_json(final, args)
+
+
+def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json:
+        Path(args.json).write_text(redact(json.dumps(_jsonable(result), indent=2, ensure_ascii=False)))
+        console.print(f"Full result written to {args.json}")
+
+
 async def _ask(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.graph import create_parallelmuse
+    from langgraph_parallelmuse.persistence import check_db, open_checkpointer
 
+    # Everything that can be checked without the model is checked first.
     settings = _config_from(args)
-    model, tools = _model(args), _tools(args)
-    checkpointer = traj_saver = None
-    run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
-    stack = None
+    if args.resume and not (args.db and args.run_id):
+        raise ConfigError("--resume needs --db and --run-id: the store and the name of the interrupted run")
     if args.db:
-        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
-        stack = AsyncSqliteSaver.from_conn_string(args.db)
-        checkpointer = await stack.__aenter__()
-        traj_saver = checkpointer
-    try:
-        graph = create_parallelmuse(
-            model, tools, config=settings, checkpointer=checkpointer, trajectory_checkpointer=traj_saver
-        )
+        check_db(args.db)
+    elif args.run_id:
+        raise ConfigError("--run-id names a run inside --db: add --db FILE (or a postgresql:// URL)")
+    model, tools = _model(args), _tools(args)
+    run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
+    async with open_checkpointer(args.db) if args.db else contextlib.nullcontext() as saver:
+        graph = create_parallelmuse(model, tools, checkpointer=saver, trajectory_checkpointer=saver)
         run_config = {"configurable": {"thread_id": run_id}, "max_concurrency": settings.max_concurrency}
-        payload: dict | None = {"question": args.question}
-        if args.resume:
-            if checkpointer is None:
-                raise ParallelMuseError("--resume needs --db (the SQLite file of the interrupted run)")
-            snap = await graph.aget_state(run_config)
-            if snap.next:
-                payload = None
-                console.print(f"Resuming run {run_id!r} at {', '.join(snap.next)}")
-        console.print(Panel(args.question, title="Question"))
+        resumed = await _resume_point(graph, run_config, args) if args.db else None
+        if resumed is not None:
+            settings = make_config(resumed["state"]["settings"])
+        console.print(Panel(escape(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
             f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {args.db})" if args.db else "")
         )
-        final: dict[str, Any] = {}
-        with _progress() as prog:
-            roll = prog.add_task("trajectories", total=settings.n)
-            rep = prog.add_task("reports", total=None, visible=False)
-            async for mode, chunk in graph.astream(payload, run_config, stream_mode=["custom", "values"]):
-                if mode == "values":
-                    final = chunk
-                    continue
-                ev = chunk.get("event")
-                if ev == "trajectory_finished":
-                    prog.advance(roll)
-                    prog.console.print(
-                        f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                        f"steps={chunk['steps']} answer={_short(chunk['answer'], 60)!r}"
-                    )
-                elif ev == "branch_picked":
-                    prog.console.print(
-                        f"  [yellow]⑂[/] round {chunk['round']}: branch from {chunk['parent']} step {chunk['step']} "
-                        f"({chunk['region']} PPL {chunk['score']:.2f})"
-                    )
-                elif ev == "report_written":
-                    prog.update(rep, visible=True, total=max(settings.n, 1))
-                    prog.advance(rep)
-        from langgraph_parallelmuse.view import render_tree
-
-        out.print(Panel(render_tree(final.get("trajectories", [])), title="Trajectory tree"))
-        for report in final.get("reports", []):
-            out.print(Panel(report["text"], title=f"Report {report['trajectory_id']} ({report['status']})"))
-        out.print(stats_table(final))
-        out.print(
-            Panel(
-                str(final.get("answer")),
-                title=f"Answer (source: {final.get('answer_source')})",
-                border_style="bold green",
-            )
-        )
-        if args.json:
-            Path(args.json).write_text(json.dumps(_jsonable(final), indent=2, ensure_ascii=False))
-            console.print(f"Full result written to {args.json}")
-        return 0 if final.get("answer") is not None else 2
-    finally:
-        if stack is not None:
-            await stack.__aexit__(None, None, None)
+        if resumed is not None and not resumed["pending"]:
+            console.print(f"Run {run_id!r} already finished: its stored result follows (nothing is run again)")
+            final = resumed["state"]
+        else:
+            if resumed is not None:
+                console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}")
+            payload = None if resumed is not None else {"question": args.question}
+            try:
+                final = await _stream(graph, payload, run_config, _overrides(args), settings.n)
+            except RolloutFailedError as exc:
+                _write_json(exc.result, args)  # nothing finished is lost
+                raise
+    _show_result(final, args)
+    return 0 if final.get("answer") is not None else 2
 
 
 def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
@@ -270,7 +337,7 @@ def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
 async def _agent(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.agent import RolloutRunner
 
-    settings = _config_from(args)
+    settings = _config_from(args, mode="none")  # one trajectory: no budget, no branching
     model, tools = _model(args), _tools(args)
     runner = RolloutRunner(model, tools, driver=settings.driver)
     thread = {"configurable": {"thread_id": f"agent-{uuid.uuid4().hex[:8]}"}}
@@ -442,14 +509,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(ask)
     _add_config_args(ask)
     ask.add_argument("--json", "--out", dest="json", help="write the full result (trajectories, reports) here")
-    ask.add_argument("--db", help="SQLite file that checkpoints the run (enables --resume)")
+    ask.add_argument("--db", help="SQLite file or postgresql:// URL that checkpoints the run (enables --resume)")
     ask.add_argument("--run-id", help="name of the run inside --db")
-    ask.add_argument("--resume", action="store_true", help="continue the interrupted run --run-id from --db")
+    ask.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run --run-id from --db: same question; its stored settings apply",
+    )
     ask.set_defaults(func=_ask, on_interrupt="rerun with --db/--run-id/--resume to continue a checkpointed run")
     agent = sub.add_parser("agent", help="run one agent trajectory and show every step")
     agent.add_argument("question")
     _add_model_args(agent)
-    _add_config_args(agent)
+    _add_config_args(agent, only=TRAJECTORY_FIELDS)
     agent.set_defaults(func=_agent)
     bench = sub.add_parser("bench", help="compare ParallelMuse with the baselines on a QA set")
     bench.add_argument("--questions", required=True, help="{id, question, answers, ...} JSONL")
@@ -463,7 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--n", type=int, default=8)
     bench.add_argument("--k", type=int, default=2)
     bench.add_argument("--t", type=int, default=3)
-    bench.add_argument("--modes", default="exploration,reasoning,mixed")
+    bench.add_argument(
+        "--modes",
+        default="exploration,reasoning,mixed",
+        help="comma-separated partial-rollout modes, from: exploration, reasoning, mixed, all",
+    )
     bench.add_argument("--estimator", default="nll", choices=["nll", "entropy"])
     bench.add_argument("--max-turns", type=int, default=6)
     bench.add_argument("--seed", type=int, default=0)

@@ -136,7 +136,7 @@ class ParallelMuseConfig(BaseModel):
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be positive")
-        if self.tool_timeout <= 0:
+        if not self.tool_timeout > 0:  # NaN fails this too
             problems.append(f"tool_timeout={self.tool_timeout}: must be positive seconds")
         if problems:
             raise ValueError("; ".join(problems))

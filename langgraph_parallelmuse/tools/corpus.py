@@ -230,7 +230,12 @@ class CorpusIndex:
                 if stale != target:
                     with contextlib.suppress(OSError):
                         stale.unlink()
-        return cls(target)
+        index = cls(target)
+        if not len(index):
+            index.close()
+            sources = ", ".join(str(f) for f in files)
+            raise CorpusError(f"no documents in {sources}: give one {{id, title, text}} JSON object per line")
+        return index
 
     # ------------------------------------------------------------------ queries
 

@@ -1,0 +1,236 @@
+"""Fault injected: what a new user types at the command line, and runs resumed in SQLite.
+
+Each reproduction from the failures issue, run through ``cli.main`` in-process with a scripted model
+(``cli._model`` and ``cli._tools`` are replaced, so nothing loads): a resumed run must be the same
+run or a clear error; a bad ``--db`` is one line before anything loads; bad settings, calibration
+files, corpora and tool results name the fix; ``--help`` lists the allowed values; ``make run``
+passes the question through the shell untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from langgraph_parallelmuse import cli
+from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.errors import ConfigError, CorpusError, MissingLogprobsError
+from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.tools import CorpusIndex
+from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
+PARIS, HAMLET = "What is the capital of France?", "Who wrote Hamlet?"
+
+
+def _agent(index, messages):
+    if index == 0:
+        return Reply(call_text("search", "Look it up", query="capital"), regions={"tool_call": -2.0})
+    return Reply(answer_text("Paris"))
+
+
+@pytest.fixture
+def fake_cli(monkeypatch):
+    """``cli.main`` on a scripted model; returns the model (its ``calls`` count every request)."""
+    model = ScriptedChatModel(responder=research_responder(_agent))
+    monkeypatch.setattr(cli, "_model", lambda args: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    return model
+
+
+def _ask(*argv: str) -> int:
+    return cli.main(["ask", *argv])
+
+
+def _err(capsys) -> str:
+    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines at the console width
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_resume_must_be_the_same_run(fake_cli, tmp_path, capsys):
+    db = str(tmp_path / "x.sqlite")
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--n", "4", "--k", "1", "--t", "2") == 0
+    calls = len(fake_cli.calls)
+
+    # Another question under the same run id: before the fix it showed Hamlet and answered "Paris".
+    assert _ask(HAMLET, "--db", db, "--run-id", "run1", "--resume") == 1
+    assert f"started with the question {PARIS!r}" in _err(capsys)
+    # Other settings on resume: before, the stats' config and budget contradicted each other.
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--n", "8") == 1
+    assert "--n 8 (stored: 4)" in _err(capsys)
+    # A run id that does not exist, or none at all, is an error, not a new run.
+    assert _ask(PARIS, "--db", db, "--run-id", "nope", "--resume") == 1
+    assert "no run --run-id 'nope'" in _err(capsys)
+    assert _ask(PARIS, "--db", db, "--resume") == 1
+    assert "--resume needs --db and --run-id" in _err(capsys)
+    # A new run may not silently reuse the id of an existing one.
+    assert _ask(PARIS, "--db", db, "--run-id", "run1") == 1
+    assert "already holds a run" in _err(capsys)
+    assert len(fake_cli.calls) == calls  # none of these called the model
+
+    # Resuming the finished run shows its result and redoes no stage.
+    out_json = tmp_path / "again.json"
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--json", str(out_json)) == 0
+    assert "already finished" in _err(capsys)
+    assert len(fake_cli.calls) == calls
+    result = json.loads(out_json.read_text())
+    assert result["answer"] == "Paris" and result["stats"]["config"]["n"] == 4
+
+
+async def test_a_resumed_runs_seconds_do_not_count_the_time_the_process_was_dead(tmp_path):
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    crash = {"armed": True}
+
+    def agent(index, messages):
+        if crash["armed"] and index == 1:  # the first trajectory to reach step 2 stops the run
+            crash["armed"] = False
+            raise MissingLogprobsError("simulated crash")
+        return _agent(index, messages)
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    config = {"configurable": {"thread_id": "dead-time"}}
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "run.sqlite")) as saver:
+        graph = create_parallelmuse(
+            model, make_tools()[0], config={"n": 2, "mode": "none"}, checkpointer=saver, trajectory_checkpointer=saver
+        )
+        started = time.time()
+        with pytest.raises(MissingLogprobsError):
+            await graph.ainvoke({"question": PARIS}, config)
+        time.sleep(2.0)  # the process is "dead"
+        out = await graph.ainvoke(None, config)
+    wall = time.time() - started
+    assert out["answer"] == "Paris"
+    assert out["stats"]["seconds"]["total"] < wall - 1.5, (out["stats"]["seconds"], wall)
+
+
+# ----------------------------------------------------------------------------- one-line errors
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("missing-folder/x.sqlite", "does not exist: create it"),
+        (".", "is a directory"),
+        ("not-sqlite.txt", "is not a SQLite database"),
+    ],
+)
+def test_a_bad_db_is_one_line_before_anything_loads(target, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "not-sqlite.txt").write_text("hello")
+    monkeypatch.chdir(tmp_path)
+
+    def no_model(args):
+        raise AssertionError("the model was loaded before --db was checked")
+
+    monkeypatch.setattr(cli, "_model", no_model)
+    assert _ask(PARIS, "--db", target) == 1
+    raw = capsys.readouterr().err
+    assert message in " ".join(raw.split()) and "Traceback" not in raw and len(raw.strip().splitlines()) <= 3
+
+
+def test_a_postgres_url_is_a_valid_db():
+    from langgraph_parallelmuse.persistence import check_db
+
+    assert check_db("postgresql://postgres@127.0.0.1:55432/postgres") == "postgres"
+
+
+async def test_an_unknown_or_bad_context_value_raises_config_error():
+    graph = create_parallelmuse(ScriptedChatModel(responder=research_responder(_agent)), make_tools()[0])
+    with pytest.raises(ConfigError, match="bogus: Extra inputs"):
+        await graph.ainvoke({"question": PARIS}, context={"bogus": 1})
+    with pytest.raises(ConfigError, match="n: Input should be a valid integer"):
+        await graph.ainvoke({"question": PARIS}, context={"n": "eight"})
+
+
+def test_a_calibration_that_is_a_directory_or_holds_nan_or_negative_thresholds_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="is not a file"):
+        Calibration.load(tmp_path)
+    for bad in (math.nan, -1.0, 0.5):
+        path = tmp_path / f"cal-{bad}.json"
+        # json.dumps writes NaN as the bare token NaN, which json.loads reads back as a float.
+        path.write_text(json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": bad}}))
+        with pytest.raises(ConfigError, match="finite perplexities >= 1"):
+            Calibration.load(path)
+
+
+def test_tool_timeout_nan_is_refused():
+    from langgraph_parallelmuse.config import make_config
+
+    with pytest.raises(ConfigError, match="tool_timeout=nan: must be positive"):
+        make_config(tool_timeout=math.nan)
+
+
+def test_an_empty_corpus_is_refused(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(CorpusError, match="no documents in"):
+        CorpusIndex.from_jsonl(empty, cache_dir=tmp_path / "cache")
+
+
+async def test_a_tool_that_returns_none_is_an_error_observation():
+    from langgraph_parallelmuse.agent import RolloutRunner
+    from langgraph_parallelmuse.config import make_config
+
+    tools, _ = make_tools(search=lambda q: None)
+    model = ScriptedChatModel(script=[call_text("search", query="x"), answer_text("Paris")])
+    traj = await RolloutRunner(model, tools).run(PARIS, trajectory_id="t0", thread_id="none/t0", config=make_config())
+    obs = traj["observations"][0]
+    assert obs["error"] is True and "returned nothing (None)" in obs["content"]
+
+
+# ----------------------------------------------------------------------------- the CLI for a newcomer
+
+
+@pytest.mark.parametrize(
+    ("flag", "values"),
+    [
+        ("--mode", "exploration, reasoning, mixed, all, none"),
+        ("--driver", "auto, free, guided"),
+        ("--aggregation", "parallelmuse, majority, weighted, max_tool_calls"),
+        ("--estimator", "nll, entropy"),
+    ],
+)
+def test_help_lists_the_allowed_values(flag, values, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["ask", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"one of: {values}" in text, flag
+
+
+def test_agent_offers_only_what_applies_to_one_trajectory(fake_cli, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["agent", "--help"])
+    text = capsys.readouterr().out
+    assert "--max-turns" in text and "--n " not in text and "--k " not in text
+    # Before the fix `agent Q --n 2` failed on the budget check of the whole pipeline; a budget does
+    # not apply to one trajectory, so the agent no longer takes one.
+    assert cli.main(["agent", PARIS, "--max-turns", "3"]) == 0
+
+
+def test_make_run_passes_the_question_through_the_shell_untouched():
+    question = "What is `id` worth, $HOME's $1 and \"quoted\" 'it'?"
+    dry = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "run", f"QUESTION={question}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    line = next(x for x in dry.stdout.splitlines() if "parallelmuse ask" in x)
+    # What the program would receive: the shell runs the line with printf in its place.
+    received = subprocess.run(
+        ["sh", "-c", line.replace(line.split(" ask ")[0] + " ask", "printf %s", 1)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert received.stdout == question
