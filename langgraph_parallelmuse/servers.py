@@ -14,11 +14,11 @@ PostgreSQL is Debian's ``postgresql-15`` (``initdb`` and ``postgres``); as root 
 
 Example:
     >>> from langgraph_parallelmuse.servers import serve, vllm_spec, router_server
-    >>> specs = [vllm_spec("/tmp/smollm2", venv=".venv-serving", enforce_eager=True)] * 2  # doctest: +SKIP
+    >>> specs = [vllm_spec("/tmp/smollm2", venv=".venv-serving") for _ in range(2)]  # doctest: +SKIP
     >>> with serve(specs) as workers:  # doctest: +SKIP
     ...     with router_server([w.url for w in workers], venv=".venv-serving") as router:
     ...         print(router.url, router.routing_header)
-    http://127.0.0.1:40123 x-smg-routing-key
+    http://127.0.0.1:40123 x-session-id
 """
 
 from __future__ import annotations
@@ -477,10 +477,14 @@ class RouterKind:
 
 
 ROUTERS = {
-    # --policy manual: a key is assigned a worker on first sight, then always goes there.
-    "sglang-router": RouterKind(("sglang-router", "launch"), "manual", "x-smg-routing-key"),
     # --policy consistent_hash: a hash ring over X-Session-ID (then X-User-ID, ..., then the body).
+    # Forwards the request body as sent.
     "vllm-router": RouterKind(("vllm-router",), "consistent_hash", "x-session-id"),
+    # --policy manual: a key is assigned a worker on first sight, then always goes there. 0.3.2
+    # re-serialises the body in SGLang's schema: it drops add_generation_prompt (so a vLLM worker
+    # refuses continue_final_message with HTTP 400) and renames max_tokens to max_completion_tokens.
+    # Fine for SGLang workers; in front of vLLM only for new turns (the free driver).
+    "sglang-router": RouterKind(("sglang-router", "launch"), "manual", "x-smg-routing-key"),
 }
 
 
@@ -488,7 +492,7 @@ def router_spec(
     worker_urls: Sequence[str],
     *,
     venv: str | Path,
-    kind: str = "sglang-router",
+    kind: str = "vllm-router",
     policy: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> ServerSpec:
@@ -539,7 +543,8 @@ def router_server(
     Args:
         worker_urls: The workers' root URLs (``Server.url``).
         venv: The serving virtualenv holding the routers.
-        options: ``kind`` (``sglang-router`` or ``vllm-router``), ``policy`` (default: the kind's
+        options: ``kind`` (``vllm-router``, or ``sglang-router``: see :data:`ROUTERS` for what it
+            does to vLLM requests), ``policy`` (default: the kind's
             sticky policy; the returned ``Server.routing_header`` names the header it reads;
             ``round_robin`` is what scatters one question over the workers), ``extra_args``.
         startup_timeout, max_seconds, log_dir: As in :func:`serve`.
@@ -547,7 +552,7 @@ def router_server(
     Example:
         >>> with router_server(["http://127.0.0.1:8001"], venv=".venv-serving") as r:  # doctest: +SKIP
         ...     r.routing_header
-        'x-smg-routing-key'
+        'x-session-id'
     """
     spec = router_spec(worker_urls, venv=venv, **options)
     yield from _serve_one(spec, startup_timeout=startup_timeout, max_seconds=max_seconds, log_dir=log_dir)
