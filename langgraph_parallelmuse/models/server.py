@@ -125,7 +125,7 @@ def check_server(
         ServerCheckError: The first check that failed, naming the URL, the model and what to change.
 
     Example:
-        >>> from langgraph_parallelmuse.servers import free_port
+        >>> from langgraph_parallelmuse.serving import free_port
         >>> check_server(f"http://127.0.0.1:{free_port()}/v1", "smollm2")
         Traceback (most recent call last):
         ...

@@ -95,7 +95,7 @@ def exported_model() -> Path:
 
 
 def _vllm_spec(exported_model: Path, serving_venv: Path):
-    from langgraph_parallelmuse.servers import vllm_spec
+    from langgraph_parallelmuse.serving import vllm_spec
 
     # Eager: first start about 1 min instead of about 5 (torch.compile), which CI's budget needs.
     return vllm_spec(
@@ -106,7 +106,7 @@ def _vllm_spec(exported_model: Path, serving_venv: Path):
 @pytest.fixture(scope="module")
 def vllm(exported_model: Path, serving_venv: Path, tmp_path_factory: pytest.TempPathFactory):
     """One real vLLM OpenAI-compatible server on loopback (``.url`` is its root; the API is /v1)."""
-    from langgraph_parallelmuse.servers import serve
+    from langgraph_parallelmuse.serving import serve
 
     with serve(
         [_vllm_spec(exported_model, serving_venv)], log_dir=tmp_path_factory.mktemp("vllm"), startup_timeout=900
@@ -117,7 +117,7 @@ def vllm(exported_model: Path, serving_venv: Path, tmp_path_factory: pytest.Temp
 @pytest.fixture(scope="module")
 def vllm_pair(exported_model: Path, serving_venv: Path, tmp_path_factory: pytest.TempPathFactory):
     """Two real vLLM replicas of the same weights, started together."""
-    from langgraph_parallelmuse.servers import serve
+    from langgraph_parallelmuse.serving import serve
 
     specs = [_vllm_spec(exported_model, serving_venv) for _ in range(2)]
     with serve(specs, log_dir=tmp_path_factory.mktemp("vllm-pair"), startup_timeout=900) as servers:
@@ -128,7 +128,7 @@ def vllm_pair(exported_model: Path, serving_venv: Path, tmp_path_factory: pytest
 def postgres(tmp_path_factory: pytest.TempPathFactory):
     """A real PostgreSQL (Debian's postgresql-15) in a temporary cluster on a loopback port."""
     from langgraph_parallelmuse.errors import ConfigError
-    from langgraph_parallelmuse.servers import postgres_server
+    from langgraph_parallelmuse.serving import postgres_server
 
     try:
         with postgres_server(log_dir=tmp_path_factory.mktemp("postgres")) as server:

@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 from langgraph_parallelmuse.segments import Sampling
-from langgraph_parallelmuse.servers import ROUTERS, router_server, vllm_counters
+from langgraph_parallelmuse.serving import ROUTERS, router_server, vllm_counters
 from tests.integration.conftest import SERVED_MODEL
 from tests.unit.http_fakes import fake_http
 

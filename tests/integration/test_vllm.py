@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 from langgraph_parallelmuse.segments import Sampling
-from langgraph_parallelmuse.servers import vllm_counters
+from langgraph_parallelmuse.serving import vllm_counters
 from tests.integration.conftest import SERVED_MODEL
 
 pytestmark = pytest.mark.integration

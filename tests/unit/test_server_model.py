@@ -106,7 +106,7 @@ def test_check_server_passes_a_capable_server_and_sends_what_it_checks() -> None
 
 
 def test_unreachable_url_is_named() -> None:
-    from langgraph_parallelmuse.servers import free_port
+    from langgraph_parallelmuse.serving import free_port
 
     base = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(ServerCheckError, match=rf"{base} is unreachable .*'smollm2'.*base_url="):

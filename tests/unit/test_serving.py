@@ -1,4 +1,4 @@
-"""servers.py without real servers: command lines, readiness errors, teardown and lifetime bounds.
+"""The serving package without real servers: command lines, readiness errors, teardown, lifetime bounds.
 
 The processes here are ``sh``/``sleep`` stand-ins; tests/integration/ starts the real vLLM,
 routers and PostgreSQL through the same functions.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.servers import (
+from langgraph_parallelmuse.serving import (
     ROUTERS,
     ServerError,
     ServerSpec,
@@ -114,7 +114,7 @@ def test_router_command_lines_and_headers(venv: Path, kind: str) -> None:
 
 
 def test_router_spec_errors(venv: Path) -> None:
-    with pytest.raises(ConfigError, match="kind='nginx'.*sglang-router, vllm-router"):
+    with pytest.raises(ConfigError, match="kind='nginx'.*vllm-router, sglang-router"):
         router_spec(["http://x"], venv=venv, kind="nginx")
     with pytest.raises(ConfigError, match="worker_urls"):
         router_spec([], venv=venv)
@@ -195,7 +195,7 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     starter = f"""
 import sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-from langgraph_parallelmuse.servers import ServerSpec, serve
+from langgraph_parallelmuse.serving import ServerSpec, serve
 spec = ServerSpec("orphan", ("sh", "-c", "echo $$ > {pids}; echo up; exec sleep 300"), 1, "", lambda log: "up" in log)
 with serve([spec], max_seconds=120, log_dir={str(tmp_path)!r}):
     print("ready", flush=True)
