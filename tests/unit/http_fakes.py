@@ -58,7 +58,7 @@ def fake_http(routes: dict[str, Route], *, port: int = 0) -> Iterator[FakeHTTP]:
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield fake
