@@ -61,6 +61,7 @@ def test_second_identical_long_prompt_is_served_from_the_prefix_cache(vllm) -> N
     prompt = first.usage_metadata["input_tokens"]
     assert prompt > 900
     cached = second.usage_metadata["input_token_details"]["cache_read"]
+    assert second.response_metadata["token_usage"]["prompt_tokens_details"]["cached_tokens"] == cached  # vLLM's field
     # Whole 128-token blocks, short of the last token (which must be computed to sample from).
     assert prompt - 128 <= cached < prompt and cached % 128 == 0
     assert first.usage_metadata["input_token_details"]["cache_read"] < cached
