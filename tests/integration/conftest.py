@@ -66,3 +66,72 @@ def small_corpus(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in docs))
     return path
+
+
+# --- real serving components (vLLM, routers, PostgreSQL), each started once per test module ---
+
+SERVING_VENV = Path(os.environ.get("PARALLELMUSE_SERVING_VENV", ROOT / ".venv-serving"))
+SERVED_MODEL = "smollm2"
+
+
+@pytest.fixture(scope="session")
+def serving_venv() -> Path:
+    """The vLLM + routers virtualenv (``make setup-serving`` / ``scripts/setup-serving.sh``)."""
+    if not (SERVING_VENV / ".serving-installed").is_file():
+        pytest.skip(f"no serving venv at {SERVING_VENV}: run scripts/setup-serving.sh {SERVING_VENV} (about 2-5 min)")
+    return SERVING_VENV
+
+
+@pytest.fixture(scope="session")
+def exported_model() -> Path:
+    """The embedded SmolLM2 as a transformers directory, exported once into .cache/ (gitignored)."""
+    from langgraph_parallelmuse.errors import ConfigError
+    from langgraph_parallelmuse.models.export import export_model
+
+    try:
+        return export_model(ROOT / ".cache" / "smollm2-bf16")
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+
+
+def _vllm_spec(exported_model: Path, serving_venv: Path):
+    from langgraph_parallelmuse.serving import vllm_spec
+
+    # Eager: first start about 1 min instead of about 5 (torch.compile), which CI's budget needs.
+    return vllm_spec(
+        exported_model, venv=serving_venv, served_model_name=SERVED_MODEL, enforce_eager=True, kv_cache_gib=1
+    )
+
+
+@pytest.fixture(scope="module")
+def vllm(exported_model: Path, serving_venv: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One real vLLM OpenAI-compatible server on loopback (``.url`` is its root; the API is /v1)."""
+    from langgraph_parallelmuse.serving import serve
+
+    with serve(
+        [_vllm_spec(exported_model, serving_venv)], log_dir=tmp_path_factory.mktemp("vllm"), startup_timeout=900
+    ) as (server,):
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vllm_pair(exported_model: Path, serving_venv: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two real vLLM replicas of the same weights, started together."""
+    from langgraph_parallelmuse.serving import serve
+
+    specs = [_vllm_spec(exported_model, serving_venv) for _ in range(2)]
+    with serve(specs, log_dir=tmp_path_factory.mktemp("vllm-pair"), startup_timeout=900) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory):
+    """A real PostgreSQL (Debian's postgresql-15) in a temporary cluster on a loopback port."""
+    from langgraph_parallelmuse.errors import ConfigError
+    from langgraph_parallelmuse.serving import postgres_server
+
+    try:
+        with postgres_server(log_dir=tmp_path_factory.mktemp("postgres")) as server:
+            yield server
+    except ConfigError as exc:
+        pytest.skip(str(exc))

@@ -1,0 +1,247 @@
+"""A chat model for OpenAI-compatible servers (vLLM, SGLang) that continue an assistant message.
+
+The guided driver prefills the start of the model's turn (``<think>``, a tool-call opening) and
+lets the model continue it. vLLM and SGLang do that for a conversation that ends with an
+assistant message when the request says ``continue_final_message: true, add_generation_prompt:
+false``; :class:`ServerChatModel` sends exactly that, in ``extra_body`` (the openai client
+rejects unknown top-level keys), and declares ``supports_prefill`` so the ``auto`` driver guides
+it. :func:`check_server` probes a server for what the library needs and names what to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from langchain_openai import ChatOpenAI
+from pydantic import Field
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.models.routing import routing_key
+
+__all__ = ["CONTINUE_FINAL_MESSAGE", "ServerChatModel", "ServerCheckError", "check_server"]
+
+CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+class ServerCheckError(ConfigError):
+    """A server lacks something the library needs; the message names the URL, model and fix."""
+
+
+class ServerChatModel(ChatOpenAI):
+    """``ChatOpenAI`` for a vLLM/SGLang server: continues a trailing assistant message, routes by key.
+
+    Per request it (1) adds :data:`CONTINUE_FINAL_MESSAGE` to ``extra_body`` when the last message is
+    an assistant message, (2) sends the token bound as ``max_tokens``, the field every
+    OpenAI-compatible server honours (``ChatOpenAI`` renames it to ``max_completion_tokens``, which
+    llama.cpp's servers ignore), and (3) with ``routing_header`` set, sends a digest of the active
+    :func:`~langgraph_parallelmuse.models.routing.routing_scope` key (else of the question) in that
+    header, so a router keeps every call of one question on one replica and its prefix cache.
+
+    Args:
+        supports_prefill: Declares the continuation to the driver (``auto`` then guides); set
+            ``False`` for a server that cannot continue (check with :func:`check_server`).
+        routing_header: The router's header (``Server.routing_header``: ``x-smg-routing-key`` for
+            sglang-router ``--policy manual``, ``x-session-id`` for vllm-router
+            ``--policy consistent_hash``), or ``None`` for one server.
+        **kwargs: ``ChatOpenAI`` fields (``base_url``, ``model``, ``logprobs``, ``top_logprobs``, ...);
+            ``api_key`` defaults to ``OPENAI_API_KEY`` or a placeholder (local servers need none).
+
+    Example:
+        >>> from langchain_core.messages import AIMessage, HumanMessage
+        >>> llm = ServerChatModel(base_url="http://127.0.0.1:8000/v1", model="smollm2", routing_header="x-session-id")
+        >>> body = llm._get_request_payload([HumanMessage("Q?"), AIMessage("<think>")], max_tokens=8)
+        >>> body["extra_body"], body["max_tokens"], "max_completion_tokens" in body
+        ({'continue_final_message': True, 'add_generation_prompt': False}, 8, False)
+        >>> list(body["extra_headers"])
+        ['x-session-id']
+    """
+
+    supports_prefill: bool = Field(default=True, description="The server continues a trailing assistant message.")
+    routing_header: str | None = Field(default=None, description="Header carrying the routing key, if routed.")
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "none")
+        super().__init__(**kwargs)
+
+    @property
+    def _llm_type(self) -> str:
+        return "parallelmuse-openai-server"
+
+    def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any) -> dict:
+        payload = super()._get_request_payload(input_, stop=stop, **kwargs)
+        if "max_completion_tokens" in payload:
+            payload["max_tokens"] = payload.pop("max_completion_tokens")
+        sent = payload.get("messages") or []
+        if self.supports_prefill and sent and sent[-1].get("role") == "assistant":
+            payload["extra_body"] = {**(payload.get("extra_body") or {}), **CONTINUE_FINAL_MESSAGE}
+        if self.routing_header:
+            key = routing_key(self._convert_input(input_).to_messages())
+            headers = payload.get("extra_headers") or {}
+            payload["extra_headers"] = {**headers, self.routing_header: route_id(key)}
+        return payload
+
+
+def route_id(key: str) -> str:
+    """The header value for a routing key: a short digest (a question may hold any character).
+
+    Example:
+        >>> route_id("Which river flows through Vienna?")
+        '392c438c54ef8d96'
+    """
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def check_server(
+    base_url: str,
+    model: str,
+    *,
+    top_logprobs: int = 16,
+    prefill: bool = True,
+    api_key: str | None = None,
+    timeout: float = 60.0,
+) -> None:
+    """Check that an OpenAI-compatible server can run the library; raise naming the fix if not.
+
+    Checks in order: the URL answers ``GET /models``; it serves ``model``; a chat completion
+    returns ``top_logprobs`` alternatives per token; and (``prefill``) a trailing assistant
+    message is continued, not closed: with :data:`CONTINUE_FINAL_MESSAGE` the prompt of
+    ``[user, assistant "A"]`` must be that of ``[user]`` plus the one token ``A`` (a server that
+    closes the turn adds its end-of-turn and a new assistant header).
+
+    Args:
+        base_url: The OpenAI API root, as given to ``ChatOpenAI(base_url=...)`` (``.../v1``).
+        model: The model name requests send.
+        top_logprobs: Alternatives per token the run will ask for (the library's default: 16).
+        prefill: Also check the continuation the guided driver needs.
+        api_key: Sent as a bearer token when given.
+        timeout: Seconds per request.
+
+    Raises:
+        ServerCheckError: The first check that failed, naming the URL, the model and what to change.
+
+    Example:
+        >>> from langgraph_parallelmuse.serving import free_port
+        >>> check_server(f"http://127.0.0.1:{free_port()}/v1", "smollm2")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.models.server.ServerCheckError: http://127.0.0.1:.../v1 is unreachable (...
+    """
+    client = _Client(base_url.rstrip("/"), model, api_key, timeout)
+    served = client.models()
+    if model not in served:
+        raise ServerCheckError(
+            f"{client.base} serves no model {model!r}; it serves {served}. Pass model= one of those, or start "
+            f"the server under that name (vLLM and SGLang: --served-model-name {model}; llama.cpp: --alias {model})."
+        )
+    _check_logprobs(client, top_logprobs)
+    if prefill:
+        _check_continuation(client)
+
+
+class _Client:
+    """Minimal JSON-over-HTTP calls with errors that name the server and model."""
+
+    def __init__(self, base: str, model: str, api_key: str | None, timeout: float) -> None:
+        self.base, self.model, self.timeout = base, model, timeout
+        self.headers = {"content-type": "application/json"}
+        if api_key:
+            self.headers["authorization"] = f"Bearer {api_key}"
+
+    def _request(self, path: str, body: dict | None = None) -> tuple[int, dict]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.base}{path}", data=data, headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, {"error": {"message": text[:500]}}
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ServerCheckError(
+                f"{self.base} is unreachable ({reason}) while checking model {self.model!r}: start the server, "
+                "or fix base_url= (the OpenAI API root, e.g. http://127.0.0.1:8000/v1)."
+            ) from exc
+        except ValueError as exc:
+            raise ServerCheckError(f"{self.base}{path} answered with something that is not JSON: {exc}") from exc
+
+    def models(self) -> list[str]:
+        status, body = self._request("/models")
+        if status != 200 or not isinstance(body.get("data"), list):
+            raise ServerCheckError(
+                f"{self.base}/models answered HTTP {status} ({_message(body)}) while checking model "
+                f"{self.model!r}: is base_url= the OpenAI API root (e.g. http://127.0.0.1:8000/v1)?"
+            )
+        return [str(m.get("id")) for m in body["data"]]
+
+    def chat(self, messages: list[dict], what: str, fix: str, **fields: Any) -> dict:
+        body = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0, **fields}
+        status, reply = self._request("/chat/completions", body)
+        if status != 200 or not reply.get("choices"):
+            raise ServerCheckError(
+                f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
+            )
+        return reply
+
+
+def _message(body: dict) -> str:
+    error = body.get("error")
+    text = error.get("message") if isinstance(error, dict) else error or body.get("detail") or body
+    return str(text)[:500]
+
+
+_PROMPT = [{"role": "user", "content": "Name a city."}]
+
+
+def _check_logprobs(client: _Client, top_logprobs: int) -> None:
+    fix = (
+        f"Start vLLM with --max-logprobs {top_logprobs} (or more), or lower top_logprobs= of the run; the "
+        "library scores uncertainty from these logprobs."
+    )
+    reply = client.chat(
+        _PROMPT, f"logprobs=true, top_logprobs={top_logprobs}", fix, logprobs=True, top_logprobs=top_logprobs
+    )
+    entries = ((reply["choices"][0].get("logprobs") or {}).get("content")) or []
+    if not entries:
+        raise ServerCheckError(
+            f"{client.base} returned no logprobs for model {client.model!r} (asked logprobs=true, "
+            f"top_logprobs={top_logprobs}): use a server that returns them (vLLM, SGLang; llama-cpp-python "
+            "with --logits_all true), or run with mode='none' (plain sampling, no uncertainty)."
+        )
+    got = len(entries[0].get("top_logprobs") or [])
+    if got < top_logprobs:
+        raise ServerCheckError(
+            f"{client.base} returned {got} top_logprobs per token for model {client.model!r}, "
+            f"{top_logprobs} asked. {fix}"
+        )
+
+
+def _check_continuation(client: _Client) -> None:
+    fix = (
+        "This server cannot continue an assistant message: run with driver='free', or pass "
+        "ServerChatModel(supports_prefill=False) (or a plain ChatOpenAI)."
+    )
+    what = "continue_final_message (continuing a trailing assistant message)"
+    opened = client.chat(_PROMPT, "a plain chat completion", fix)
+    continued = client.chat([*_PROMPT, {"role": "assistant", "content": "A"}], what, fix, **CONTINUE_FINAL_MESSAGE)
+    try:
+        grown = continued["usage"]["prompt_tokens"] - opened["usage"]["prompt_tokens"]
+    except (KeyError, TypeError) as exc:
+        raise ServerCheckError(
+            f"{client.base} reports no usage.prompt_tokens for model {client.model!r}, so whether it continues "
+            f"an assistant message cannot be checked. Pass check_server(..., prefill=False) if you know it does. {fix}"
+        ) from exc
+    if grown > 1:  # "A" is one token; closing the turn adds an end-of-turn and a new header
+        raise ServerCheckError(
+            f"{client.base} closed the trailing assistant message instead of continuing it for model "
+            f"{client.model!r} (the prompt grew by {grown} tokens for a 1-token prefill; the guided driver "
+            f"needs continue_final_message=true, add_generation_prompt=false, as vLLM and SGLang read it). {fix}"
+        )

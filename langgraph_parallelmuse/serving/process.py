@@ -1,0 +1,287 @@
+"""Run a server process on loopback with a bounded lifetime, wait until it is ready, stop its group.
+
+Every server runs under ``timeout`` (it stops by itself after ``max_seconds``) with a watchdog shell
+in its process group that signals the group when the process that started it is gone (even after
+a SIGKILL of that process). Each server is a new session, so stopping it signals the whole group
+and a server's children (vLLM's engine core and worker) go with it. A readiness wait fails with a
+:class:`ServerError` naming the command, the port and the tail of the server's log.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
+
+HOST = "127.0.0.1"
+_LOG_TAIL = 3000
+
+# Run by `sh -c` in the server's process group: a background watchdog, then `exec` of the server
+# (so the server keeps the shell's pid and default signal dispositions: a background job of a
+# non-interactive shell would start with SIGINT ignored). When the process that started everything
+# ($1) is gone, the watchdog signals the whole group (itself excepted by its trap), and `timeout`
+# above turns a signal still unanswered after the grace into SIGKILL. It ends with the server.
+_WATCHDOG = """
+parent=$1; sig=$2; shift 2
+(
+    while kill -0 "$parent" 2>/dev/null && kill -0 $$ 2>/dev/null; do sleep 0.5; done
+    kill -0 "$parent" 2>/dev/null || { trap '' "$sig"; kill -s "$sig" 0; }
+) &
+exec "$@"
+"""
+
+
+class ServerError(ParallelMuseError, RuntimeError):
+    """A server did not start (or exited): the message names the command, port and log tail."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What to run and how to tell that it is ready.
+
+    Attributes:
+        name: A short label for messages and the log file (``vllm``, ``sglang-router``, ...).
+        command: The server's argv, run in the foreground.
+        port: The loopback port it listens on.
+        url: What clients connect to (``http://127.0.0.1:PORT``, ``postgresql://...``).
+        ready: Called with the log text; true once the server serves.
+        env: Variables set on top of the current environment.
+        stop_signal: The signal that shuts the server down cleanly (PostgreSQL: SIGINT, its fast
+            shutdown; on SIGTERM it waits for clients to leave).
+        routing_header: For a router, the request header that carries the routing key.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    port: int
+    url: str
+    ready: Callable[[str], bool]
+    env: dict[str, str] = field(default_factory=dict)
+    stop_signal: int = signal.SIGTERM
+    routing_header: str | None = None
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running server.
+
+    Attributes:
+        name: The spec's label.
+        url: What clients connect to (vLLM and routers: the root URL; the OpenAI API is ``url + "/v1"``).
+        port: The loopback port.
+        pid: The process-group leader (``timeout``): ``os.killpg(pid, sig)`` reaches the server.
+        log_path: The server's stdout and stderr.
+        command: The server's argv (without the lifetime wrappers).
+        routing_header: For a router, the header that carries the routing key (else ``None``).
+    """
+
+    name: str
+    url: str
+    port: int
+    pid: int
+    log_path: Path
+    command: tuple[str, ...]
+    routing_header: str | None = None
+
+    def log_tail(self, chars: int = _LOG_TAIL) -> str:
+        """The last ``chars`` characters of the server's log."""
+        return _tail(self.log_path, chars)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Example:
+        >>> 1024 <= free_port() <= 65535
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(
+    specs: Sequence[ServerSpec],
+    *,
+    log_dir: str | Path | None = None,
+    startup_timeout: float = 600.0,
+    max_seconds: float = 3600.0,
+    grace: float = 15.0,
+) -> Iterator[list[Server]]:
+    """Start servers together, wait until every one is ready, stop them all on exit.
+
+    Args:
+        specs: The servers. All start before the first readiness wait, so slow starts overlap.
+        log_dir: Where the ``NAME-PORT.log`` files go (default: a new temporary directory, kept
+            so that a failure can be read afterwards).
+        startup_timeout: Seconds all of them may take to become ready.
+        max_seconds: Lifetime bound of every server from its start: then it is stopped anyway.
+        grace: Seconds from the stop signal to SIGKILL of a process group.
+
+    Yields:
+        One :class:`Server` per spec, in order.
+
+    Raises:
+        ServerError: A server exited during startup or was not ready in time (every server
+            started here is stopped first).
+
+    Example:
+        >>> spec = ServerSpec("demo", ("sh", "-c", "echo up; sleep 60"), 0, "", lambda log: "up" in log)
+        >>> with serve([spec], max_seconds=30) as (server,):
+        ...     server.log_tail()
+        'up\\n'
+    """
+    logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    started: list[tuple[Server, subprocess.Popen, ServerSpec]] = []
+    try:
+        for spec in specs:
+            log_path = logs / f"{spec.name}-{spec.port}.log"
+            started.append((*_spawn(spec, log_path, max_seconds=max_seconds, grace=grace), spec))
+        deadline = time.monotonic() + startup_timeout
+        for server, proc, spec in started:
+            _wait_ready(server, proc, spec.ready, deadline=deadline, budget=startup_timeout)
+        yield [server for server, _, _ in started]
+    finally:
+        for _, proc, spec in reversed(started):
+            stop_group(proc, stop_signal=spec.stop_signal, grace=grace)
+
+
+def _spawn(spec: ServerSpec, log_path: Path, *, max_seconds: float, grace: float) -> tuple[Server, subprocess.Popen]:
+    if shutil.which(spec.command[0]) is None:
+        raise ServerError(
+            f"{spec.name}: {spec.command[0]!r} is not an executable (command: {shlex.join(spec.command)})"
+        )
+    sig = signal.Signals(spec.stop_signal).name.removeprefix("SIG")
+    wrapped = [
+        *("timeout", "-s", sig, "-k", f"{grace:g}", f"{max_seconds:g}"),
+        *("sh", "-c", _WATCHDOG, "watchdog", str(os.getpid()), sig),
+        *spec.command,
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            wrapped,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.env},
+            start_new_session=True,
+        )
+    server = Server(spec.name, spec.url, spec.port, proc.pid, log_path, spec.command, spec.routing_header)
+    return server, proc
+
+
+def _wait_ready(
+    server: Server, proc: subprocess.Popen, ready: Callable[[str], bool], *, deadline: float, budget: float
+) -> None:
+    while True:
+        if proc.poll() is not None:
+            raise ServerError(_failure(server, f"exited with status {proc.returncode} before it was ready"))
+        if ready(_tail(server.log_path, 1 << 20)):
+            return
+        if time.monotonic() > deadline:
+            raise ServerError(_failure(server, f"was not ready within {budget:g} s"))
+        time.sleep(0.2)
+
+
+def _failure(server: Server, what: str) -> str:
+    return (
+        f"{server.name} on 127.0.0.1 port {server.port} {what}.\n"
+        f"command: {shlex.join(server.command)}\n"
+        f"log {server.log_path}, last {_LOG_TAIL} characters:\n{server.log_tail()}"
+    )
+
+
+def stop_group(proc: subprocess.Popen, *, stop_signal: int = signal.SIGTERM, grace: float = 15.0) -> None:
+    """Signal the process group led by ``proc``; SIGKILL it if it is still there after ``grace`` s."""
+    for sig, wait in ((stop_signal, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + wait
+        # The leader can exit before a member that ignored the signal: wait for the whole group.
+        while time.monotonic() < end:
+            if proc.poll() is not None and not group_members(proc.pid):
+                return
+            time.sleep(0.1)
+    proc.wait(timeout=5)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of process group ``pgid``, read from ``/proc``.
+
+    Zombies do not count: a member orphaned by the group leader waits for init to reap it, which
+    can take seconds, but it no longer runs.
+
+    Example:
+        >>> os.getpid() in group_members(os.getpgrp())
+        True
+    """
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]  # the name in (...) may hold spaces
+        if state != "Z" and int(pgrp) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _tail(path: Path, chars: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def http_ready(url: str, accept: Callable[[str], bool] = lambda body: True) -> Callable[[str], bool]:
+    """A readiness probe: ``GET url`` answers 200 with a body that ``accept`` takes."""
+
+    def ready(_log: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200 and accept(resp.read().decode(errors="replace"))
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return ready
+
+
+def venv_bin(venv: str | Path, name: str) -> str:
+    """The executable ``name`` of the serving virtualenv, or a ConfigError naming the setup script."""
+    path = Path(venv).expanduser() / "bin" / name
+    if not path.exists():
+        raise ConfigError(
+            f"{path} does not exist: build the serving virtualenv with `scripts/setup-serving.sh {venv}` "
+            "(vLLM and the routers live there, apart from the library's venv)"
+        )
+    return str(path)
+
+
+def serve_one(spec: ServerSpec, **options: Any) -> Iterator[Server]:
+    """The body of a one-server context manager: ``yield from serve_one(spec, ...)``."""
+    with serve([spec], **options) as (server,):
+        yield server

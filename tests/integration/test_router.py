@@ -1,0 +1,141 @@
+"""Real routers (vllm-router, sglang-router) in front of two real vLLM replicas.
+
+Where requests went is read from each replica's own Prometheus counters
+(``vllm:request_success_total``), not from the router. Two eager replicas start together (about
+1-1.5 min on 2 cores); a router starts in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+
+from langgraph_parallelmuse.models.routing import routing_scope
+from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
+from langgraph_parallelmuse.segments import Sampling
+from langgraph_parallelmuse.serving import ROUTERS, router_server, vllm_counters
+from tests.integration.conftest import SERVED_MODEL
+from tests.unit.http_fakes import fake_http
+
+pytestmark = pytest.mark.integration
+
+KEYS = ["question one", "question two", "question three", "question four"]
+
+
+def finished(workers) -> list[float]:
+    return [vllm_counters(w.url)["vllm:request_success_total"] for w in workers]
+
+
+def ask_all(router, key: str, *, calls: int = 4, prefill: bool = True) -> None:
+    """One question's calls as the library makes them: new turns, prefilled turns, a report prompt."""
+    llm = ServerChatModel(
+        base_url=f"{router.url}/v1",
+        model=SERVED_MODEL,
+        routing_header=router.routing_header,
+        logprobs=True,
+        top_logprobs=2,
+        timeout=120,
+        max_retries=0,
+    )
+    kwargs = Sampling(temperature=0.0, top_logprobs=2).kwargs(max_tokens=1, seed=None, model=llm)
+    prompts = [
+        [HumanMessage(key)],
+        [HumanMessage(f"Write a report about: {key}")],  # starts differently: only the scope routes it
+        *([[HumanMessage(key), AIMessage("<think>")]] if prefill else []),
+    ]
+    with routing_scope(key):
+        for i in range(calls):
+            llm.invoke(prompts[i % len(prompts)], **kwargs)
+
+
+def delta_of(workers, call) -> list[float]:
+    before = finished(workers)
+    call()
+    return [a - b for a, b in zip(finished(workers), before, strict=True)]
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+def test_every_call_of_one_question_reaches_one_replica(vllm_pair, serving_venv, kind, tmp_path) -> None:
+    prefill = kind == "vllm-router"  # sglang-router breaks continue_final_message on vLLM (below)
+    with router_server([w.url for w in vllm_pair], venv=serving_venv, kind=kind, log_dir=tmp_path) as router:
+        assert router.routing_header == ROUTERS[kind].routing_header
+        homes = []
+        for key in KEYS:
+            delta = delta_of(vllm_pair, lambda key=key: ask_all(router, key, prefill=prefill))
+            assert sorted(delta) == [0, 4], f"{kind}: the calls of {key!r} went {delta}"
+            homes.append(delta.index(4))
+        # A second round of the same keys lands where the first did.
+        for key, home in zip(KEYS, homes, strict=True):
+            delta = delta_of(vllm_pair, lambda key=key: ask_all(router, key, calls=2, prefill=prefill))
+            assert delta[home] == 2, f"{kind}: {key!r} moved from replica {home}: {delta}"
+
+
+def test_round_robin_scatters_one_question(vllm_pair, serving_venv, tmp_path) -> None:
+    """What the official ParallelMuse code does, and what defeats each replica's prefix cache."""
+    urls = [w.url for w in vllm_pair]
+    with router_server(urls, venv=serving_venv, policy="round_robin", log_dir=tmp_path) as router:
+        delta = delta_of(vllm_pair, lambda: ask_all(router, KEYS[0]))
+    assert delta == [2, 2]
+
+
+def test_check_server_through_the_routers(vllm_pair, serving_venv, tmp_path) -> None:
+    """vllm-router passes every check; sglang-router 0.3.2 fails two, each with vLLM's own words."""
+    import openai
+
+    urls = [w.url for w in vllm_pair]
+    with router_server(urls, venv=serving_venv, kind="vllm-router", log_dir=tmp_path) as router:
+        check_server(f"{router.url}/v1", SERVED_MODEL)
+    with router_server(urls, venv=serving_venv, kind="sglang-router", log_dir=tmp_path) as router:
+        # It answers /v1/models itself, with a placeholder, instead of the workers' list.
+        with pytest.raises(ServerCheckError, match=r"serves no model 'smollm2'; it serves \['unknown'\]"):
+            check_server(f"{router.url}/v1", SERVED_MODEL)
+        llm = ServerChatModel(base_url=f"{router.url}/v1", model=SERVED_MODEL, max_retries=0, timeout=60)
+        assert llm.invoke([HumanMessage("Name a city.")], max_tokens=2).content  # a new turn works
+        with pytest.raises(openai.BadRequestError, match="continue_final_message and add_generation_prompt"):
+            llm.invoke([HumanMessage("Name a city."), AIMessage("The city of")], max_tokens=2)
+
+
+def _completion(_body: dict) -> tuple[int, dict]:
+    message = {"role": "assistant", "content": "A"}
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    return 200, {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": SERVED_MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": "length"}],
+        "usage": usage,
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+def test_what_each_router_forwards(serving_venv, kind, tmp_path) -> None:
+    """The real router in front of a recording worker: the body and header a vLLM worker receives."""
+    routes = {
+        "GET /v1/models": lambda _: (200, {"object": "list", "data": [{"id": SERVED_MODEL}]}),
+        "GET /health": lambda _: (200, {}),
+        "POST /v1/chat/completions": _completion,
+    }
+    body = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>"}],
+        "max_tokens": 3,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    with fake_http(routes) as worker, router_server([worker.url], venv=serving_venv, kind=kind, log_dir=tmp_path) as r:
+        headers = {"content-type": "application/json", r.routing_header: "key-1"}
+        request = urllib.request.Request(f"{r.url}/v1/chat/completions", json.dumps(body).encode(), headers)
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.status == 200
+    sent = next(x for x in reversed(worker.requests) if x.path == "/v1/chat/completions")
+    assert sent.body["continue_final_message"] is True
+    assert sent.headers[r.routing_header] == "key-1"
+    if kind == "vllm-router":
+        assert sent.body["add_generation_prompt"] is False and sent.body["max_tokens"] == 3
+    else:  # sglang-router 0.3.2 rewrites the request in SGLang's schema
+        assert "add_generation_prompt" not in sent.body
+        assert sent.body["max_completion_tokens"] == 3 and "max_tokens" not in sent.body

@@ -1,0 +1,168 @@
+"""ServerChatModel's requests and check_server's diagnoses, against a fake loopback HTTP server.
+
+tests/integration/test_vllm.py runs the same code against a real vLLM.
+"""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from langgraph_parallelmuse.agent import pick_driver
+from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
+from langgraph_parallelmuse.models.routing import routing_scope
+from langgraph_parallelmuse.models.server import (
+    CONTINUE_FINAL_MESSAGE,
+    ServerChatModel,
+    ServerCheckError,
+    check_server,
+    route_id,
+)
+from langgraph_parallelmuse.segments import Sampling
+from tests.unit.http_fakes import fake_http
+
+QUESTION = [SystemMessage("Answer."), HumanMessage("Which river flows through Vienna?")]
+
+
+def llm(base: str = "http://127.0.0.1:9/v1", **kw) -> ServerChatModel:
+    return ServerChatModel(base_url=base, model="smollm2", logprobs=True, top_logprobs=4, max_retries=0, **kw)
+
+
+def test_trailing_assistant_message_is_continued_and_user_extra_body_kept() -> None:
+    model = llm(extra_body={"top_k": 20})
+    kwargs = Sampling().kwargs(max_tokens=9, seed=3, model=model)  # the library's call kwargs
+    body = model._get_request_payload([*QUESTION, AIMessage("<think>")], **kwargs)
+    assert body["extra_body"] == {"top_k": 20, "max_tokens": 9, **CONTINUE_FINAL_MESSAGE}
+    assert body["messages"][-1] == {"role": "assistant", "content": "<think>"}
+    plain = model._get_request_payload(QUESTION, **kwargs)
+    assert plain["extra_body"] == {"top_k": 20, "max_tokens": 9}  # a new turn opens as usual
+
+
+def test_token_bound_goes_out_as_max_tokens() -> None:
+    body = llm(max_tokens=50)._get_request_payload(QUESTION)
+    assert body["max_tokens"] == 50 and "max_completion_tokens" not in body
+    assert llm()._get_request_payload(QUESTION, max_tokens=7)["max_tokens"] == 7
+
+
+def test_prefill_is_declared_to_the_driver_and_can_be_switched_off() -> None:
+    assert isinstance(pick_driver(llm(), "auto"), GuidedDriver)
+    off = llm(supports_prefill=False)
+    assert isinstance(pick_driver(off, "auto"), FreeDriver)
+    assert "extra_body" not in off._get_request_payload([*QUESTION, AIMessage("<think>")])
+
+
+def test_routing_header_carries_one_key_per_scope() -> None:
+    model = llm(routing_header="x-smg-routing-key")
+    report_prompt = [HumanMessage("Summarise this trajectory: ...")]
+    with routing_scope("question one"):
+        a = model._get_request_payload(QUESTION)["extra_headers"]
+        b = model._get_request_payload(report_prompt)["extra_headers"]
+    with routing_scope("question two"):
+        c = model._get_request_payload(QUESTION)["extra_headers"]
+    assert a == b == {"x-smg-routing-key": route_id("question one")}  # every call of one question
+    assert c != a
+    # Outside a scope the question (first human message) is the key, as for a trajectory.
+    assert model._get_request_payload(QUESTION)["extra_headers"] == {
+        "x-smg-routing-key": route_id("Which river flows through Vienna?")
+    }
+    assert "extra_headers" not in llm()._get_request_payload(QUESTION)
+
+
+def _completion(prompt_tokens: int, logprobs: int | None = 16) -> dict:
+    entry = {"token": "A", "logprob": -0.1, "top_logprobs": [{"token": "A", "logprob": -0.1}] * (logprobs or 0)}
+    return {
+        "choices": [
+            {"message": {"role": "assistant", "content": "A"}, "logprobs": {"content": [entry]} if logprobs else None}
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1},
+    }
+
+
+def fake_server(*, closes_turn: bool = False, logprobs: int | None = 16, rejects_continue: bool = False) -> dict:
+    """A chat server whose prompt is 30 tokens + 1 per prefilled token (+ 5 if it closes the turn)."""
+
+    def chat(body: dict) -> tuple[int, dict]:
+        if rejects_continue and "continue_final_message" in body:
+            return 400, {"error": {"message": "Unrecognized request argument: continue_final_message"}}
+        tokens = 30
+        if body["messages"][-1]["role"] == "assistant":
+            tokens += 1 + (5 if closes_turn or not body.get("continue_final_message") else 0)
+        return 200, _completion(tokens, logprobs if body.get("logprobs") else None)
+
+    return {
+        "GET /v1/models": lambda _: (200, {"object": "list", "data": [{"id": "smollm2"}, {"id": "other"}]}),
+        "POST /v1/chat/completions": chat,
+    }
+
+
+def test_check_server_passes_a_capable_server_and_sends_what_it_checks() -> None:
+    with fake_http(fake_server()) as fake:
+        check_server(f"{fake.url}/v1", "smollm2")
+    chats = [r.body for r in fake.requests if r.path == "/v1/chat/completions"]
+    assert chats[0]["logprobs"] is True and chats[0]["top_logprobs"] == 16
+    continued = chats[-1]
+    assert continued["continue_final_message"] is True and continued["add_generation_prompt"] is False
+    assert continued["messages"][-1] == {"role": "assistant", "content": "A"}
+
+
+def test_unreachable_url_is_named() -> None:
+    from langgraph_parallelmuse.serving import free_port
+
+    base = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ServerCheckError, match=rf"{base} is unreachable .*'smollm2'.*base_url="):
+        check_server(base, "smollm2")
+
+
+def test_wrong_base_url_is_named() -> None:
+    with fake_http(fake_server()) as fake:  # the API root without /v1: /models is a 404 there
+        with pytest.raises(ServerCheckError, match=r"/models answered HTTP 404 .*base_url="):
+            check_server(fake.url, "smollm2")
+
+
+def test_unknown_model_lists_the_served_ones_and_the_flag() -> None:
+    with fake_http(fake_server()) as fake:
+        with pytest.raises(ServerCheckError) as info:
+            check_server(f"{fake.url}/v1", "smollm")
+    message = str(info.value)
+    assert f"{fake.url}/v1 serves no model 'smollm'" in message
+    assert "['smollm2', 'other']" in message and "--served-model-name smollm" in message
+
+
+def test_missing_or_too_few_logprobs_are_named() -> None:
+    with fake_http(fake_server(logprobs=None)) as fake:
+        with pytest.raises(ServerCheckError, match=r"returned no logprobs for model 'smollm2'.*mode='none'"):
+            check_server(f"{fake.url}/v1", "smollm2")
+    with fake_http(fake_server(logprobs=5)) as fake:
+        with pytest.raises(ServerCheckError, match=r"returned 5 top_logprobs .* 16 asked.*--max-logprobs 16"):
+            check_server(f"{fake.url}/v1", "smollm2")
+        check_server(f"{fake.url}/v1", "smollm2", top_logprobs=5, prefill=False)
+
+
+def test_a_server_that_closes_the_turn_cannot_drive_the_guided_driver() -> None:
+    with fake_http(fake_server(closes_turn=True)) as fake:
+        with pytest.raises(ServerCheckError) as info:
+            check_server(f"{fake.url}/v1", "smollm2")
+        check_server(f"{fake.url}/v1", "smollm2", prefill=False)  # the free driver still works
+    message = str(info.value)
+    assert "closed the trailing assistant message" in message and "grew by 6 tokens" in message
+    assert "driver='free'" in message and "supports_prefill=False" in message
+
+
+def test_a_server_that_rejects_the_flags_is_named() -> None:
+    with fake_http(fake_server(rejects_continue=True)) as fake:
+        with pytest.raises(ServerCheckError, match=r"refused continue_final_message .*HTTP 400, Unrecognized"):
+            check_server(f"{fake.url}/v1", "smollm2")
+
+
+async def test_requests_reach_the_server_with_header_bound_and_flags() -> None:
+    with fake_http(fake_server()) as fake:
+        model = llm(f"{fake.url}/v1", routing_header="x-session-id")
+        with routing_scope("q-7"):
+            reply = await model.ainvoke(
+                [*QUESTION, AIMessage("<think>")], **Sampling().kwargs(max_tokens=5, seed=1, model=model)
+            )
+    sent = fake.requests[-1]
+    assert sent.headers["x-session-id"] == route_id("q-7")
+    assert sent.body["max_tokens"] == 5 and "max_completion_tokens" not in sent.body
+    assert sent.body["continue_final_message"] is True and sent.body["add_generation_prompt"] is False
+    assert reply.response_metadata["logprobs"]["content"][0]["token"] == "A"

@@ -1,0 +1,243 @@
+"""The serving package without real servers: command lines, readiness errors, teardown, lifetime bounds.
+
+The processes here are ``sh``/``sleep`` stand-ins; tests/integration/ starts the real vLLM,
+routers and PostgreSQL through the same functions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.serving import (
+    ROUTERS,
+    ServerError,
+    ServerSpec,
+    group_members,
+    postgres_spec,
+    router_spec,
+    serve,
+    vllm_command,
+    vllm_counters,
+    vllm_spec,
+)
+from tests.unit.http_fakes import fake_http
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie that init has not reaped yet runs no more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _pids_in(path: Path, count: int) -> list[int]:
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        words = path.read_text().split() if path.exists() else []
+        if len(words) >= count:
+            return [int(w) for w in words[:count]]
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never held {count} pids")
+
+
+def sh(name: str, script: str, ready: str = "up", **kw) -> ServerSpec:
+    return ServerSpec(name, ("sh", "-c", script), 4242, "http://127.0.0.1:4242", lambda log: ready in log, **kw)
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A stand-in serving venv: only the executables' paths matter to the command lines."""
+    for name in ("python", "sglang-router", "vllm-router"):
+        (tmp_path / "bin").mkdir(exist_ok=True)
+        (tmp_path / "bin" / name).write_text("")
+    return tmp_path
+
+
+def test_vllm_command_has_the_flags_the_library_relies_on() -> None:
+    cmd = vllm_command("/models/smollm2", python="/v/bin/python", port=8123, block_size=32, enforce_eager=True)
+    assert cmd[:3] == ("/v/bin/python", "-m", "vllm.entrypoints.openai.api_server")  # not the `vllm` script
+    pairs = dict(zip(cmd[3::], cmd[4::], strict=False))
+    assert pairs["--model"] == "/models/smollm2" and pairs["--served-model-name"] == "smollm2"
+    assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123"
+    assert pairs["--max-model-len"] == "8192" and pairs["--max-logprobs"] == "20" and pairs["--block-size"] == "32"
+    assert {"--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager"} <= set(cmd)
+    assert "--enforce-eager" not in vllm_command("/m", python="p", port=1) and "--block-size" not in cmd[:-3]
+
+
+def test_vllm_spec_env_and_errors(tmp_path: Path, venv: Path) -> None:
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ConfigError, match="not a transformers checkpoint.*export_model"):
+        vllm_spec(tmp_path / "model", venv=venv)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"scripts/setup-serving.sh .*nowhere"):
+        vllm_spec(tmp_path / "model", venv=tmp_path / "nowhere")
+    spec = vllm_spec(tmp_path / "model", venv=venv, threads=2, kv_cache_gib=1, served_model_name="m")
+    assert spec.env["HF_HUB_OFFLINE"] == "1" and spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert spec.env["OMP_NUM_THREADS"] == "2"
+    assert spec.url == f"http://127.0.0.1:{spec.port}" and f"--port {spec.port}" in " ".join(spec.command)
+    assert "OMP_NUM_THREADS" not in vllm_spec(tmp_path / "model", venv=venv).env
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+def test_router_command_lines_and_headers(venv: Path, kind: str) -> None:
+    workers = ["http://127.0.0.1:1001", "http://127.0.0.1:1002"]
+    spec = router_spec(workers, venv=venv, kind=kind)
+    argv = list(spec.command)
+    assert argv[0] == str(venv / "bin" / kind)
+    assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == workers
+    assert argv[argv.index("--policy") + 1] == ROUTERS[kind].sticky_policy
+    assert argv[argv.index("--port") + 1] == str(spec.port)
+    # A second router must not collide on the default metrics port.
+    assert argv[argv.index("--prometheus-port") + 1] != str(spec.port)
+    assert spec.routing_header == {"sglang-router": "x-smg-routing-key", "vllm-router": "x-session-id"}[kind]
+    scattered = router_spec(workers, venv=venv, kind=kind, policy="round_robin").command
+    assert scattered[list(scattered).index("--policy") + 1] == "round_robin"
+
+
+def test_router_spec_errors(venv: Path) -> None:
+    with pytest.raises(ConfigError, match="kind='nginx'.*vllm-router, sglang-router"):
+        router_spec(["http://x"], venv=venv, kind="nginx")
+    with pytest.raises(ConfigError, match="worker_urls"):
+        router_spec([], venv=venv)
+
+
+def test_router_readiness_waits_for_every_worker(venv: Path) -> None:
+    spec = router_spec(["http://a", "http://b"], venv=venv)
+    health = {"status": "ready", "healthy_workers": 1, "total_workers": 2}
+    assert not spec.ready("")  # nothing listens yet
+    with fake_http({"GET /readiness": lambda _: (200, health)}, port=spec.port):
+        assert not spec.ready("")  # up, but one worker is not registered yet
+        health["healthy_workers"] = 2
+        assert spec.ready("")
+
+
+def test_ready_server_is_yielded_and_torn_down_with_its_whole_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # The server forks a child that would outlive a plain kill of the server's own pid.
+    spec = sh("forker", f"sleep 300 & echo $$ $! > {pids}; echo up; wait")
+    with serve([spec], log_dir=tmp_path, max_seconds=60) as (server,):
+        shell, child = _pids_in(pids, 2)
+        assert _alive(shell) and _alive(child)
+        assert os.getpgid(child) == server.pid  # one process group, led by the lifetime wrapper
+        assert server.log_path.parent == tmp_path and "up" in server.log_tail()
+    assert not _alive(shell) and not _alive(child)
+    assert group_members(server.pid) == []
+
+
+def test_early_exit_names_command_port_and_log_tail(tmp_path: Path) -> None:
+    spec = sh("crasher", "echo 'fatal: no model here'; exit 3")
+    with pytest.raises(ServerError) as info:
+        with serve([spec], log_dir=tmp_path):
+            pass
+    message = str(info.value)
+    assert "crasher on 127.0.0.1 port 4242 exited with status 3" in message
+    assert "command: sh -c" in message and "fatal: no model here" in message
+
+
+def test_startup_timeout_names_port_and_log_tail_and_stops_the_server(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    spec = sh("slowpoke", f"echo $$ > {pids}; echo still loading weights; exec sleep 300", ready="never")
+    with pytest.raises(ServerError) as info:
+        with serve([spec], log_dir=tmp_path, startup_timeout=1.5):
+            pass
+    message = str(info.value)
+    assert "slowpoke on 127.0.0.1 port 4242 was not ready within 1.5 s" in message
+    assert "still loading weights" in message and str(tmp_path / "slowpoke-4242.log") in message
+    assert _wait_gone(_pids_in(pids, 1)[0], 5)
+
+
+def test_a_failed_start_stops_the_servers_already_started(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    good = sh("good", f"echo $$ > {pids}; echo up; exec sleep 300")
+    with pytest.raises(ServerError, match="bad on 127.0.0.1 port 4242 exited"):
+        with serve([good, sh("bad", "exit 1")], log_dir=tmp_path):
+            pass
+    assert _wait_gone(_pids_in(pids, 1)[0], 5)
+
+
+def test_server_stops_by_itself_after_max_seconds(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    with serve([sh("bounded", f"echo $$ > {pids}; echo up; exec sleep 300")], max_seconds=1, log_dir=tmp_path):
+        assert _wait_gone(_pids_in(pids, 1)[0], 5)
+
+
+def test_stop_signal_is_what_the_server_gets(tmp_path: Path) -> None:
+    # PostgreSQL shuts down fast on SIGINT (SIGTERM would wait for clients): the spec chooses.
+    got = tmp_path / "got"
+    script = f"trap 'echo INT > {got}; exit 0' INT; echo up; while :; do sleep 0.1; done"
+    with serve([sh("pg-like", script, stop_signal=signal.SIGINT)], log_dir=tmp_path, grace=5):
+        pass
+    assert got.read_text().strip() == "INT"
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A SIGKILLed test process leaves no server behind: the watchdog stops the group."""
+    pids = tmp_path / "pids"
+    starter = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from langgraph_parallelmuse.serving import ServerSpec, serve
+spec = ServerSpec("orphan", ("sh", "-c", "echo $$ > {pids}; echo up; exec sleep 300"), 1, "", lambda log: "up" in log)
+with serve([spec], max_seconds=120, log_dir={str(tmp_path)!r}):
+    print("ready", flush=True)
+    time.sleep(300)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        server = _pids_in(pids, 1)[0]
+        assert _alive(server)
+        proc.kill()  # no finally, no atexit: only the watchdog can stop the server now
+        proc.wait(timeout=10)
+        assert _wait_gone(server, 10)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_missing_executable_is_named(tmp_path: Path) -> None:
+    spec = ServerSpec("ghost", ("/no/such/vllm", "--port", "1"), 1, "", lambda log: True)
+    with pytest.raises(ServerError, match="ghost: '/no/such/vllm' is not an executable"):
+        with serve([spec], log_dir=tmp_path):
+            pass
+
+
+def test_postgres_without_binaries_names_the_package(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="postgresql-15.*bin_dir="):
+        postgres_spec(tmp_path / "data", bin_dir=tmp_path)
+
+
+def test_vllm_counters_sum_over_labels() -> None:
+    metrics = "\n".join(
+        [
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+            'vllm:request_success_total{engine="0",finished_reason="stop",model_name="smollm2"} 2.0',
+            'vllm:request_success_total{engine="0",finished_reason="length",model_name="smollm2"} 5.0',
+            'vllm:prompt_tokens_cached_total{engine="0",model_name="smollm2"} 1792.0',
+            "process_open_fds 31.0",
+        ]
+    )
+    with fake_http({"GET /metrics": lambda _: (200, metrics)}) as fake:
+        counters = vllm_counters(fake.url)
+    assert counters["vllm:request_success_total"] == 7.0
+    assert counters["vllm:prompt_tokens_cached_total"] == 1792.0 and counters["process_open_fds"] == 31.0
