@@ -38,7 +38,7 @@ out = Console()
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--base-url", help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2")
-    g.add_argument("--model", default=None, help="model name on the server (with --base-url)")
+    g.add_argument("--model", default=None, help="model name on the server (with --base-url; default: its only model)")
     g.add_argument("--model-path", default=None, help="local transformers checkpoint dir (default: embedded GGUF)")
     g = p.add_argument_group("knowledge")
     g.add_argument(
@@ -96,20 +96,47 @@ def _config_from(args: argparse.Namespace, **fixed: Any) -> ParallelMuseConfig:
 
 
 def _model(args: argparse.Namespace):
+    """The agent model: a checked OpenAI-compatible server (``--base-url``) or the embedded SmolLM2."""
     if args.base_url:
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
-            base_url=args.base_url,
-            model=args.model or "default",
-            api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
-            logprobs=True,
-            top_logprobs=16,
-        )
+        return _server_model(args, _config_from(args))
     from langgraph_parallelmuse.models import LocalChatModel
 
     with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
         return LocalChatModel(model_path=args.model_path) if args.model_path else LocalChatModel.embedded()
+
+
+def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
+    """Check the server and the model name before the first wave, then build its chat model.
+
+    Without ``--model`` the server's only model is used; the guided driver (``--driver guided``)
+    also needs the server to continue a trailing assistant message, which is checked too.
+    """
+    from langgraph_parallelmuse.models.server import ServerChatModel, check_server, served_models
+
+    api_key = os.environ.get("OPENAI_API_KEY")
+    name = args.model
+    if name is None:
+        served = served_models(args.base_url, api_key=api_key)
+        if len(served) != 1:
+            raise ConfigError(f"{args.base_url} serves {served}: pass --model with one of those names")
+        name = served[0]
+    guided = settings.driver == "guided"
+    with console.status(f"Checking model {name!r} at {args.base_url}…"):
+        check_server(
+            args.base_url,
+            name,
+            top_logprobs=settings.top_logprobs,
+            logprobs=settings.mode != "none",
+            prefill=guided,
+            api_key=api_key,
+        )
+    return ServerChatModel(
+        base_url=args.base_url,
+        model=name,
+        logprobs=True,
+        top_logprobs=settings.top_logprobs,
+        supports_prefill=guided,
+    )
 
 
 def _judge(args: argparse.Namespace):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
+from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
 from langgraph_parallelmuse.segments import Gen, Lit
 from langgraph_parallelmuse.state import Action, Observation, Step
@@ -249,13 +250,25 @@ StepDriver = FreeDriver | GuidedDriver
 
 
 def pick_driver(model: BaseChatModel, setting: str, guided: GuidedDriver | None = None) -> StepDriver:
-    """``auto`` guides models that can continue a prefilled turn (the in-process model).
+    """``auto`` guides models that declare they continue a prefilled turn (``supports_prefill``:
+    the in-process model, ``ServerChatModel`` for vLLM/SGLang); ``guided`` requires that.
+
+    Raises:
+        ConfigError: ``guided`` for a model that cannot continue a trailing assistant message: it
+            would answer the prefilled tags instead of continuing them.
 
     Example:
         >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
         >>> type(pick_driver(FakeListChatModel(responses=[]), "auto")).__name__
         'FreeDriver'
     """
-    if setting == "guided" or (setting == "auto" and getattr(model, "supports_prefill", False)):
+    prefill = bool(getattr(model, "supports_prefill", False))
+    if setting == "guided" and not prefill:
+        raise ConfigError(
+            f"driver='guided' needs a model that continues a prefilled assistant turn, and {type(model).__name__} "
+            "does not declare it: use LocalChatModel, or ServerChatModel for a vLLM/SGLang server (check it with "
+            "check_server), or driver='free'"
+        )
+    if setting == "guided" or (setting == "auto" and prefill):
         return guided or GuidedDriver()
     return FreeDriver()

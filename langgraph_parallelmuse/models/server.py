@@ -23,7 +23,7 @@ from pydantic import Field
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.routing import routing_key
 
-__all__ = ["CONTINUE_FINAL_MESSAGE", "ServerChatModel", "ServerCheckError", "check_server"]
+__all__ = ["CONTINUE_FINAL_MESSAGE", "ServerChatModel", "ServerCheckError", "check_server", "served_models"]
 
 CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt": False}
 
@@ -96,11 +96,21 @@ def route_id(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def served_models(base_url: str, *, api_key: str | None = None, timeout: float = 60.0) -> list[str]:
+    """The model names an OpenAI-compatible server serves (``GET /models``).
+
+    Raises:
+        ServerCheckError: The server is unreachable or has no ``/models``.
+    """
+    return _Client(base_url.rstrip("/"), "", api_key, timeout).models()
+
+
 def check_server(
     base_url: str,
     model: str,
     *,
     top_logprobs: int = 16,
+    logprobs: bool = True,
     prefill: bool = True,
     api_key: str | None = None,
     timeout: float = 60.0,
@@ -117,6 +127,7 @@ def check_server(
         base_url: The OpenAI API root, as given to ``ChatOpenAI(base_url=...)`` (``.../v1``).
         model: The model name requests send.
         top_logprobs: Alternatives per token the run will ask for (the library's default: 16).
+        logprobs: Check the logprobs (a run with ``mode='none'`` needs none).
         prefill: Also check the continuation the guided driver needs.
         api_key: Sent as a bearer token when given.
         timeout: Seconds per request.
@@ -135,10 +146,12 @@ def check_server(
     served = client.models()
     if model not in served:
         raise ServerCheckError(
-            f"{client.base} serves no model {model!r}; it serves {served}. Pass model= one of those, or start "
-            f"the server under that name (vLLM and SGLang: --served-model-name {model}; llama.cpp: --alias {model})."
+            f"{client.base} serves no model {model!r}; it serves {served}. Pass model= (--model) one of those, "
+            f"or start the server under that name (vLLM and SGLang: --served-model-name {model}; "
+            f"llama.cpp: --alias {model})."
         )
-    _check_logprobs(client, top_logprobs)
+    if logprobs:
+        _check_logprobs(client, top_logprobs)
     if prefill:
         _check_continuation(client)
 
@@ -151,6 +164,10 @@ class _Client:
         self.headers = {"content-type": "application/json"}
         if api_key:
             self.headers["authorization"] = f"Bearer {api_key}"
+
+    @property
+    def _checking(self) -> str:
+        return f" while checking model {self.model!r}" if self.model else ""
 
     def _request(self, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = None if body is None else json.dumps(body).encode()
@@ -167,8 +184,8 @@ class _Client:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ServerCheckError(
-                f"{self.base} is unreachable ({reason}) while checking model {self.model!r}: start the server, "
-                "or fix base_url= (the OpenAI API root, e.g. http://127.0.0.1:8000/v1)."
+                f"{self.base} is unreachable ({reason}){self._checking}: start the server, or fix base_url= "
+                "(the OpenAI API root, e.g. http://127.0.0.1:8000/v1; --base-url on the command line)."
             ) from exc
         except ValueError as exc:
             raise ServerCheckError(f"{self.base}{path} answered with something that is not JSON: {exc}") from exc
@@ -177,8 +194,8 @@ class _Client:
         status, body = self._request("/models")
         if status != 200 or not isinstance(body.get("data"), list):
             raise ServerCheckError(
-                f"{self.base}/models answered HTTP {status} ({_message(body)}) while checking model "
-                f"{self.model!r}: is base_url= the OpenAI API root (e.g. http://127.0.0.1:8000/v1)?"
+                f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: is base_url= "
+                "the OpenAI API root (e.g. http://127.0.0.1:8000/v1; --base-url on the command line)?"
             )
         return [str(m.get("id")) for m in body["data"]]
 

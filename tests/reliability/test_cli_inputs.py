@@ -234,3 +234,52 @@ def test_make_run_passes_the_question_through_the_shell_untouched():
         check=True,
     )
     assert received.stdout == question
+
+
+# ----------------------------------------------------------------------------- a server that cannot serve
+
+
+def _models(*names):
+    return {"GET /v1/models": lambda body: (200, {"object": "list", "data": [{"id": n} for n in names]})}
+
+
+def _no_model_loaded(monkeypatch):
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+
+
+@pytest.mark.parametrize(
+    ("routes", "argv", "message"),
+    [
+        # Before: three "failed: None", answer None, exit 2 and no reason.
+        (None, [], "is unreachable"),
+        (_models("smollm2", "qwen"), [], "serves ['smollm2', 'qwen']: pass --model"),
+        (_models("smollm2"), ["--model", "default"], "serves no model 'default'; it serves ['smollm2']"),
+        (
+            {
+                **_models("smollm2"),
+                "POST /v1/chat/completions": lambda body: (
+                    200,
+                    {"choices": [{"message": {"role": "assistant", "content": "x"}, "logprobs": None}]},
+                ),
+            },
+            [],
+            "returned no logprobs for model 'smollm2'",
+        ),
+    ],
+)
+def test_a_server_that_cannot_serve_is_named_before_the_first_wave(routes, argv, message, monkeypatch, capsys):
+    from langgraph_parallelmuse.serving import free_port
+    from tests.unit.http_fakes import fake_http
+
+    _no_model_loaded(monkeypatch)
+    if routes is None:
+        url = f"http://127.0.0.1:{free_port()}/v1"
+        code = cli.main(["ask", PARIS, "--base-url", url, "--n", "3", "--k", "1", "--t", "1", *argv])
+    else:
+        with fake_http(routes) as server:
+            url = f"{server.url}/v1"
+            code = cli.main(["ask", PARIS, "--base-url", url, "--n", "3", "--k", "1", "--t", "1", *argv])
+            # Only the checks reached the server: no trajectory was started.
+            assert not [r for r in server.requests if "research assistant" in json.dumps(r.body)]
+    err = _err(capsys)
+    assert code == 1 and message in err and url in err and "Traceback" not in err, err

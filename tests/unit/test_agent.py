@@ -12,7 +12,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, messages_to_dic
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import QUERY_SYSTEM, FreeDriver, GuidedDriver, StepContext
-from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
 from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, tokenize
 
@@ -500,7 +500,20 @@ async def test_context_budget_forces_an_answer():
     assert FINAL_TURN_NOTE in model.calls[1]["messages"][-1].content
 
 
+class _PrefillModel(ScriptedChatModel):
+    supports_prefill: bool = True
+
+
 def test_driver_selection():
     tools, _ = make_tools()
     assert isinstance(RolloutRunner(ScriptedChatModel(), tools).driver, FreeDriver)
-    assert isinstance(RolloutRunner(ScriptedChatModel(), tools, driver="guided").driver, GuidedDriver)
+    assert isinstance(RolloutRunner(_PrefillModel(), tools).driver, GuidedDriver)
+    assert isinstance(RolloutRunner(_PrefillModel(), tools, driver="guided").driver, GuidedDriver)
+    assert isinstance(RolloutRunner(_PrefillModel(), tools, driver="free").driver, FreeDriver)
+
+
+def test_the_guided_driver_on_a_model_that_cannot_continue_a_turn_is_a_clear_error():
+    """Never a silent switch: guided prefills would be answered, not continued."""
+    tools, _ = make_tools()
+    with pytest.raises(ConfigError, match="driver='guided' needs a model that continues"):
+        RolloutRunner(ScriptedChatModel(), tools, driver="guided")
