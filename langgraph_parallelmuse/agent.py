@@ -88,12 +88,20 @@ class _Spent:
     prompt: int = 0
     cached: int = 0
     calls: int = 0
+    conversation_calls: int = 0
+    conversation_prompt: int = 0
+    conversation_cached: int = 0
+    cache_reported: bool = False
 
     def add(self, turn: TurnResult) -> None:
         self.generated += turn.generated_tokens
         self.prompt += turn.prompt_tokens
         self.cached += turn.cached_prompt_tokens
         self.calls += turn.calls
+        self.conversation_calls += turn.conversation_calls
+        self.conversation_prompt += turn.conversation_prompt_tokens
+        self.conversation_cached += turn.conversation_cached_tokens
+        self.cache_reported = self.cache_reported or turn.cache_reported
 
 
 async def _sample_step(
@@ -207,6 +215,10 @@ class _StepNodes:
             generated_tokens=spent.generated,
             cached_prompt_tokens=spent.cached,
             calls=spent.calls,
+            conversation_calls=spent.conversation_calls,
+            conversation_prompt_tokens=spent.conversation_prompt,
+            conversation_cached_tokens=spent.conversation_cached,
+            cache_reported=spent.cache_reported,
             finish_reason=turn.finish_reason,
             seconds=time.perf_counter() - started,
         )
@@ -498,9 +510,13 @@ class RolloutRunner:
             stats={
                 "generated_tokens": sum(s["generated_tokens"] for s in own),
                 "prompt_tokens": sum(s["prompt_tokens"] for s in own),
-                # Every call of a branch starts with the parent's prompt at the fork point.
-                "reused_prefix_tokens": origin.get("prefix_tokens", 0) * sum(s["calls"] for s in own),
+                # Computed: each conversation call of a branch sends the parent's prompt at the fork point
+                # again (a guided step's plain query and answer prompts do not).
+                "reused_prefix_tokens": origin.get("prefix_tokens", 0) * sum(s["conversation_calls"] for s in own),
                 "cached_prompt_tokens": sum(s["cached_prompt_tokens"] for s in own),
+                "conversation_prompt_tokens": sum(s["conversation_prompt_tokens"] for s in own),
+                "conversation_cached_tokens": sum(s["conversation_cached_tokens"] for s in own),
+                "cache_reported": any(s["cache_reported"] for s in own),
                 "tool_calls": count_tool_calls(own_obs),
                 "seconds": seconds,
             },

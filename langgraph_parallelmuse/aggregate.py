@@ -83,6 +83,8 @@ class AggregateResult:
         raw: The text the model produced (``Answer:`` prefill included in the guided form).
         candidates: The distinct answers of the reports, in order of first occurrence.
         tokens: Tokens the model generated.
+        prompt_tokens: Prompt tokens sent.
+        cached_prompt_tokens: Prompt tokens the backend reported as served from its prefix cache.
         seconds: Wall time of the model call.
     """
 
@@ -92,6 +94,8 @@ class AggregateResult:
     raw: str = ""
     candidates: list[str] = field(default_factory=list)
     tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     seconds: float = 0.0
 
 
@@ -293,6 +297,7 @@ async def aggregate_reports(
         logger.warning("aggregation failed, using the majority vote: %s", redact(repr(exc), secrets_of(model)))
         return result
     result.raw, result.tokens, result.seconds = turn.text, turn.generated_tokens, turn.seconds
+    result.prompt_tokens, result.cached_prompt_tokens = turn.prompt_tokens, turn.cached_prompt_tokens
     if guided:
         picked = " ".join(turn.segments.get("pick", "").split())
     else:

@@ -200,8 +200,18 @@ def stats_table(result: dict[str, Any]) -> Table:
     table.add_row("answered / failed", f"{roll.get('answered', 0)} / {roll.get('failed', 0)}")
     table.add_row("rollout: generated tokens", str(roll.get("generated_tokens", 0)))
     table.add_row("rollout: prompt tokens", str(roll.get("prompt_tokens", 0)))
-    table.add_row("rollout: prompt tokens shared with parent", str(roll.get("reused_prefix_tokens", 0)))
-    table.add_row("rollout: prompt tokens served from cache", str(roll.get("cached_prompt_tokens", 0)))
+    table.add_row(
+        "rollout: parents' prefixes sent again by branches (computed)", str(roll.get("reused_prefix_tokens", 0))
+    )
+    for stage, part in (("rollout", roll), ("compress", comp), ("aggregate", stats.get("aggregate") or {})):
+        if part.get("prompt_tokens") and roll.get("cache_reported", True):
+            table.add_row(
+                f"{stage}: prompt tokens served from cache (observed)",
+                f"{part.get('cached_prompt_tokens', 0)} of {part['prompt_tokens']} "
+                f"({part.get('cached_prompt_tokens', 0) / part['prompt_tokens']:.0%})",
+            )
+    if not roll.get("cache_reported", True):
+        table.add_row("prompt tokens served from cache (observed)", "the backend does not report them")
     table.add_row("rollout: tool calls", str(roll.get("tool_calls", 0)))
     if comp:
         ratio = comp.get("compression_ratio")

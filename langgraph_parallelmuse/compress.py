@@ -34,7 +34,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.protocol import neutralize, quote_untrusted, trajectory_text
 from langgraph_parallelmuse.redact import redact, secrets_of
-from langgraph_parallelmuse.segments import Gen, Lit, Sampling, derive_seed, generate_turn
+from langgraph_parallelmuse.segments import Gen, Lit, Sampling, TurnResult, derive_seed, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory
 
 __all__ = [
@@ -183,7 +183,14 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     return sections, answer
 
 
-def fallback_report(trajectory: Trajectory, *, tokens: int = 0, seconds: float = 0.0) -> Report:
+def fallback_report(
+    trajectory: Trajectory,
+    *,
+    tokens: int = 0,
+    seconds: float = 0.0,
+    prompt_tokens: int = 0,
+    cached_prompt_tokens: int = 0,
+) -> Report:
     """Carry a trajectory forward by its final answer only (compression failed or impossible).
 
     Example:
@@ -192,11 +199,20 @@ def fallback_report(trajectory: Trajectory, *, tokens: int = 0, seconds: float =
     """
     answer = _one_line(trajectory.get("answer") or "") or None
     text = f"Final answer: {neutralize(answer)}" if answer else "No final answer."
-    return _report(trajectory, text=text, answer=answer, status="fallback", tokens=tokens, seconds=seconds)
+    cost = {"tokens": tokens, "prompt_tokens": prompt_tokens, "cached_prompt_tokens": cached_prompt_tokens}
+    return _report(trajectory, text=text, answer=answer, status="fallback", seconds=seconds, **cost)
 
 
 def _report(
-    trajectory: Trajectory, *, text: str, answer: str | None, status: str, tokens: int, seconds: float
+    trajectory: Trajectory,
+    *,
+    text: str,
+    answer: str | None,
+    status: str,
+    tokens: int,
+    seconds: float,
+    prompt_tokens: int,
+    cached_prompt_tokens: int,
 ) -> Report:
     return Report(
         trajectory_id=trajectory["id"],
@@ -205,6 +221,8 @@ def _report(
         status=status,
         tokens=tokens,
         trajectory_tokens=trajectory_token_count(trajectory),
+        prompt_tokens=prompt_tokens,
+        cached_prompt_tokens=cached_prompt_tokens,
         seconds=seconds,
     )
 
@@ -290,17 +308,12 @@ async def compress_trajectory(
     messages = build_compress_messages(question, trajectory, guided=guided, max_observation_chars=max_observation_chars)
     segments = _segments(neutralize(traj_answer), guided=guided, max_report_tokens=max_report_tokens)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
-    tokens = 0
+    cost = {"tokens": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0}  # every attempt's, as reported
     for attempt in range(2):
-        attempt_seed = derive_seed(seed, "compress", tid, attempt)
-        try:
-            turn = await generate_turn(model, messages, segments, sampling=sampling, seed=attempt_seed)
-        except Exception as exc:  # noqa: BLE001 - any model failure is retried, then carried forward
-            logger.warning(
-                "compressing %s failed (attempt %d): %s", tid, attempt + 1, redact(repr(exc), secrets_of(model))
-            )
+        turn = await _attempt(model, messages, segments, sampling, derive_seed(seed, "compress", tid, attempt), cost)
+        if turn is None:
+            logger.warning("compressing %s failed (attempt %d)", tid, attempt + 1)
             continue
-        tokens += turn.generated_tokens
         sections, answer = parse_report(turn.text)
         cut_off = not guided and turn.finish_reason == "length"
         problem = _malformed(sections, answer, cut_off=cut_off)
@@ -308,9 +321,29 @@ async def compress_trajectory(
             # The report carries the trajectory's own answer: a compressor summarises, it does not
             # re-answer (nor can an un-escaped tag in a quoted page set the answer).
             text, seconds = _canonical(sections, neutralize(traj_answer)), time.perf_counter() - started
-            return _report(trajectory, text=text, answer=traj_answer, status="ok", tokens=tokens, seconds=seconds)
+            return _report(trajectory, text=text, answer=traj_answer, status="ok", seconds=seconds, **cost)
         logger.warning("report for %s is malformed (attempt %d): %s", tid, attempt + 1, problem)
-    return fallback_report(trajectory, tokens=tokens, seconds=time.perf_counter() - started)
+    return fallback_report(trajectory, seconds=time.perf_counter() - started, **cost)
+
+
+async def _attempt(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    segments: list[Lit | Gen],
+    sampling: Sampling,
+    seed: int,
+    cost: dict[str, int],
+) -> TurnResult | None:
+    """One try at a report, its usage added to ``cost``; ``None`` when the model call failed."""
+    try:
+        turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
+    except Exception as exc:  # noqa: BLE001 - any model failure is retried, then carried forward
+        logger.warning("the compressor's model call failed: %s", redact(repr(exc), secrets_of(model)))
+        return None
+    cost["tokens"] += turn.generated_tokens
+    cost["prompt_tokens"] += turn.prompt_tokens
+    cost["cached_prompt_tokens"] += turn.cached_prompt_tokens
+    return turn
 
 
 def _malformed(sections: dict[str, str], answer: str | None, *, cut_off: bool) -> str | None:

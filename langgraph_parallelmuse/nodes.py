@@ -90,9 +90,23 @@ def engine_delta(start: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
 
 
 def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Token, tool-call and outcome totals of the rollout stage."""
-    keys = ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "cached_prompt_tokens", "tool_calls")
+    """Token, tool-call and outcome totals of the rollout stage.
+
+    ``cached_prompt_tokens`` and ``conversation_cached_tokens`` are observed (what the backend
+    reported as served from its prefix cache; ``cache_reported`` says whether it reports at all);
+    ``reused_prefix_tokens`` is computed (the parents' prefixes the branches sent again).
+    """
+    keys = (
+        "generated_tokens",
+        "prompt_tokens",
+        "reused_prefix_tokens",
+        "cached_prompt_tokens",
+        "conversation_prompt_tokens",
+        "conversation_cached_tokens",
+        "tool_calls",
+    )
     out: dict[str, Any] = {k: sum(t["stats"][k] for t in trajectories) for k in keys}
+    out["cache_reported"] = any(t["stats"]["cache_reported"] for t in trajectories)
     out["trajectories"] = len(trajectories)
     out["answered"] = sum(1 for t in trajectories if t["answer"])
     out["failed"] = sum(1 for t in trajectories if t["status"] == "failed")
@@ -363,6 +377,11 @@ class ParallelMuseNodes:
                 )
         if settings.aggregation == "parallelmuse":
             stats["compress"] = compression_stats(reports)
+            stats["aggregate"] = {
+                "tokens": choice.tokens,
+                "prompt_tokens": choice.prompt_tokens,
+                "cached_prompt_tokens": choice.cached_prompt_tokens,
+            }
         spans = [*state.get("spans", []), ["stage2", started, time.time()]]
         stats["seconds"] = {
             "rollout": active_seconds(spans, "rollout"),

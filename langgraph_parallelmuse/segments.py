@@ -55,7 +55,13 @@ class TurnResult:
     prompt_tokens: int = 0
     context_tokens: int = 0  # prompt tokens of the turn's first call: the conversation so far
     generated_tokens: int = 0
-    cached_prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # observed: what the backend reported as served from its prefix cache
+    # Calls on the conversation itself (not a segment's own plain prompt): a branch's continue the
+    # parent's prompt, so these are the calls a prefix cache can serve.
+    conversation_calls: int = 0
+    conversation_prompt_tokens: int = 0
+    conversation_cached_tokens: int = 0
+    cache_reported: bool = False  # the backend reports cached prompt tokens at all
     finish_reason: str = "stop"
     calls: int = 0
     seconds: float = 0.0
@@ -183,7 +189,14 @@ async def generate_turn(
             result.context_tokens = prompt_tokens
         result.prompt_tokens += prompt_tokens
         result.generated_tokens += int(usage.get("output_tokens", 0) or len(tokens))
-        result.cached_prompt_tokens += int((usage.get("input_token_details") or {}).get("cache_read", 0) or 0)
+        details = usage.get("input_token_details") or {}
+        cached = int(details.get("cache_read", 0) or 0)
+        result.cached_prompt_tokens += cached
+        result.cache_reported = result.cache_reported or "cache_read" in details
+        if seg.messages is None:
+            result.conversation_calls += 1
+            result.conversation_prompt_tokens += prompt_tokens
+            result.conversation_cached_tokens += cached
         # The turn counts as cut off only if its last generated part was: a guided thought that
         # hits its short bound is closed by the driver and is not a truncated turn.
         result.finish_reason = (msg.response_metadata or {}).get("finish_reason") or "stop"

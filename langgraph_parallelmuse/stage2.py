@@ -30,11 +30,15 @@ class Choice:
         source: ``"aggregator"``, ``"majority_fallback"`` (aggregation failed), a baseline's name,
             or ``"none"``.
         tokens: Tokens the aggregator generated (0 for a baseline).
+        prompt_tokens: Prompt tokens the aggregator was sent.
+        cached_prompt_tokens: Of those, what the backend reported as served from its prefix cache.
     """
 
     answer: str | None
     source: str
     tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
 
 async def write_report(
@@ -75,16 +79,22 @@ async def choose_answer(
         >>> trajs = [{"answer": "Paris"}, {"answer": "Lyon"}, {"answer": "Paris"}]
         >>> cfg = ParallelMuseConfig(aggregation="majority")
         >>> asyncio.run(choose_answer(None, "Capital?", trajs, [], config=cfg, guided=False))
-        Choice(answer='Paris', source='majority', tokens=0)
+        Choice(answer='Paris', source='majority', tokens=0, prompt_tokens=0, cached_prompt_tokens=0)
     """
     if config.aggregation != "parallelmuse":
-        answer, source, tokens = BASELINES[config.aggregation](trajectories), config.aggregation, 0
-    else:
-        result = await aggregate_reports(aggregator, question, list(reports), guided=guided, seed=config.seed)
-        answer, source, tokens = result.answer, result.source, result.tokens
-        if answer is None and any(t["answer"] for t in trajectories):
-            answer, source = majority_vote(trajectories), "majority_fallback"
-    return Choice(answer=answer, source=source if answer is not None else "none", tokens=tokens)
+        answer = BASELINES[config.aggregation](trajectories)
+        return Choice(answer=answer, source=config.aggregation if answer is not None else "none")
+    result = await aggregate_reports(aggregator, question, list(reports), guided=guided, seed=config.seed)
+    answer, source = result.answer, result.source
+    if answer is None and any(t["answer"] for t in trajectories):
+        answer, source = majority_vote(trajectories), "majority_fallback"
+    return Choice(
+        answer=answer,
+        source=source if answer is not None else "none",
+        tokens=result.tokens,
+        prompt_tokens=result.prompt_tokens,
+        cached_prompt_tokens=result.cached_prompt_tokens,
+    )
 
 
 def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:
@@ -98,6 +108,8 @@ def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:
     traj_tokens = sum(r["trajectory_tokens"] for r in reports)
     return {
         "reports": len(reports),
+        "prompt_tokens": sum(r.get("prompt_tokens", 0) for r in reports),
+        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in reports),
         "report_tokens": report_tokens,
         "trajectory_tokens": traj_tokens,
         "fallback_reports": sum(1 for r in reports if r["status"] == "fallback"),

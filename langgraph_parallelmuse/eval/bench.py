@@ -437,8 +437,9 @@ def rollout_table(records: Sequence[dict]) -> str:
         for name in sorted({m for r in records for m in r["methods"] if m.startswith("single_partial_")})
     ]
     head = (
-        "| set | gen. tokens/q | ratio to scratch | prompt: parent's prefix | prompt: served by cache "
-        "| tool calls/q | rollout s/q | F1 | contains |\n|---|---|---|---|---|---|---|---|---|"
+        "| set | gen. tokens/q | ratio to scratch | prompt: parent's prefix (computed) "
+        "| prompt: served by cache (observed) | tool calls/q | rollout s/q | F1 | contains |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     base = sum(r["methods"]["no_scaling"]["cost"]["generated_tokens"] for r in records if "no_scaling" in r["methods"])
