@@ -114,8 +114,8 @@ def _renames_max_tokens_for_other_server(model: BaseChatModel) -> bool:
         from langchain_openai import ChatOpenAI
     except ImportError:  # pragma: no cover - a declared dependency
         return False
-    if not isinstance(model, ChatOpenAI):
-        return False
+    if not isinstance(model, ChatOpenAI) or getattr(model, "sends_max_tokens", False):
+        return False  # ServerChatModel writes max_tokens into its request body itself
     base = model.openai_api_base
     if not base:  # OPENAI_BASE_URL is read by the client itself
         client = getattr(model, "root_async_client", None) or getattr(model, "root_client", None)

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from langgraph_parallelmuse.models.local import LocalChatModel
     from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixHit
     from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
-    from langgraph_parallelmuse.models.routing import StickyRouter
+    from langgraph_parallelmuse.models.routing import routing_scope
+    from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 
 _EXPORTS = {
     "GenerationRequest": "requests",
@@ -37,7 +38,10 @@ _EXPORTS = {
     "LocalChatModel": "local",
     "PrefixCache": "prefix_cache",
     "PrefixHit": "prefix_cache",
-    "StickyRouter": "routing",
+    "routing_scope": "routing",
+    "ServerChatModel": "server",
+    "ServerCheckError": "server",
+    "check_server": "server",
 }
 
 __all__ = [
@@ -48,7 +52,10 @@ __all__ = [
     "LocalChatModel",
     "PrefixCache",
     "PrefixHit",
-    "StickyRouter",
+    "ServerChatModel",
+    "ServerCheckError",
+    "check_server",
+    "routing_scope",
     "load_embedded_model_path",
     "load_model",
     "shared_engine",

@@ -15,7 +15,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_openai import ChatOpenAI
 from pydantic import Field
@@ -61,6 +61,8 @@ class ServerChatModel(ChatOpenAI):
         ['x-session-id']
     """
 
+    #: Writes the token bound as ``max_tokens`` in the request body (``Sampling`` leaves it alone).
+    sends_max_tokens: ClassVar[bool] = True
     supports_prefill: bool = Field(default=True, description="The server continues a trailing assistant message.")
     routing_header: str | None = Field(default=None, description="Header carrying the routing key, if routed.")
 

@@ -555,3 +555,24 @@ async def test_a_branch_send_carries_a_reference_to_the_parent_checkpoint_not_th
     parent_prompt = next(c for c in model.calls if agent_step(c["messages"]) == 1)["messages"]
     assert model.calls[calls_before]["messages"] == parent_prompt
     assert branch["steps"][:1] == parent["steps"][:1]
+
+
+class _KeyRecordingModel(ScriptedChatModel):
+    """Records the routing key of every call, as ServerChatModel would send it in the router's header."""
+
+    keys: list = []
+
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        from langgraph_parallelmuse.models.routing import routing_key
+
+        self.keys.append(routing_key(messages))
+        return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+async def test_every_call_of_one_question_carries_one_routing_key():
+    """Trajectories, branches, reports and the aggregation: one key, so a router keeps them on one replica."""
+    model = _KeyRecordingModel(responder=research_responder(by_step()), keys=[])
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 4, "m": 1, "k": 1, "t": 2})
+    out = await graph.ainvoke({"question": QUESTION})
+    assert _roles(model)["compress"] == len(out["reports"]) and _roles(model)["aggregate"] == 1
+    assert len(model.keys) == len(model.calls) and set(model.keys) == {QUESTION}

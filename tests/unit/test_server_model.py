@@ -32,10 +32,11 @@ def test_trailing_assistant_message_is_continued_and_user_extra_body_kept() -> N
     model = llm(extra_body={"top_k": 20})
     kwargs = Sampling().kwargs(max_tokens=9, seed=3, model=model)  # the library's call kwargs
     body = model._get_request_payload([*QUESTION, AIMessage("<think>")], **kwargs)
-    assert body["extra_body"] == {"top_k": 20, "max_tokens": 9, **CONTINUE_FINAL_MESSAGE}
+    assert body["extra_body"] == {"top_k": 20, **CONTINUE_FINAL_MESSAGE}
+    assert body["max_tokens"] == 9 and "max_completion_tokens" not in body  # written by the model itself
     assert body["messages"][-1] == {"role": "assistant", "content": "<think>"}
     plain = model._get_request_payload(QUESTION, **kwargs)
-    assert plain["extra_body"] == {"top_k": 20, "max_tokens": 9}  # a new turn opens as usual
+    assert plain["extra_body"] == {"top_k": 20} and plain["max_tokens"] == 9  # a new turn opens as usual
 
 
 def test_token_bound_goes_out_as_max_tokens() -> None:
