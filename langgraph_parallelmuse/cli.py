@@ -1,4 +1,4 @@
-"""Command line: ``ask`` (full pipeline), ``agent`` (one trajectory), ``bench``, ``calibrate``.
+"""Command line: ``ask`` (full pipeline), ``agent`` (one trajectory), ``bench``, ``calibrate``, ``export-model``.
 
 Example:
     $ parallelmuse ask "Which country is the Eiffel Tower in?" --n 8 --json result.json
@@ -489,6 +489,15 @@ async def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _export(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.models.export import export_model
+
+    with console.status(f"Exporting the embedded SmolLM2 to {args.dir} ({args.dtype})…"):
+        path = export_model(args.dir, dtype=args.dtype)
+    console.print(f"Wrote a transformers checkpoint to {path}: serve it with vLLM (--model {path})")
+    return 0
+
+
 def _setting(text: str) -> tuple[str, Any]:
     """``FIELD=VALUE`` of ``--set``; the value is read as JSON when it parses (numbers, true/false)."""
     name, sep, value = text.partition("=")
@@ -614,6 +623,12 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", required=True, help="calibration file to write")
     cal.add_argument("--quantile", type=float, default=0.8, help="share of steps that will not branch")
     cal.set_defaults(func=_calibrate)
+    export = sub.add_parser(
+        "export-model", help="write the embedded SmolLM2 as a transformers checkpoint directory (for vLLM/SGLang)"
+    )
+    export.add_argument("dir", help="directory to write (reused if it already holds this export)")
+    export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    export.set_defaults(func=_export)
     return parser
 
 
