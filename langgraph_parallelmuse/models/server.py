@@ -185,6 +185,11 @@ class _Client:
                 return exc.code, {"error": {"message": text[:500]}}
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if body is not None:  # it answered GET /models, so it broke off while handling this request
+                raise ServerCheckError(
+                    f"{self.base}{path} dropped the request ({reason}) while checking model {self.model!r}: "
+                    "the server may have crashed; read its log."
+                ) from exc
             raise ServerCheckError(
                 f"{self.base} is unreachable ({reason}){self._checking}: start the server, or fix base_url= "
                 "(the OpenAI API root, e.g. http://127.0.0.1:8000/v1; --base-url on the command line)."

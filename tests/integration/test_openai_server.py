@@ -214,6 +214,19 @@ async def test_chat_openai_logprobs_line_up_and_the_token_bound_holds(server: st
     assert all(a["end"] == b["start"] for a, b in zip(records, records[1:], strict=False))
 
 
+async def test_check_server_says_this_server_cannot_continue_an_assistant_message(server: str) -> None:
+    """llama-cpp-python closes a trailing assistant turn: check_server names it and the way out."""
+    from langgraph_parallelmuse.models.server import ServerCheckError, check_server
+
+    with pytest.raises(ServerCheckError) as info:
+        check_server(server, MODEL_ALIAS, top_logprobs=5)
+    message = str(info.value)
+    assert server in message and repr(MODEL_ALIAS) in message
+    # Its chat formatter renders with add_generation_prompt=True (see the module docstring).
+    assert "closed the trailing assistant message" in message and "driver='free'" in message
+    check_server(server, MODEL_ALIAS, top_logprobs=5, prefill=False)  # the name and the logprobs are fine
+
+
 def _first_request(model: RecordingChatOpenAI, trajectory_id: str, step: int) -> dict[str, Any]:
     """The first request of ``step`` of a trajectory, found by the seed the library derives for it.
 

@@ -167,3 +167,13 @@ async def test_requests_reach_the_server_with_header_bound_and_flags() -> None:
     assert sent.body["max_tokens"] == 5 and "max_completion_tokens" not in sent.body
     assert sent.body["continue_final_message"] is True and sent.body["add_generation_prompt"] is False
     assert reply.response_metadata["logprobs"]["content"][0]["token"] == "A"
+
+
+def test_a_server_that_dies_mid_request_is_not_called_unreachable() -> None:
+    def crash(_body: dict) -> tuple[int, dict]:
+        raise ConnectionAbortedError("segfault")  # the handler dies: the connection closes unanswered
+
+    routes = {**fake_server(), "POST /v1/chat/completions": crash}
+    with fake_http(routes) as fake:
+        with pytest.raises(ServerCheckError, match=r"/v1/chat/completions dropped the request .*crashed; read its log"):
+            check_server(f"{fake.url}/v1", "smollm2")
