@@ -187,7 +187,7 @@ class _Client:
             reason = getattr(exc, "reason", exc)
             if body is not None:  # it answered GET /models, so it broke off while handling this request
                 raise ServerCheckError(
-                    f"{self.base}{path} dropped the request ({reason}) while checking model {self.model!r}: "
+                    f"{self.base}{path} dropped the request ({reason}){self._checking}: "
                     "the server may have crashed; read its log."
                 ) from exc
             raise ServerCheckError(
