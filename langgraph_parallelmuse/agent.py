@@ -23,6 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
+from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ParallelMuseError
@@ -32,7 +33,12 @@ from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import with_retries
 from langgraph_parallelmuse.segments import Sampling, TurnResult, derive_seed, generate_turn
 from langgraph_parallelmuse.state import Action, AgentState, Observation, Origin, Step, Trajectory, count_tool_calls
-from langgraph_parallelmuse.uncertainty import require_logprobs, score_steps
+from langgraph_parallelmuse.uncertainty import (
+    CONFIDENCE_WINDOW,
+    lowest_group_confidence,
+    require_logprobs,
+    score_steps,
+)
 
 _DEFAULT_CONFIG = ParallelMuseConfig()
 
@@ -124,6 +130,19 @@ async def _sample_step(
         if driver.reject(ctx, text, action) is None:
             break
     return text, action, turn
+
+
+def _low_confidence(own: Sequence[Step], cfg: ParallelMuseConfig) -> str | None:
+    """Why a trajectory stops early (DeepConf): its lowest group confidence fell below the floor."""
+    calibration = Calibration.load(cfg.calibration)
+    tokens = [tok for s in own for tok in s["tokens"]]
+    lowest = lowest_group_confidence(tokens, window=calibration.confidence_window)
+    if lowest is None or calibration.confidence_floor is None or lowest >= calibration.confidence_floor:
+        return None
+    return (
+        f"stopped early: lowest group confidence {lowest:.3f} < floor {calibration.confidence_floor:.3f} "
+        f"(window {calibration.confidence_window} tokens)"
+    )
 
 
 def _outcome(step: Step, *, final: bool, exhausted: bool) -> dict[str, Any]:
@@ -222,7 +241,12 @@ class _StepNodes:
             finish_reason=turn.finish_reason,
             seconds=time.perf_counter() - started,
         )
-        return _outcome(step, final=ctx.final, exhausted=exhausted)
+        update = _outcome(step, final=ctx.final, exhausted=exhausted)
+        if cfg.early_stop and update["status"] == "running":
+            own = [*steps[origin.get("step") or 0 :], step] if origin.get("kind") == "branch" else [*steps, step]
+            if (reason := _low_confidence(own, cfg)) is not None:
+                update.update(status="stopped", error=reason)
+        return update
 
     async def act(self, state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
         """Run the last step's action and record the tool response (errors included)."""
@@ -372,12 +396,18 @@ class RolloutRunner:
         return None
 
     async def run_job(
-        self, job: Job, *, question: str | None = None, config: ParallelMuseConfig | None = None
+        self,
+        job: Job,
+        *,
+        question: str | None = None,
+        config: ParallelMuseConfig | None = None,
+        on_step: Callable[[Trajectory], Awaitable[None]] | None = None,
     ) -> Trajectory:
         """Run one job of the schedule in its thread (or return it if that thread already finished).
 
         A from-scratch job needs the ``question``; a branch continues a new thread from the checkpoint its
         origin names (the shared prefix keeps its steps and tool responses; nothing of it is re-run).
+        ``on_step`` is awaited with the trajectory so far after each think step (online branching).
         """
         thread_id, origin = job["thread_id"], job["origin"]
         if (done := await self.existing(thread_id, config)) is not None:
@@ -401,9 +431,20 @@ class RolloutRunner:
                 await self.graph.aupdate_state(tc, {**seed, **fresh}, as_node="act")
             else:
                 payload = {**seed, **fresh}
-        await self.graph.ainvoke(payload, tc, context=config or _DEFAULT_CONFIG)
+        context = config or _DEFAULT_CONFIG
+        if on_step is None:
+            await self.graph.ainvoke(payload, tc, context=context)
+        else:
+            async for update in self.graph.astream(payload, tc, context=context, stream_mode="updates"):
+                if "think" in update:
+                    await on_step(await self.snapshot(thread_id, config))
         final = await self.graph.aget_state(tc)
         return await self._trajectory(thread_id, final.values, time.perf_counter() - started, config)
+
+    async def snapshot(self, thread_id: str, config: ParallelMuseConfig | None = None) -> Trajectory:
+        """A thread's trajectory as its last checkpoint holds it (a running or cancelled one included)."""
+        snap = await self.graph.aget_state(self._thread(thread_id))
+        return await self._trajectory(thread_id, snap.values, 0.0, config)
 
     @staticmethod
     def _question(question: str | None, job: Job) -> str:
@@ -517,6 +558,9 @@ class RolloutRunner:
                 "conversation_prompt_tokens": sum(s["conversation_prompt_tokens"] for s in own),
                 "conversation_cached_tokens": sum(s["conversation_cached_tokens"] for s in own),
                 "cache_reported": any(s["cache_reported"] for s in own),
+                "lowest_confidence": lowest_group_confidence(
+                    [tok for s in own for tok in s["tokens"]], window=CONFIDENCE_WINDOW
+                ),
                 "tool_calls": count_tool_calls(own_obs),
                 "seconds": seconds,
             },

@@ -39,6 +39,7 @@ from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls
+from langgraph_parallelmuse.uncertainty import token_confidence
 
 __all__ = [
     "BASELINES",
@@ -157,11 +158,9 @@ def trace_confidence(trajectory: Trajectory, *, top_k: int = 16) -> float | None
         >>> trace_confidence({"steps": [{"tokens": [tok, tok]}]})
         2.0
     """
-    confidences = []
-    for step in trajectory.get("steps", []):
-        for tok in step.get("tokens", []):
-            tops = [lp for _, lp in tok.get("top_logprobs", [])[:top_k]] or [tok["logprob"]]
-            confidences.append(-sum(tops) / len(tops))
+    confidences = [
+        token_confidence(tok, top_k) for step in trajectory.get("steps", []) for tok in step.get("tokens", [])
+    ]
     return sum(confidences) / len(confidences) if confidences else None
 
 

@@ -1,9 +1,12 @@
-"""Calibrated branching thresholds: branch wherever a region is unusually uncertain.
+"""Calibrated thresholds: branch wherever a region is unusually uncertain, stop what is unusually unsure.
 
 The paper branches at a fixed top-k steps per trajectory. A calibration instead learns, from
-earlier trajectories of the same model and task, the perplexity quantile above which a step
-counts as uncertain, and branches at every such step (most uncertain first, capped by the
-budget). It is a small JSON file, so one calibration serves many runs.
+earlier trajectories of the same model and task (other questions than the ones it is used on),
+the perplexity quantile above which a step counts as uncertain, and branches at every such step
+(most uncertain first, capped by the budget; online branching forks at once when a finished step
+crosses it). It also learns DeepConf's confidence floor: the quantile of the trajectories' lowest
+sliding-window confidence below which ``early_stop`` ends a trajectory. It is a small JSON file, so
+one calibration serves many runs.
 """
 
 from __future__ import annotations
@@ -16,10 +19,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE
+from langgraph_parallelmuse.uncertainty import CONFIDENCE_WINDOW, REGIONS_OF_MODE
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile_of(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by linear interpolation.
+
+    Example:
+        >>> quantile_of([1.0, 2.0, 3.0, 4.0], 0.5)
+        2.5
+    """
     ordered = sorted(values)
     pos = q * (len(ordered) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
@@ -43,6 +52,10 @@ class Calibration:
     quantile: float
     thresholds: dict[str, float]
     samples: dict[str, int]
+    # DeepConf's early-stop floor: a quantile of the trajectories' lowest group confidence.
+    confidence_floor: float | None = None
+    confidence_window: int = CONFIDENCE_WINDOW
+    confidence_samples: int = 0
 
     @classmethod
     def fit(
@@ -51,6 +64,8 @@ class Calibration:
         *,
         quantile: float = 0.8,
         estimator: str = "nll",
+        confidences: Iterable[float | None] = (),
+        stop_quantile: float = 0.1,
     ) -> Calibration:
         """Thresholds at ``quantile`` of each region's step perplexities.
 
@@ -58,6 +73,8 @@ class Calibration:
             uncertainties: Per trajectory, its per-step region scores (``Trajectory["uncertainty"]``).
             quantile: Share of steps that will *not* qualify for branching, in (0, 1).
             estimator: The estimator the scores were computed with (checked when used).
+            confidences: Per trajectory, its lowest group confidence (``stats["lowest_confidence"]``).
+            stop_quantile: Share of such trajectories that ``early_stop`` would have stopped.
         """
         if not 0.0 < quantile < 1.0:
             raise ConfigError(f"quantile={quantile}: use a value strictly between 0 and 1")
@@ -69,11 +86,14 @@ class Calibration:
                         vals.append(float(step[region]))
         if not any(values.values()):
             raise ConfigError("no scored steps to calibrate from: run some trajectories with logprobs first")
+        floors = [float(c) for c in confidences if c is not None]
         return cls(
             estimator=estimator,
             quantile=quantile,
-            thresholds={r: _quantile(v, quantile) for r, v in values.items() if v},
+            thresholds={r: quantile_of(v, quantile) for r, v in values.items() if v},
             samples={r: len(v) for r, v in values.items()},
+            confidence_floor=quantile_of(floors, stop_quantile) if floors else None,
+            confidence_samples=len(floors),
         )
 
     def excess(self, scores: Mapping[str, float | None], *, mode: str) -> tuple[str, float] | None:
@@ -128,6 +148,9 @@ def _load(path: str, mtime_ns: int) -> Calibration:
             quantile=float(data["quantile"]),
             thresholds={str(k): float(v) for k, v in data["thresholds"].items()},
             samples={str(k): int(v) for k, v in data.get("samples", {}).items()},
+            confidence_floor=None if data.get("confidence_floor") is None else float(data["confidence_floor"]),
+            confidence_window=int(data.get("confidence_window", CONFIDENCE_WINDOW)),
+            confidence_samples=int(data.get("confidence_samples", 0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise ConfigError(

@@ -511,9 +511,11 @@ def _setting(text: str) -> tuple[str, Any]:
         return name, value
 
 
-def _scored_runs(paths: list[str]) -> tuple[list[list[dict]], set[str]]:
-    """Per-step uncertainty of the from-scratch trajectories in bench or ``ask --json`` outputs."""
+def _scored_runs(paths: list[str]) -> tuple[list[list[dict]], list[float | None], set[str]]:
+    """Per-step uncertainty and lowest confidence of the from-scratch trajectories in bench or
+    ``ask --json`` outputs."""
     runs: list[list[dict]] = []
+    confidences: list[float | None] = []
     estimators: set[str] = set()
     for path in paths:
         text = Path(path).read_text()
@@ -527,21 +529,35 @@ def _scored_runs(paths: list[str]) -> tuple[list[list[dict]], set[str]]:
             config = rec.get("settings") or (rec.get("stats") or {}).get("config") or {}
             estimators.add(config.get("estimator", "nll"))
             # From-scratch trajectories only: branches over-represent the uncertain steps.
-            runs += [t["uncertainty"] for t in trajs if (t.get("origin") or {}).get("kind") in ("initial", "fill")]
-    return runs, estimators
+            scratch = [t for t in trajs if (t.get("origin") or {}).get("kind") in ("initial", "fill")]
+            runs += [t["uncertainty"] for t in scratch]
+            confidences += [(t.get("stats") or {}).get("lowest_confidence") for t in scratch]
+    return runs, confidences, estimators
 
 
 async def _calibrate(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.calibration import Calibration
 
-    runs, estimators = _scored_runs(args.runs)
+    runs, confidences, estimators = _scored_runs(args.runs)
     if len(estimators) > 1:
         raise ConfigError(f"the runs mix estimators {sorted(estimators)}: calibrate from one estimator's runs")
-    cal = Calibration.fit(runs, quantile=args.quantile, estimator=estimators.pop() if estimators else "nll")
+    cal = Calibration.fit(
+        runs,
+        quantile=args.quantile,
+        estimator=estimators.pop() if estimators else "nll",
+        confidences=confidences,
+        stop_quantile=args.stop_quantile,
+    )
     cal.save(args.out)
-    table = Table("region", "threshold (perplexity)", "steps")
+    table = Table("threshold", "value", "from")
     for region, threshold in cal.thresholds.items():
-        table.add_row(region, f"{threshold:.3f}", str(cal.samples[region]))
+        table.add_row(f"{region} perplexity (branch above)", f"{threshold:.3f}", f"{cal.samples[region]} steps")
+    if cal.confidence_floor is not None:
+        table.add_row(
+            "lowest group confidence (stop below)",
+            f"{cal.confidence_floor:.3f}",
+            f"{cal.confidence_samples} trajectories",
+        )
     out.print(table)
     console.print(f"{len(runs)} trajectories; wrote {args.out} (use it with --calibration {args.out})")
     return 0
@@ -622,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("runs", nargs="+", help="bench results.jsonl files or `ask --json` outputs")
     cal.add_argument("--out", required=True, help="calibration file to write")
     cal.add_argument("--quantile", type=float, default=0.8, help="share of steps that will not branch")
+    cal.add_argument(
+        "--stop-quantile", type=float, default=0.1, help="share of trajectories early_stop would have stopped"
+    )
     cal.set_defaults(func=_calibrate)
     export = sub.add_parser(
         "export-model", help="write the embedded SmolLM2 as a transformers checkpoint directory (for vLLM/SGLang)"

@@ -16,6 +16,7 @@ from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, Estimator, Mode
 
 Aggregation = Literal["parallelmuse", "majority", "weighted", "max_tool_calls"]
+Branching = Literal["post_hoc", "online"]
 DriverName = Literal["auto", "free", "guided"]
 
 
@@ -63,6 +64,22 @@ class ParallelMuseConfig(BaseModel):
         description="Resample a branch's first step when its tool call repeats the parent's or a "
         "sibling's (same tool, same normalised arguments).",
     )
+    branching: Branching = Field(
+        "post_hoc",
+        description="'post_hoc' (the paper): branch after the initial trajectories finish; 'online': fork a "
+        "step as soon as it finishes above the calibrated threshold (at most k per initial trajectory), "
+        "while its parent goes on.",
+    )
+    early_stop: bool = Field(
+        False,
+        description="Stop a trajectory whose lowest sliding-window confidence falls below the calibration's "
+        "floor (DeepConf); it is left out of voting and aggregation.",
+    )
+    consensus: float | None = Field(
+        None,
+        description="Stop sampling once this share of at least 3 finished answers agree (online branching): "
+        "no more trajectories start and running ones are cancelled.",
+    )
     # Sampling.
     temperature: float = Field(0.6, description="Rollout sampling temperature.")
     top_p: float = Field(0.95, description="Rollout nucleus sampling.")
@@ -96,10 +113,11 @@ class ParallelMuseConfig(BaseModel):
             problems.append(f"t={self.t}: T (branches per pick) must be at least 1")
         if self.m > self.n:
             problems.append(f"m={self.m} > n={self.n}: initial trajectories cannot exceed N")
-        elif self.mode != "none" and self.calibration is None and self.m + self.m * self.k * self.t > self.n:
+        elif self.mode != "none" and self._top_k and self.m + self.m * self.k * self.t > self.n:
             problems.append(f"n={self.n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t")
-        elif self.calibration is not None and self.m + self.t > self.n:
+        elif not self._top_k and self.m + self.t > self.n:
             problems.append(f"n={self.n} < m + t = {self.m + self.t}: no room for one calibrated pick's branches")
+        problems += self._online_problems()
         if self.rounds < 1:
             problems.append(f"rounds={self.rounds}: use 1 (the paper) or more")
         if self.mode == "none" and (self.rounds > 1 or self.calibration is not None):
@@ -142,15 +160,41 @@ class ParallelMuseConfig(BaseModel):
             raise ValueError("; ".join(problems))
         return self
 
+    def _online_problems(self) -> list[str]:
+        problems = []
+        if self.branching == "online" and (self.mode == "none" or self.rounds > 1):
+            problems.append("branching='online' forks the initial trajectories once: use a branching mode and rounds=1")
+        if self.consensus is not None and (self.branching != "online" or not 0.5 < self.consensus <= 1.0):
+            problems.append(f"consensus={self.consensus}: a share in (0.5, 1], with branching='online'")
+        if self.early_stop:
+            floor = None
+            if self.calibration is not None:
+                try:
+                    floor = Calibration.load(self.calibration).confidence_floor
+                except ConfigError:
+                    pass  # reported with the calibration's other problems
+            if floor is None:
+                problems.append(
+                    "early_stop needs calibration= a file with a confidence floor (`parallelmuse calibrate` on "
+                    "runs of other questions)"
+                )
+        return problems
+
     @property
     def branch_budget(self) -> int:
-        """Most branches the first round can launch: M*k*T (the paper), as many whole groups of T
-        as fit in N - M with a calibration, 0 for mode 'none'."""
+        """Most branches the first round can launch: M*k*T (the paper, and online forking), as many
+        whole groups of T as fit in N - M with a post-hoc calibration, 0 for mode 'none'."""
         if self.mode == "none":
             return 0
-        if self.calibration is not None:
+        if not self._top_k:
             return (self.n - self.m) // self.t * self.t
         return self.m * self.k * self.t
+
+    @property
+    def _top_k(self) -> bool:
+        """At most k branch points per initial trajectory: the paper's top-k, and online forking (its
+        first k steps over the threshold); a post-hoc calibration branches at every step over it."""
+        return self.calibration is None or self.branching == "online"
 
     @property
     def fill_budget(self) -> int:

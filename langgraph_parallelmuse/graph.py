@@ -5,6 +5,7 @@
     START → prepare → Send(initial_rollout × (M + fills)) → select_branches
           ⇄ Send(branch_rollout × (forks of the round + final fills))
           → collect → Send(compress × answered trajectories) → aggregate → END
+    (branching="online": prepare → online_rollout → collect, branches forked while parents run)
 
 This module holds the wiring and the factories only. The nodes are the methods of
 :class:`~langgraph_parallelmuse.nodes.ParallelMuseNodes`; trajectories run in the checkpointed
@@ -101,6 +102,7 @@ def build_parallelmuse_graph(
     for name, node in [
         ("prepare", nodes.prepare),
         ("initial_rollout", nodes.rollout),
+        ("online_rollout", nodes.online_rollout),
         ("select_branches", nodes.select_branches),
         ("branch_rollout", nodes.rollout),
         ("collect", nodes.collect),
@@ -109,8 +111,9 @@ def build_parallelmuse_graph(
     ]:
         graph.add_node(name, async_node(name, node))
     graph.add_edge(START, "prepare")
-    graph.add_conditional_edges("prepare", nodes.launch_initial, ["initial_rollout"])
+    graph.add_conditional_edges("prepare", nodes.launch_initial, ["initial_rollout", "online_rollout"])
     graph.add_edge("initial_rollout", "select_branches")
+    graph.add_edge("online_rollout", "collect")
     graph.add_conditional_edges("select_branches", nodes.launch_branches, ["branch_rollout", "collect"])
     graph.add_edge("branch_rollout", "select_branches")
     graph.add_conditional_edges("collect", nodes.launch_compress, ["compress", "aggregate"])

@@ -30,7 +30,7 @@ from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailedError
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
-from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, pick_branches
+from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, online_rollout, pick_branches
 from langgraph_parallelmuse.stage2 import choose_answer, compression_stats, write_report
 from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
 
@@ -275,7 +275,11 @@ class ParallelMuseNodes:
         return Send(node, {"question": state["question"], "settings": state["settings"], "job": job})
 
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
-        jobs = first_wave(self.settings(state["settings"]), run_id=state["run_id"])
+        settings = self.settings(state["settings"])
+        if settings.branching == "online":
+            payload = {"question": state["question"], "settings": state["settings"], "run_id": state["run_id"]}
+            return [Send("online_rollout", payload)]
+        jobs = first_wave(settings, run_id=state["run_id"])
         return [self._send("initial_rollout", state, job) for job in jobs]
 
     @_timed("rollout")
@@ -296,6 +300,40 @@ class ParallelMuseNodes:
             generated_tokens=traj["stats"]["generated_tokens"],
         )
         return {"trajectories": [traj]}
+
+    @_timed("rollout")
+    async def online_rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The whole rollout stage with online branching: branches start while their parent runs.
+
+        One node, because LangGraph starts a superstep's ``Send`` tasks only when the previous
+        superstep has ended; every trajectory still runs in its own checkpointed thread, and the
+        progress events (``branch_picked`` at the fork) stream as they happen.
+        """
+        settings = self.settings(payload["settings"])
+
+        def on_event(event: str, **data: Any) -> None:
+            if event == "trajectory_finished":
+                traj = data["trajectory"]
+                data = {
+                    "id": traj["id"],
+                    "kind": traj["origin"].get("kind"),
+                    "status": traj["status"],
+                    "answer": traj["answer"],
+                    "steps": len(traj["steps"]),
+                    "generated_tokens": traj["stats"]["generated_tokens"],
+                }
+            emit(event, **data)
+
+        with routing_scope(payload["question"]):
+            trajectories, picks = await online_rollout(
+                self.runner,
+                payload["question"],
+                config=settings,
+                run_id=payload["run_id"],
+                on_event=on_event,
+                limit=self.limit(settings),
+            )
+        return {"trajectories": trajectories, "picks": picks, "round": 1}
 
     @_timed("rollout")
     async def select_branches(self, state: ParallelMuseState) -> dict[str, Any]:

@@ -16,15 +16,17 @@ The last wave tops the total up to N with from-scratch fills, so nothing is sile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.answers import normalize_vote_key
+from langgraph_parallelmuse.calibration import Calibration, quantile_of
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job, scratch_job
 from langgraph_parallelmuse.state import Trajectory
-from langgraph_parallelmuse.uncertainty import require_logprobs, select_branch_steps
+from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, require_logprobs, select_branch_steps
 
 if TYPE_CHECKING:
     from langgraph_parallelmuse.agent import RolloutRunner
@@ -207,3 +209,181 @@ async def partial_rollout(
         trajectories += await asyncio.gather(*(run(job) for job in wave))
         picks += chosen
     return trajectories, picks
+
+
+OnEvent = Callable[..., None]
+
+
+class _Online:
+    """One question's online partial rollout: the state shared by its running trajectories."""
+
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        question: str,
+        config: ParallelMuseConfig,
+        run_id: str,
+        *,
+        reuse: Sequence[Trajectory],
+        on_event: OnEvent,
+        limit: asyncio.Semaphore | None,
+    ) -> None:
+        self.runner, self.question, self.config, self.run_id = runner, question, config, run_id
+        self.pool, self.on_event, self.limit = iter(reuse), on_event, limit
+        self.calibration = Calibration.load(config.calibration) if config.calibration is not None else None
+        self.done: list[Trajectory] = []
+        self.picks: list[Pick] = []
+        self.tasks: dict[asyncio.Task, Job] = {}
+        self.examined: dict[str, int] = {}  # trajectory id -> steps already considered for a fork
+        self.forks: dict[str, int] = {}  # initial trajectory id -> fork points taken (at most k)
+        self.seen_scores: list[float] = []  # this run's finished step scores (the estimate, uncalibrated)
+        self.launched = 0
+        self.stopped = False
+
+    def start(self, job: Job) -> None:
+        self.launched += 1
+        self.tasks[asyncio.ensure_future(self._run(job))] = job
+        self.on_event("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
+
+    async def _run(self, job: Job) -> Trajectory:
+        if job["origin"].get("kind") != "branch" and (sample := next(self.pool, None)) is not None:
+            traj = sample
+        else:
+            on_step = self.examine if job["origin"].get("kind") == "initial" else None
+            async with self.limit or contextlib.nullcontext():
+                traj = await self.runner.run_job(job, question=self.question, config=self.config, on_step=on_step)
+        if traj["origin"].get("kind") == "initial":
+            await self.examine(traj)  # a finished or reused parent: every step is considered
+        return traj
+
+    async def examine(self, parent: Trajectory) -> None:
+        """Fork each newly finished step of an initial trajectory that crosses the threshold, at once."""
+        start = self.examined.get(parent["id"], 0)
+        self.examined[parent["id"]] = len(parent["uncertainty"])
+        for step in range(start, len(parent["uncertainty"])):
+            if self.stopped or self.forks.get(parent["id"], 0) >= self.config.k:
+                return
+            hit = self._crossing(parent["uncertainty"][step])
+            room = self.config.n - self.launched
+            if hit is None or room <= 0:
+                continue
+            region, score = hit
+            pick = Pick(parent=parent["id"], step=step, region=region, score=score, round=1)
+            self.picks.append(pick)
+            self.forks[parent["id"]] = self.forks.get(parent["id"], 0) + 1
+            self.on_event("branch_picked", **pick)
+            for sibling in range(min(self.config.t, room)):
+                self.start(branch_job(parent, pick, sibling, run_id=self.run_id))
+
+    def _crossing(self, scores: dict[str, float | None]) -> tuple[str, float] | None:
+        """The mode's region a step crosses the threshold in, and its score; ``None`` if it does not."""
+        if self.calibration is not None:
+            hit = self.calibration.excess(scores, mode=self.config.mode)
+            return (hit[0], scores[hit[0]]) if hit is not None and hit[1] > 1.0 else None
+        # No calibration: the step must exceed this run's finished steps' 80th percentile so far.
+        regions = [(r, scores[r]) for r in REGIONS_OF_MODE[self.config.mode] if scores.get(r) is not None]
+        if not regions:
+            return None
+        region, score = max(regions, key=lambda rs: rs[1])
+        threshold = quantile_of(self.seen_scores, 0.8) if len(self.seen_scores) >= _MIN_ESTIMATE else None
+        self.seen_scores.append(score)
+        return (region, score) if threshold is not None and score > threshold else None
+
+    def settled(self) -> bool:
+        """Consensus stop: at least 3 finished answers, and the most common one holds the share asked."""
+        if self.config.consensus is None:
+            return False
+        votes = [k for t in self.done if (k := normalize_vote_key(t["answer"]))]
+        return len(votes) >= _MIN_VOTES and max(map(votes.count, votes)) / len(votes) >= self.config.consensus
+
+    async def cancel_running(self) -> None:
+        self.stopped = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for job in self.tasks.values():  # what they finished stays checkpointed; the record says why it ended
+            traj = await self.runner.snapshot(job["thread_id"], self.config)
+            if not traj["steps"]:
+                continue  # cancelled before its first step: it never ran
+            status = traj["status"] if traj["status"] != "running" else "cancelled"
+            self.done.append({**traj, "status": status, "answer": traj["answer"] if status != "cancelled" else None})
+        self.tasks.clear()
+
+
+_MIN_ESTIMATE = 5  # finished steps before an uncalibrated run trusts its own threshold
+_MIN_VOTES = 3
+
+
+async def online_rollout(
+    runner: RolloutRunner,
+    question: str,
+    *,
+    config: ParallelMuseConfig,
+    run_id: str,
+    reuse: Sequence[Trajectory] = (),
+    on_event: OnEvent | None = None,
+    limit: asyncio.Semaphore | None = None,
+) -> tuple[list[Trajectory], list[Pick]]:
+    """Online partial rollout (``branching="online"``): branch while the parent runs.
+
+    The M initial trajectories and the planned fills start at once, as in the post-hoc schedule.
+    Whenever an initial trajectory finishes a step whose region perplexity (by ``mode``) crosses the
+    threshold, T branches from the checkpoint before that step start immediately and the parent
+    goes on; k bounds the fork points per initial trajectory (its first k crossing steps, since
+    later steps are not known yet). The threshold is the calibration's (from other questions), else
+    the 80th percentile of this run's finished steps so far. When everything has ended, fills top the
+    total up to N. With ``consensus``, once that share of at least 3 finished answers agree, no more
+    trajectories start and running ones are cancelled (status ``cancelled``; their finished steps
+    stay checkpointed, so a resumed run does not redo them).
+
+    Args:
+        runner: Runs and forks trajectories.
+        question: The question.
+        config: Budget, thresholds and stops.
+        run_id: Prefix of the trajectory thread ids.
+        reuse: From-scratch samples that stand in for the schedule's from-scratch jobs.
+        on_event: ``on_event(name, **data)`` for progress (``branch_picked`` when the fork happens).
+        limit: Bounds the trajectories in flight.
+
+    Returns:
+        The trajectories (in the order they ended) and the picks.
+    """
+    run = _Online(runner, question, config, run_id, reuse=reuse, on_event=on_event or _ignore, limit=limit)
+    fills = config.n - config.m - config.m * config.k * config.t
+    for job in [scratch_job("initial", i, run_id=run_id) for i in range(config.m)]:
+        run.start(job)
+    for i in range(fills):
+        run.start(scratch_job("fill", i, run_id=run_id))
+    while run.tasks:
+        finished, _ = await asyncio.wait(run.tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in finished:
+            del run.tasks[task]
+            traj = task.result()
+            run.done.append(traj)
+            run.on_event("trajectory_finished", trajectory=traj)
+        if run.settled():
+            run.on_event("consensus_reached", answers=len(run.done))
+            await run.cancel_running()
+        elif not run.tasks and run.launched < config.n:
+            top_up = config.n - run.launched  # forks the parents did not take go to fills, as post hoc
+            for i in range(top_up):
+                run.start(scratch_job("fill", fills + i, run_id=run_id, round=1))
+            fills += top_up
+    return run.done, run.picks
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+async def run_schedule(
+    runner: RolloutRunner,
+    question: str,
+    *,
+    config: ParallelMuseConfig,
+    run_id: str,
+    reuse: Sequence[Trajectory] = (),
+) -> tuple[list[Trajectory], list[Pick]]:
+    """The rollout stage by ``config.branching``: :func:`partial_rollout` (post hoc) or :func:`online_rollout`."""
+    schedule = online_rollout if config.branching == "online" else partial_rollout
+    return await schedule(runner, question, config=config, run_id=run_id, reuse=reuse)

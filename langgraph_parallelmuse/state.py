@@ -77,7 +77,15 @@ def count_tool_calls(observations: list[Observation]) -> int:
     return sum(1 for o in observations if o["name"] != "invalid")
 
 
-TrajectoryStatus = Literal["running", "answered", "max_turns", "context_exhausted", "failed"]
+TrajectoryStatus = Literal[
+    "running",
+    "answered",
+    "max_turns",
+    "context_exhausted",
+    "failed",
+    "stopped",  # early stop: its confidence fell below the calibrated floor (``error`` says how far)
+    "cancelled",  # consensus stop: the answers already agreed; its finished steps stay checkpointed
+]
 
 
 class Origin(TypedDict, total=False):
@@ -118,6 +126,8 @@ class TrajectoryStats(TypedDict):
     conversation_prompt_tokens: int
     conversation_cached_tokens: int
     cache_reported: bool
+    # DeepConf's lowest sliding-window confidence over its own tokens (None: no logprobs).
+    lowest_confidence: float | None
     tool_calls: int  # tool calls made by its own steps (prefix calls are not re-run)
     seconds: float
 

@@ -32,6 +32,10 @@ REGIONS_OF_MODE: dict[str, tuple[str, ...]] = {
 }
 """The regions whose uncertainty picks branch points in each mode (``none``: no branching)."""
 
+# Tokens per sliding window of DeepConf's group confidence. DeepConf uses 2,048 for long reasoning
+# traces; this agent's trajectories generate a few hundred tokens, a step's thought a few dozen.
+CONFIDENCE_WINDOW = 32
+
 
 def token_entropy(record: TokenRecord) -> float:
     """Entropy of one token over its renormalised top-k alternatives (official ParallelMuse)."""
@@ -59,6 +63,39 @@ def perplexity(records: Sequence[TokenRecord], estimator: Estimator = "nll") -> 
     if estimator == "entropy":
         return math.exp(sum(token_entropy(r) for r in records) / len(records))
     raise ValueError(f"unknown estimator {estimator!r}: use 'nll' or 'entropy'")
+
+
+def token_confidence(record: TokenRecord, top_k: int = 16) -> float:
+    """DeepConf's token confidence: the negative mean of the top-``top_k`` logprobs (large when the
+    model put nearly all mass on one token); a token without alternatives uses its own logprob.
+
+    Example:
+        >>> token_confidence({"token": "a", "logprob": -0.1, "top_logprobs": [["a", -0.1], ["b", -3.9]]})
+        2.0
+    """
+    tops = [lp for _, lp in record.get("top_logprobs", [])[:top_k]] or [record["logprob"]]
+    return -sum(tops) / len(tops)
+
+
+def lowest_group_confidence(records: Sequence[TokenRecord], *, window: int, top_k: int = 16) -> float | None:
+    """DeepConf's lowest group confidence: the minimum, over sliding windows of ``window`` tokens, of
+    the windows' mean token confidence (a shorter sequence is one window); ``None`` for no tokens.
+
+    Example:
+        >>> tok = lambda c: {"token": "x", "logprob": -c, "top_logprobs": [["x", -c]]}
+        >>> lowest_group_confidence([tok(5), tok(5), tok(1), tok(1), tok(5)], window=2)
+        1.0
+    """
+    if not records:
+        return None
+    conf = [token_confidence(r, top_k) for r in records]
+    size = min(window, len(conf))
+    running = sum(conf[:size])
+    lowest = running
+    for i in range(size, len(conf)):
+        running += conf[i] - conf[i - size]
+        lowest = min(lowest, running)
+    return lowest / size
 
 
 def step_uncertainty(step: Step, estimator: Estimator = "nll") -> dict[str, float | None]:

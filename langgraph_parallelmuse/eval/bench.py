@@ -34,7 +34,7 @@ from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.lineage import Pick
-from langgraph_parallelmuse.schedule import partial_rollout
+from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.stage2 import choose_answer, write_report
 from langgraph_parallelmuse.state import Trajectory
 
@@ -100,7 +100,7 @@ class BenchSettings:
         """The ParallelMuse config of one partial-rollout mode (``none``: from-scratch sampling)."""
         extra = dict(self.extra)
         if mode == "none":  # branching-only settings do not apply to from-scratch sampling
-            extra.update(rounds=1, calibration=None)
+            extra.update(rounds=1, calibration=None, branching="post_hoc", early_stop=False, consensus=None)
         return make_config(
             n=self.n,
             m=1,
@@ -190,7 +190,7 @@ async def _rollouts(
     runner: RolloutRunner, item: QAItem, settings: BenchSettings, note: Callable[[str], None]
 ) -> _Rollouts:
     started = time.perf_counter()
-    scratch, _ = await partial_rollout(runner, item.question, config=settings.config(), run_id=f"{item.id}/scratch")
+    scratch, _ = await run_schedule(runner, item.question, config=settings.config(), run_id=f"{item.id}/scratch")
     out = _Rollouts({"scratch": scratch}, {}, {"scratch_rollout": time.perf_counter() - started})
     note(f"{settings.n} from-scratch trajectories")
     for mode in settings.modes if settings.needs("partial") else ():
@@ -198,7 +198,7 @@ async def _rollouts(
         # The graph's own schedule; its from-scratch jobs (initial, fills) are the samples above.
         # One run id for every mode: a branch id names its checkpoint and seeds, so a branch an
         # earlier mode already ran is the same sample and the runner returns it finished.
-        group, picks = await partial_rollout(
+        group, picks = await run_schedule(
             runner, item.question, config=settings.config(mode), run_id=f"{item.id}/partial", reuse=scratch
         )
         out.timings[f"branches_{mode}"] = time.perf_counter() - t0

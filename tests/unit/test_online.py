@@ -1,0 +1,227 @@
+"""Online partial rollout with scripted logprobs: branches start while the parent runs, low-confidence
+trajectories stop early, consensus cancels what is left, and a crashed online run resumes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+
+import pytest
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.errors import ConfigError, MissingLogprobsError
+from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.schedule import online_rollout
+from tests.unit.fakes import (
+    Reply,
+    ScriptedChatModel,
+    agent_step,
+    answer_text,
+    call_text,
+    make_tools,
+    research_responder,
+)
+
+QUESTION = "What is the capital of France?"
+# The fake's alternative token sits 1 nat below the sampled one, so DeepConf's token confidence is
+# 0.5 - logprob: a sampled logprob near 0 reads as unsure, a very negative one as sure.
+SURE, UNSURE = -3.0, -0.02
+
+
+def _calibration(tmp_path, *, exploration=3.0, floor=None):
+    path = tmp_path / "cal.json"
+    data = {"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": exploration, "reasoning": 50.0}}
+    if floor is not None:
+        data.update(confidence_floor=floor, confidence_window=4)
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+class Runners:
+    """Gives each trajectory a number at its first step (written into its thought), so later steps of
+    the same trajectory can be recognised in their prompts."""
+
+    def __init__(self, plan):
+        self.plan, self.counter, self.lock = plan, itertools.count(), threading.Lock()
+
+    def __call__(self, index, messages):
+        if index == 0:
+            with self.lock:
+                me = next(self.counter)
+            return self.plan(me, 0, f"runner {me} starts")
+        me = int(re.search(r"runner (\d+) starts", " ".join(str(m.content) for m in messages)).group(1))
+        return self.plan(me, index, f"runner {me} goes on")
+
+
+# ----------------------------------------------------------------------------- online branching
+
+
+async def test_a_branch_starts_before_its_parent_ends(tmp_path):
+    def plan(me, step, thought):
+        if step == 0:  # an uncertain search: crosses the calibrated threshold (e^2.5 > 3)
+            return Reply(call_text("search", thought, query=f"q{me}"), regions={"tool_call": -2.5}, logprob=SURE)
+        if step == 1:
+            return Reply(call_text("visit", thought, doc="Paris"), logprob=SURE, delay=0.3)
+        return Reply(answer_text("Paris", thought), logprob=SURE, delay=0.3)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=3, k=1, t=2, branching="online", calibration=_calibration(tmp_path), seed=1)
+    events: list[tuple[str, str]] = []
+    trajs, picks = await online_rollout(
+        RolloutRunner(model, make_tools()[0]),
+        QUESTION,
+        config=config,
+        run_id="on",
+        on_event=lambda e, **d: events.append((e, d.get("id") or (d.get("trajectory") or {}).get("id", ""))),
+    )
+    assert [(p["parent"], p["step"], p["region"]) for p in picks] == [("t0", 0, "exploration")]
+    assert sorted(t["id"] for t in trajs) == ["t0", "t0.s0.b0", "t0.s0.b1"]
+    # The fork happened while the parent ran: both branches started before t0 finished.
+    order = [f"{e}:{i}" for e, i in events]
+    assert order.index("trajectory_started:t0.s0.b1") < order.index("trajectory_finished:t0")
+    assert order.index("branch_picked:") < order.index("trajectory_finished:t0")
+    # The branches' first calls came before the parent's last one.
+    steps = [agent_step(c["messages"]) for c in model.calls if "research assistant" in c["messages"][0].content]
+    assert steps.index(2) > [i for i, s in enumerate(steps) if s == 0][2]
+
+
+async def test_k_bounds_the_fork_points_and_the_leftover_budget_goes_to_fills(tmp_path):
+    def plan(me, step, thought):
+        uncertain = {"tool_call": -2.5}  # every step crosses the threshold
+        if step < 2:
+            return Reply(call_text("search", thought, query=f"q{me}-{step}"), regions=uncertain)
+        return Reply(answer_text("Paris", thought))
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=6, k=2, t=2, branching="online", calibration=_calibration(tmp_path), seed=1)
+    trajs, picks = await online_rollout(RolloutRunner(model, make_tools()[0]), QUESTION, config=config, run_id="k")
+    assert [(p["parent"], p["step"]) for p in picks] == [("t0", 0), ("t0", 1)]  # its first k crossing steps
+    kinds = sorted(t["origin"]["kind"] for t in trajs)
+    assert kinds == ["branch"] * 4 + ["fill", "initial"] and len(trajs) == 6
+
+
+async def test_without_a_calibration_the_threshold_is_this_runs_own_estimate():
+    config = make_config(n=4, k=1, t=2, branching="online")
+    assert config.calibration is None  # valid: the 80th percentile of the run's finished steps stands in
+
+
+def test_online_settings_are_checked():
+    with pytest.raises(ConfigError, match="branching='online' forks the initial trajectories once"):
+        make_config(branching="online", rounds=2)
+    with pytest.raises(ConfigError, match=r"consensus=0.3: a share in \(0.5, 1\]"):
+        make_config(branching="online", consensus=0.3)
+    with pytest.raises(ConfigError, match="early_stop needs calibration="):
+        make_config(early_stop=True)
+
+
+# ----------------------------------------------------------------------------- early stop
+
+
+async def test_a_low_confidence_trajectory_stops_early_and_is_left_out_of_the_vote(tmp_path):
+    def plan(me, step, thought):
+        confidence = UNSURE if me == 1 else SURE
+        if step == 0:
+            return Reply(call_text("search", thought, query=f"q{me}"), logprob=confidence)
+        return Reply(answer_text("Lyon" if me == 1 else "Paris", thought), logprob=confidence)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    calibration = _calibration(tmp_path, exploration=1e9, floor=1.0)  # no forks; stop below confidence 1
+    graph = create_parallelmuse(
+        model,
+        make_tools()[0],
+        config={"n": 3, "k": 0, "t": 1, "branching": "online", "calibration": calibration, "early_stop": True},
+    )
+    out = await graph.ainvoke({"question": QUESTION})
+    by_status = {t["status"]: t for t in out["trajectories"]}
+    stopped = by_status["stopped"]
+    assert len(stopped["steps"]) == 1 and stopped["answer"] is None
+    assert "lowest group confidence 0.5" in stopped["error"] and "< floor 1.000" in stopped["error"]
+    assert sorted(t["status"] for t in out["trajectories"]) == ["answered", "answered", "stopped"]
+    assert stopped["id"] not in {r["trajectory_id"] for r in out["reports"]}  # not aggregated
+    assert out["answer"] == "Paris"
+
+
+# ----------------------------------------------------------------------------- consensus stop
+
+
+async def test_consensus_cancels_running_work_without_losing_its_finished_steps(tmp_path):
+    def plan(me, step, thought):
+        if step == 0:
+            return Reply(call_text("search", thought, query=f"q{me}"), logprob=SURE)
+        if me < 3:  # the first three agree
+            return Reply(answer_text("Paris", thought), logprob=SURE, delay=0.1)
+        return Reply(call_text("visit", thought, doc="Paris"), logprob=SURE, delay=5.0)  # still running
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    runner = RolloutRunner(model, make_tools()[0])
+    config = make_config(
+        n=6, k=0, t=1, branching="online", calibration=_calibration(tmp_path, exploration=1e9), consensus=0.75
+    )
+    events = []
+    trajs, _ = await online_rollout(
+        runner, QUESTION, config=config, run_id="c", on_event=lambda e, **d: events.append(e)
+    )
+    assert "consensus_reached" in events
+    answered = [t for t in trajs if t["status"] == "answered"]
+    cancelled = [t for t in trajs if t["status"] == "cancelled"]
+    assert len(answered) == 3 and len(cancelled) == 3
+    assert all(t["answer"] is None and len(t["steps"]) == 1 for t in cancelled)
+    for t in cancelled:  # the finished step is in the trajectory's checkpoints
+        snap = await runner.graph.aget_state(runner._thread(t["thread_id"]))
+        assert snap.values["steps"][0] == t["steps"][0]
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+async def test_a_crashed_online_run_resumes_without_redoing_finished_trajectories(tmp_path):
+    crash = {"armed": True}
+    calls: list[tuple[str, int]] = []
+
+    def plan(me, step, thought):
+        calls.append((thought.split()[1], step))
+        if step == 0:
+            return Reply(call_text("search", thought, query=f"q{me}"), regions={"tool_call": -2.5}, logprob=SURE)
+        if crash["armed"] and step == 2 and me == 2:  # the second branch dies at its last step
+            crash["armed"] = False
+            raise MissingLogprobsError("simulated crash")
+        return Reply(answer_text("Paris", thought) if step == 2 else call_text("visit", thought, doc="Paris"))
+
+    runners = Runners(plan)
+    model = ScriptedChatModel(responder=research_responder(runners))
+    config = {"n": 3, "k": 1, "t": 2, "branching": "online", "calibration": _calibration(tmp_path), "seed": 1}
+    thread = {"configurable": {"thread_id": "crash"}}
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "run.sqlite")) as saver:
+        graph = create_parallelmuse(
+            model, make_tools()[0], config=config, checkpointer=saver, trajectory_checkpointer=saver
+        )
+        with pytest.raises(MissingLogprobsError):
+            await graph.ainvoke({"question": QUESTION}, thread)
+        before = len(calls)
+        out = await graph.ainvoke(None, thread)
+    assert sorted(t["status"] for t in out["trajectories"]) == ["answered"] * 3
+    again = calls[before:]
+    # Only the crashed branch's last step was generated again: its first steps are checkpointed and
+    # the parent and the other branch had finished.
+    assert again == [("2", 2)], again
+
+
+async def test_studio_sees_the_fork_when_it_happens(tmp_path):
+    """Through the graph's custom stream: ``branch_picked`` arrives while the parent still runs."""
+
+    def plan(me, step, thought):
+        if step == 0:
+            return Reply(call_text("search", thought, query=f"q{me}"), regions={"tool_call": -2.5}, logprob=SURE)
+        return Reply(answer_text("Paris", thought), logprob=SURE, delay=0.2)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = {"n": 3, "k": 1, "t": 2, "branching": "online", "calibration": _calibration(tmp_path)}
+    graph = create_parallelmuse(model, make_tools()[0], config=config)
+    events = [c async for c in graph.astream({"question": QUESTION}, stream_mode="custom")]
+    names = [(e["event"], e.get("id")) for e in events]
+    assert names.index(("branch_picked", None)) < names.index(("trajectory_finished", "t0"))
+    assert names[-1][0] == "answer"
