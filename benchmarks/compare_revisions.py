@@ -45,6 +45,8 @@ def _run(rev: str, out: Path, args: argparse.Namespace) -> float:
                 str(args.seed),
                 "--concurrency",
                 "1",
+                "--modes",
+                args.modes,
                 "--out",
                 str(out),
             ]
@@ -93,6 +95,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dataset", default="hotpotqa_train100")
+    parser.add_argument("--modes", default="exploration", help="partial-rollout modes to run (bench --modes)")
     parser.add_argument("--out", default="bench-results/compare")
     args = parser.parse_args()
     out = Path(args.out)
