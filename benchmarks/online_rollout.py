@@ -1,0 +1,141 @@
+"""Issue 22: online branching and confidence stops vs from-scratch and post-hoc ParallelMuse, one question in flight.
+
+Per question, side by side in one process on the in-process engine (prefix cache + batching), the
+rollout stage only, with the library's own schedules (``schedule.partial_rollout`` and
+``schedule.online_rollout``):
+
+- ``scratch``: 8 from-scratch trajectories;
+- ``post_hoc``: the paper's ParallelMuse (N=8, M=1, k=2, T=3, exploration);
+- ``online``: online branching with the same budget (fork at once above the calibrated threshold);
+- ``online_stop``: online branching + DeepConf early stop + consensus stop.
+
+The thresholds come from a calibration fitted on *other* questions of the same set (``--calibrate-on``,
+by default questions 21..50: one from-scratch trajectory each), written once to ``--calibration``.
+
+    .venv/bin/python benchmarks/online_rollout.py --dataset hotpotqa_train100 --limit 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from common import arguments, dev_set
+
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.models import LocalChatModel
+from langgraph_parallelmuse.schedule import run_schedule
+from langgraph_parallelmuse.tools import make_corpus_tools
+
+VARIANTS = ("scratch", "post_hoc", "online", "online_stop")
+
+
+def options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--calibrate-on", default="20:50", help="START:END slice of the dev set fitting the thresholds")
+    ap.add_argument("--calibration", default=None, help="calibration file (made from --calibrate-on if missing)")
+    ap.add_argument("--consensus", type=float, default=0.75, help="consensus share of online_stop")
+    ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
+
+
+async def calibrate(model, index, items, path: Path, seed: int) -> Calibration:
+    """One from-scratch trajectory per calibration question; thresholds at the 80th percentile of step
+    perplexity, the confidence floor at the 10th percentile of the trajectories' lowest confidence."""
+    if path.exists():
+        return Calibration.load(path)
+    cfg = make_config(n=1, mode="none", seed=seed)
+    trajs = []
+    for n, item in enumerate(items, 1):
+        runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
+        trajs.append(await runner.run(item.question, trajectory_id="t0", thread_id=f"cal/{item.id}", config=cfg))
+        print(f"  calibration {n}/{len(items)}", flush=True)
+    cal = Calibration.fit(
+        [t["uncertainty"] for t in trajs], confidences=[t["stats"]["lowest_confidence"] for t in trajs]
+    )
+    cal.save(path)
+    return cal
+
+
+def configs(calibration: str, seed: int, consensus: float) -> dict:
+    post_hoc = make_config(n=8, m=1, k=2, t=3, mode="exploration", seed=seed)
+    online = make_config(post_hoc, branching="online", calibration=calibration)
+    return {
+        "scratch": make_config(post_hoc, mode="none"),
+        "post_hoc": post_hoc,
+        "online": online,
+        "online_stop": make_config(online, early_stop=True, consensus=consensus),
+    }
+
+
+async def main() -> None:
+    args = arguments(__doc__, limit=20, extra=options)
+    start, end = (int(x) for x in args.calibrate_on.split(":"))
+    everything, index = dev_set(args.dataset, max(end, args.limit))
+    items, held_out = everything[: args.limit], everything[start:end]
+    if {i.id for i in items} & {i.id for i in held_out}:
+        raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
+    model = LocalChatModel.embedded()
+    cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}.json")
+    cal_path.parent.mkdir(parents=True, exist_ok=True)
+    cal = await calibrate(model, index, held_out, cal_path, args.seed)
+    print(f"calibration {cal_path}: thresholds {cal.thresholds}, confidence floor {cal.confidence_floor}")
+    runs = configs(str(cal_path), args.seed, args.consensus)
+    out = Path(args.out or f"bench-results/online/{args.dataset}-{args.limit}.jsonl")
+    done = {json.loads(line)["id"]: json.loads(line) for line in out.read_text().splitlines()} if out.exists() else {}
+    for n, item in enumerate(items, 1):
+        if item.id in done:
+            continue
+        rec = {"id": item.id}
+        order = VARIANTS if n % 2 else tuple(reversed(VARIANTS))  # alternate the order against drift
+        for name in order:
+            model.engine.clear_cache()  # every variant starts cold
+            runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
+            t0 = time.perf_counter()
+            trajs, picks = await run_schedule(runner, item.question, config=runs[name], run_id=f"{item.id}/{name}")
+            rec[name] = {
+                "seconds": time.perf_counter() - t0,
+                "generated": sum(t["stats"]["generated_tokens"] for t in trajs),
+                "trajectories": len(trajs),
+                "stopped": sum(t["status"] == "stopped" for t in trajs),
+                "cancelled": sum(t["status"] == "cancelled" for t in trajs),
+                "fork_steps": [p["step"] for p in picks],
+            }
+        with out.open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        done[item.id] = rec
+        line = "  ".join(f"{k}={rec[k]['seconds']:.0f}s/{rec[k]['generated']}tok" for k in VARIANTS)
+        print(f"[{n}/{len(items)}] {item.id}: {line}", flush=True)
+    report([done[i.id] for i in items if i.id in done])
+
+
+def report(records: list[dict]) -> None:
+    total = {k: sum(r[k]["seconds"] for r in records) for k in VARIANTS}
+    tokens = {k: sum(r[k]["generated"] for r in records) for k in VARIANTS}
+    print(f"\n{len(records)} questions, one in flight")
+    print(
+        "| variant | total s | s/question | generated tokens/question | tokens vs scratch | stopped early | cancelled |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for k in VARIANTS:
+        q = len(records)
+        stopped = sum(r[k]["stopped"] for r in records) / max(sum(r[k]["trajectories"] for r in records), 1)
+        print(
+            f"| {k} | {total[k]:.0f} | {total[k] / q:.1f} | {tokens[k] / q:.0f} | {tokens[k] / tokens['scratch']:.3f} "
+            f"| {stopped:.1%} | {sum(r[k]['cancelled'] for r in records)} |"
+        )
+    print(f"\nonline vs 8 from-scratch: {total['scratch'] / total['online']:.2f}x faster (target >= 1.3)")
+    print(f"online vs post-hoc ParallelMuse: {total['post_hoc'] / total['online']:.2f}x faster (target >= 1.2)")
+    print(f"online + stops, tokens vs scratch: {tokens['online_stop'] / tokens['scratch']:.3f} (target <= 0.60)")
+    forks = [s for r in records for s in r["online"]["fork_steps"]]
+    print(f"online fork steps (0-based): {dict(sorted((s, forks.count(s)) for s in set(forks)))}")
+    median = statistics.median(r["scratch"]["seconds"] / r["online"]["seconds"] for r in records)
+    print(f"per-question seconds, scratch / online, median: {median:.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
