@@ -197,7 +197,10 @@ def stats_table(result: dict[str, Any]) -> Table:
         f"{roll.get('trajectories', 0)} ({kinds.get('initial', 0)} / {kinds.get('branch', 0)} / "
         f"{kinds.get('fill', 0)})",
     )
-    table.add_row("answered / failed", f"{roll.get('answered', 0)} / {roll.get('failed', 0)}")
+    table.add_row(
+        "answered / failed / stopped early / cancelled",
+        " / ".join(str(roll.get(k, 0)) for k in ("answered", "failed", "stopped", "cancelled")),
+    )
     table.add_row("rollout: generated tokens", str(roll.get("generated_tokens", 0)))
     table.add_row("rollout: prompt tokens", str(roll.get("prompt_tokens", 0)))
     table.add_row(

@@ -109,7 +109,8 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     out["cache_reported"] = any(t["stats"]["cache_reported"] for t in trajectories)
     out["trajectories"] = len(trajectories)
     out["answered"] = sum(1 for t in trajectories if t["answer"])
-    out["failed"] = sum(1 for t in trajectories if t["status"] == "failed")
+    for status in ("failed", "stopped", "cancelled"):  # stopped early, cancelled by consensus
+        out[status] = sum(1 for t in trajectories if t["status"] == status)
     out["by_kind"] = {
         kind: sum(1 for t in trajectories if t["origin"].get("kind") == kind) for kind in ("initial", "branch", "fill")
     }
