@@ -108,6 +108,7 @@ def _vllm_spec(exported_model: Path, serving_venv: Path):
         enforce_eager=True,
         kv_cache_gib=1,
         block_size=VLLM_BLOCK,
+        dev_mode=True,  # POST /reset_prefix_cache, which the benchmark uses between measurements
     )
 
 

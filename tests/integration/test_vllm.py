@@ -20,7 +20,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph_parallelmuse import create_parallelmuse
 from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 from langgraph_parallelmuse.segments import Sampling
-from langgraph_parallelmuse.serving import vllm_counters
+from langgraph_parallelmuse.serving import reset_prefix_cache, vllm_counters
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.integration.conftest import SERVED_MODEL, VLLM_BLOCK
 
@@ -77,6 +77,16 @@ def test_second_identical_long_prompt_is_served_from_the_prefix_cache(vllm) -> N
     after = vllm_counters(vllm.url)
     assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 2
     assert after["vllm:prompt_tokens_cached_total"] - before["vllm:prompt_tokens_cached_total"] >= cached
+
+
+def test_reset_prefix_cache_empties_it(vllm) -> None:
+    llm = model(vllm)
+    messages = [HumanMessage(LONG + " Which number comes right before 30?")]
+    kwargs = Sampling(temperature=0.0).kwargs(max_tokens=2, seed=None, model=llm)
+    llm.invoke(messages, **kwargs)
+    assert llm.invoke(messages, **kwargs).usage_metadata["input_token_details"]["cache_read"] > 900
+    reset_prefix_cache(vllm.url)
+    assert llm.invoke(messages, **kwargs).usage_metadata["input_token_details"]["cache_read"] == 0
 
 
 def test_trailing_assistant_message_is_continued(vllm) -> None:
