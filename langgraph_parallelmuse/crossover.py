@@ -63,10 +63,9 @@ class CrossPair(TypedDict):
 
 
 def _evidence_steps(question: str, trajectory: Trajectory) -> list[int]:
-    """The effective steps that are tool calls with a response (what a crossover can take)."""
-    answered = {o["step"] for o in trajectory["observations"] if not o.get("error")}
-    steps = effective_steps(effective_subgraph(build_graph(question, trajectory)))
-    return [i for i in steps if i in answered]
+    """The trajectory's effective steps: tool calls whose responses lead to its answer (every relation
+    comes from a tool response, so each has one)."""
+    return effective_steps(effective_subgraph(build_graph(question, trajectory)))
 
 
 def _calls(trajectory: Trajectory, steps: Sequence[int]) -> frozenset[str]:
