@@ -7,16 +7,17 @@ on the path to the answer with the relations it established, then the sub-answer
 the documents gave, each with the step that gave it). The model writes only the reasoning that
 joins them, one line, from a prompt that holds the question, these facts and the answer::
 
-    Evidence (step tool: from -> to):
+    Evidence:
     s2 visit: Journal of Psychotherapy Integration -> American Psychological Association
-    s3 search: American Psychological Association -> Adolescence; Adolescence -> G. Stanley Hall
-    Sub-answers: American Psychological Association (s2), G. Stanley Hall (s3)
+    s3 search: American Psychological Association -> Adolescence; Adolescence -> final answer
+    Sub-answers: American Psychological Association (s2)
     Reasoning: The journal's publisher is the APA, whose first president was G. Stanley Hall.
     Final answer: G. Stanley Hall
 
-Every entity of the effective subgraph appears in it (an answer nothing read supports is shown as
-such: "no document read leads to the answer"), and it ends in the canonical ``Final answer:``
-line, so the aggregator reads it like any report. The answer is the trajectory's own, as in the
+Each line ``sN tool: a -> b`` is a relation established by tool call N. Every entity of the
+effective subgraph appears in the report (the answer on its last line; an answer nothing read
+supports is shown as such: "no document read leads to the answer"), and it ends in the canonical
+``Final answer:`` line, so the aggregator reads it like any report. The answer is the trajectory's own, as in the
 text form. A report whose reasoning line fails twice keeps its facts and says so (``status``
 ``"fallback"``: no model-written part).
 """
@@ -30,7 +31,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.compress import fallback_report, trajectory_token_count
-from langgraph_parallelmuse.infograph import InfoGraph, build_graph, effective_subgraph
+from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 from langgraph_parallelmuse.protocol import neutralize, quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, derive_seed, generate_turn
@@ -40,19 +41,19 @@ __all__ = ["GRAPH_REASONING_TOKENS", "build_reasoning_messages", "graph_facts", 
 
 logger = logging.getLogger(__name__)
 
-GRAPH_REASONING_TOKENS = 40
+GRAPH_REASONING_TOKENS = 32
 _SYSTEM = "You explain in one sentence how research findings lead to an answer."
 _DELIMITERS = ("End of findings", "Findings of a research log", "Question:", "Final answer")
 _NO_EVIDENCE = "Evidence: no document read leads to the answer."
 
 
-def _name(graph: InfoGraph, key: str) -> str:
-    return neutralize(graph["entities"][key]["name"])
-
-
 def graph_facts(question: str, trajectory: Trajectory) -> str:
     """The factual part of a graph-shaped report: the effective relations per tool call, and the
     sub-answers, written from the trajectory's records.
+
+    The answer is named once, on the report's last line: relations into it say ``final answer``
+    (a small model's answers are often whole sentences; repeated on every line, they made the
+    aggregator's prompt long enough that SmolLM2 wrote nothing at all).
 
     Example:
         >>> traj = {"steps": [
@@ -62,30 +63,32 @@ def graph_facts(question: str, trajectory: Trajectory) -> str:
         ...         "content": "[1] Lilu (id: d5)\\nA lilu is a spirit.\\n\\n[2] Gallu (id: d7)\\nA demon."}],
         ...     "answer": "a spirit"}
         >>> print(graph_facts("If Gallu is a demon, Lilu is what?", traj))
-        Evidence (step tool: from -> to):
-        s1 search: Lilu -> a spirit
-        Sub-answers: a spirit (s1)
+        Evidence:
+        s1 search: Lilu -> final answer
     """
     effective = effective_subgraph(build_graph(question, trajectory))
     if not effective["relations"]:
         return _NO_EVIDENCE
-    lines = ["Evidence (step tool: from -> to):"]
+    answer = effective["answer"]
+
+    def name(key: str) -> str:
+        return "final answer" if key == answer else neutralize(effective["entities"][key]["name"])
+
     by_step: dict[int, list[str]] = {}
     tools: dict[int, str] = {}
     for rel in effective["relations"]:
-        by_step.setdefault(rel["step"], []).append(
-            f"{_name(effective, rel['source'])} -> {_name(effective, rel['target'])}"
-        )
+        by_step.setdefault(rel["step"], []).append(f"{name(rel['source'])} -> {name(rel['target'])}")
         tools[rel["step"]] = rel["tool"]
-    for step, pairs in by_step.items():
-        lines.append(f"s{step + 1} {tools[step]}: " + "; ".join(dict.fromkeys(pairs)))
-    # A sub-answer is what a document gave: the target of a "mentions" or "supports" relation.
+    lines = ["Evidence:"] + [
+        f"s{step + 1} {tools[step]}: " + "; ".join(dict.fromkeys(p)) for step, p in by_step.items()
+    ]
+    # A sub-answer is what a document gave on the way: the target of a "mentions" relation.
     given: dict[str, int] = {}
     for rel in effective["relations"]:
-        if rel["kind"] != "found":
+        if rel["kind"] == "mentions":
             given.setdefault(rel["target"], rel["step"])
     if given:
-        lines.append("Sub-answers: " + ", ".join(f"{_name(effective, k)} (s{s + 1})" for k, s in given.items()))
+        lines.append("Sub-answers: " + ", ".join(f"{name(k)} (s{s + 1})" for k, s in given.items()))
     return "\n".join(lines)
 
 

@@ -129,9 +129,9 @@ async def test_graph_shaped_reports_are_what_the_aggregator_reads(crossover):
     out = await graph.ainvoke({"question": QUESTION})
     roles = Counter(role_of(c["messages"]) for c in model.calls)
     assert roles["compress"] == 0 and roles["graph_report"] == len(out["reports"]) == 3
-    assert all(r["text"].startswith("Evidence (step tool: from -> to):") for r in out["reports"])
+    assert all(r["text"].startswith("Evidence:\ns") for r in out["reports"])
     (aggregate,) = [c["messages"] for c in model.calls if role_of(c["messages"]) == "aggregate"]
-    assert aggregate[-1].content.count("Evidence (step tool: from -> to):") == 3
+    assert aggregate[-1].content.count("Evidence:\ns") == 3
     assert Counter(t["origin"]["kind"] for t in out["trajectories"])["crossover"] == crossover
     assert out["answer"] in ("Paris", "Lyon")
 
