@@ -25,6 +25,7 @@ from langgraph.runtime import Runtime
 
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
+from langgraph_parallelmuse.crossover import merge_context
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
@@ -158,6 +159,11 @@ def _outcome(step: Step, *, final: bool, exhausted: bool) -> dict[str, Any]:
     return update
 
 
+def _first_regenerated(origin: Origin, index: int) -> bool:
+    """Whether step ``index`` is a branch's first regenerated step (its fork point)."""
+    return origin.get("kind") == "branch" and origin.get("step") == index
+
+
 TakenCalls = Callable[[Origin], Awaitable[frozenset[str]]]
 
 
@@ -177,7 +183,7 @@ class _StepNodes:
         steps, observations = state.get("steps", []), state.get("observations", [])
         index = len(steps)
         origin = state.get("origin") or {}
-        forking = cfg.diverse_branches and self.taken_calls is not None and origin.get("step") == index
+        forking = cfg.diverse_branches and self.taken_calls is not None and _first_regenerated(origin, index)
         avoid = await self.taken_calls(origin) if forking else frozenset()
         exhausted = _context_exhausted(steps, observations, cfg)
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_logprobs=cfg.top_logprobs)
@@ -188,7 +194,8 @@ class _StepNodes:
                 steps,
                 observations,
                 index,
-                final=exhausted or index >= cfg.max_turns - 1,
+                # A crossover answers from its merged context at once: it reads nothing its parents did not.
+                final=exhausted or index >= cfg.max_turns - 1 or origin.get("kind") == "crossover",
                 max_step_tokens=cfg.max_step_tokens,
                 tool_names=frozenset(self.by_name),
                 avoid=avoid,
@@ -413,7 +420,7 @@ class RolloutRunner:
         if (done := await self.existing(thread_id, config)) is not None:
             return done
         started = time.perf_counter()
-        branch = origin.get("kind") == "branch"
+        branch, crossed = origin.get("kind") == "branch", origin.get("kind") == "crossover"
         metadata = {"trajectory_id": job["id"], "origin_kind": origin.get("kind")}
         if branch:
             metadata.update(
@@ -421,13 +428,20 @@ class RolloutRunner:
                 fork_checkpoint_id=origin["checkpoint_id"],
                 fork_step=origin["step"],
             )
+        if crossed:
+            metadata.update(parent_threads=origin["parent_threads"])
         tc = self._thread(thread_id, metadata)
         current = await self.graph.aget_state(tc)
         payload: dict[str, Any] | None = None
         if not current.values or not current.next:
-            seed = await self._fork_values(origin) if branch else {"question": self._question(question, job)}
-            fresh = {"trajectory_id": job["id"], "origin": origin, "status": "running", "answer": None}
             if branch:
+                seed = await self._fork_values(origin)
+            elif crossed:
+                seed = await self._crossover_values(origin, question)
+            else:
+                seed = {"question": self._question(question, job)}
+            fresh = {"trajectory_id": job["id"], "origin": origin, "status": "running", "answer": None}
+            if branch or crossed:
                 await self.graph.aupdate_state(tc, {**seed, **fresh}, as_node="act")
             else:
                 payload = {**seed, **fresh}
@@ -504,6 +518,21 @@ class RolloutRunner:
             )
         return dict(snap.values)
 
+    async def _crossover_values(self, origin: Origin, question: str | None) -> dict[str, Any]:
+        """The merged context a crossover starts from, read off its parents' finished threads."""
+        parents = []
+        for thread, chosen in zip(origin["parent_threads"], origin["parent_steps"], strict=True):
+            values = (await self.graph.aget_state(self._thread(thread))).values
+            parents.append((values.get("steps", []), values.get("observations", []), chosen))
+            question = question or values.get("question")
+        steps, observations = merge_context(parents)
+        if len(steps) != origin["step"]:
+            raise ParallelMuseError(
+                f"crossover of threads {origin['parent_threads']!r}: the parents' records give {len(steps)} merged "
+                f"steps, the job expects {origin['step']}"
+            )
+        return {"question": question, "steps": steps, "observations": observations}
+
     async def taken_calls(self, origin: Origin) -> frozenset[str]:
         """Tool calls already taken at a branch's fork point: its parent's and every sibling's that got
         that far, read from their checkpoints (siblings are the threads forked from the same checkpoint)."""
@@ -534,7 +563,7 @@ class RolloutRunner:
     ) -> Trajectory:
         origin = values.get("origin") or Origin(kind="initial", parent=None)
         steps, observations = values.get("steps", []), values.get("observations", [])
-        first_own = (origin.get("step") or 0) if origin.get("kind") == "branch" else 0
+        first_own = (origin.get("step") or 0) if origin.get("kind") in ("branch", "crossover") else 0
         own = steps[first_own:]
         own_obs = [o for o in observations if o["step"] >= first_own]
         return Trajectory(

@@ -223,6 +223,19 @@ def stats_table(result: dict[str, Any]) -> Table:
             f"{comp.get('report_tokens', 0)} / {comp.get('trajectory_tokens', 0)}"
             + (f" = {ratio:.3f}" if ratio is not None else ""),
         )
+    per = list((stats.get("infograph") or {}).get("per_trajectory", {}).values())
+    if per:  # the information-state graph: entities explored / effective, redundancy Γ
+        gammas = [p["redundancy"] for p in per if p["redundancy"] is not None]
+        explored, effective = (sum(p[k] for p in per) / len(per) for k in ("entities", "effective_entities"))
+        table.add_row(
+            "entities explored / effective per trajectory (Γ)",
+            f"{explored:.1f} / {effective:.1f}" + (f" (Γ = {sum(gammas) / len(gammas):.2f})" if gammas else ""),
+        )
+    if cross := stats.get("crossover"):
+        table.add_row(
+            "crossover: trajectories / fills / generated tokens",
+            f"{cross['trajectories']} / {cross['fills']} / {cross['generated_tokens']}",
+        )
     seconds = stats.get("seconds") or {}
     for key, label in (("rollout", "rollout"), ("stage2", "compress + aggregate"), ("total", "total")):
         if key in seconds:  # time the nodes ran: a resumed run does not count the time it was dead

@@ -18,6 +18,7 @@ from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, Estimator, Mode
 Aggregation = Literal["parallelmuse", "majority", "weighted", "max_tool_calls"]
 Branching = Literal["post_hoc", "online"]
 DriverName = Literal["auto", "free", "guided"]
+ReportForm = Literal["text", "graph"]
 
 
 class ParallelMuseConfig(BaseModel):
@@ -98,6 +99,18 @@ class ParallelMuseConfig(BaseModel):
     # Stage 2: compressed reasoning aggregation.
     aggregation: Aggregation = Field("parallelmuse", description="How the final answer is chosen.")
     max_report_tokens: int = Field(256, description="Maximum tokens of one compressed report.")
+    # Beyond the paper: the information-state graph (off by default).
+    report_form: ReportForm = Field(
+        "text",
+        description="'text' = the three-section report; 'graph' = the trajectory's effective subgraph (entities, "
+        "relations with the tool call of each, sub-answers) and one model-written reasoning line.",
+    )
+    crossover: int = Field(
+        0,
+        description="Crossover trajectories inside N: after the reports, each answers from the merged effective "
+        "evidence of two trajectories (the best-supported that disagree, else two with different evidence); the "
+        "rollout stage runs N - crossover trajectories.",
+    )
     max_concurrency: int = Field(8, description="Trajectories or reports in flight at once.")
 
     @model_validator(mode="after")
@@ -111,13 +124,14 @@ class ParallelMuseConfig(BaseModel):
             problems.append(f"k={self.k}: k is a count of steps, use 0 or more")
         if self.t < 1:
             problems.append(f"t={self.t}: T (branches per pick) must be at least 1")
-        if self.m > self.n:
-            problems.append(f"m={self.m} > n={self.n}: initial trajectories cannot exceed N")
-        elif self.mode != "none" and self._top_k and self.m + self.m * self.k * self.t > self.n:
-            problems.append(f"n={self.n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t")
-        elif not self._top_k and self.m + self.t > self.n:
-            problems.append(f"n={self.n} < m + t = {self.m + self.t}: no room for one calibrated pick's branches")
-        problems += self._online_problems()
+        n = f"n={self.n}" if not self.crossover else f"n - crossover = {self.rollout_n}"
+        if self.m > self.rollout_n:
+            problems.append(f"m={self.m} > {n}: initial trajectories cannot exceed N")
+        elif self.mode != "none" and self._top_k and self.m + self.m * self.k * self.t > self.rollout_n:
+            problems.append(f"{n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t")
+        elif not self._top_k and self.m + self.t > self.rollout_n:
+            problems.append(f"{n} < m + t = {self.m + self.t}: no room for one calibrated pick's branches")
+        problems += self._online_problems() + self._crossover_problems()
         if self.rounds < 1:
             problems.append(f"rounds={self.rounds}: use 1 (the paper) or more")
         if self.mode == "none" and (self.rounds > 1 or self.calibration is not None):
@@ -180,6 +194,23 @@ class ParallelMuseConfig(BaseModel):
                 )
         return problems
 
+    def _crossover_problems(self) -> list[str]:
+        if self.crossover < 0:
+            return [f"crossover={self.crossover}: a count of trajectories, use 0 (off) or more"]
+        if self.crossover and self.aggregation != "parallelmuse":
+            return [f"crossover needs the reports: aggregation={self.aggregation!r} writes none, use 'parallelmuse'"]
+        return []
+
+    @property
+    def rollout_n(self) -> int:
+        """Trajectories of the rollout stage: N less the crossover trajectories that follow the reports.
+
+        Example:
+            >>> ParallelMuseConfig(crossover=1).rollout_n
+            7
+        """
+        return self.n - self.crossover
+
     @property
     def branch_budget(self) -> int:
         """Most branches the first round can launch: M*k*T (the paper, and online forking), as many
@@ -187,7 +218,7 @@ class ParallelMuseConfig(BaseModel):
         if self.mode == "none":
             return 0
         if not self._top_k:
-            return (self.n - self.m) // self.t * self.t
+            return (self.rollout_n - self.m) // self.t * self.t
         return self.m * self.k * self.t
 
     @property
@@ -202,7 +233,7 @@ class ParallelMuseConfig(BaseModel):
 
         With ``rounds > 1`` the leftover budget is kept for later rounds instead.
         """
-        return 0 if self.rounds > 1 else self.n - self.m - self.branch_budget
+        return 0 if self.rounds > 1 else self.rollout_n - self.m - self.branch_budget
 
 
 def _problems(exc: ValidationError) -> str:

@@ -4,7 +4,8 @@
 
     START → prepare → Send(initial_rollout × (M + fills)) → select_branches
           ⇄ Send(branch_rollout × (forks of the round + final fills))
-          → collect → Send(compress × answered trajectories) → aggregate → END
+          → collect → Send(compress × answered trajectories) → select_crossover
+          → [Send(crossover_rollout × crossover)] → aggregate → END
     (branching="online": prepare → online_rollout → collect, branches forked while parents run)
 
 This module holds the wiring and the factories only. The nodes are the methods of
@@ -107,6 +108,8 @@ def build_parallelmuse_graph(
         ("branch_rollout", nodes.rollout),
         ("collect", nodes.collect),
         ("compress", nodes.compress),
+        ("select_crossover", nodes.select_crossover),
+        ("crossover_rollout", nodes.crossover_rollout),
         ("aggregate", nodes.aggregate),
     ]:
         graph.add_node(name, async_node(name, node))
@@ -117,7 +120,10 @@ def build_parallelmuse_graph(
     graph.add_conditional_edges("select_branches", nodes.launch_branches, ["branch_rollout", "collect"])
     graph.add_edge("branch_rollout", "select_branches")
     graph.add_conditional_edges("collect", nodes.launch_compress, ["compress", "aggregate"])
-    graph.add_edge("compress", "aggregate")
+    # A join node after the map: a conditional edge on "compress" itself would run once per report.
+    graph.add_edge("compress", "select_crossover")
+    graph.add_conditional_edges("select_crossover", nodes.launch_crossover, ["crossover_rollout", "aggregate"])
+    graph.add_edge("crossover_rollout", "aggregate")
     graph.add_edge("aggregate", END)
     _RUNNERS[graph] = runner
     return graph

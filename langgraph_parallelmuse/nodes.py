@@ -26,8 +26,10 @@ from langgraph.types import Overwrite, Send
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig, context_overrides, make_config, resolve_config
+from langgraph_parallelmuse.crossover import crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailedError
+from langgraph_parallelmuse.infograph import redundancy_summary
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, online_rollout, pick_branches
@@ -265,6 +267,7 @@ class ParallelMuseNodes:
             "trajectories": Overwrite([]),
             "reports": Overwrite([]),
             "picks": Overwrite([]),
+            "crossovers": Overwrite([]),
             "round": 0,
             "answer": None,
         }
@@ -340,7 +343,7 @@ class ParallelMuseNodes:
     async def select_branches(self, state: ParallelMuseState) -> dict[str, Any]:
         """The uncertainty node, once per round: score the latest trajectories, pick checkpoints."""
         settings = self.settings(state["settings"])
-        if len(state["trajectories"]) >= settings.n:
+        if len(state["trajectories"]) >= settings.rollout_n:
             return {}
         round = state.get("round", 0) + 1
         picks = pick_branches(state["trajectories"], settings, round=round)
@@ -351,7 +354,7 @@ class ParallelMuseNodes:
 
     def launch_branches(self, state: ParallelMuseState) -> list[Send] | str:
         settings = self.settings(state["settings"])
-        if len(state["trajectories"]) >= settings.n:
+        if len(state["trajectories"]) >= settings.rollout_n:
             return "collect"
         round = state["round"]
         picks = [p for p in state.get("picks", []) if p["round"] == round]
@@ -399,6 +402,35 @@ class ParallelMuseNodes:
         )
         return {"reports": [report]}
 
+    # ------------------------------------------------------------------ crossover (beyond the paper)
+
+    @_timed("stage2")
+    async def select_crossover(self, state: ParallelMuseState) -> dict[str, Any]:
+        """After the reports: the pairs of trajectories to cross (``crossover`` > 0)."""
+        settings = self.settings(state["settings"])
+        if not settings.crossover:
+            return {}
+        pairs = pick_pairs(state["question"], state["trajectories"], count=settings.crossover)
+        for pair in pairs:
+            emit("crossover_picked", **pair)
+        return {"crossovers": pairs}
+
+    def launch_crossover(self, state: ParallelMuseState) -> list[Send] | str:
+        settings = self.settings(state["settings"])
+        if not settings.crossover:
+            return "aggregate"
+        jobs = crossover_wave(state["trajectories"], state.get("crossovers", []), settings, run_id=state["run_id"])
+        return [self._send("crossover_rollout", state, job) for job in jobs] or "aggregate"
+
+    async def crossover_rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One crossover trajectory (or the fill of an untaken slot) and its report."""
+        update = await self.rollout(payload)
+        traj = update["trajectories"][0]
+        if not traj["answer"]:
+            return update
+        report = await self.compress({**payload, "trajectory": traj})
+        return {**update, "reports": report["reports"], "spans": update["spans"] + report["spans"]}
+
     async def aggregate(self, state: ParallelMuseState) -> dict[str, Any]:
         started = time.time()
         settings = self.settings(state["settings"])
@@ -414,6 +446,9 @@ class ParallelMuseNodes:
                     config=settings,
                     guided=self.guided_aggregate,
                 )
+        stats["infograph"] = redundancy_summary(state["question"], trajectories)
+        if settings.crossover:
+            stats["crossover"] = crossover_stats(trajectories, state.get("crossovers", []), settings)
         if settings.aggregation == "parallelmuse":
             stats["compress"] = compression_stats(reports)
             stats["aggregate"] = {

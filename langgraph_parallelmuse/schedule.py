@@ -54,7 +54,7 @@ def round_budget(config: ParallelMuseConfig, done: int, round: int) -> int:
     Round 1 gets the planned M*k*T (or the calibrated cap); later rounds share what is left,
     the last one taking all of it.
     """
-    remaining = max(config.n - done, 0)
+    remaining = max(config.rollout_n - done, 0)
     if config.mode == "none" or round > config.rounds:
         return 0
     if round == 1:
@@ -136,7 +136,7 @@ def next_wave(
                 break
             jobs.append(branch_job(by_id[pick["parent"]], pick, j, run_id=run_id))
     if round >= config.rounds or not picks:
-        jobs += _fills(trajectories, config.n - len(trajectories) - len(jobs), round=round, run_id=run_id)
+        jobs += _fills(trajectories, config.rollout_n - len(trajectories) - len(jobs), round=round, run_id=run_id)
     return jobs
 
 
@@ -144,7 +144,7 @@ def budget_stats(trajectories: Sequence[Trajectory], config: ParallelMuseConfig)
     """How the N trajectories arose, against what the schedule planned."""
     kinds = [t["origin"].get("kind") for t in trajectories]
     branches = kinds.count("branch")
-    planned = config.n - config.m - config.fill_budget if config.mode != "none" else 0
+    planned = config.rollout_n - config.m - config.fill_budget if config.mode != "none" else 0
     by_round: dict[str, int] = {}
     for t in trajectories:
         if t["origin"].get("kind") == "branch":
@@ -158,6 +158,7 @@ def budget_stats(trajectories: Sequence[Trajectory], config: ParallelMuseConfig)
         "branches_by_round": by_round,
         "shortfall_filled": planned - branches,
         "fill": kinds.count("fill"),
+        "crossover_reserved": config.crossover,  # slots kept for after the reports (stats["crossover"])
     }
 
 
@@ -202,7 +203,7 @@ async def partial_rollout(
     trajectories += await asyncio.gather(*(run(job) for job in first_wave(config, run_id=run_id)))
     picks: list[Pick] = []
     round = 0
-    while len(trajectories) < config.n:
+    while len(trajectories) < config.rollout_n:
         round += 1
         chosen = pick_branches(trajectories, config, round=round)
         wave = next_wave(trajectories, chosen, config, round=round, run_id=run_id)
@@ -264,7 +265,7 @@ class _Online:
             if self.stopped or self.forks.get(parent["id"], 0) >= self.config.k:
                 return
             hit = self._crossing(parent["uncertainty"][step])
-            room = self.config.n - self.launched
+            room = self.config.rollout_n - self.launched
             if hit is None or room <= 0:
                 continue
             region, score = hit
@@ -349,7 +350,7 @@ async def online_rollout(
         The trajectories (in the order they ended) and the picks.
     """
     run = _Online(runner, question, config, run_id, reuse=reuse, on_event=on_event or _ignore, limit=limit)
-    fills = config.n - config.m - config.m * config.k * config.t
+    fills = config.rollout_n - config.m - config.m * config.k * config.t
     for job in [scratch_job("initial", i, run_id=run_id) for i in range(config.m)]:
         run.start(job)
     for i in range(fills):
@@ -364,8 +365,8 @@ async def online_rollout(
         if run.settled():
             run.on_event("consensus_reached", answers=len(run.done))
             await run.cancel_running()
-        elif not run.tasks and run.launched < config.n:
-            top_up = config.n - run.launched  # forks the parents did not take go to fills, as post hoc
+        elif not run.tasks and run.launched < config.rollout_n:
+            top_up = config.rollout_n - run.launched  # forks the parents did not take go to fills, as post hoc
             for i in range(top_up):
                 run.start(scratch_job("fill", fills + i, run_id=run_id, round=1))
             fills += top_up

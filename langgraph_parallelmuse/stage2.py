@@ -16,6 +16,7 @@ from langchain_core.language_models import BaseChatModel
 from langgraph_parallelmuse.aggregate import BASELINES, aggregate_reports, majority_vote
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import ParallelMuseConfig
+from langgraph_parallelmuse.graph_report import write_graph_report
 from langgraph_parallelmuse.state import Report, Trajectory
 
 __all__ = ["Choice", "choose_answer", "compression_stats", "write_report"]
@@ -44,7 +45,8 @@ class Choice:
 async def write_report(
     model: BaseChatModel, question: str, trajectory: Trajectory, *, config: ParallelMuseConfig, guided: bool
 ) -> Report:
-    """Compress one finished trajectory with the run's settings (the map step).
+    """Compress one finished trajectory with the run's settings (the map step): the three-section
+    report, or with ``report_form="graph"`` the graph-shaped one (:mod:`~langgraph_parallelmuse.graph_report`).
 
     Example:
         >>> import asyncio
@@ -54,6 +56,8 @@ async def write_report(
         >>> asyncio.run(write_report(model, "Capital?", traj, config=ParallelMuseConfig(), guided=True))["status"]
         'ok'
     """
+    if config.report_form == "graph":
+        return await write_graph_report(model, question, trajectory, guided=guided, seed=config.seed)
     return await compress_trajectory(
         model, question, trajectory, guided=guided, max_report_tokens=config.max_report_tokens, seed=config.seed
     )

@@ -89,9 +89,9 @@ TrajectoryStatus = Literal[
 
 
 class Origin(TypedDict, total=False):
-    """How a trajectory arose: from scratch, or forked from a parent's checkpoint."""
+    """How a trajectory arose: from scratch, forked from a parent's checkpoint, or crossed from two parents."""
 
-    kind: Literal["initial", "branch", "fill"]
+    kind: Literal["initial", "branch", "fill", "crossover"]
     parent: str | None  # parent trajectory id
     parent_thread: str | None
     checkpoint_id: str | None
@@ -100,6 +100,11 @@ class Origin(TypedDict, total=False):
     region: str | None
     score: float | None
     round: int
+    # A crossover (crossover.py): both parents, their threads, and the steps of each it starts from.
+    parents: list[str]
+    parent_threads: list[str]
+    parent_steps: list[list[int]]
+    reason: str  # why this pair: "disagree" or "evidence"
 
 
 class AgentState(TypedDict, total=False):
@@ -230,6 +235,7 @@ class ParallelMuseState(TypedDict, total=False):
     trajectories: Annotated[list[Trajectory], merge_trajectories]
     reports: Annotated[list[Report], merge_reports]
     picks: Annotated[list[dict[str, Any]], operator.add]  # every round's picks (lineage.Pick records)
+    crossovers: Annotated[list[dict[str, Any]], operator.add]  # the pairs crossed (crossover.CrossPair records)
     round: int  # the branching round in progress (0 before the first)
     engine_start: dict[str, Any]  # in-process engine counters at run start (stats.engine is the delta)
     answer: str | None

@@ -137,3 +137,29 @@ async def test_beyond_paper_options_on_the_real_model(model, tools, tmp_path):
     threshold = Calibration.load(path).thresholds["exploration"]
     assert len(trajectories) == 6
     assert all(p["score"] > threshold for p in picks)
+
+
+@pytest.mark.timeout(900)
+async def test_graph_shaped_reports_and_crossover_on_the_real_model(model, tools):
+    from langgraph_parallelmuse.driver import call_key
+    from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
+
+    config = {"n": 3, "mode": "none", "seed": 2, "max_turns": 4, "report_form": "graph", "crossover": 1}
+    result = await create_parallelmuse(model, tools, config=config).ainvoke({"question": QUESTION})
+    by_id = {t["id"]: t for t in result["trajectories"]}
+    assert len(by_id) == 3
+    for report in result["reports"]:
+        traj = by_id[report["trajectory_id"]]
+        effective = effective_subgraph(build_graph(QUESTION, traj))
+        assert all(e["name"] in report["text"] for e in effective["entities"].values()), report["text"]
+        assert report["answer"] == " ".join(traj["answer"].split())
+        assert report["text"].splitlines()[-2].startswith("Reasoning:")
+    crossed = [t for t in by_id.values() if t["origin"]["kind"] == "crossover"]
+    assert len(crossed) + result["stats"]["crossover"]["fills"] == 1
+    for x in crossed:
+        parents = [by_id[p] for p in x["origin"]["parents"]]
+        assert len(parents) == 2 and x["stats"]["tool_calls"] == 0
+        taken = {call_key(s["action"]) for p in parents for s in p["steps"]}
+        assert all(call_key(s["action"]) in taken for s in x["steps"][: x["origin"]["step"]])
+        assert x["steps"][-1]["action"]["type"] == "answer"
+    assert result["answer"] in {r["answer"] for r in result["reports"]}

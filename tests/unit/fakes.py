@@ -215,6 +215,7 @@ def answer_text(answer: str, thought: str = "The evidence is sufficient") -> str
 AGENT_MARKER = "You are a deep research assistant"
 COMPRESS_MARKER = "short, factual reports about research logs"
 AGGREGATE_MARKER = "compare research reports"
+GRAPH_REPORT_MARKER = "how research findings lead to an answer"
 
 
 def agent_step(messages: list[BaseMessage]) -> int:
@@ -228,6 +229,8 @@ def role_of(messages: list[BaseMessage]) -> str:
         return "compress"
     if AGGREGATE_MARKER in system:
         return "aggregate"
+    if GRAPH_REPORT_MARKER in system:
+        return "graph_report"
     if AGENT_MARKER in system:
         return "agent"
     return "other"
@@ -254,13 +257,17 @@ def research_responder(
     *,
     compress: Callable[[list[BaseMessage]], Any] = report_from_prompt,
     aggregate: Callable[[list[BaseMessage]], Any] = majority_from_prompt,
+    graph_report: Callable[[list[BaseMessage]], Any] = lambda messages: "The findings name the answer.",
 ) -> Callable[[list[BaseMessage]], Any]:
-    """A responder for the whole ParallelMuse graph: agent steps by index, reports, aggregation."""
+    """A responder for the whole ParallelMuse graph: agent steps by index, reports (text form, or the
+    reasoning line of a graph-shaped one), aggregation."""
 
     def respond(messages: list[BaseMessage]) -> Any:
         role = role_of(messages)
         if role == "compress":
             return compress(messages)
+        if role == "graph_report":
+            return graph_report(messages)
         if role == "aggregate":
             return aggregate(messages)
         if role == "agent":

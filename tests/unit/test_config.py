@@ -38,6 +38,11 @@ from langgraph_parallelmuse.errors import ConfigError
         ({"tool_timeout": 0}, ["tool_timeout=0"]),
         ({"nn": 8}, ["nn"]),  # unknown field: a typo must not be ignored
         ({"n": "eight"}, ["n"]),
+        ({"report_form": "table"}, ["report_form"]),
+        ({"crossover": -1}, ["crossover=-1"]),
+        ({"crossover": 1, "aggregation": "majority"}, ["crossover", "aggregation='majority'"]),
+        ({"n": 8, "crossover": 2}, ["n - crossover = 6", "m + m*k*t = 7"]),
+        ({"n": 2, "mode": "none", "crossover": 2}, ["m=1 > n - crossover = 0"]),
     ],
 )
 def test_invalid_settings_raise_config_error_naming_the_setting(settings, names):
@@ -112,3 +117,9 @@ def test_config_is_frozen():
     with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen-instance error
         cfg.n = 3
     assert cfg.n == 8
+
+
+def test_crossover_slots_come_out_of_the_rollout_stage():
+    cfg = make_config(n=8, crossover=1)
+    assert (cfg.rollout_n, cfg.branch_budget, cfg.fill_budget) == (7, 6, 0)
+    assert make_config(n=4, mode="none", crossover=1).fill_budget == 2

@@ -1,0 +1,414 @@
+"""The information-state graph of a trajectory: entities, the relations between them, and redundancy.
+
+The paper models deep information seeking as entity discovery plus relation construction,
+G = (V, R), and measures redundancy as Γ = 1 − |V_eff| / |V_total|, where V_eff holds the entities
+that directly or indirectly lead to the answer. This module builds G from a trajectory's own
+records, with no model call and no gold data:
+
+**Entities** (keyed by their normalised name, so a query span and a document title that name the
+same thing are one entity):
+
+* ``title``: every document a search showed (``[n] Title (id: x)`` hits) or a visit opened
+  (``opened``, the first line of a visit's output);
+* ``query``: the named spans of every search query (capitalised runs such as "Haymo of Faversham",
+  quoted strings, numbers; the whole query when it has none);
+* ``bridge``: the bridge entity a hop recorded (optional ``step["bridge"]`` or
+  ``observation["bridge"]``, a string or a list of strings);
+* ``answer``: the final answer.
+
+**Relations**, each tied to the step (tool call) that established it:
+
+* ``found``: a query span (or the step's bridge) → each title its search returned;
+* ``mentions``: a document → an entity the model wrote *later* (a span of a later query, a bridge)
+  whose name the document's text contains: the document is where that entity could come from.
+  Entities named in the question are given, not discovered, so nothing "mentions" them; the
+  results of a search built on a bridge do not mention that bridge (they were found by it);
+* ``supports``: a document whose text contains the answer → the answer. A yes/no answer is
+  supported by the opened documents and by the hits whose title the question names.
+
+**The effective subgraph** is what leads to the answer: the entities from which a path of relations
+reaches it, with the relations' steps non-decreasing along the path (a document re-found after it
+was used does not make the later search effective). Its steps are the trajectory's *effective
+evidence*, which graph-shaped reports render and crossover merges.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+from langgraph_parallelmuse.answers import normalize_answer
+from langgraph_parallelmuse.state import Observation, Step, Trajectory
+
+__all__ = [
+    "Entity",
+    "InfoGraph",
+    "Relation",
+    "Segment",
+    "build_graph",
+    "effective_steps",
+    "effective_subgraph",
+    "entity_key",
+    "graph_stats",
+    "named_spans",
+    "read_segments",
+    "redundancy",
+    "redundancy_summary",
+]
+
+EntityKind = Literal["title", "opened", "query", "bridge", "answer"]
+RelationKind = Literal["found", "mentions", "supports"]
+
+
+class Entity(TypedDict):
+    """One entity: its identity (normalised name), how it was first written, and where it came from."""
+
+    key: str
+    name: str
+    kinds: list[EntityKind]  # sorted
+    step: int  # the first step that established it
+    doc_ids: list[str]  # documents it is the title of
+
+
+class Relation(TypedDict):
+    """``source`` → ``target`` (entity keys), established by the tool call of step ``step``."""
+
+    source: str
+    target: str
+    kind: RelationKind
+    step: int
+    tool: str
+
+
+class InfoGraph(TypedDict):
+    """Entities by key, relations in the order they were established, and the answer's key."""
+
+    entities: dict[str, Entity]
+    relations: list[Relation]
+    answer: str | None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The part of a tool output about one document: a search hit (title line and snippet) or an
+    opened document."""
+
+    step: int
+    tool: str
+    title: str
+    doc_id: str | None
+    text: str  # normalised as entity keys are, for mention tests
+
+
+# ----------------------------------------------------------------------------- named spans
+
+# Capitalised words that open a sentence or a question, not a name.
+_FUNCTION_WORDS = frozenset(
+    "a an and are as at be but by can could did do does for from had has have he her his how i if in is it its "
+    "me my no not of on or our she so than that the their them then there these they this those to us was we "
+    "were what when where which while who whom whose why will with would yes you your".split()
+)
+# Lowercase words allowed inside a name ("Haymo of Faversham", "Ludwig van Beethoven").
+_CONNECTORS = frozenset("of the de da del der di du la le van von y".split())
+_WORD = re.compile(r"\d[\d,.]*\d|[^\W_](?:[\w'’&-]*[^\W_])?\.?")
+_QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
+_NUMBER = re.compile(r"\d[\d,.]*$")
+_POSSESSIVE = re.compile(r"['’]s\b")
+
+
+def _is_name_word(word: str) -> bool:
+    return word[0].isupper() and word.rstrip(".").lower() not in _FUNCTION_WORDS
+
+
+def named_spans(text: str) -> list[str]:
+    """The named spans of a short text: quoted strings, capitalised runs (with inner connectors such
+    as "of"), and numbers; in order, without duplicates.
+
+    Example:
+        >>> named_spans("What language was used in the era of Haymo of Faversham?")
+        ['Haymo of Faversham']
+        >>> named_spans('Are Christopher Nolan and "Sathish Kalathil" both born in 1970?')
+        ['Sathish Kalathil', 'Christopher Nolan', '1970']
+        >>> named_spans("g. stanley hall")
+        []
+    """
+    spans = [m.group(1).strip() for m in _QUOTED.finditer(text)]
+    words = [m.group(0) for m in _WORD.finditer(_QUOTED.sub(" ", text))]
+    run: list[str] = []
+    for word in [*words, ""]:
+        if word and (_is_name_word(word) or (run and (word in _CONNECTORS or word[0].isdigit()))):
+            run.append(word)
+            continue
+        while run and run[-1] in _CONNECTORS:
+            run.pop()
+        if run:
+            spans.append(" ".join(run).rstrip("."))
+        run = []
+        if word and _NUMBER.match(word):
+            spans.append(word.rstrip(".,"))
+    return list(dict.fromkeys(s for s in spans if entity_key(s)))
+
+
+def entity_key(name: str) -> str:
+    """An entity's identity: its name normalised as answers are (case, punctuation and articles dropped).
+
+    A possessive is dropped first ("Hall's" names Hall).
+
+    Example:
+        >>> entity_key("The G. Stanley Hall's")
+        'g stanley hall'
+    """
+    return normalize_answer(_POSSESSIVE.sub("", name))
+
+
+def _mentions(text: str, key: str) -> bool:
+    """Whether normalised ``text`` names the entity ``key`` as whole words."""
+    return f" {key} " in f" {text} "
+
+
+# ----------------------------------------------------------------------------- reading the records
+
+_HIT = re.compile(r"^\[\d+\] (.+?) \(id: ([^)\n]*)\)[ \t]*$", re.MULTILINE)
+
+
+def read_segments(observations: Sequence[Observation]) -> list[Segment]:
+    """The documents a trajectory's tool outputs showed: one segment per search hit, one per opened
+    document (the first line of a visit's output is its title). Failed calls show nothing.
+
+    Example:
+        >>> obs = [{"step": 0, "name": "search", "error": False, "doc_ids": ["d1"],
+        ...         "content": "[1] Paris (id: d1)\\nParis is the capital of France."},
+        ...        {"step": 1, "name": "visit", "error": False, "doc_ids": ["d1"],
+        ...         "content": "Paris\\n\\nParis is on the Seine."}]
+        >>> for s in read_segments(obs):
+        ...     print(s.step, s.tool, s.title, s.doc_id, repr(s.text))
+        0 search Paris d1 'paris paris is capital of france'
+        1 visit Paris d1 'paris is on seine'
+    """
+    segments: list[Segment] = []
+    for obs in observations:
+        if obs.get("error"):
+            continue
+        content, ids = obs["content"], obs.get("doc_ids") or []
+        if obs["name"] == "search":
+            hits = list(_HIT.finditer(content))
+            for i, hit in enumerate(hits):
+                end = hits[i + 1].start() if i + 1 < len(hits) else len(content)
+                title = hit.group(1).strip()
+                text = entity_key(title + " " + content[hit.end() : end])
+                segments.append(Segment(obs["step"], "search", title, hit.group(2).strip() or None, text))
+        elif obs["name"] == "visit" and content.strip():
+            title, _, body = content.strip().partition("\n")
+            doc_id = ids[0] if ids else None
+            segments.append(Segment(obs["step"], "visit", title.strip(), doc_id, entity_key(body)))
+    return segments
+
+
+def _bridges(step: Step, observation: Observation | None) -> list[str]:
+    found: list[str] = []
+    for record in (step, observation or {}):
+        value = record.get("bridge")
+        found += [value] if isinstance(value, str) else [v for v in value or [] if isinstance(v, str)]
+    return [b for b in dict.fromkeys(found) if entity_key(b)]
+
+
+# ----------------------------------------------------------------------------- the graph
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.entities: dict[str, Entity] = {}
+        self.relations: dict[tuple[str, str, str, int], Relation] = {}
+
+    def entity(self, name: str, kind: EntityKind, step: int, doc_id: str | None = None) -> str | None:
+        key = entity_key(name)
+        if not key:
+            return None
+        entity = self.entities.setdefault(
+            key, Entity(key=key, name=" ".join(name.split()), kinds=[], step=step, doc_ids=[])
+        )
+        if kind not in entity["kinds"]:
+            entity["kinds"] = sorted([*entity["kinds"], kind])
+        if doc_id and doc_id not in entity["doc_ids"]:
+            entity["doc_ids"].append(doc_id)
+        entity["step"] = min(entity["step"], step)
+        return key
+
+    def relate(self, source: str | None, target: str | None, kind: RelationKind, step: int, tool: str) -> None:
+        if source and target and source != target:
+            rel = Relation(source=source, target=target, kind=kind, step=step, tool=tool)
+            self.relations.setdefault((source, target, kind, step), rel)
+
+    def graph(self, answer: str | None) -> InfoGraph:
+        ordered = sorted(self.relations.values(), key=lambda r: (r["step"], r["kind"], r["source"], r["target"]))
+        return InfoGraph(entities=self.entities, relations=ordered, answer=answer)
+
+
+def _query_of(step: Step) -> str | None:
+    action = step["action"]
+    if action.get("type") == "tool_call" and action.get("name") == "search":
+        query = (action.get("arguments") or {}).get("query")
+        return query if isinstance(query, str) and query.strip() else None
+    return None
+
+
+def build_graph(question: str, trajectory: Trajectory) -> InfoGraph:
+    """The entity/relation graph of one trajectory, from its own records (see the module docstring).
+
+    Example:
+        >>> traj = {"steps": [
+        ...     {"index": 0, "action": {"type": "tool_call", "name": "search", "arguments": {"query": "Lilu"}}},
+        ...     {"index": 1, "action": {"type": "answer", "answer": "a spirit"}}],
+        ...     "observations": [{"step": 0, "name": "search", "error": False, "doc_ids": ["d5", "d7"],
+        ...         "content": "[1] Lilu (id: d5)\\nA lilu is a spirit.\\n\\n[2] Gallu (id: d7)\\nA demon."}],
+        ...     "answer": "a spirit"}
+        >>> g = build_graph("If Gallu is a demon, Lilu is what?", traj)
+        >>> sorted(g["entities"]), [(r["source"], r["target"], r["kind"], r["step"]) for r in g["relations"]]
+        (['gallu', 'lilu', 'spirit'], [('lilu', 'gallu', 'found', 0), ('lilu', 'spirit', 'supports', 0)])
+    """
+    b = _Builder()
+    steps, observations = trajectory.get("steps", []), trajectory.get("observations", [])
+    segments = read_segments(observations)
+    docs = [b.entity(s.title, "title", s.step, s.doc_id) for s in segments]
+    for s in segments:
+        if s.tool == "visit":
+            b.entity(s.title, "opened", s.step, s.doc_id)
+    obs_of = {o["step"]: o for o in observations}
+    first: dict[str, int] = {}  # model-written entity -> the first step that wrote it
+    for step in steps:
+        at, query = step["index"], _query_of(step)
+        spans = [b.entity(span, "query", at) for span in ((named_spans(query) or [query]) if query else [])]
+        bridges = [b.entity(x, "bridge", at) for x in _bridges(step, obs_of.get(at))]
+        for key in filter(None, [*spans, *bridges]):
+            first.setdefault(key, at)
+        hits = [doc for s, doc in zip(segments, docs, strict=True) if s.step == at and s.tool == "search"]
+        for source in [*spans, *(bridges if query else [])]:
+            for hit in hits:
+                b.relate(source, hit, "found", at, "search")
+    given = {entity_key(span) for span in named_spans(question)}
+    for key, at in first.items():
+        if key in given:
+            continue
+        bridge = "bridge" in b.entities[key]["kinds"]
+        for s, doc in zip(segments, docs, strict=True):
+            # A bridge may come from the document its own step opened, never from the results of
+            # the search built on it.
+            readable = s.step < at or (bridge and s.step == at and s.tool == "visit")
+            if readable and _mentions(s.text, key):
+                b.relate(doc, key, "mentions", s.step, s.tool)
+    return b.graph(_answer(b, question, trajectory, segments, docs))
+
+
+def _answer(
+    b: _Builder, question: str, trajectory: Trajectory, segments: list[Segment], docs: list[str | None]
+) -> str | None:
+    """Add the answer entity and the documents that support it; its key (``None``: no answer)."""
+    steps = trajectory.get("steps", [])
+    text = (trajectory.get("answer") or "").strip()
+    key = b.entity(text, "answer", steps[-1]["index"] if steps else 0) if text else None
+    if key is None:
+        return None
+    given = {entity_key(span) for span in named_spans(question)}
+    if key in ("yes", "no"):
+        support = [s.tool == "visit" or entity_key(s.title) in given for s in segments]
+    else:
+        support = [_mentions(s.text, key) for s in segments]
+        if not any(support):  # the whole answer is nowhere: the documents naming one of its own spans
+            parts = [p for p in map(entity_key, named_spans(text)) if p and p not in given]
+            support = [any(_mentions(s.text, p) for p in parts) for s in segments]
+    for s, doc, ok in zip(segments, docs, support, strict=True):
+        if ok:
+            b.relate(doc, key, "supports", s.step, s.tool)
+    return key
+
+
+def effective_subgraph(graph: InfoGraph, roots: Iterable[str] | None = None) -> InfoGraph:
+    """What leads to ``roots`` (default: the answer): the entities with a path of relations to a
+    root whose steps never decrease, and the relations on such paths.
+
+    Example:
+        >>> rel = lambda s, t, step: {"source": s, "target": t, "kind": "found", "step": step, "tool": "search"}
+        >>> ents = {k: {"key": k} for k in "abcx"}
+        >>> g = {"entities": ents, "relations": [rel("a", "b", 0), rel("b", "c", 1), rel("x", "b", 2)], "answer": "c"}
+        >>> sorted(effective_subgraph(g)["entities"])  # x reached b only after b was used
+        ['a', 'b', 'c']
+    """
+    targets = [graph["answer"]] if roots is None and graph["answer"] else list(roots or [])
+    bound: dict[str, float] = {r: float("inf") for r in targets if r in graph["entities"]}
+    into: dict[str, list[Relation]] = {}
+    for rel in graph["relations"]:
+        into.setdefault(rel["target"], []).append(rel)
+    todo = list(bound)
+    while todo:  # label-correcting search: each node keeps the latest step a path may leave it at
+        node = todo.pop()
+        for rel in into.get(node, []):
+            if rel["step"] <= bound[node] and rel["step"] > bound.get(rel["source"], float("-inf")):
+                bound[rel["source"]] = rel["step"]
+                todo.append(rel["source"])
+    relations = [r for r in graph["relations"] if r["target"] in bound and r["step"] <= bound[r["target"]]]
+    entities = {k: e for k, e in graph["entities"].items() if k in bound}
+    return InfoGraph(
+        entities=entities, relations=relations, answer=graph["answer"] if graph["answer"] in bound else None
+    )
+
+
+def effective_steps(graph: InfoGraph) -> list[int]:
+    """The steps (tool calls) whose relations an (effective) graph holds, in order.
+
+    Example:
+        >>> effective_steps({"relations": [{"step": 2}, {"step": 0}, {"step": 2}]})
+        [0, 2]
+    """
+    return sorted({r["step"] for r in graph["relations"]})
+
+
+def redundancy(graph: InfoGraph, effective: InfoGraph) -> float | None:
+    """Γ = 1 − |V_eff| / |V_total| (``None`` for a graph without entities).
+
+    Example:
+        >>> redundancy({"entities": dict.fromkeys("abcd")}, {"entities": dict.fromkeys("a")})
+        0.75
+    """
+    total = len(graph["entities"])
+    return 1.0 - len(effective["entities"]) / total if total else None
+
+
+def graph_stats(question: str, trajectory: Trajectory) -> dict[str, Any]:
+    """Entities explored and effective, Γ and the effective steps of one trajectory.
+
+    Example:
+        >>> graph_stats("Q?", {"steps": [], "observations": [], "answer": None})
+        {'entities': 0, 'effective_entities': 0, 'redundancy': None, 'effective_steps': []}
+    """
+    graph = build_graph(question, trajectory)
+    effective = effective_subgraph(graph)
+    return {
+        "entities": len(graph["entities"]),
+        "effective_entities": len(effective["entities"]),
+        "redundancy": redundancy(graph, effective),
+        "effective_steps": effective_steps(effective),
+    }
+
+
+def redundancy_summary(question: str, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Run stats: :func:`graph_stats` per trajectory, and per origin kind the mean entities explored,
+    effective, and the mean Γ.
+
+    Example:
+        >>> redundancy_summary("Q?", [])["by_kind"]
+        {}
+    """
+    per = {t["id"]: {"kind": t["origin"].get("kind"), **graph_stats(question, t)} for t in trajectories}
+    by_kind: dict[str, dict[str, float | int]] = {}
+    for kind in dict.fromkeys(p["kind"] for p in per.values()):
+        rows = [p for p in per.values() if p["kind"] == kind]
+        gammas = [p["redundancy"] for p in rows if p["redundancy"] is not None]
+        by_kind[kind] = {
+            "trajectories": len(rows),
+            "entities": sum(p["entities"] for p in rows) / len(rows),
+            "effective_entities": sum(p["effective_entities"] for p in rows) / len(rows),
+            "redundancy": sum(gammas) / len(gammas) if gammas else None,
+        }
+    return {"per_trajectory": per, "by_kind": by_kind}

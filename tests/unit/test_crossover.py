@@ -1,0 +1,206 @@
+"""Crossover of paths: the pair, the lineage, the merged context (only what the parents read), the budget."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+
+import pytest
+
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.crossover import crossover_stage, pick_pairs
+from langgraph_parallelmuse.driver import EVIDENCE_SYSTEM, QUERY_SYSTEM, GuidedDriver
+from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE, format_tool_response
+from langgraph_parallelmuse.schedule import partial_rollout
+from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+from tests.unit.fakes import (
+    ScriptedChatModel,
+    agent_step,
+    answer_text,
+    call_text,
+    make_tools,
+    research_responder,
+    role_of,
+)
+from tests.unit.test_infograph import answer, hits, search
+
+QUESTION = "Where is the thing?"
+DOCS = {
+    "Alpha": "Alpha is in Paris.",
+    "Beta": "Beta is in Lyon.",
+    "Delta": "Delta is in Rome.",  # a tool shows it only to a query neither parent made
+}
+
+
+def corpus_search(query: str) -> str:
+    name = next((n for n in DOCS if n in query), "Delta")
+    shown = [(name.lower(), name, DOCS[name]), ("g", "Gamma", "Gamma is a dead end.")]
+    return "\n\n".join(f"[{i}] {title} (id: {doc})\n{text}" for i, (doc, title, text) in enumerate(shown, 1))
+
+
+def _answer_from(text: str) -> str:
+    return "Paris" if "Alpha is in Paris" in text else "Lyon" if "Beta is in Lyon" in text else "Rome"
+
+
+def agent(queries):
+    """Step 0 searches the next of ``queries``; later steps answer from what the conversation holds."""
+    order = itertools.cycle(queries)
+
+    def step(index, messages):
+        if index == 0:
+            return call_text("search", query=next(order))
+        return answer_text(_answer_from(" ".join(str(m.content) for m in messages)))
+
+    return step
+
+
+def _graph(config, queries=("Alpha", "Beta")):
+    model = ScriptedChatModel(responder=research_responder(agent(queries)))
+    tools, calls = make_tools(search=corpus_search)
+    return create_parallelmuse(model, tools, config=config), model, calls
+
+
+async def test_a_crossover_names_both_parents_and_sees_only_what_they_read():
+    graph, model, calls = _graph({"n": 3, "mode": "none", "crossover": 1, "seed": 0})
+    out = await graph.ainvoke({"question": QUESTION})
+
+    by_id = {t["id"]: t for t in out["trajectories"]}
+    assert Counter(t["origin"]["kind"] for t in out["trajectories"]) == {"initial": 1, "fill": 1, "crossover": 1}
+    cross = by_id["x0"]
+    origin = cross["origin"]
+    assert set(origin["parents"]) == {"t0", "f0"} and origin["reason"] == "disagree"
+    assert origin["parent_threads"] == [by_id[p]["thread_id"] for p in origin["parents"]]
+    assert origin["parent"] == origin["parents"][0] and origin["parent_steps"] == [[0], [0]]
+    # The merged context is the parents' evidence steps; the crossover only answered.
+    assert [s["action"]["arguments"]["query"] for s in cross["steps"][:2]] == [
+        by_id[p]["steps"][0]["action"]["arguments"]["query"] for p in origin["parents"]
+    ]
+    assert cross["steps"][2]["action"]["type"] == "answer" and cross["answer"] == "Paris"
+    assert cross["stats"]["tool_calls"] == 0 and len(calls["search"]) == 2
+    assert cross["stats"]["generated_tokens"] == cross["steps"][2]["generated_tokens"]
+    # Its prompt: the question and the parents' steps and tool responses, nothing else.
+    (prompt,) = [
+        c["messages"] for c in model.calls if role_of(c["messages"]) == "agent" and agent_step(c["messages"]) == 2
+    ]
+    parents_read = {format_tool_response(o["content"]) for p in origin["parents"] for o in by_id[p]["observations"]}
+    shown = {
+        m.content.removesuffix("\n" + FINAL_TURN_NOTE) for m in prompt[1:] if m.content.startswith("<tool_response>")
+    }
+    assert shown == parents_read
+    assert all("Delta" not in str(m.content) for m in prompt)
+    # Its report is read with the others; the run's stats say how the reserved slot was used.
+    assert {r["trajectory_id"] for r in out["reports"]} == {"t0", "f0", "x0"}
+    assert out["answer"] == "Paris"
+    assert out["stats"]["crossover"]["trajectories"] == 1 and out["stats"]["crossover"]["fills"] == 0
+    assert out["stats"]["budget"]["crossover_reserved"] == 1
+    assert set(out["stats"]["infograph"]["per_trajectory"]) == {"t0", "f0", "x0"}
+
+
+async def test_a_slot_no_pair_takes_runs_a_fill_so_the_run_keeps_its_budget():
+    graph, _, _ = _graph({"n": 3, "mode": "none", "crossover": 1}, queries=("Alpha",))
+    out = await graph.ainvoke({"question": QUESTION})
+    # Both trajectories agree on the same evidence: nothing to cross.
+    assert sorted(t["id"] for t in out["trajectories"]) == ["f0", "f1", "t0"]
+    assert out["stats"]["crossover"]["fills"] == 1 and out["stats"]["crossover"]["pairs"] == []
+    assert len(out["reports"]) == 3
+
+
+async def test_with_branching_the_rollout_stage_leaves_the_crossover_slots_free():
+    graph, _, _ = _graph({"n": 8, "crossover": 1, "seed": 0})
+    out = await graph.ainvoke({"question": QUESTION})
+    kinds = Counter(t["origin"]["kind"] for t in out["trajectories"])
+    assert len(out["trajectories"]) == 8 and kinds["initial"] == 1 and kinds["branch"] > 0
+    assert out["stats"]["rollout"]["trajectories"] == 7
+    assert kinds["crossover"] + out["stats"]["crossover"]["fills"] == 1
+
+
+async def test_online_branching_also_leaves_the_crossover_slots_free():
+    graph, _, _ = _graph({"n": 4, "k": 1, "t": 2, "branching": "online", "crossover": 1, "seed": 0})
+    out = await graph.ainvoke({"question": QUESTION})
+    assert out["stats"]["rollout"]["trajectories"] == 3 and len(out["trajectories"]) == 4
+
+
+@pytest.mark.parametrize("crossover", [0, 1])
+async def test_graph_shaped_reports_are_what_the_aggregator_reads(crossover):
+    graph, model, _ = _graph({"n": 3, "mode": "none", "report_form": "graph", "crossover": crossover})
+    out = await graph.ainvoke({"question": QUESTION})
+    roles = Counter(role_of(c["messages"]) for c in model.calls)
+    assert roles["compress"] == 0 and roles["graph_report"] == len(out["reports"]) == 3
+    assert all(r["text"].startswith("Evidence:\ns") for r in out["reports"])
+    (aggregate,) = [c["messages"] for c in model.calls if role_of(c["messages"]) == "aggregate"]
+    assert aggregate[-1].content.count("Evidence:\ns") == 3
+    assert Counter(t["origin"]["kind"] for t in out["trajectories"])["crossover"] == crossover
+    assert out["answer"] in ("Paris", "Lyon")
+
+
+def _guided_responder(queries):
+    order = iter(queries)
+
+    def respond(messages):
+        system = messages[0].content
+        if system == QUERY_SYSTEM:
+            return next(order, "Delta")
+        if system == EVIDENCE_SYSTEM:
+            return _answer_from(messages[-1].content)
+        return "I should check the evidence"
+
+    return respond
+
+
+async def test_a_guided_crossover_answers_from_its_parents_evidence_alone(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": n.lower(), "title": n, "text": t}) + "\n" for n, t in DOCS.items())
+        + json.dumps({"id": "g", "title": "Gamma", "text": "Gamma is a dead end."})
+        + "\n"
+    )
+    search_tool, visit_tool = make_corpus_tools(CorpusIndex.from_jsonl(corpus, cache_dir=tmp_path), k=2)
+    model = ScriptedChatModel(responder=_guided_responder(["Alpha", "Beta"]))
+    runner = RolloutRunner(model, [search_tool, visit_tool], driver=GuidedDriver(schedule=("search",)))
+    config = make_config(n=3, mode="none", crossover=1, seed=0)
+    parents, _ = await partial_rollout(runner, QUESTION, config=config, run_id="r")
+    before = len(model.calls)
+    (cross,), (pair,) = await crossover_stage(runner, QUESTION, parents, config=config, run_id="r")
+
+    assert set(pair["parents"]) == {"t0", "f0"} and pair["reason"] == "disagree"
+    assert cross["origin"]["parents"] == pair["parents"] and cross["answer"] == "Paris"
+    assert cross["stats"]["tool_calls"] == 0
+    # Every model call of the crossover holds both parents' evidence and nothing they did not read.
+    during = [" ".join(str(m.content) for m in c["messages"]) for c in model.calls[before:]]
+    assert during and any("Alpha is in Paris" in d and "Beta is in Lyon" in d for d in during)
+    assert not any("Delta" in d for d in during)
+
+
+def _traj(tid, query, answer_text_, doc):
+    return {
+        "id": tid,
+        "thread_id": f"r/{tid}",
+        "origin": {"kind": "initial"},
+        "steps": [search(0, query), answer(1, answer_text_)],
+        "observations": [hits(0, (doc.lower(), doc, DOCS.get(doc, f"{doc} is in {answer_text_}.")))],
+        "answer": answer_text_,
+    }
+
+
+def test_pairs_disagreeing_come_first_then_complementary_evidence():
+    a = _traj("a", "Alpha", "Paris", "Alpha")
+    b = _traj("b", "Alpha2", "Paris", "Alpha2")
+    c = _traj("c", "Beta", "Lyon", "Beta")
+    unsupported = {**_traj("d", "Beta", "Oslo", "Beta")}
+    pairs = pick_pairs(QUESTION, [a, b, c, unsupported], count=3)
+    assert [(p["parents"], p["reason"]) for p in pairs] == [
+        (["a", "c"], "disagree"),
+        (["b", "c"], "disagree"),
+        (["a", "b"], "evidence"),
+    ]
+    assert pick_pairs(QUESTION, [a, a], count=1) == []  # the same evidence: nothing to gain
+    assert pick_pairs(QUESTION, [a, c], count=0) == []
+
+
+def test_a_crossover_is_never_a_parent():
+    a, c = _traj("a", "Alpha", "Paris", "Alpha"), _traj("c", "Beta", "Lyon", "Beta")
+    x = {**_traj("x0", "Beta", "Rome", "Beta"), "origin": {"kind": "crossover"}}
+    assert [p["parents"] for p in pick_pairs(QUESTION, [a, c, x], count=5)] == [["a", "c"]]

@@ -1,0 +1,201 @@
+"""The information-state graph of a trajectory: exact entities and relations, the effective subgraph, Γ."""
+
+from __future__ import annotations
+
+import pytest
+
+from langgraph_parallelmuse.infograph import (
+    build_graph,
+    effective_steps,
+    effective_subgraph,
+    graph_stats,
+    named_spans,
+    redundancy,
+    redundancy_summary,
+)
+
+QUESTION = "Who was the first president of the association which published Journal of Psychotherapy Integration?"
+
+JPI_SNIPPET = "The Journal of Psychotherapy Integration is published by the American Psychological Association."
+HALL_SNIPPET = "G. Stanley Hall's book. Hall was the first president of the American Psychological Association."
+
+
+def search(index: int, query: str, **extra):
+    return {"index": index, "action": {"type": "tool_call", "name": "search", "arguments": {"query": query}}, **extra}
+
+
+def visit(index: int, doc: str):
+    return {"index": index, "action": {"type": "tool_call", "name": "visit", "arguments": {"doc": doc}}}
+
+
+def answer(index: int, text: str):
+    return {"index": index, "action": {"type": "answer", "answer": text}}
+
+
+def hits(step: int, *docs: tuple[str, str, str]):
+    content = "\n\n".join(f"[{n}] {title} (id: {doc_id})\n{text}" for n, (doc_id, title, text) in enumerate(docs, 1))
+    return {"step": step, "name": "search", "content": content, "error": False, "doc_ids": [d for d, _, _ in docs]}
+
+
+def opened(step: int, doc_id: str, title: str, text: str):
+    return {"step": step, "name": "visit", "content": f"{title}\n\n{text}", "error": False, "doc_ids": [doc_id]}
+
+
+def two_hop(*, dead_end: bool = False):
+    """Hop 1 finds the journal's publisher (the bridge), hop 2 its first president; optionally a dead-end
+    search in between."""
+    steps = [search(0, "Journal of Psychotherapy Integration publisher")]
+    observations = [
+        hits(0, ("d6", "Journal of Psychotherapy Integration", JPI_SNIPPET), ("d4", "Riemann integral", "A journal."))
+    ]
+    if dead_end:
+        steps.append(search(1, "Sigmund Freud"))
+        observations.append(hits(1, ("d9", "Sigmund Freud", "Freud founded psychoanalysis.")))
+    n = len(steps)
+    steps += [
+        visit(n, "d6"),
+        # The hop's bridge is recorded on the step whose query builds on it (the issue-21 driver's field).
+        search(n + 1, "first president of that association", bridge="American Psychological Association"),
+        answer(n + 2, "G. Stanley Hall"),
+    ]
+    observations += [
+        opened(n, "d6", "Journal of Psychotherapy Integration", JPI_SNIPPET + " It was established in 1991."),
+        hits(
+            n + 1,
+            ("d10", "Adolescence", HALL_SNIPPET),
+            ("d18", "Families, Systems and Health", "Published by the American Psychological Association."),
+            ("d6", "Journal of Psychotherapy Integration", JPI_SNIPPET),
+        ),
+    ]
+    return {
+        "id": "t0",
+        "origin": {"kind": "initial"},
+        "steps": steps,
+        "observations": observations,
+        "answer": "G. Stanley Hall",
+    }
+
+
+def _edges(graph):
+    return {(r["source"], r["target"], r["kind"], r["step"], r["tool"]) for r in graph["relations"]}
+
+
+def test_the_graph_of_a_scripted_trajectory_is_exactly_the_expected_one_with_its_bridge_pinned():
+    graph = build_graph(QUESTION, two_hop())
+
+    assert {k: (e["kinds"], e["step"], e["doc_ids"]) for k, e in graph["entities"].items()} == {
+        "journal of psychotherapy integration": (["opened", "query", "title"], 0, ["d6"]),
+        "riemann integral": (["title"], 0, ["d4"]),
+        "american psychological association": (["bridge"], 2, []),
+        "first president of that association": (["query"], 2, []),
+        "adolescence": (["title"], 2, ["d10"]),
+        "families systems and health": (["title"], 2, ["d18"]),
+        "g stanley hall": (["answer"], 3, []),
+    }
+    jpi, apa, q2 = (
+        "journal of psychotherapy integration",
+        "american psychological association",
+        "first president of that association",
+    )
+    assert _edges(graph) == {
+        (jpi, "riemann integral", "found", 0, "search"),
+        # The bridge came from what hop 1 read (the hit and the opened page), not from the results of the
+        # search built on it (which all name it too).
+        (jpi, apa, "mentions", 0, "search"),
+        (jpi, apa, "mentions", 1, "visit"),
+        (q2, "adolescence", "found", 2, "search"),
+        (q2, "families systems and health", "found", 2, "search"),
+        (q2, jpi, "found", 2, "search"),
+        (apa, "adolescence", "found", 2, "search"),
+        (apa, "families systems and health", "found", 2, "search"),
+        (apa, jpi, "found", 2, "search"),
+        ("adolescence", "g stanley hall", "supports", 2, "search"),
+    }
+    assert graph["answer"] == "g stanley hall"
+
+
+def test_the_effective_subgraph_of_a_two_hop_answer_keeps_both_hops_and_drops_the_dead_ends():
+    traj = two_hop(dead_end=True)
+    graph = build_graph(QUESTION, traj)
+    effective = effective_subgraph(graph)
+    jpi, apa = "journal of psychotherapy integration", "american psychological association"
+
+    assert set(effective["entities"]) == {
+        jpi,
+        apa,
+        "first president of that association",
+        "adolescence",
+        "g stanley hall",
+    }
+    assert not {"sigmund freud", "riemann integral", "families systems and health"} & set(effective["entities"])
+    # Hop 1 (its search and the page it opened), hop 2's search; not the dead-end search (step 1).
+    assert effective_steps(effective) == [0, 2, 3]
+    # Hop 2 re-found the journal after it was used: that later relation does not lead to the answer.
+    assert ("first president of that association", jpi, "found", 3, "search") not in _edges(effective)
+    assert redundancy(graph, effective) == pytest.approx(1 - 5 / 8)
+    assert graph_stats(QUESTION, traj) == {
+        "entities": 8,
+        "effective_entities": 5,
+        "redundancy": pytest.approx(1 - 5 / 8),
+        "effective_steps": [0, 2, 3],
+    }
+
+
+def test_an_answer_no_document_supports_is_the_whole_effective_subgraph():
+    traj = {**two_hop(), "answer": "Carl Jung"}
+    stats = graph_stats(QUESTION, traj)
+    assert (stats["effective_entities"], stats["effective_steps"]) == (1, [])
+
+
+def test_a_yes_no_answer_rests_on_the_opened_documents_and_the_hits_the_question_names():
+    question = "Are Christopher Nolan and Sathish Kalathil both film directors?"
+    traj = {
+        "steps": [search(0, "Christopher Nolan"), visit(1, "n1"), answer(2, "yes")],
+        "observations": [
+            hits(0, ("n1", "Christopher Nolan", "A director."), ("x", "Dunkirk", "A film.")),
+            opened(1, "n1", "Christopher Nolan", "Nolan is a film director."),
+        ],
+        "answer": "yes",
+    }
+    effective = effective_subgraph(build_graph(question, traj))
+    assert set(effective["entities"]) == {"christopher nolan", "yes"}
+
+
+def test_without_an_answer_nothing_is_effective_and_every_entity_is_redundant():
+    traj = {**two_hop(), "answer": None}
+    assert graph_stats(QUESTION, traj)["redundancy"] == 1.0
+
+
+def test_failed_calls_and_unknown_tools_show_no_documents():
+    traj = {
+        "steps": [search(0, "Paris"), answer(1, "Paris")],
+        "observations": [{"step": 0, "name": "search", "content": "[1] Paris (id: p)\nx", "error": True}],
+        "answer": "Paris",
+    }
+    assert set(build_graph("Where?", traj)["entities"]) == {"paris"}
+
+
+@pytest.mark.parametrize(
+    ("text", "spans"),
+    [
+        (
+            "Who was the first president of the American Psychological Association?",
+            ["American Psychological Association"],
+        ),
+        ("If Gallu is a demon Lilu is what?", ["Gallu", "Lilu"]),
+        ("Apollo 11 landed in 1969.", ["Apollo 11", "1969"]),
+        ('the "sturm und drang" era', ["sturm und drang"]),
+        ("first president of that association", []),
+    ],
+)
+def test_named_spans(text, spans):
+    assert named_spans(text) == spans
+
+
+def test_the_run_summary_separates_from_scratch_trajectories_from_branches():
+    scratch = two_hop(dead_end=True)
+    branch = {**two_hop(), "id": "t0.s1.b0", "origin": {"kind": "branch"}}
+    summary = redundancy_summary(QUESTION, [scratch, branch])
+    assert summary["by_kind"]["initial"]["entities"] == 8
+    assert summary["by_kind"]["branch"]["effective_entities"] == 5
+    assert summary["per_trajectory"]["t0.s1.b0"]["redundancy"] == pytest.approx(1 - 5 / 7)
