@@ -218,7 +218,7 @@ class Scheduler:
             if seq.max_new == 0:
                 seq.finish = "length"
             else:
-                self._consume(seq, logits[0])
+                self._consume([seq], logits)
             return seq
         except Exception as exc:  # noqa: BLE001 - reported to the caller through its future
             fut.set_exception(exc)
@@ -244,14 +244,12 @@ class Scheduler:
     def _decode(self) -> None:
         logits = self.runner.decode(self.batch, [s.pad for s in self.active], [s.gen[-1] for s in self.active])
         self.counters.add(batches=1, batch_rows=len(self.active))
-        for i, seq in enumerate(self.active):
-            self._consume(seq, logits[i])
+        self._consume(self.active, logits)
 
-    def _consume(self, seq: RequestState, logits: torch.Tensor) -> None:
-        before = len(seq.gen)
-        self.decoder.consume(seq, logits)
-        if len(seq.gen) > before:
-            self.counters.add(decode_tokens=1)
+    def _consume(self, seqs: list[RequestState], logits: torch.Tensor) -> None:
+        before = sum(len(s.gen) for s in seqs)
+        self.decoder.step(seqs, logits)
+        self.counters.add(decode_tokens=sum(len(s.gen) for s in seqs) - before)
 
     def _retire(self) -> None:
         """Resolve finished rows, store their KV and drop them from the batch."""

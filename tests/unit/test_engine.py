@@ -160,16 +160,18 @@ def test_stop_strings_cut_text_and_entries(engine, tokenizer) -> None:
     assert last["logprob"] == whole["logprob"] and whole["token"].startswith(last["token"])
 
 
-def test_eos_ends_a_request_unless_ignored(model, tokenizer) -> None:
-    eos = tokenizer.eos_token_id
-    biased = InferenceEngine(_EosModel(model, eos), tokenizer)
+def test_eos_ends_a_request_unless_ignored(plain, tokenizer) -> None:
+    first = plain.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=1)).token_ids[0]
+    model = tiny_llama(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first]  # the first greedy token ends it
+    engine = InferenceEngine(model, tokenizer)
     try:
-        stopped = biased.generate(greedy(tokenizer, PROMPTS[1]))
-        kept = biased.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=3, ignore_eos=True))
+        stopped = engine.generate(greedy(tokenizer, PROMPTS[1]))
+        kept = engine.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=3, ignore_eos=True))
     finally:
-        biased.close()
+        engine.close()
     assert stopped.finish_reason == "stop" and stopped.token_ids == [] and stopped.text == ""
-    assert kept.token_ids == [eos] * 3 and kept.finish_reason == "length"
+    assert kept.token_ids[0] == first and kept.completion_tokens == 3 and kept.finish_reason == "length"
 
 
 def test_bad_requests_are_refused(engine, tokenizer) -> None:
@@ -187,17 +189,3 @@ def test_a_transformers_release_without_the_cache_keyword_is_refused(model, toke
     monkeypatch.setattr(transformers, "__version__", "5.23.0")
     with pytest.raises(ConfigError, match=r"transformers>=5\.24"):
         InferenceEngine(model, tokenizer)
-
-
-class _EosModel(torch.nn.Module):
-    """The tiny model with its end-of-sequence logit raised far above the rest."""
-
-    def __init__(self, inner, eos: int) -> None:
-        super().__init__()
-        self.inner, self.eos = inner, eos
-        self.config, self.generation_config = inner.config, inner.generation_config
-
-    def forward(self, **kwargs):
-        out = self.inner(**kwargs)
-        out.logits[..., self.eos] += 100.0
-        return out
