@@ -3,8 +3,9 @@
 Requests are submitted from any thread or event loop and answered through a
 :class:`concurrent.futures.Future`. The worker owns the model; its parts are separate modules:
 :mod:`.scheduler` (admission, batch membership, retirement), :mod:`.runner` (model forward passes),
-:mod:`.kv_batch` (the batch's KV cache), :mod:`.decoding` (sampling, stop strings, logprob entries,
-detokenising) and :mod:`.prefix_cache` (the radix tree of cached prefixes).
+:mod:`.kv_batch` and :mod:`.attention` (the batch's KV; attention that reads shared prefix segments
+once for all rows), :mod:`.decoding` (sampling, stop strings, logprob entries, detokenising) and
+:mod:`.prefix_cache` (the radix tree of cached prefixes).
 
 Log-probabilities are *raw*: ``log_softmax`` of the unwarped logits, before temperature and top-p.
 """
@@ -22,7 +23,7 @@ from langgraph_parallelmuse.errors import InputError
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache
 from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
-from langgraph_parallelmuse.models.runner import ModelRunner
+from langgraph_parallelmuse.models.runner import ModelRunner, Precision
 from langgraph_parallelmuse.models.scheduler import Counters, Item, Scheduler
 
 __all__ = [
@@ -54,6 +55,8 @@ class InferenceEngine:
         cache_max_bytes: Memory bound of the prefix cache.
         max_batch_size: Most rows decoded together.
         batch_window: Seconds the idle worker waits after a first request for companions.
+        precision: ``"float32"`` (exact) or ``"bfloat16"`` matrix products (faster on CPUs with
+            AMX / AVX-512-BF16; moves logprobs by about 0.02 nats on average).
         name: Display name of the model.
 
     Example:
@@ -76,6 +79,7 @@ class InferenceEngine:
         cache_max_bytes: int = 2 * 1024**3,
         max_batch_size: int = 8,
         batch_window: float = 0.02,
+        precision: Precision = "float32",
         name: str = "local",
     ) -> None:
         if max_batch_size < 1:
@@ -93,7 +97,7 @@ class InferenceEngine:
         self._closed = False
         scheduler = Scheduler(
             self._queue,
-            ModelRunner(model),
+            ModelRunner(model, precision=precision),
             Decoder(tokenizer, eos_ids(model, tokenizer)),
             self.cache,
             self._counters,
@@ -176,7 +180,7 @@ def shared_engine(
     batching: bool = True,
     cache_max_bytes: int = 2 * 1024**3,
     max_batch_size: int = 8,
-    dtype: str = "float32",
+    precision: Precision = "float32",
 ) -> InferenceEngine:
     """Return the process-wide engine for these weights and settings (created on first use).
 
@@ -190,8 +194,8 @@ def shared_engine(
     """
     from langgraph_parallelmuse.models.loading import load_model
 
-    loaded = load_model(model_path, gguf_file, dtype)
-    key = (loaded.path, loaded.gguf_file, dtype, prefix_cache, batching, cache_max_bytes, max_batch_size)
+    loaded = load_model(model_path, gguf_file)
+    key = (loaded.path, loaded.gguf_file, precision, prefix_cache, batching, cache_max_bytes, max_batch_size)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
@@ -202,6 +206,7 @@ def shared_engine(
                 batching=batching,
                 cache_max_bytes=cache_max_bytes,
                 max_batch_size=max_batch_size,
+                precision=precision,
                 name=loaded.name,
             )
             _engines[key] = engine

@@ -1,12 +1,12 @@
 """The engine's worker loop: admission, batch membership and retirement of requests.
 
 Each admitted request first reuses the longest cached prefix of its prompt from the
-:class:`~.prefix_cache.PrefixCache` and prefills only the rest (batch size 1, so every request may
-hit a different cached length); its KV then joins the running batch (:mod:`.kv_batch`), which is
-decoded jointly one token per step. Requests arriving while a batch runs join it at the next step;
-finished rows leave it at once. Prompt KV is inserted into the prefix cache right after prefill (so
-sibling branches admitted in the same step already share it) and prompt + generated KV again when a
-request finishes.
+:class:`~.prefix_cache.PrefixCache` (views, no copy) and prefills only the rest; its prompt KV goes
+into the prefix cache at once, so sibling branches admitted in the same step already share it.
+The requests admitted together then join the running batch (:mod:`.kv_batch`) by the prefix-cache
+entries that now cover their prompts, so siblings read one copy of their common prefix, and the
+batch is decoded jointly one token per step. Requests arriving while a batch runs join it at the
+next step; finished rows leave it at once, and their prompt + generated KV goes into the cache.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import random
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
 
 import torch
 
-from langgraph_parallelmuse.models import kv_batch
 from langgraph_parallelmuse.models.decoding import Decoder
-from langgraph_parallelmuse.models.prefix_cache import PrefixCache
+from langgraph_parallelmuse.models.kv_batch import BatchKV
+from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixMatch
 from langgraph_parallelmuse.models.requests import GenerationRequest, RequestState
 from langgraph_parallelmuse.models.runner import ModelRunner
 
@@ -109,7 +108,7 @@ class Scheduler:
         self.batch_window = batch_window
         self.max_context_tokens = max_context_tokens
         self.active: list[RequestState] = []
-        self.batch: Any = None
+        self.batch: BatchKV | None = None
         self.stopping = False
 
     def run(self) -> None:
@@ -185,7 +184,7 @@ class Scheduler:
             self._retire()
 
     def _admit(self, req: GenerationRequest, fut: Future) -> RequestState | None:
-        """Prefill one request from its cached prefix; return it holding its own batch-1 cache."""
+        """Prefill one request after its cached prefix; return it holding the KV pieces of its prompt."""
         if not fut.set_running_or_notify_cancel():
             return None
         try:
@@ -203,9 +202,9 @@ class Scheduler:
                 max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
                 context=prompt[-4:],
             )
-            hit = self.cache.lookup(prompt, len(prompt) - 1) if self.cache is not None else None
-            seq.cached = hit.length if hit else 0
-            cache, logits = self.runner.prefill(prompt, hit.state if hit else (), seq.cached)
+            hit = self.cache.match(prompt, len(prompt) - 1) if self.cache is not None else PrefixMatch(0, ())
+            seq.cached = hit.length
+            state, logits = self.runner.prefill(prompt, hit.pieces)
             self.counters.add(
                 requests=1,
                 prefill_tokens_computed=len(prompt) - seq.cached,
@@ -213,8 +212,8 @@ class Scheduler:
                 _hits=int(seq.cached > 0),
             )
             if self.cache is not None:
-                self.cache.insert(prompt, kv_batch.row_state(cache, 0, 0))
-            seq.batch_cache = cache
+                self.cache.insert(prompt, state, start=hit.length, adopt=True)
+            seq.pieces = [*hit.pieces, (state, len(prompt) - hit.length)]
             if seq.max_new == 0:
                 seq.finish = "length"
             else:
@@ -225,24 +224,24 @@ class Scheduler:
             return None
 
     def _join(self, admitted: list[RequestState]) -> None:
-        """Add freshly prefilled requests to the running batch (re-padding every row)."""
-        running, self.active = self.active, self.active + admitted  # a failed merge fails them all
-        if self.batch is None and len(admitted) == 1:
-            seq = admitted[0]
-            self.batch, seq.batch_cache, seq.pad = seq.batch_cache, None, 0
-            return
-        rows: list[tuple[Any, int, int]] = []
-        if self.batch is not None:
-            rows.extend((self.batch, i, s.pad) for i, s in enumerate(running))
-        rows.extend((s.batch_cache, 0, 0) for s in admitted)
-        self.batch, pads = kv_batch.merge_rows(self.runner.config, rows)
-        for s, pad in zip(self.active, pads, strict=True):
-            s.pad = pad
-        for s in admitted:
-            s.batch_cache = None
+        """Add freshly prefilled requests to the running batch."""
+        self.active = self.active + admitted  # a failed join fails them all
+        for seq in admitted:
+            # The prompts are in the cache now: siblings find their common prefix there, as one entry.
+            again = self.cache.match(seq.prompt) if self.cache is not None else None
+            if again is not None and again.length == len(seq.prompt):
+                seq.pieces = list(again.pieces)
+        if self.batch is None:
+            runner = self.runner
+            self.batch = BatchKV(
+                num_layers=runner.num_layers, kv_heads=runner.kv_heads, head_dim=runner.head_dim, dtype=runner.dtype
+            )
+        self.batch.add([seq.pieces for seq in admitted])
+        for seq in admitted:
+            seq.pieces = []
 
     def _decode(self) -> None:
-        logits = self.runner.decode(self.batch, [s.pad for s in self.active], [s.gen[-1] for s in self.active])
+        logits = self.runner.decode(self.batch, [s.gen[-1] for s in self.active])
         self.counters.add(batches=1, batch_rows=len(self.active))
         self._consume(self.active, logits)
 
@@ -261,19 +260,14 @@ class Scheduler:
             # The last sampled token was never fed, so the KV covers prompt + gen[:-1].
             if self.cache is not None:
                 tokens = seq.prompt + seq.gen[:-1]
-                state = kv_batch.row_state(self.batch, i, seq.pad)
-                if state[0].shape[-2] == len(tokens):
-                    self.cache.insert(tokens, state)
+                start, state = self.batch.row_state(i)
+                if start + state[0].shape[-2] == len(tokens):
+                    self.cache.insert(tokens, state, start=start)
             self._resolve(seq)
-        keep = [i for i, s in enumerate(self.active) if s.finish is None]
-        if not keep:
-            self.active, self.batch = [], None
-            return
-        survivors = [self.active[i] for i in keep]
-        trim = kv_batch.drop_rows(self.batch, keep, [s.pad for s in survivors])
-        for s in survivors:
-            s.pad -= trim
-        self.active = survivors
+        order = self.batch.remove(done)
+        self.active = [self.active[i] for i in order]
+        if not self.active:
+            self.batch = None
 
     @staticmethod
     def _resolve(seq: RequestState) -> None:
