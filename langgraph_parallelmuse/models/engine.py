@@ -95,9 +95,11 @@ class InferenceEngine:
         self._queue: queue.Queue[Item] = queue.Queue()
         self._counters = Counters()
         self._closed = False
+        #: The :class:`~.runner.ModelRunner` (its ``weight_bytes``, ``bytes_per_token``, ``score``).
+        self.runner = ModelRunner(model, precision=precision)
         scheduler = Scheduler(
             self._queue,
-            ModelRunner(model, precision=precision),
+            self.runner,
             Decoder(tokenizer, eos_ids(model, tokenizer)),
             self.cache,
             self._counters,

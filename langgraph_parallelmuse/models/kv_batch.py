@@ -2,11 +2,12 @@
 
 A request joins with the pieces of KV that cover its prompt (views of prefix-cache entries, or its
 own prefill output). Pieces that another request of the batch also reads become *shared segments*:
-they stay where they are and attention reads them once for all their rows. The rest of a row's
-pieces, and every position it decodes, live in its row of the private buffer
-``[layers, rows, kv_heads, capacity, head_dim]``. Nothing is copied per decode step (the new
-position is written in place); a leaving row is replaced by the last row, so only that row's
-private positions move.
+they stay where they are and attention reads them once for all their rows. A long piece only one
+row reads (a conversation's cached history) stays where it is too, as that row's own segment. The
+rest of a row's pieces (short ones, after its leading segments), and every position it decodes,
+live in its row of the private buffer ``[layers, rows, kv_heads, capacity, head_dim]``. Nothing
+is copied per decode step (the new position is written in place); a leaving row is replaced by
+the last row, so only that row's private positions move.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ __all__ = ["BatchKV", "Piece"]
 Piece = tuple[tuple[torch.Tensor, ...], int]
 
 _GROWTH = 64
+# A piece of one row this long stays a segment instead of being copied into the private buffer:
+# one more attention call per layer costs less than the copy, and the buffer stays small.
+_SEGMENT_MIN = 256
 
 
 @dataclass(eq=False)
@@ -85,7 +89,7 @@ class BatchKV:
         split = []
         for pieces in rows:
             shared = 0
-            while shared < len(pieces) and (_key(pieces[shared]) in self.segments or uses[_key(pieces[shared])] > 1):
+            while shared < len(pieces) and self._stays(pieces[shared], uses):
                 shared += 1
             split.append(shared)
         first = len(self.lengths)
@@ -98,6 +102,10 @@ class BatchKV:
             for state, n in pieces[shared:]:
                 self._write_row(row, state, n)
         self._plan = None
+
+    def _stays(self, piece: Piece, uses: Counter) -> bool:
+        key = _key(piece)
+        return key in self.segments or uses[key] > 1 or piece[1] >= _SEGMENT_MIN
 
     def _write_row(self, row: int, state: tuple[torch.Tensor, ...], n: int) -> None:
         at = self.lengths[row]

@@ -12,6 +12,8 @@ embedding, softmax and the returned logits stay float32.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,6 +34,9 @@ Precision = Literal["float32", "bfloat16"]
 _PREFILL_CHUNK = 2048
 _TRANSFORMERS_FLOOR = (5, 24)
 _ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+#: ``(state, n)``: the first ``n`` positions of ``state = (k0, v0, k1, v1, ...)``.
+Piece = tuple[tuple[torch.Tensor, ...], int]
 
 #: ``attend(layer, q, k, v) -> out``: q ``[B, H, L, D]``, k/v ``[B, Hkv, L, D]`` of the new positions.
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -78,35 +83,70 @@ class _Layer:
     down: _Linear
 
 
-def _fused(modules: Sequence[Any], dtype: torch.dtype, order: torch.Tensor | None = None) -> _Linear:
+def _fused(modules: Sequence[Any], dtype: torch.dtype) -> _Linear:
     """One linear map stacking ``modules``' outputs (one matrix product instead of several).
 
-    ``order`` permutes the stacked output features (the rotary layout, see :func:`_interleaving`).
+    In the modules' own dtype no second copy of the weights is kept: the modules are pointed at
+    views of the stacked matrix (same values, so the transformers model still computes the same).
     """
-    weight = torch.cat([m.weight.detach().float() for m in modules])
+    weights = [m.weight.detach() for m in modules]
+    weight = (torch.cat(weights) if len(weights) > 1 else weights[0]).to(dtype)
+    if len(weights) > 1 and weight.dtype == weights[0].dtype:
+        rows = 0
+        for module, original in zip(modules, weights, strict=True):
+            module.weight.data = weight[rows : rows + original.shape[0]]
+            rows += original.shape[0]
+    if all(m.bias is None for m in modules):
+        return _Linear(weight, None)
     zeros = [m.weight.new_zeros(m.weight.shape[0]) for m in modules]
-    bias = None
-    if any(m.bias is not None for m in modules):
-        bias = torch.cat(
-            [z if m.bias is None else m.bias.detach() for m, z in zip(modules, zeros, strict=True)]
-        ).float()
-    if order is not None:
-        weight = weight[order]
-        bias = None if bias is None else bias[order]
-    return _Linear(weight.to(dtype).contiguous(), bias)
+    bias = torch.cat([z if m.bias is None else m.bias.detach() for m, z in zip(modules, zeros, strict=True)])
+    return _Linear(weight, bias.float())
 
 
-def _interleaving(heads: int, kv_heads: int, dim: int) -> torch.Tensor:
-    """Feature order of the fused q/k/v output that puts each rotary pair side by side.
+@dataclass(frozen=True)
+class _Weights:
+    embed: torch.Tensor
+    norm: torch.Tensor
+    head: _Linear
+    layers: list[_Layer]
+    cos: torch.Tensor
+    sin: torch.Tensor
 
-    transformers' rotary embedding pairs feature ``i`` of a head with ``i + dim/2``; stored as
-    ``(i, i + dim/2)`` neighbours, the rotation of a head is one complex product. Queries and keys
-    are permuted alike, so their dot products (and the attention) are unchanged; values are not.
-    """
-    half = dim // 2
-    pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(dim)
-    rotated = torch.cat([h * dim + pairs for h in range(heads + kv_heads)])
-    return torch.cat([rotated, torch.arange((heads + kv_heads) * dim, (heads + 2 * kv_heads) * dim)])
+
+# Runners of one model and dtype (engines with different settings) share one set of weights.
+_weight_sets: weakref.WeakKeyDictionary[Any, dict[torch.dtype, _Weights]] = weakref.WeakKeyDictionary()
+_weight_lock = threading.Lock()
+
+
+def _weights(model: Any, dtype: torch.dtype) -> _Weights:
+    with _weight_lock:
+        sets = _weight_sets.setdefault(model, {})
+        if dtype not in sets:
+            sets[dtype] = _build_weights(model, dtype)
+        return sets[dtype]
+
+
+def _build_weights(model: Any, dtype: torch.dtype) -> _Weights:
+    inner = model.model
+    layers = []
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        layers.append(
+            _Layer(
+                norm_in=layer.input_layernorm.weight.detach().float(),
+                qkv=_fused([attn.q_proj, attn.k_proj, attn.v_proj], dtype),
+                o=_fused([attn.o_proj], dtype),
+                norm_post=layer.post_attention_layernorm.weight.detach().float(),
+                gate_up=_fused([mlp.gate_proj, mlp.up_proj], dtype),
+                down=_fused([mlp.down_proj], dtype),
+            )
+        )
+    embed = inner.embed_tokens.weight.detach().float()
+    positions = torch.arange(int(getattr(model.config, "max_position_embeddings", 0) or 1 << 15))[None]
+    with torch.inference_mode():
+        cos, sin = inner.rotary_emb(embed[:1], position_ids=positions)
+    head = _fused([model.get_output_embeddings()], dtype)
+    return _Weights(embed, inner.norm.weight.detach().float(), head, layers, cos[0].float(), sin[0].float())
 
 
 def _check_architecture(model: Any) -> None:
@@ -163,29 +203,9 @@ class ModelRunner:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
-        inner = model.model
-        self.embed = inner.embed_tokens.weight.detach().float()
-        self.norm = inner.norm.weight.detach().float()
-        self.head = _fused([model.get_output_embeddings()], self.dtype)
-        order = _interleaving(self.heads, self.kv_heads, self.head_dim)
-        self.layers = [self._layer(layer, order) for layer in inner.layers]
-        positions = torch.arange(int(getattr(config, "max_position_embeddings", 0) or 1 << 15))[None]
-        with torch.inference_mode():
-            cos, sin = inner.rotary_emb(self.embed[:1], position_ids=positions)
-        half = self.head_dim // 2
-        # cos/sin repeat over the two halves of a head: one angle per rotary pair.
-        self.rotary = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
-
-    def _layer(self, layer: Any, order: torch.Tensor) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        return _Layer(
-            norm_in=layer.input_layernorm.weight.detach().float(),
-            qkv=_fused([attn.q_proj, attn.k_proj, attn.v_proj], self.dtype, order),
-            o=_fused([attn.o_proj], self.dtype),
-            norm_post=layer.post_attention_layernorm.weight.detach().float(),
-            gate_up=_fused([mlp.gate_proj, mlp.up_proj], self.dtype),
-            down=_fused([mlp.down_proj], self.dtype),
-        )
+        weights = _weights(model, self.dtype)
+        self.embed, self.norm, self.head, self.layers = weights.embed, weights.norm, weights.head, weights.layers
+        self.cos, self.sin = weights.cos, weights.sin
 
     @property
     def bytes_per_token(self) -> int:
@@ -204,74 +224,102 @@ class ModelRunner:
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend, *, last_only: bool
+        self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend, *, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Run the layers over ``tokens`` ``[B, L]`` at ``positions`` ``[B, L]``; return float32 logits.
 
         ``attend`` receives each layer's queries and the new positions' keys and values (rotary
         embedding applied, in the KV dtype) and returns the attention output ``[B, H, L, D]``.
-        ``last_only`` keeps the logits of the last position only (``[B, vocab]``).
+        ``keep`` selects the positions whose logits are computed (``[B, len(keep), vocab]``; all
+        by default).
         """
         batch, length = tokens.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        rotary = self.rotary[positions][:, :, None, :]  # [B, L, 1, dim/2]
+        cos, sin = self.cos[positions][:, :, None, :], self.sin[positions][:, :, None, :]  # [B, L, 1, D]
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.norm_in))
-            qk = torch.view_as_complex(
-                qkv[..., : (heads + kv_heads) * dim].reshape(batch, length, heads + kv_heads, -1, 2)
-            )
-            qk = torch.view_as_real(qk * rotary).reshape(batch, length, heads + kv_heads, dim).to(self.dtype)
+            qk = qkv[..., : (heads + kv_heads) * dim].view(batch, length, heads + kv_heads, dim)
+            qk = _rotate(qk, cos, sin).to(self.dtype)
             q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
             v = qkv[..., (heads + kv_heads) * dim :].reshape(batch, length, kv_heads, dim).transpose(1, 2)
             out = attend(index, q, k.contiguous(), v.to(self.dtype).contiguous())
             x = x + layer.o(out.transpose(1, 2).reshape(batch, length, heads * dim))
             gate, up = layer.gate_up(self._rms(x, layer.norm_post)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        if last_only:
-            x = x[:, -1]
+        if keep is not None:
+            x = x[:, keep]
         return self.head(self._rms(x, self.norm))
 
     def prefill(
-        self, prompt: Sequence[int], prefix: Sequence[tuple[tuple[torch.Tensor, ...], int]], *, every: bool = False
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        """Compute the KV of the prompt positions after the cached ``prefix``.
+        self, requests: Sequence[tuple[Sequence[int], Sequence[Piece]]], *, every: bool = False
+    ) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
+        """Compute each request's prompt KV after its cached prefix, packed into shared forward passes.
+
+        The requests' new tokens go through the layers together (one read of the weights for all of
+        them, at most 2,048 tokens per pass; a longer prompt is split over passes); only attention
+        is per request.
 
         Args:
-            prompt: The whole prompt.
-            prefix: ``(state, n)`` pieces covering its first positions (a prefix-cache match);
-                ``state`` holds ``[k0, v0, k1, v1, ...]`` of which the first ``n`` positions count.
-            every: Return the logits after every computed position, not only the last.
+            requests: ``(prompt, prefix)`` each: the whole prompt and the ``(state, n)`` pieces of a
+                prefix-cache match covering its first positions (``state`` holds ``[k0, v0, ...]``,
+                of which the first ``n`` positions count). At least one position must be new.
+            every: Return the logits after every new position, not only after the last.
 
         Returns:
-            The new positions' state ``(k0, v0, k1, v1, ...)`` (each ``[1, Hkv, S, D]``, owned by
-            the caller) and the float32 logits after the last prompt token (``[1, vocab]``), or
-            after each computed one (``[S, vocab]``) with ``every``.
+            Per request: the new positions' state ``(k0, v0, k1, v1, ...)`` (each ``[1, Hkv, S, D]``,
+            owned by the caller) and the float32 logits after its last token (``[1, vocab]``), or
+            after each new one (``[S, vocab]``) with ``every``.
         """
         parts = [
-            [(state[2 * i][..., :n, :], state[2 * i + 1][..., :n, :]) for state, n in prefix]
-            for i in range(self.num_layers)
+            [
+                [(state[2 * i][..., :n, :], state[2 * i + 1][..., :n, :]) for state, n in prefix]
+                for i in range(self.num_layers)
+            ]
+            for _, prefix in requests
         ]
-        start = sum(n for _, n in prefix)
-        chunks: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(self.num_layers)]
+        own: list[list[list[tuple[torch.Tensor, torch.Tensor]]]] = [
+            [[] for _ in range(self.num_layers)] for _ in requests
+        ]
+        logits: list[list[torch.Tensor]] = [[] for _ in requests]
+        for passing in _passes([(len(p), sum(n for _, n in pre)) for p, pre in requests]):
+            self._prefill_pass([(requests[r][0], r, b, e) for r, b, e in passing], parts, own, logits, every)
+        out = []
+        for pieces, rows in zip(own, logits, strict=True):
+            state = []
+            for layer in pieces:
+                keys, values = zip(*layer, strict=True)
+                state.extend(
+                    (torch.cat(keys, dim=-2), torch.cat(values, dim=-2)) if len(keys) > 1 else (keys[0], values[0])
+                )
+            out.append((tuple(state), torch.cat(rows)))
+        return out
+
+    def _prefill_pass(self, items, parts, own, logits, every: bool) -> None:
+        """One forward pass over ``items`` = ``(prompt, request, begin, end)`` token ranges."""
+        sizes = [end - begin for _, _, begin, end in items]
+        tokens = torch.tensor([[t for prompt, _, begin, end in items for t in prompt[begin:end]]])
+        positions = torch.cat([torch.arange(begin, end) for _, _, begin, end in items])[None]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = prefill_attention(q, k, v, parts[layer] + chunks[layer])
-            chunks[layer].append((k, v))
-            return out
+            outs = []
+            for (_, r, _, _), qi, ki, vi in zip(
+                items, q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), strict=True
+            ):
+                if len(items) > 1:
+                    ki, vi = ki.contiguous(), vi.contiguous()  # each request owns its KV
+                outs.append(prefill_attention(qi, ki, vi, parts[r][layer] + own[r][layer]))
+                own[r][layer].append((ki, vi))
+            return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
-        logits = []
-        for begin in range(start, len(prompt), _PREFILL_CHUNK):
-            ids = list(prompt[begin : begin + _PREFILL_CHUNK])
-            positions = torch.arange(begin, begin + len(ids))[None]
-            logits.append(self.forward(torch.tensor([ids]), positions, attend, last_only=not every))
-        state = []
-        for pieces in chunks:
-            keys, values = zip(*pieces, strict=True)
-            state.extend(
-                (torch.cat(keys, dim=-2), torch.cat(values, dim=-2)) if len(keys) > 1 else (keys[0], values[0])
-            )
-        return tuple(state), torch.cat([x.reshape(-1, x.shape[-1]) for x in logits]) if every else logits[-1]
+        ends = torch.tensor(sizes).cumsum(0)
+        last = [i for i, (prompt, _, _, end) in enumerate(items) if end == len(prompt)]
+        keep = None if every else ends[last] - 1
+        out = self.forward(tokens, positions, attend, keep=keep)[0]
+        starts = ends - torch.tensor(sizes)
+        for j, i in enumerate(range(len(items)) if every else last):
+            r = items[i][1]
+            logits[r].append(out[starts[i] : ends[i]] if every else out[j : j + 1])
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         """Raw log-probabilities of every next token of ``tokens`` (teacher forcing): ``[len, vocab]``.
@@ -282,12 +330,41 @@ class ModelRunner:
             3
         """
         with torch.inference_mode():
-            _, logits = self.prefill(tokens, (), every=True)
+            ((_, logits),) = self.prefill([(tokens, ())], every=True)
         return torch.log_softmax(logits, dim=-1)
 
     def decode(self, batch: BatchKV, tokens: Sequence[int]) -> torch.Tensor:
         """One decode step of every row of ``batch`` (fed ``tokens``); returns logits ``[rows, vocab]``."""
         positions = batch.positions()[:, None]
-        logits = self.forward(torch.tensor(tokens)[:, None], positions, batch.attend, last_only=True)
+        logits = self.forward(torch.tensor(tokens)[:, None], positions, batch.attend)[:, 0]
         batch.advance()
         return logits
+
+
+def _passes(spans: Sequence[tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
+    """Pack ``(length, start)`` token spans into forward passes of at most ``_PREFILL_CHUNK`` tokens.
+
+    Returns ``(request, begin, end)`` ranges per pass, in request order; a long span is split over
+    consecutive passes (its later part attends to the earlier one).
+
+    Example:
+        >>> _passes([(3000, 0), (100, 50), (10, 0)])
+        [[(0, 0, 2048)], [(0, 2048, 3000), (1, 50, 100), (2, 0, 10)]]
+    """
+    passes: list[list[tuple[int, int, int]]] = [[]]
+    size = 0
+    for request, (length, start) in enumerate(spans):
+        for begin in range(start, length, _PREFILL_CHUNK):
+            end = min(begin + _PREFILL_CHUNK, length)
+            if size + end - begin > _PREFILL_CHUNK and passes[-1]:
+                passes.append([])
+                size = 0
+            passes[-1].append((request, begin, end))
+            size += end - begin
+    return passes
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding: feature ``i`` of a head turns with feature ``i + dim/2``."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin

@@ -1,8 +1,10 @@
 """The engine's worker loop: admission, batch membership and retirement of requests.
 
 Each admitted request first reuses the longest cached prefix of its prompt from the
-:class:`~.prefix_cache.PrefixCache` (views, no copy) and prefills only the rest; its prompt KV goes
-into the prefix cache at once, so sibling branches admitted in the same step already share it.
+:class:`~.prefix_cache.PrefixCache` (views, no copy) and prefills only the rest; the requests
+admitted together are prefilled in shared forward passes, and their prompt KV goes into the prefix
+cache at once. A request that shares a longer prefix with another one being admitted than the
+cache holds waits one round for it, so sibling branches of a new prompt compute it once.
 The requests admitted together then join the running batch (:mod:`.kv_batch`) by the prefix-cache
 entries that now cover their prompts, so siblings read one copy of their common prefix, and the
 batch is decoded jointly one token per step. Requests arriving while a batch runs join it at the
@@ -39,6 +41,10 @@ COUNTERS = (
 )
 
 Item = tuple[GenerationRequest, Future] | None
+
+# Tokens a pending request must share with one being prefilled, beyond its cache hit, to wait for
+# it: below that, computing the shared part twice in the same pass costs less than another pass.
+_SHARED_ENOUGH = 64
 
 
 class Counters:
@@ -168,60 +174,86 @@ class Scheduler:
                 item[1].set_exception(RuntimeError("engine is closed"))
 
     def _step(self, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+        pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
         live = []
-        for req, fut in incoming:
-            seq = self._admit(req, fut)
-            if seq is None:
-                continue
-            if seq.finish is None:
-                live.append(seq)
-            else:
-                self._resolve(seq)
+        while pending:
+            ready, pending = self._round(pending)
+            for seq in self._prefill(ready):
+                if seq.finish is None:
+                    live.append(seq)
+                else:
+                    self._resolve(seq)
         if live:
+            # After every round: the cache now holds all their prompts, so they join by one view of
+            # what they share.
             self._join(live)
         if self.active:
             self._decode()
             self._retire()
 
-    def _admit(self, req: GenerationRequest, fut: Future) -> RequestState | None:
-        """Prefill one request after its cached prefix; return it holding the KV pieces of its prompt."""
+    def _start(self, req: GenerationRequest, fut: Future) -> RequestState | None:
         if not fut.set_running_or_notify_cancel():
             return None
+        prompt = list(req.prompt_ids)
+        generator = None
+        if req.temperature > 0:
+            generator = torch.Generator()
+            generator.manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+        return RequestState(
+            req=req,
+            future=fut,
+            prompt=prompt,
+            generator=generator,
+            max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
+            context=prompt[-4:],
+        )
+
+    def _round(self, pending: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
+        """Which pending requests to prefill now; the rest wait for a sibling's prompt to be cached.
+
+        A request whose prompt shares more with one prefilled now than the cache holds is deferred
+        to the next round, where it finds that prompt in the cache (so eight branches of one new
+        prompt compute it once, then their own suffixes together).
+        """
+        ready, later = [], []
+        for seq in pending:
+            hit = self.cache.match(seq.prompt, len(seq.prompt) - 1) if self.cache is not None else PrefixMatch(0, ())
+            n = hit.length + _SHARED_ENOUGH
+            if self.cache is not None and any(
+                seq.prompt[:n] == other.prompt[:n] for other in ready if len(other.prompt) >= n
+            ):
+                later.append(seq)
+                continue
+            seq.cached, seq.pieces = hit.length, list(hit.pieces)
+            ready.append(seq)
+        return ready, later
+
+    def _prefill(self, ready: list[RequestState]) -> list[RequestState]:
+        """Prefill the requests together after their cached prefixes and choose their first tokens."""
         try:
-            prompt = list(req.prompt_ids)
-            generator = None
-            if req.temperature > 0:
-                generator = torch.Generator()
-                seed = req.seed if req.seed is not None else random.getrandbits(63)
-                generator.manual_seed(seed)
-            seq = RequestState(
-                req=req,
-                future=fut,
-                prompt=prompt,
-                generator=generator,
-                max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
-                context=prompt[-4:],
-            )
-            hit = self.cache.match(prompt, len(prompt) - 1) if self.cache is not None else PrefixMatch(0, ())
-            seq.cached = hit.length
-            state, logits = self.runner.prefill(prompt, hit.pieces)
+            done = self.runner.prefill([(seq.prompt, seq.pieces) for seq in ready])
+        except Exception as exc:  # noqa: BLE001 - reported to the callers through their futures
+            for seq in ready:
+                seq.future.set_exception(exc)
+            return []
+        logits = []
+        for seq, (state, row) in zip(ready, done, strict=True):
             self.counters.add(
                 requests=1,
-                prefill_tokens_computed=len(prompt) - seq.cached,
+                prefill_tokens_computed=len(seq.prompt) - seq.cached,
                 prefill_tokens_reused=seq.cached,
                 _hits=int(seq.cached > 0),
             )
             if self.cache is not None:
-                self.cache.insert(prompt, state, start=hit.length, adopt=True)
-            seq.pieces = [*hit.pieces, (state, len(prompt) - hit.length)]
+                self.cache.insert(seq.prompt, state, start=seq.cached, adopt=True)
+            seq.pieces.append((state, len(seq.prompt) - seq.cached))
+            logits.append(row)
             if seq.max_new == 0:
                 seq.finish = "length"
-            else:
-                self._consume([seq], logits)
-            return seq
-        except Exception as exc:  # noqa: BLE001 - reported to the caller through its future
-            fut.set_exception(exc)
-            return None
+        sampled = [i for i, seq in enumerate(ready) if seq.finish is None]
+        if sampled:
+            self._consume([ready[i] for i in sampled], torch.cat([logits[i] for i in sampled]))
+        return ready
 
     def _join(self, admitted: list[RequestState]) -> None:
         """Add freshly prefilled requests to the running batch."""

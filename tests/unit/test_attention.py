@@ -107,3 +107,16 @@ def test_batch_kv_shares_common_pieces_and_decodes_each_row_over_its_own_positio
     assert torch.equal(state[0], keys)
     start, state = batch.row_state(1)  # former row 1: the common piece is shared, the rest private
     assert start == 6 and state[2].shape[-2] == 5
+
+
+def test_a_long_piece_of_one_row_is_read_in_place_not_copied() -> None:
+    history = state_of([kv(300)])
+    batch = BatchKV(num_layers=1, kv_heads=KV_HEADS, head_dim=DIM, dtype=torch.float32)
+    batch.add([[(history, 300), (state_of([kv(2)]), 2)]])
+    assert batch.shared_positions == 300 and batch.lengths == [2]
+    assert batch.keys.shape[3] < 300  # the private buffer holds the short tail only
+    q, new = torch.randn(1, HEADS, 1, DIM), kv(1)
+    out = batch.attend(0, q, *new)
+    private = batch.row_state(0)[1]
+    expected = reference(q, [history[0], private[0][:, :, :2], new[0]], [history[1], private[1][:, :, :2], new[1]])
+    assert torch.allclose(out, expected, atol=TOL)
