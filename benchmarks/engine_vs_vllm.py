@@ -217,6 +217,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--baseline", type=Path, help="another checkout whose in-process engine runs beside")
+    ap.add_argument("--baseline-threads", type=int, nargs="+", default=[1])
     ap.add_argument("--no-vllm", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -225,7 +226,7 @@ def main() -> None:
     bandwidth = bandwidth_gbs()
     configs = [(ROOT, p, t, f"in-process {p} {t} thr") for p in args.precisions for t in args.threads]
     if args.baseline:
-        configs += [(args.baseline, "float32", t, f"baseline float32 {t} thr") for t in args.threads]
+        configs += [(args.baseline, "float32", t, f"baseline float32 {t} thr") for t in args.baseline_threads]
     rows: dict[str, list[dict[str, float]]] = {name: [] for *_, name in configs}
     weight_bytes: dict[str, int] = {}
 
