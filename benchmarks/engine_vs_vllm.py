@@ -8,7 +8,8 @@ here through ``langgraph_parallelmuse.serving``). Measured per configuration:
 
 - *computed*: the prompt is new (a run number in the system message), so its prefill is timed;
 - *cached*: the prompt was sent just before (the fork case: branches continue a cached parent);
-- decode tokens/s at batch 1 and 8: ``(T(65 new tokens) - T(1)) / 64`` per row, prompt cached;
+- decode tokens/s at batch 1 and 8: ``(T(65 new tokens) - T(1)) / 64`` per row, prompt cached
+  (also per CPU second: the same difference in the serving side's CPU time);
 - the CPU seconds the serving side spent on computed and cached (the engine's process, or every
   process of the vLLM server): on a machine shared with other work, wall time moves with the
   load while CPU time moves much less;
@@ -129,8 +130,10 @@ class Work:
             prefix = self.prefix(fresh=True)
             await self.cache(prefix)
             short = await self.branches(prefix, rows, 1)
+            short_cpu = self.last_cpu
             long = await self.branches(prefix, rows, 65)
             out[f"decode_b{rows}_tok_s"] = 64 * rows / (long - short)
+            out[f"decode_b{rows}_tok_cpu_s"] = 64 * rows / max(self.last_cpu - short_cpu, 1e-9)
         return out
 
 
@@ -175,6 +178,7 @@ def run_vllm(venv: Path, threads: int | None, llm_for_prompts: Any) -> dict[str,
 
 def report(rows: dict[str, list[dict[str, float]]], bandwidth: float, weight_bytes: dict[str, int]) -> None:
     keys = ("computed_s", "cached_s", "decode_b1_tok_s", "decode_b8_tok_s", "computed_cpu_s", "cached_cpu_s")
+    keys += ("decode_b1_tok_cpu_s", "decode_b8_tok_cpu_s")
     print(f"\nmemory bandwidth (1 GiB copy, read + write): {bandwidth:.1f} GB/s")
     for precision, size in weight_bytes.items():
         bound = bandwidth * 1e9 / size
@@ -184,18 +188,18 @@ def report(rows: dict[str, list[dict[str, float]]], bandwidth: float, weight_byt
         )
     print(
         f"\n{'configuration':<30} {'computed s':>11} {'cached s':>9} {'decode b1':>10} {'decode b8':>10} "
-        f"{'computed cpu s':>15} {'cached cpu s':>13}"
+        f"{'computed cpu s':>15} {'cached cpu s':>13} {'b1 per cpu s':>13} {'b8 per cpu s':>13}"
     )
     medians = {}
     for name, runs in rows.items():
-        medians[name] = {k: statistics.median(r[k] for r in runs) for k in keys}
+        medians[name] = {k: statistics.median(r.get(k, float("nan")) for r in runs) for k in keys}
         cells = [f"{medians[name][k]:.2f}" for k in keys[:2]] + [f"{medians[name][k]:.1f}" for k in keys[2:4]]
-        cells += [f"{medians[name][k]:.2f}" for k in keys[4:]]
+        cells += [f"{medians[name][k]:.2f}" for k in keys[4:6]] + [f"{medians[name][k]:.1f}" for k in keys[6:]]
         low, high = min(r["computed_s"] for r in runs), max(r["computed_s"] for r in runs)
         spread = "" if len(runs) == 1 else f"  ({len(runs)} runs; computed {low:.2f}-{high:.2f})"
         print(
             f"{name:<30} {cells[0]:>11} {cells[1]:>9} {cells[2]:>10} {cells[3]:>10} "
-            f"{cells[4]:>15} {cells[5]:>13}{spread}"
+            f"{cells[4]:>15} {cells[5]:>13} {cells[6]:>13} {cells[7]:>13}{spread}"
         )
     servers = [n for n in medians if n.startswith("vLLM")]
     local = [n for n in medians if not n.startswith("vLLM")]
