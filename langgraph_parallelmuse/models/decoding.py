@@ -15,7 +15,7 @@ import torch
 
 from langgraph_parallelmuse.models.requests import GenerationRequest, RequestState
 
-__all__ = ["Decoder", "byte_decoder", "eos_ids", "sample"]
+__all__ = ["Decoder", "byte_decoder", "choose", "eos_ids"]
 
 _TOP_P_HEAD = 512
 
@@ -49,28 +49,38 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
-def sample(logits: torch.Tensor, req: GenerationRequest, generator: torch.Generator | None) -> int:
-    """The next token from one row's float32 logits: greedy at temperature 0, else nucleus sampling.
+def choose(logits: torch.Tensor, requests: Sequence[GenerationRequest], generators: Sequence[Any]) -> list[int]:
+    """Each row's next token from float32 logits ``[rows, vocab]``: greedy at temperature 0, else nucleus.
+
+    One softmax and one top-k serve every sampled row; each row then draws with its own generator.
 
     Example:
         >>> import torch
-        >>> sample(torch.tensor([0.0, 3.0, 1.0]), GenerationRequest([1], temperature=0.0), None)
-        1
+        >>> logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]])
+        >>> choose(logits, [GenerationRequest([1], temperature=0.0)] * 2, [None, None])
+        [1, 0]
     """
-    if req.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / req.temperature, dim=-1)
-    if req.top_p < 1.0:
-        # A full sort of the vocabulary dominated the decode step; the nucleus almost always
-        # lies within the top few hundred tokens, so sort only those unless it does not.
-        head, order = torch.topk(probs, min(_TOP_P_HEAD, probs.numel()))
-        if float(head.sum()) < req.top_p:
-            head, order = torch.sort(probs, descending=True)
+    tokens = logits.argmax(dim=-1).tolist()
+    sampled = [i for i, r in enumerate(requests) if r.temperature > 0]
+    if not sampled:
+        return tokens
+    rows = torch.tensor(sampled)
+    temperature = torch.tensor([requests[i].temperature for i in sampled], dtype=logits.dtype)
+    probs = torch.softmax(logits.index_select(0, rows) / temperature[:, None], dim=-1)
+    # A full sort of the vocabulary dominated the decode step; the nucleus almost always lies
+    # within the top few hundred tokens, so sort only those unless it does not.
+    head, order = torch.topk(probs, min(_TOP_P_HEAD, probs.shape[-1]), dim=-1)
+    covered = head.sum(dim=-1).tolist()
+    for j, i in enumerate(sampled):
+        top_p = requests[i].top_p
+        if top_p >= 1.0:
+            tokens[i] = int(torch.multinomial(probs[j], 1, generator=generators[i]))
+            continue
+        row_head, row_order = (head[j], order[j]) if covered[j] >= top_p else torch.sort(probs[j], descending=True)
         # Keep the smallest head whose mass reaches top_p (the first token always survives).
-        head = head.masked_fill((torch.cumsum(head, dim=-1) - head) >= req.top_p, 0.0)
-        choice = torch.multinomial(head, 1, generator=generator)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=generator))
+        row_head = row_head.masked_fill((torch.cumsum(row_head, dim=-1) - row_head) >= top_p, 0.0)
+        tokens[i] = int(row_order[torch.multinomial(row_head, 1, generator=generators[i])])
+    return tokens
 
 
 class Decoder:
@@ -107,10 +117,29 @@ class Decoder:
         """Text of ``ids`` with special tokens and spacing kept as they are."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def consume(self, seq: RequestState, logits: torch.Tensor) -> None:
-        """Pick ``seq``'s next token from its raw logits and update its text, entries and stop state."""
+    def step(self, seqs: Sequence[RequestState], logits: torch.Tensor) -> None:
+        """Choose every row's next token from its raw logits ``[rows, vocab]`` and update its state."""
         logits = logits.float()
-        token = sample(logits, seq.req, seq.generator)
+        tokens = choose(logits, [s.req for s in seqs], [s.generator for s in seqs])
+        wanted = [s.req.logprobs for s in seqs]
+        chosen: list[float] = []
+        top_values: list[list[float]] = []
+        top_ids: list[list[int]] = []
+        if any(wanted):
+            logp = torch.log_softmax(logits, dim=-1)
+            chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+            top = max(s.req.top_logprobs for s, w in zip(seqs, wanted, strict=True) if w)
+            if top:
+                values, ids = torch.topk(logp, top, dim=-1)
+                top_values, top_ids = values.tolist(), ids.tolist()
+        for i, seq in enumerate(seqs):
+            alternatives = []
+            if top_ids and seq.req.logprobs:
+                k = seq.req.top_logprobs
+                alternatives = list(zip(top_values[i][:k], top_ids[i][:k], strict=True))
+            self._advance(seq, tokens[i], chosen[i] if chosen else 0.0, alternatives)
+
+    def _advance(self, seq: RequestState, token: int, logprob: float, alternatives: list[tuple[float, int]]) -> None:
         req = seq.req
         if token in self.eos and not req.ignore_eos:
             seq.finish = "stop"
@@ -123,7 +152,7 @@ class Decoder:
         else:
             seq.pending_from = len(seq.gen)
         if req.logprobs:
-            seq.entries.append(self._entry(logits, token, piece, req.top_logprobs))
+            seq.entries.append(self._entry(token, logprob, piece, alternatives))
             seq.starts.append(len(seq.text))
         before = len(seq.text)
         seq.text += piece
@@ -144,20 +173,12 @@ class Decoder:
         start = max(0, done - 4)
         return self.decode(ids[start:])[len(self.decode(ids[start:done])) :]
 
-    def _entry(self, logits: torch.Tensor, token: int, piece: str, top: int) -> dict[str, Any]:
-        logp = torch.log_softmax(logits, dim=-1)
-        entry: dict[str, Any] = {
-            "token": piece,
-            "logprob": float(logp[token]),
-            "bytes": self.token_info(token)[1],
-            "top_logprobs": [],
-        }
-        if top:
-            values, ids = torch.topk(logp, top)
-            for value, tid in zip(values.tolist(), ids.tolist(), strict=True):
-                text, raw = self.token_info(tid)
-                entry["top_logprobs"].append({"token": text, "logprob": value, "bytes": raw})
-        return entry
+    def _entry(self, token: int, logprob: float, piece: str, alternatives: list[tuple[float, int]]) -> dict[str, Any]:
+        tops = []
+        for value, tid in alternatives:
+            text, raw = self.token_info(tid)
+            tops.append({"token": text, "logprob": value, "bytes": raw})
+        return {"token": piece, "logprob": logprob, "bytes": self.token_info(token)[1], "top_logprobs": tops}
 
 
 def _find_stop(text: str, stops: Sequence[str], before: int) -> int | None:

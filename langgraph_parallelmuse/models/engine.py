@@ -3,8 +3,9 @@
 Requests are submitted from any thread or event loop and answered through a
 :class:`concurrent.futures.Future`. The worker owns the model; its parts are separate modules:
 :mod:`.scheduler` (admission, batch membership, retirement), :mod:`.runner` (model forward passes),
-:mod:`.kv_batch` (the batch's KV cache), :mod:`.decoding` (sampling, stop strings, logprob entries,
-detokenising) and :mod:`.prefix_cache` (the radix tree of cached prefixes).
+:mod:`.kv_batch` and :mod:`.attention` (the batch's KV; attention that reads shared prefix segments
+once for all rows), :mod:`.decoding` (sampling, stop strings, logprob entries, detokenising) and
+:mod:`.prefix_cache` (the radix tree of cached prefixes).
 
 Log-probabilities are *raw*: ``log_softmax`` of the unwarped logits, before temperature and top-p.
 """
@@ -23,7 +24,7 @@ from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache
 from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
-from langgraph_parallelmuse.models.runner import ModelRunner
+from langgraph_parallelmuse.models.runner import ModelRunner, Precision
 from langgraph_parallelmuse.models.scheduler import Counters, Item, Scheduler
 
 __all__ = [
@@ -55,6 +56,8 @@ class InferenceEngine:
         cache_max_bytes: Memory bound of the prefix cache.
         max_batch_size: Most rows decoded together.
         batch_window: Seconds the idle worker waits after a first request for companions.
+        precision: ``"float32"`` (exact) or ``"bfloat16"`` matrix products (faster on CPUs with
+            AMX / AVX-512-BF16; moves logprobs by about 0.02 nats on average).
         name: Display name of the model.
 
     Example:
@@ -77,6 +80,7 @@ class InferenceEngine:
         cache_max_bytes: int = 2 * 1024**3,
         max_batch_size: int = 8,
         batch_window: float = 0.02,
+        precision: Precision = "float32",
         name: str = "local",
     ) -> None:
         if max_batch_size < 1:
@@ -92,9 +96,11 @@ class InferenceEngine:
         self._queue: queue.Queue[Item] = queue.Queue()
         self._counters = Counters()
         self._closed = False
+        #: The :class:`~.runner.ModelRunner` (its ``weight_bytes``, ``bytes_per_token``, ``score``).
+        self.runner = ModelRunner(model, precision=precision)
         scheduler = Scheduler(
             self._queue,
-            ModelRunner(model),
+            self.runner,
             Decoder(tokenizer, eos_ids(model, tokenizer)),
             self.cache,
             self._counters,
@@ -177,7 +183,7 @@ def shared_engine(
     batching: bool = True,
     cache_max_bytes: int = 2 * 1024**3,
     max_batch_size: int = 8,
-    dtype: str = "float32",
+    precision: Precision = "float32",
 ) -> InferenceEngine:
     """Return the process-wide engine for these weights and settings (created on first use).
 
@@ -191,8 +197,8 @@ def shared_engine(
     """
     from langgraph_parallelmuse.models.loading import load_model
 
-    loaded = load_model(model_path, gguf_file, dtype)
-    key = (loaded.path, loaded.gguf_file, dtype, prefix_cache, batching, cache_max_bytes, max_batch_size)
+    loaded = load_model(model_path, gguf_file)
+    key = (loaded.path, loaded.gguf_file, precision, prefix_cache, batching, cache_max_bytes, max_batch_size)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
@@ -203,6 +209,7 @@ def shared_engine(
                 batching=batching,
                 cache_max_bytes=cache_max_bytes,
                 max_batch_size=max_batch_size,
+                precision=precision,
                 name=loaded.name,
             )
             _engines[key] = engine

@@ -1,162 +1,199 @@
-"""The KV cache of the running batch: left-padded rows in a transformers ``DynamicCache``.
+"""The KV of the running batch: shared prefix segments plus one private buffer row per request.
 
-Each row of the batch holds one request's KV, left-padded to the batch's length; a row's ``pad``
-says how many leading positions are padding. Requests join by re-assembling the cache (every row
-re-padded to the new longest one) and leave by row selection, after which padding that every
-remaining row shares is trimmed off. ``DynamicCache`` layers are swapped for :func:`growable_layer`
-so a decode step appends into spare capacity instead of copying the whole cache.
+A request joins with the pieces of KV that cover its prompt (views of prefix-cache entries, or its
+own prefill output). Pieces that another request of the batch also reads become *shared segments*:
+they stay where they are and attention reads them once for all their rows. A long piece only one
+row reads (a conversation's cached history) stays where it is too, as that row's own segment. The
+rest of a row's pieces (short ones, after its leading segments), and every position it decodes,
+live in its row of the private buffer ``[layers, rows, kv_heads, capacity, head_dim]``. Nothing
+is copied per decode step (the new position is written in place); a leaving row is replaced by
+the last row, so only that row's private positions move.
 """
 
 from __future__ import annotations
 
-import functools
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["drop_rows", "growable_layer", "merge_rows", "new_cache", "row_state", "step_inputs"]
+from langgraph_parallelmuse.models.attention import decode_attention
+
+__all__ = ["BatchKV", "Piece"]
+
+#: ``(state, n)``: the first ``n`` positions of ``state = (k0, v0, k1, v1, ...)`` (``[1, Hkv, *, D]``).
+Piece = tuple[tuple[torch.Tensor, ...], int]
+
+_GROWTH = 64
+# A piece of one row this long stays a segment instead of being copied into the private buffer:
+# one more attention call per layer costs less than the copy, and the buffer stays small.
+_SEGMENT_MIN = 256
 
 
-@functools.cache
-def growable_layer() -> type:
-    """A ``DynamicLayer`` that appends into spare capacity instead of re-concatenating.
+@dataclass(eq=False)
+class _Segment:
+    state: tuple[torch.Tensor, ...]  # held so the identity in the key is never reused
+    length: int
+    rows: list[int] = field(default_factory=list)
 
-    transformers' ``DynamicLayer`` copies the whole cache on every decode step (``torch.cat``);
-    with 8 rows of 1,700 tokens that copy cost more than the model itself on CPU (measured:
-    1.5 s vs 0.37 s per step under load). Anything that replaces ``keys``/``values`` from
-    outside (row selection, left-pad trimming) is detected and adopted into a fresh buffer.
+
+def _key(piece: Piece) -> tuple[int, int]:
+    return id(piece[0]), piece[1]
+
+
+class BatchKV:
+    """KV of the rows decoded together, in the engine's layer layout.
+
+    Args:
+        num_layers: Decoder layers.
+        kv_heads: Key/value heads per layer.
+        head_dim: Size of one head.
+        dtype: KV dtype.
 
     Example:
         >>> import torch
-        >>> layer = growable_layer()()
-        >>> keys, _ = layer.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
-        >>> keys, _ = layer.update(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))
-        >>> tuple(keys.shape), layer._key_buf.shape[-2] > 4
-        ((1, 1, 4, 2), True)
+        >>> batch = BatchKV(num_layers=1, kv_heads=1, head_dim=2, dtype=torch.float32)
+        >>> shared = (torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+        >>> batch.add([[(shared, 3)], [(shared, 3)]])
+        >>> batch.positions().tolist(), batch.shared_positions
+        ([3, 3], 3)
     """
-    from transformers.cache_utils import DynamicLayer
 
-    class GrowableLayer(DynamicLayer):
-        _key_buf: torch.Tensor | None = None
-        _value_buf: torch.Tensor | None = None
+    def __init__(self, *, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        self.num_layers, self.kv_heads, self.head_dim, self.dtype = num_layers, kv_heads, head_dim, dtype
+        self.keys = torch.empty(num_layers, 0, kv_heads, 0, head_dim, dtype=dtype)
+        self.values = torch.empty_like(self.keys)
+        self.offsets: list[int] = []  # positions a row reads from shared segments
+        self.lengths: list[int] = []  # positions in its private row
+        self.segments: dict[tuple[int, int], _Segment] = {}
+        self._plan: list[tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None]] | None = None
+        self._mask: torch.Tensor | None = None
+        self._write_at: tuple[torch.Tensor, torch.Tensor] | None = None
 
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            keys, n = self.keys, key_states.shape[-2]
-            length = keys.shape[-2] if keys.numel() else 0
-            buf = self._key_buf
-            adopted = (
-                buf is not None
-                and keys.numel() > 0
-                and keys.data_ptr() == buf.data_ptr()
-                and keys.shape[0] == buf.shape[0]
-            )
-            if not adopted or length + n > buf.shape[-2]:
-                batch, heads, _, dim = key_states.shape
-                capacity = length + n + max(64, (length + n) // 4)
-                key_buf = key_states.new_empty(batch, heads, capacity, dim)
-                value_buf = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])
-                if length:
-                    key_buf[..., :length, :] = keys
-                    value_buf[..., :length, :] = self.values
-                self._key_buf, self._value_buf = key_buf, value_buf
-            self._key_buf[..., length : length + n, :] = key_states
-            self._value_buf[..., length : length + n, :] = value_states
-            self.keys = self._key_buf[..., : length + n, :]
-            self.values = self._value_buf[..., : length + n, :]
-            return self.keys, self.values
+    def __len__(self) -> int:
+        return len(self.lengths)
 
-    return GrowableLayer
+    @property
+    def shared_positions(self) -> int:
+        """Positions held once in shared segments (summed over segments)."""
+        return sum(s.length for s in self.segments.values())
 
+    def positions(self) -> torch.Tensor:
+        """The position each row decodes next (``[rows]``)."""
+        return torch.tensor([o + n for o, n in zip(self.offsets, self.lengths, strict=True)])
 
-def new_cache(config: Any, state: Sequence[torch.Tensor] = ()) -> Any:
-    """A ``DynamicCache`` of growable layers holding ``state`` (``[k0, v0, k1, v1, ...]``).
+    def add(self, rows: Sequence[Sequence[Piece]]) -> None:
+        """Append rows, each given by the pieces covering its positions in order."""
+        uses = Counter(_key(p) for pieces in rows for p in pieces)
+        split = []
+        for pieces in rows:
+            shared = 0
+            while shared < len(pieces) and self._stays(pieces[shared], uses):
+                shared += 1
+            split.append(shared)
+        first = len(self.lengths)
+        self.offsets += [sum(n for _, n in pieces[:shared]) for pieces, shared in zip(rows, split, strict=True)]
+        self.lengths += [0] * len(rows)
+        self._reserve(max((sum(n for _, n in p[k:]) for p, k in zip(rows, split, strict=True)), default=0))
+        for row, (pieces, shared) in enumerate(zip(rows, split, strict=True), first):
+            for piece in pieces[:shared]:
+                self.segments.setdefault(_key(piece), _Segment(*piece)).rows.append(row)
+            for state, n in pieces[shared:]:
+                self._write_row(row, state, n)
+        self._plan = None
 
-    Example:
-        >>> from transformers import LlamaConfig
-        >>> config = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=8)
-        >>> cache = new_cache(config, [torch.zeros(1, 2, 5, 4)] * 4)
-        >>> cache.layers[1].keys.shape[-2]
-        5
-    """
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    def _stays(self, piece: Piece, uses: Counter) -> bool:
+        key = _key(piece)
+        return key in self.segments or uses[key] > 1 or piece[1] >= _SEGMENT_MIN
 
-    cache = DynamicCache(config=config)
-    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
-        growable = growable_layer()
-        cache.layers = [growable() for _ in cache.layers]
-    for i in range(0, len(state), 2):
-        cache.layers[i // 2].update(state[i], state[i + 1])
-    return cache
+    def _write_row(self, row: int, state: tuple[torch.Tensor, ...], n: int) -> None:
+        at = self.lengths[row]
+        for layer in range(self.num_layers):
+            self.keys[layer, row, :, at : at + n] = state[2 * layer][0, :, :n]
+            self.values[layer, row, :, at : at + n] = state[2 * layer + 1][0, :, :n]
+        self.lengths[row] = at + n
 
+    def _reserve(self, need: int) -> None:
+        """Room for every row and ``need`` positions in each (regrown with slack when short)."""
+        rows, have_rows, have = len(self.lengths), self.keys.shape[1], self.keys.shape[3]
+        need = max(need, max(self.lengths, default=0))
+        if rows <= have_rows and need <= have:
+            return
+        shape = (self.num_layers, max(rows, have_rows), self.kv_heads, max(need + _GROWTH, have), self.head_dim)
+        # Zeros, not empty: masked positions get weight 0 in attention, and 0 * NaN garbage is NaN.
+        keys, values = torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+        keys[:, :have_rows, :, :have] = self.keys
+        values[:, :have_rows, :, :have] = self.values
+        self.keys, self.values = keys, values
 
-def row_state(cache: Any, row: int, pad: int) -> tuple[torch.Tensor, ...]:
-    """Views of one row's KV without its left padding, ``[k0, v0, k1, v1, ...]``."""
-    state = []
-    for layer in cache.layers:
-        state.append(layer.keys[row : row + 1, :, pad:, :])
-        state.append(layer.values[row : row + 1, :, pad:, :])
-    return tuple(state)
+    def remove(self, rows: Sequence[int]) -> list[int]:
+        """Drop ``rows``; return, for each remaining row in its new order, its former index."""
+        order = list(range(len(self.lengths)))
+        for row in sorted(rows, reverse=True):
+            last = len(order) - 1
+            for segment in self.segments.values():
+                if row in segment.rows:
+                    segment.rows.remove(row)
+            if row != last:
+                # Move the last row into the hole: only its private positions are copied.
+                n = self.lengths[last]
+                self.keys[:, row, :, :n] = self.keys[:, last, :, :n]
+                self.values[:, row, :, :n] = self.values[:, last, :, :n]
+                self.offsets[row], self.lengths[row] = self.offsets[last], n
+                order[row] = order[last]
+                for segment in self.segments.values():
+                    segment.rows = [row if r == last else r for r in segment.rows]
+            del self.offsets[last], self.lengths[last], order[last]
+        self.segments = {k: s for k, s in self.segments.items() if s.rows}
+        self._plan = None
+        longest = max(self.lengths, default=0)
+        if self.keys.shape[3] > 2 * (longest + _GROWTH):
+            # The longest row left: give back the capacity only it needed.
+            self.keys = self.keys[:, :, :, : longest + _GROWTH].clone()
+            self.values = self.values[:, :, :, : longest + _GROWTH].clone()
+        return order
 
+    def row_state(self, row: int) -> tuple[int, tuple[torch.Tensor, ...]]:
+        """``(first position, state)`` of a row's private positions (views, ``[1, Hkv, n, D]``)."""
+        n = self.lengths[row]
+        state = []
+        for layer in range(self.num_layers):
+            state.append(self.keys[layer, row : row + 1, :, :n])
+            state.append(self.values[layer, row : row + 1, :, :n])
+        return self.offsets[row], tuple(state)
 
-def merge_rows(config: Any, rows: Sequence[tuple[Any, int, int]]) -> tuple[Any, list[int]]:
-    """One cache holding the given rows, each left-padded to the longest.
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write the decoded position's ``k, v`` (``[rows, Hkv, 1, D]``) and attend ``q`` over each row."""
+        if layer == 0:
+            self._begin_step()
+        rows, at = self._write_at
+        self.keys[layer, rows, :, at] = k[:, :, 0]
+        self.values[layer, rows, :, at] = v[:, :, 0]
+        count, width = len(self.lengths), self._mask.shape[-1]
+        private = (self.keys[layer, :count, :, :width], self.values[layer, :count, :, :width], self._mask)
+        shared = [(ks[layer], vs[layer], members) for ks, vs, members in self._plan]
+        return decode_attention(q, private, shared)
 
-    Args:
-        config: The model config (layer layout of the new cache).
-        rows: ``(cache, row index, current pad)`` per row of the result, in order.
+    def _begin_step(self) -> None:
+        self._reserve(max(self.lengths) + 1)
+        rows = len(self.lengths)
+        if self._plan is None:
+            self._plan = []
+            for segment in self.segments.values():
+                members = None if len(segment.rows) == rows else torch.tensor(sorted(segment.rows))
+                n, state = segment.length, segment.state
+                keys = [state[2 * i][..., :n, :] for i in range(self.num_layers)]
+                values = [state[2 * i + 1][..., :n, :] for i in range(self.num_layers)]
+                self._plan.append((keys, values, members))
+        at = torch.tensor(self.lengths)
+        self._write_at = (torch.arange(rows), at)
+        seen = at + 1
+        width = int(seen.max())
+        visible = torch.arange(width)[None, :] < seen[:, None]
+        mask = torch.zeros(rows, 1, 1, width, dtype=self.dtype)
+        self._mask = mask.masked_fill(~visible[:, None, None, :], float("-inf"))
 
-    Returns:
-        The new cache and the pad of each of its rows.
-    """
-    lengths = [c.layers[0].keys.shape[-2] - p for c, _, p in rows]
-    total = max(lengths)
-    state: list[torch.Tensor] = []
-    for li in range(len(rows[0][0].layers)):
-        keys, values = [], []
-        for (c, r, p), n in zip(rows, lengths, strict=True):
-            layer = c.layers[li]
-            k = layer.keys[r : r + 1, :, p:, :]
-            v = layer.values[r : r + 1, :, p:, :]
-            pad = total - n
-            if pad:
-                k = torch.nn.functional.pad(k, (0, 0, pad, 0))
-                v = torch.nn.functional.pad(v, (0, 0, pad, 0))
-            keys.append(k)
-            values.append(v)
-        state.extend((torch.cat(keys), torch.cat(values)))
-    return new_cache(config, state), [total - n for n in lengths]
-
-
-def drop_rows(cache: Any, keep: Sequence[int], pads: Sequence[int]) -> int:
-    """Keep only rows ``keep`` (in place) and trim the left padding they all share.
-
-    Args:
-        cache: The batch cache.
-        keep: Indices of the surviving rows, in order.
-        pads: Their current pads.
-
-    Returns:
-        How many leading positions were trimmed (subtract from each survivor's pad).
-    """
-    cache.batch_select_indices(torch.tensor(list(keep)))
-    trim = min(pads)
-    if trim:
-        for layer in cache.layers:
-            layer.keys = layer.keys[..., trim:, :]
-            layer.values = layer.values[..., trim:, :]
-    return trim
-
-
-def step_inputs(cache: Any, pads: Sequence[int], last_tokens: Sequence[int]) -> dict[str, torch.Tensor]:
-    """Model inputs of one decode step: the last token per row, its position and attention mask."""
-    total = cache.layers[0].keys.shape[-2]
-    pad = torch.tensor(list(pads))
-    return {
-        "input_ids": torch.tensor([[t] for t in last_tokens]),
-        "attention_mask": (torch.arange(total + 1)[None, :] >= pad[:, None]).long(),
-        "position_ids": (total - pad)[:, None],
-    }
+    def advance(self) -> None:
+        """Count the position written by the step that just ran."""
+        self.lengths = [n + 1 for n in self.lengths]

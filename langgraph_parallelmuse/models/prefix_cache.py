@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["PrefixCache", "PrefixHit"]
+__all__ = ["PrefixCache", "PrefixHit", "PrefixMatch"]
 
 
 @dataclass(eq=False)
@@ -34,6 +34,25 @@ class _Node:
     children: dict[int, _Node] = field(default_factory=dict)
     last_used: int = 0
     nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The longest cached prefix of a query, as views of the stored tensors.
+
+    Attributes:
+        length: How many leading tokens of the query are covered (0 = miss).
+        pieces: ``(state, n)`` per tree edge on the path, in order: the edge's stored tensors (one
+            per slot) of which the first ``n`` positions belong to the prefix. Read-only.
+    """
+
+    length: int
+    pieces: tuple[tuple[tuple[torch.Tensor, ...], int], ...]
+
+    def concatenated(self) -> tuple[torch.Tensor, ...]:
+        """One new tensor per slot holding the ``length`` positions (a copy)."""
+        slots = zip(*(tuple(t[..., :n, :] for t in state) for state, n in self.pieces), strict=True)
+        return tuple(torch.cat(slot, dim=-2) for slot in slots)
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,10 @@ class PrefixHit:
 
 def _state_bytes(state: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state)
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _slice(state: Sequence[torch.Tensor], start: int, stop: int) -> tuple[torch.Tensor, ...]:
@@ -109,16 +132,18 @@ class PrefixCache:
             self._leaves.clear()
             self._bytes = 0
 
-    def lookup(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit:
-        """Return the longest cached prefix of ``tokens`` (at most ``max_length`` tokens).
+    def match(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixMatch:
+        """The longest cached prefix of ``tokens`` as views of the stored tensors (no copy).
 
         Args:
             tokens: The query token ids.
-            max_length: Cap on the returned length; engines pass ``len(tokens) - 1`` so at least
-                one token is left to compute the next-token logits from.
+            max_length: Cap on the matched length; engines pass ``len(tokens) - 1`` so at least one
+                token is left to compute the next-token logits from.
 
         Returns:
-            A :class:`PrefixHit` whose tensors are copies the caller may keep and extend.
+            A :class:`PrefixMatch`; its pieces stay valid after the tree changes (a split or an
+            eviction replaces a node's tensors, it never writes into them), so the caller may hold
+            them while it computes.
         """
         limit = len(tokens) if max_length is None else min(max_length, len(tokens))
         with self._lock:
@@ -133,56 +158,62 @@ class PrefixCache:
                 while n < len(edge) and pos + n < limit and edge[n] == tokens[pos + n]:
                     n += 1
                 child.last_used = stamp
-                pieces.append(child.state if n == len(edge) else tuple(t[..., :n, :] for t in child.state))
+                pieces.append((child.state, n))
                 pos += n
                 if n < len(edge):
                     break
                 node = child
             self._touch_ancestors(node, stamp)
-            if pos == 0:
-                return PrefixHit(0, ())
-            state = tuple(torch.cat(slot, dim=-2) for slot in zip(*pieces, strict=True))
-            return PrefixHit(pos, state)
+            return PrefixMatch(pos, tuple(pieces))
 
-    def insert(self, tokens: Sequence[int], state: Sequence[torch.Tensor]) -> None:
-        """Store the KV state of ``tokens``; only the part not already cached is copied.
+    def lookup(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit:
+        """Return the longest cached prefix of ``tokens`` (at most ``max_length`` tokens) as copies.
 
         Args:
-            tokens: Token ids whose KV ``state`` covers exactly ``len(tokens)`` positions.
-            state: One tensor per slot with ``len(tokens)`` positions on axis ``-2``. The tree
-                keeps copies of the slices it needs, so the caller may mutate ``state`` afterwards.
+            tokens: The query token ids.
+            max_length: Cap on the returned length (see :meth:`match`).
+
+        Returns:
+            A :class:`PrefixHit` whose tensors are copies the caller may keep and extend.
+        """
+        found = self.match(tokens, max_length)
+        if found.length == 0:
+            return PrefixHit(0, ())
+        return PrefixHit(found.length, found.concatenated())
+
+    def insert(
+        self, tokens: Sequence[int], state: Sequence[torch.Tensor], *, start: int = 0, adopt: bool = False
+    ) -> None:
+        """Store the KV state of ``tokens``; only the part not already cached is kept.
+
+        Args:
+            tokens: Token ids.
+            state: One tensor per slot covering ``tokens[start:]`` on axis ``-2``.
+            start: Position of ``state``'s first entry. Positions before it must already be cached
+                (they are when ``start`` is the length of a :meth:`match` just made); if they are
+                not, nothing is stored.
+            adopt: The caller hands ``state`` over: a tensor the tree needs whole is kept as it is
+                instead of copied (the caller must not write to it afterwards). Otherwise the tree
+                copies the slices it keeps, so the caller may mutate ``state``.
         """
         tokens = tuple(tokens)
-        if state and state[0].shape[-2] != len(tokens):
-            raise ValueError(f"state covers {state[0].shape[-2]} positions but {len(tokens)} tokens were given")
+        if state and state[0].shape[-2] != len(tokens) - start:
+            raise ValueError(f"state covers {state[0].shape[-2]} positions but {len(tokens) - start} tokens were given")
         with self._lock:
-            stamp = next(self._clock)
-            node, pos = self._root, 0
-            while pos < len(tokens):
-                child = node.children.get(tokens[pos])
-                if child is None:
-                    break
-                edge = child.tokens
-                n = 0
-                while n < len(edge) and pos + n < len(tokens) and edge[n] == tokens[pos + n]:
-                    n += 1
-                if n < len(edge):
-                    child = self._split(child, n)
-                child.last_used = stamp
-                node, pos = child, pos + n
-            self._touch_ancestors(node, stamp)
-            if pos == len(tokens):
+            node, pos, stamp = self._descend(tokens)
+            if pos == len(tokens) or pos < start:
                 return
-            per_token = _state_bytes(state) // max(len(tokens), 1)
+            per_token = _state_bytes(state) // max(len(tokens) - start, 1)
             needed = per_token * (len(tokens) - pos)
             self._evict(needed, keep=node)
             room = self.max_bytes - self._bytes
             stop = len(tokens) if needed <= room else pos + room // max(per_token, 1)
             if stop <= pos:
                 return
+            whole = adopt and pos == start and stop == len(tokens) and all(_owns_storage(t) for t in state)
             leaf = _Node(
                 tokens=tokens[pos:stop],
-                state=_slice(state, pos, stop),
+                state=tuple(state) if whole else _slice(state, pos - start, stop - start),
                 parent=node,
                 last_used=stamp,
             )
@@ -191,6 +222,29 @@ class PrefixCache:
             self._leaves.add(leaf)
             self._leaves.discard(node)
             self._bytes += leaf.nbytes
+
+    def _descend(self, tokens: tuple[int, ...]) -> tuple[_Node, int, int]:
+        """Walk ``tokens`` down the tree, splitting the edge where they diverge; touch the path.
+
+        Returns:
+            The deepest node reached, how many tokens it covers, and the access stamp used.
+        """
+        stamp = next(self._clock)
+        node, pos = self._root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            edge = child.tokens
+            n = 0
+            while n < len(edge) and pos + n < len(tokens) and edge[n] == tokens[pos + n]:
+                n += 1
+            if n < len(edge):
+                child = self._split(child, n)
+            child.last_used = stamp
+            node, pos = child, pos + n
+        self._touch_ancestors(node, stamp)
+        return node, pos, stamp
 
     def _split(self, child: _Node, n: int) -> _Node:
         """Cut ``child``'s edge after ``n`` tokens; return the new upper node."""

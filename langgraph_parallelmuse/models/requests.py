@@ -92,8 +92,8 @@ class RequestState:
         entries: Logprob entries so far.
         starts: Offset into ``text`` of each entry's token.
         finish: Why generation stopped, once it has.
-        pad: Left padding of this request's row in the batch KV.
-        batch_cache: The request's own KV cache between prefill and joining the batch.
+        pieces: The KV pieces covering the prompt between prefill and joining the batch
+            (see :class:`~.kv_batch.BatchKV`).
     """
 
     req: GenerationRequest
@@ -109,8 +109,7 @@ class RequestState:
     entries: list[dict[str, Any]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     finish: Literal["stop", "length"] | None = None
-    pad: int = 0
-    batch_cache: Any = None
+    pieces: list[Any] = field(default_factory=list)
 
     def result(self) -> GenerationResult:
         """The :class:`GenerationResult` of what was generated so far."""

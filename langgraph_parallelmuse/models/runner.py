@@ -1,23 +1,49 @@
-"""Model forward passes: prefill of one request and a joint decode step of the batch."""
+"""Model forward passes of Llama-style decoders over prefix-cache segments and a batch's KV.
+
+The runner reads the weights of a transformers ``LlamaForCausalLM`` (or a decoder with the same
+layout: Qwen2, Mistral without a sliding window) and runs the layers itself, so attention can read
+shared prefix segments once for all rows (:mod:`.attention`) and no KV is copied per step.
+
+Precision: ``"float32"`` computes everything in float32 (the reference). ``"bfloat16"`` runs the
+matrix products (projections, MLP, LM head, attention) in bfloat16 with float32 accumulation (AMX /
+AVX-512-BF16 on recent x86) and keeps KV in bfloat16; the residual stream, norms, rotary
+embedding, softmax and the returned logits stay float32.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.models import kv_batch
+from langgraph_parallelmuse.models.attention import prefill_attention
+from langgraph_parallelmuse.models.kv_batch import BatchKV
 
-__all__ = ["ModelRunner", "check_transformers"]
+__all__ = ["PRECISIONS", "ModelRunner", "check_transformers"]
+
+#: Precisions a runner computes in.
+PRECISIONS = ("float32", "bfloat16")
+Precision = Literal["float32", "bfloat16"]
 
 _PREFILL_CHUNK = 2048
 _TRANSFORMERS_FLOOR = (5, 24)
+_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+#: ``(state, n)``: the first ``n`` positions of ``state = (k0, v0, k1, v1, ...)``.
+Piece = tuple[tuple[torch.Tensor, ...], int]
+
+#: ``attend(layer, q, k, v) -> out``: q ``[B, H, L, D]``, k/v ``[B, Hkv, L, D]`` of the new positions.
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_transformers() -> None:
-    """Refuse a transformers release that ignores the ``cache=`` keyword the runner passes.
+    """Refuse a transformers release older than the one the loader and tests are written against.
 
     Raises:
         ConfigError: transformers is older than 5.24; the message names the upgrade.
@@ -32,46 +58,313 @@ def check_transformers() -> None:
     if installed.release < _TRANSFORMERS_FLOOR:
         floor = ".".join(map(str, _TRANSFORMERS_FLOOR))
         raise ConfigError(
-            f"transformers {installed} is installed but the engine needs >= {floor} (it passes the model "
-            f"`cache=`, which older releases ignore): pip install 'transformers>={floor},<6'"
+            f"transformers {installed} is installed but the engine needs >= {floor} (the model "
+            f"layout and `cache=` keyword it relies on): pip install 'transformers>={floor},<6'"
+        )
+
+
+@dataclass(frozen=True)
+class _Linear:
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(self.weight.dtype), self.weight).float()
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass(frozen=True)
+class _Layer:
+    norm_in: torch.Tensor
+    qkv: _Linear
+    o: _Linear
+    norm_post: torch.Tensor
+    gate_up: _Linear
+    down: _Linear
+
+
+def _fused(modules: Sequence[Any], dtype: torch.dtype) -> _Linear:
+    """One linear map stacking ``modules``' outputs (one matrix product instead of several).
+
+    In the modules' own dtype no second copy of the weights is kept: the modules are pointed at
+    views of the stacked matrix (same values, so the transformers model still computes the same).
+    """
+    weights = [m.weight.detach() for m in modules]
+    weight = (torch.cat(weights) if len(weights) > 1 else weights[0]).to(dtype)
+    if len(weights) > 1 and weight.dtype == weights[0].dtype:
+        rows = 0
+        for module, original in zip(modules, weights, strict=True):
+            module.weight.data = weight[rows : rows + original.shape[0]]
+            rows += original.shape[0]
+    if all(m.bias is None for m in modules):
+        return _Linear(weight, None)
+    zeros = [m.weight.new_zeros(m.weight.shape[0]) for m in modules]
+    bias = torch.cat([z if m.bias is None else m.bias.detach() for m, z in zip(modules, zeros, strict=True)])
+    return _Linear(weight, bias.float())
+
+
+@dataclass(frozen=True)
+class _Weights:
+    embed: torch.Tensor
+    norm: torch.Tensor
+    head: _Linear
+    layers: list[_Layer]
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+# Runners of one model and dtype (engines with different settings) share one set of weights.
+_weight_sets: weakref.WeakKeyDictionary[Any, dict[torch.dtype, _Weights]] = weakref.WeakKeyDictionary()
+_weight_lock = threading.Lock()
+
+
+def _weights(model: Any, dtype: torch.dtype) -> _Weights:
+    with _weight_lock:
+        sets = _weight_sets.setdefault(model, {})
+        if dtype not in sets:
+            sets[dtype] = _build_weights(model, dtype)
+        return sets[dtype]
+
+
+def _build_weights(model: Any, dtype: torch.dtype) -> _Weights:
+    inner = model.model
+    layers = []
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        layers.append(
+            _Layer(
+                norm_in=layer.input_layernorm.weight.detach().float(),
+                qkv=_fused([attn.q_proj, attn.k_proj, attn.v_proj], dtype),
+                o=_fused([attn.o_proj], dtype),
+                norm_post=layer.post_attention_layernorm.weight.detach().float(),
+                gate_up=_fused([mlp.gate_proj, mlp.up_proj], dtype),
+                down=_fused([mlp.down_proj], dtype),
+            )
+        )
+    embed = inner.embed_tokens.weight.detach().float()
+    positions = torch.arange(int(getattr(model.config, "max_position_embeddings", 0) or 1 << 15))[None]
+    with torch.inference_mode():
+        cos, sin = inner.rotary_emb(embed[:1], position_ids=positions)
+    head = _fused([model.get_output_embeddings()], dtype)
+    return _Weights(embed, inner.norm.weight.detach().float(), head, layers, cos[0].float(), sin[0].float())
+
+
+def _check_architecture(model: Any) -> None:
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ()
+    sliding = any(t != "full_attention" for t in layer_types) or (
+        config.model_type == "mistral" and getattr(config, "sliding_window", None)
+    )
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    problem = None
+    if config.model_type not in _ARCHITECTURES:
+        problem = f"model type {config.model_type!r} is not one of {', '.join(_ARCHITECTURES)}"
+    elif sliding:
+        problem = "sliding-window attention is not supported"
+    elif "dynamic" in rope:
+        problem = f"rope type {rope!r} (position-dependent scaling) is not supported"
+    elif getattr(config, "hidden_act", "silu") != "silu":
+        problem = f"activation {config.hidden_act!r} is not supported"
+    if problem:
+        raise ConfigError(
+            f"the in-process engine runs Llama-style decoders; {problem}: use one of those models, or "
+            "serve this one with an OpenAI-compatible server and pass a ChatOpenAI model"
         )
 
 
 class ModelRunner:
-    """Runs a transformers causal LM over KV caches built by :mod:`.kv_batch`.
+    """Forward passes of a Llama-style causal LM: prefill of one request, decode of a batch.
 
     Args:
-        model: A ``transformers`` causal LM (eval mode).
+        model: A ``transformers`` causal LM of a supported architecture (eval mode).
+        precision: ``"float32"`` or ``"bfloat16"`` (see the module docstring).
+
+    Raises:
+        ConfigError: Unsupported architecture or precision, or a too old transformers.
 
     Example:
         >>> from langgraph_parallelmuse.models.loading import load_model
         >>> runner = ModelRunner(load_model().model)  # doctest: +SKIP
-        >>> cache, logits = runner.prefill([1, 2, 3], ())  # doctest: +SKIP
-        >>> logits.shape[0], cache.layers[0].keys.shape[-2]  # doctest: +SKIP
+        >>> state, logits = runner.prefill([1, 2, 3], [])  # doctest: +SKIP
+        >>> logits.shape[0], state[0].shape[-2]  # doctest: +SKIP
         (1, 3)
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, precision: Precision = "float32") -> None:
         check_transformers()
-        self.model = model
-        self.config = model.config
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        _check_architecture(model)
+        config = model.config
+        self.precision = precision
+        self.dtype = getattr(torch, precision)
+        self.num_layers = config.num_hidden_layers
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        weights = _weights(model, self.dtype)
+        self.embed, self.norm, self.head, self.layers = weights.embed, weights.norm, weights.head, weights.layers
+        self.cos, self.sin = weights.cos, weights.sin
 
-    def prefill(self, prompt: Sequence[int], cached: Sequence[torch.Tensor], start: int = 0) -> tuple[Any, Any]:
-        """Compute the KV of ``prompt[start:]`` after the ``cached`` KV of ``prompt[:start]``.
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one position takes (all layers, keys and values)."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the matrices one forward pass reads (layers and LM head)."""
+        mats = [self.head.weight] + [
+            m.weight for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        return sum(t.numel() * t.element_size() for t in mats)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, weight.shape, weight, self.eps)
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend, *, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the layers over ``tokens`` ``[B, L]`` at ``positions`` ``[B, L]``; return float32 logits.
+
+        ``attend`` receives each layer's queries and the new positions' keys and values (rotary
+        embedding applied, in the KV dtype) and returns the attention output ``[B, H, L, D]``.
+        ``keep`` selects the positions whose logits are computed (``[B, len(keep), vocab]``; all
+        by default).
+        """
+        batch, length = tokens.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        cos, sin = self.cos[positions][:, :, None, :], self.sin[positions][:, :, None, :]  # [B, L, 1, D]
+        x = F.embedding(tokens, self.embed)
+        for index, layer in enumerate(self.layers):
+            qkv = layer.qkv(self._rms(x, layer.norm_in))
+            qk = qkv[..., : (heads + kv_heads) * dim].view(batch, length, heads + kv_heads, dim)
+            qk = _rotate(qk, cos, sin).to(self.dtype)
+            q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+            v = qkv[..., (heads + kv_heads) * dim :].reshape(batch, length, kv_heads, dim).transpose(1, 2)
+            out = attend(index, q, k.contiguous(), v.to(self.dtype).contiguous())
+            x = x + layer.o(out.transpose(1, 2).reshape(batch, length, heads * dim))
+            gate, up = layer.gate_up(self._rms(x, layer.norm_post)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        if keep is not None:
+            x = x[:, keep]
+        return self.head(self._rms(x, self.norm))
+
+    def prefill(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[Piece]]], *, every: bool = False
+    ) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
+        """Compute each request's prompt KV after its cached prefix, packed into shared forward passes.
+
+        The requests' new tokens go through the layers together (one read of the weights for all of
+        them, at most 2,048 tokens per pass; a longer prompt is split over passes); only attention
+        is per request.
+
+        Args:
+            requests: ``(prompt, prefix)`` each: the whole prompt and the ``(state, n)`` pieces of a
+                prefix-cache match covering its first positions (``state`` holds ``[k0, v0, ...]``,
+                of which the first ``n`` positions count). At least one position must be new.
+            every: Return the logits after every new position, not only after the last.
 
         Returns:
-            The request's batch-1 cache and the logits after its last token (``[1, vocab]``), or
-            ``None`` logits when nothing was left to compute.
+            Per request: the new positions' state ``(k0, v0, k1, v1, ...)`` (each ``[1, Hkv, S, D]``,
+            owned by the caller) and the float32 logits after its last token (``[1, vocab]``), or
+            after each new one (``[S, vocab]``) with ``every``.
         """
-        cache = kv_batch.new_cache(self.config, cached)
-        logits = None
-        for begin in range(start, len(prompt), _PREFILL_CHUNK):
-            chunk = torch.tensor([list(prompt[begin : begin + _PREFILL_CHUNK])])
-            out = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1, :]
-        return cache, logits
+        parts = [
+            [
+                [(state[2 * i][..., :n, :], state[2 * i + 1][..., :n, :]) for state, n in prefix]
+                for i in range(self.num_layers)
+            ]
+            for _, prefix in requests
+        ]
+        own: list[list[list[tuple[torch.Tensor, torch.Tensor]]]] = [
+            [[] for _ in range(self.num_layers)] for _ in requests
+        ]
+        logits: list[list[torch.Tensor]] = [[] for _ in requests]
+        for passing in _passes([(len(p), sum(n for _, n in pre)) for p, pre in requests]):
+            self._prefill_pass([(requests[r][0], r, b, e) for r, b, e in passing], parts, own, logits, every)
+        out = []
+        for pieces, rows in zip(own, logits, strict=True):
+            state = []
+            for layer in pieces:
+                keys, values = zip(*layer, strict=True)
+                state.extend(
+                    (torch.cat(keys, dim=-2), torch.cat(values, dim=-2)) if len(keys) > 1 else (keys[0], values[0])
+                )
+            out.append((tuple(state), torch.cat(rows)))
+        return out
 
-    def decode(self, cache: Any, pads: Sequence[int], last_tokens: Sequence[int]) -> torch.Tensor:
-        """One decode step of every row; returns the logits of each row's next token (``[rows, vocab]``)."""
-        out = self.model(**kv_batch.step_inputs(cache, pads, last_tokens), cache=cache, use_cache=True)
-        return out.logits[:, -1, :]
+    def _prefill_pass(self, items, parts, own, logits, every: bool) -> None:
+        """One forward pass over ``items`` = ``(prompt, request, begin, end)`` token ranges."""
+        sizes = [end - begin for _, _, begin, end in items]
+        tokens = torch.tensor([[t for prompt, _, begin, end in items for t in prompt[begin:end]]])
+        positions = torch.cat([torch.arange(begin, end) for _, _, begin, end in items])[None]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            outs = []
+            for (_, r, _, _), qi, ki, vi in zip(
+                items, q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), strict=True
+            ):
+                if len(items) > 1:
+                    ki, vi = ki.contiguous(), vi.contiguous()  # each request owns its KV
+                outs.append(prefill_attention(qi, ki, vi, parts[r][layer] + own[r][layer]))
+                own[r][layer].append((ki, vi))
+            return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+        ends = torch.tensor(sizes).cumsum(0)
+        last = [i for i, (prompt, _, _, end) in enumerate(items) if end == len(prompt)]
+        keep = None if every else ends[last] - 1
+        out = self.forward(tokens, positions, attend, keep=keep)[0]
+        starts = ends - torch.tensor(sizes)
+        for j, i in enumerate(range(len(items)) if every else last):
+            r = items[i][1]
+            logits[r].append(out[starts[i] : ends[i]] if every else out[j : j + 1])
+
+    def score(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Raw log-probabilities of every next token of ``tokens`` (teacher forcing): ``[len, vocab]``.
+
+        Example:
+            >>> from langgraph_parallelmuse.models.loading import load_model
+            >>> ModelRunner(load_model().model).score([1, 2, 3]).shape[0]  # doctest: +SKIP
+            3
+        """
+        with torch.inference_mode():
+            ((_, logits),) = self.prefill([(tokens, ())], every=True)
+        return torch.log_softmax(logits, dim=-1)
+
+    def decode(self, batch: BatchKV, tokens: Sequence[int]) -> torch.Tensor:
+        """One decode step of every row of ``batch`` (fed ``tokens``); returns logits ``[rows, vocab]``."""
+        positions = batch.positions()[:, None]
+        logits = self.forward(torch.tensor(tokens)[:, None], positions, batch.attend)[:, 0]
+        batch.advance()
+        return logits
+
+
+def _passes(spans: Sequence[tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
+    """Pack ``(length, start)`` token spans into forward passes of at most ``_PREFILL_CHUNK`` tokens.
+
+    Returns ``(request, begin, end)`` ranges per pass, in request order; a long span is split over
+    consecutive passes (its later part attends to the earlier one).
+
+    Example:
+        >>> _passes([(3000, 0), (100, 50), (10, 0)])
+        [[(0, 0, 2048)], [(0, 2048, 3000), (1, 50, 100), (2, 0, 10)]]
+    """
+    passes: list[list[tuple[int, int, int]]] = [[]]
+    size = 0
+    for request, (length, start) in enumerate(spans):
+        for begin in range(start, length, _PREFILL_CHUNK):
+            end = min(begin + _PREFILL_CHUNK, length)
+            if size + end - begin > _PREFILL_CHUNK and passes[-1]:
+                passes.append([])
+                size = 0
+            passes[-1].append((request, begin, end))
+            size += end - begin
+    return passes
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding: feature ``i`` of a head turns with feature ``i + dim/2``."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin

@@ -1,32 +1,36 @@
 """The engine's worker loop: admission, batch membership and retirement of requests.
 
 Each admitted request first reuses the longest cached prefix of its prompt from the
-:class:`~.prefix_cache.PrefixCache` and prefills only the rest (batch size 1, so every request may
-hit a different cached length); its KV then joins the running batch (:mod:`.kv_batch`), which is
-decoded jointly one token per step. Requests arriving while a batch runs join it at the next step;
-finished rows leave it at once. Prompt KV is inserted into the prefix cache right after prefill (so
-sibling branches admitted in the same step already share it) and prompt + generated KV again when a
-request finishes.
+:class:`~.prefix_cache.PrefixCache` (views, no copy) and prefills only the rest; the requests
+admitted together are prefilled in shared forward passes, and their prompt KV goes into the prefix
+cache at once. A request that shares a longer prefix with another one being admitted than the
+cache holds waits one round for it, so sibling branches of a new prompt compute it once.
+The requests admitted together then join the running batch (:mod:`.kv_batch`) by the prefix-cache
+entries that now cover their prompts, so siblings read one copy of their common prefix, and the
+batch is decoded jointly one token per step. Requests arriving while a batch runs join it at the
+next step; finished rows leave it at once, and their prompt + generated KV goes into the cache.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import queue
 import random
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
 
 import torch
 
-from langgraph_parallelmuse.models import kv_batch
 from langgraph_parallelmuse.models.decoding import Decoder
-from langgraph_parallelmuse.models.prefix_cache import PrefixCache
+from langgraph_parallelmuse.models.kv_batch import BatchKV
+from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixMatch
 from langgraph_parallelmuse.models.requests import GenerationRequest, RequestState
 from langgraph_parallelmuse.models.runner import ModelRunner
 
-__all__ = ["COUNTERS", "Counters", "Scheduler"]
+__all__ = ["COUNTERS", "Counters", "Scheduler", "release_freed_memory"]
 
 #: Counter names of :class:`Counters` (``_hits``: requests that reused a prefix).
 COUNTERS = (
@@ -40,6 +44,39 @@ COUNTERS = (
 )
 
 Item = tuple[GenerationRequest, Future] | None
+
+# Seconds between two returns of freed heap memory to the system (see _release_freed_memory).
+_TRIM_EVERY = 5.0
+
+# Tokens a pending request must share with one being prefilled, beyond its cache hit, to wait for
+# it: below that, computing the shared part twice in the same pass costs less than another pass.
+_SHARED_ENOUGH = 64
+
+
+@functools.cache
+def _malloc_trim() -> object | None:
+    """glibc's ``malloc_trim``, or ``None`` on other C libraries."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)
+
+
+def release_freed_memory() -> bool:
+    """Return the heap memory freed tensors left behind to the system (glibc ``malloc_trim``).
+
+    KV tensors of many sizes come and go (batch rows, prefix-cache entries) while long-lived ones
+    sit between them, so the holes they leave stay resident: without this a long bench grew by
+    gigabytes above the live tensors. Returns whether a trim ran.
+
+    Example:
+        >>> release_freed_memory() in (True, False)
+        True
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 class Counters:
@@ -109,8 +146,9 @@ class Scheduler:
         self.batch_window = batch_window
         self.max_context_tokens = max_context_tokens
         self.active: list[RequestState] = []
-        self.batch: Any = None
+        self.batch: BatchKV | None = None
         self.stopping = False
+        self._trimmed = time.monotonic()
 
     def run(self) -> None:
         """The worker loop: admit what arrived, decode one step, retire finished rows; repeat."""
@@ -169,89 +207,113 @@ class Scheduler:
                 item[1].set_exception(RuntimeError("engine is closed"))
 
     def _step(self, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+        pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
         live = []
-        for req, fut in incoming:
-            seq = self._admit(req, fut)
-            if seq is None:
-                continue
-            if seq.finish is None:
-                live.append(seq)
-            else:
-                self._resolve(seq)
+        while pending:
+            ready, pending = self._round(pending)
+            for seq in self._prefill(ready):
+                if seq.finish is None:
+                    live.append(seq)
+                else:
+                    self._resolve(seq)
         if live:
+            # After every round: the cache now holds all their prompts, so they join by one view of
+            # what they share.
             self._join(live)
         if self.active:
             self._decode()
             self._retire()
 
-    def _admit(self, req: GenerationRequest, fut: Future) -> RequestState | None:
-        """Prefill one request from its cached prefix; return it holding its own batch-1 cache."""
+    def _start(self, req: GenerationRequest, fut: Future) -> RequestState | None:
         if not fut.set_running_or_notify_cancel():
             return None
+        prompt = list(req.prompt_ids)
+        generator = None
+        if req.temperature > 0:
+            generator = torch.Generator()
+            generator.manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+        return RequestState(
+            req=req,
+            future=fut,
+            prompt=prompt,
+            generator=generator,
+            max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
+            context=prompt[-4:],
+        )
+
+    def _round(self, pending: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
+        """Which pending requests to prefill now; the rest wait for a sibling's prompt to be cached.
+
+        A request whose prompt shares more with one prefilled now than the cache holds is deferred
+        to the next round, where it finds that prompt in the cache (so eight branches of one new
+        prompt compute it once, then their own suffixes together).
+        """
+        ready, later = [], []
+        for seq in pending:
+            hit = self.cache.match(seq.prompt, len(seq.prompt) - 1) if self.cache is not None else PrefixMatch(0, ())
+            n = hit.length + _SHARED_ENOUGH
+            if self.cache is not None and any(
+                seq.prompt[:n] == other.prompt[:n] for other in ready if len(other.prompt) >= n
+            ):
+                later.append(seq)
+                continue
+            seq.cached, seq.pieces = hit.length, list(hit.pieces)
+            ready.append(seq)
+        return ready, later
+
+    def _prefill(self, ready: list[RequestState]) -> list[RequestState]:
+        """Prefill the requests together after their cached prefixes and choose their first tokens."""
         try:
-            prompt = list(req.prompt_ids)
-            generator = None
-            if req.temperature > 0:
-                generator = torch.Generator()
-                seed = req.seed if req.seed is not None else random.getrandbits(63)
-                generator.manual_seed(seed)
-            seq = RequestState(
-                req=req,
-                future=fut,
-                prompt=prompt,
-                generator=generator,
-                max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
-                context=prompt[-4:],
-            )
-            hit = self.cache.lookup(prompt, len(prompt) - 1) if self.cache is not None else None
-            seq.cached = hit.length if hit else 0
-            cache, logits = self.runner.prefill(prompt, hit.state if hit else (), seq.cached)
+            done = self.runner.prefill([(seq.prompt, seq.pieces) for seq in ready])
+        except Exception as exc:  # noqa: BLE001 - reported to the callers through their futures
+            for seq in ready:
+                seq.future.set_exception(exc)
+            return []
+        logits = []
+        for seq, (state, row) in zip(ready, done, strict=True):
             self.counters.add(
                 requests=1,
-                prefill_tokens_computed=len(prompt) - seq.cached,
+                prefill_tokens_computed=len(seq.prompt) - seq.cached,
                 prefill_tokens_reused=seq.cached,
                 _hits=int(seq.cached > 0),
             )
             if self.cache is not None:
-                self.cache.insert(prompt, kv_batch.row_state(cache, 0, 0))
-            seq.batch_cache = cache
+                self.cache.insert(seq.prompt, state, start=seq.cached, adopt=True)
+            seq.pieces.append((state, len(seq.prompt) - seq.cached))
+            logits.append(row)
             if seq.max_new == 0:
                 seq.finish = "length"
-            else:
-                self._consume(seq, logits[0])
-            return seq
-        except Exception as exc:  # noqa: BLE001 - reported to the caller through its future
-            fut.set_exception(exc)
-            return None
+        sampled = [i for i, seq in enumerate(ready) if seq.finish is None]
+        if sampled:
+            self._consume([ready[i] for i in sampled], torch.cat([logits[i] for i in sampled]))
+        return ready
 
     def _join(self, admitted: list[RequestState]) -> None:
-        """Add freshly prefilled requests to the running batch (re-padding every row)."""
-        running, self.active = self.active, self.active + admitted  # a failed merge fails them all
-        if self.batch is None and len(admitted) == 1:
-            seq = admitted[0]
-            self.batch, seq.batch_cache, seq.pad = seq.batch_cache, None, 0
-            return
-        rows: list[tuple[Any, int, int]] = []
-        if self.batch is not None:
-            rows.extend((self.batch, i, s.pad) for i, s in enumerate(running))
-        rows.extend((s.batch_cache, 0, 0) for s in admitted)
-        self.batch, pads = kv_batch.merge_rows(self.runner.config, rows)
-        for s, pad in zip(self.active, pads, strict=True):
-            s.pad = pad
-        for s in admitted:
-            s.batch_cache = None
+        """Add freshly prefilled requests to the running batch."""
+        self.active = self.active + admitted  # a failed join fails them all
+        for seq in admitted:
+            # The prompts are in the cache now: siblings find their common prefix there, as one entry.
+            again = self.cache.match(seq.prompt) if self.cache is not None else None
+            if again is not None and again.length == len(seq.prompt):
+                seq.pieces = list(again.pieces)
+        if self.batch is None:
+            runner = self.runner
+            self.batch = BatchKV(
+                num_layers=runner.num_layers, kv_heads=runner.kv_heads, head_dim=runner.head_dim, dtype=runner.dtype
+            )
+        self.batch.add([seq.pieces for seq in admitted])
+        for seq in admitted:
+            seq.pieces = []
 
     def _decode(self) -> None:
-        logits = self.runner.decode(self.batch, [s.pad for s in self.active], [s.gen[-1] for s in self.active])
+        logits = self.runner.decode(self.batch, [s.gen[-1] for s in self.active])
         self.counters.add(batches=1, batch_rows=len(self.active))
-        for i, seq in enumerate(self.active):
-            self._consume(seq, logits[i])
+        self._consume(self.active, logits)
 
-    def _consume(self, seq: RequestState, logits: torch.Tensor) -> None:
-        before = len(seq.gen)
-        self.decoder.consume(seq, logits)
-        if len(seq.gen) > before:
-            self.counters.add(decode_tokens=1)
+    def _consume(self, seqs: list[RequestState], logits: torch.Tensor) -> None:
+        before = sum(len(s.gen) for s in seqs)
+        self.decoder.step(seqs, logits)
+        self.counters.add(decode_tokens=sum(len(s.gen) for s in seqs) - before)
 
     def _retire(self) -> None:
         """Resolve finished rows, store their KV and drop them from the batch."""
@@ -263,19 +325,17 @@ class Scheduler:
             # The last sampled token was never fed, so the KV covers prompt + gen[:-1].
             if self.cache is not None:
                 tokens = seq.prompt + seq.gen[:-1]
-                state = kv_batch.row_state(self.batch, i, seq.pad)
-                if state[0].shape[-2] == len(tokens):
-                    self.cache.insert(tokens, state)
+                start, state = self.batch.row_state(i)
+                if start + state[0].shape[-2] == len(tokens):
+                    self.cache.insert(tokens, state, start=start)
             self._resolve(seq)
-        keep = [i for i, s in enumerate(self.active) if s.finish is None]
-        if not keep:
-            self.active, self.batch = [], None
-            return
-        survivors = [self.active[i] for i in keep]
-        trim = kv_batch.drop_rows(self.batch, keep, [s.pad for s in survivors])
-        for s in survivors:
-            s.pad -= trim
-        self.active = survivors
+        order = self.batch.remove(done)
+        self.active = [self.active[i] for i in order]
+        if not self.active:
+            self.batch = None
+        if time.monotonic() - self._trimmed > _TRIM_EVERY:
+            release_freed_memory()
+            self._trimmed = time.monotonic()
 
     @staticmethod
     def _resolve(seq: RequestState) -> None:

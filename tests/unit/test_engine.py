@@ -6,6 +6,7 @@ served from the prefix cache, stop strings cut text and logprob entries consiste
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -140,6 +141,38 @@ def test_a_shared_prompt_is_served_from_the_prefix_cache(engine, plain, model, t
     assert stats["prefill_tokens_reused"] >= len(shared) and stats["cache_bytes"] > 0
 
 
+def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:
+    shared = ids(tokenizer, " ".join(PROMPTS * 3))  # longer than the scheduler's sharing threshold
+    branches = [shared + ids(tokenizer, f" branch {i} says") for i in range(4)]
+    engine = InferenceEngine(model, tokenizer)
+    try:
+        requests = [GenerationRequest(b, max_new_tokens=5, temperature=0.0, ignore_eos=True) for b in branches]
+        results = [f.result() for f in [engine.submit(r) for r in requests]]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    common = len(os.path.commonprefix(branches))
+    assert stats["prefill_tokens_computed"] == len(branches[0]) + sum(len(b) - common for b in branches[1:])
+    assert [r.cached_tokens for r in results] == [0] + [common] * 3
+    for request, result in zip(requests, results, strict=True):
+        assert result.token_ids == plain.generate(request).token_ids
+
+
+def test_prompts_longer_than_a_pass_are_split_over_passes(model, tokenizer, monkeypatch) -> None:
+    from langgraph_parallelmuse.models import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_PREFILL_CHUNK", 16)
+    engine = InferenceEngine(model, tokenizer)
+    try:
+        prompts = [ids(tokenizer, p) for p in (PROMPTS[2], PROMPTS[1], PROMPTS[0])]  # 35, 8 and 15 tokens
+        requests = [GenerationRequest(p, max_new_tokens=4, temperature=0.0, top_logprobs=2) for p in prompts]
+        results = [f.result() for f in [engine.submit(r) for r in requests]]
+    finally:
+        engine.close()
+    for prompt, result in zip(prompts, results, strict=True):
+        assert_matches_teacher(model, prompt, result)
+
+
 def test_stop_strings_cut_text_and_entries(engine, tokenizer) -> None:
     request = greedy(tokenizer, PROMPTS[0], max_new_tokens=24, ignore_eos=True)
     full = engine.generate(request)
@@ -160,16 +193,18 @@ def test_stop_strings_cut_text_and_entries(engine, tokenizer) -> None:
     assert last["logprob"] == whole["logprob"] and whole["token"].startswith(last["token"])
 
 
-def test_eos_ends_a_request_unless_ignored(model, tokenizer) -> None:
-    eos = tokenizer.eos_token_id
-    biased = InferenceEngine(_EosModel(model, eos), tokenizer)
+def test_eos_ends_a_request_unless_ignored(plain, tokenizer) -> None:
+    first = plain.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=1)).token_ids[0]
+    model = tiny_llama(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first]  # the first greedy token ends it
+    engine = InferenceEngine(model, tokenizer)
     try:
-        stopped = biased.generate(greedy(tokenizer, PROMPTS[1]))
-        kept = biased.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=3, ignore_eos=True))
+        stopped = engine.generate(greedy(tokenizer, PROMPTS[1]))
+        kept = engine.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=3, ignore_eos=True))
     finally:
-        biased.close()
+        engine.close()
     assert stopped.finish_reason == "stop" and stopped.token_ids == [] and stopped.text == ""
-    assert kept.token_ids == [eos] * 3 and kept.finish_reason == "length"
+    assert kept.token_ids[0] == first and kept.completion_tokens == 3 and kept.finish_reason == "length"
 
 
 def test_bad_requests_are_refused(engine, tokenizer) -> None:
@@ -189,15 +224,30 @@ def test_a_transformers_release_without_the_cache_keyword_is_refused(model, toke
         InferenceEngine(model, tokenizer)
 
 
-class _EosModel(torch.nn.Module):
-    """The tiny model with its end-of-sequence logit raised far above the rest."""
+def test_the_float32_runner_reads_the_model_weights_in_place(model) -> None:
+    from langgraph_parallelmuse.models.runner import ModelRunner
 
-    def __init__(self, inner, eos: int) -> None:
-        super().__init__()
-        self.inner, self.eos = inner, eos
-        self.config, self.generation_config = inner.config, inner.generation_config
+    runner = ModelRunner(model)
+    attn = model.model.layers[1].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == runner.layers[1].qkv.weight.untyped_storage().data_ptr()
+    assert runner.head.weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
 
-    def forward(self, **kwargs):
-        out = self.inner(**kwargs)
-        out.logits[..., self.eos] += 100.0
-        return out
+
+def test_bfloat16_precision_stays_near_the_float32_reference(model, tokenizer) -> None:
+    engine = InferenceEngine(model, tokenizer, precision="bfloat16")
+    try:
+        prompt = ids(tokenizer, PROMPTS[2])
+        result = engine.generate(GenerationRequest(prompt, max_new_tokens=8, temperature=0.0, top_logprobs=3))
+        stats = engine.stats()
+    finally:
+        engine.close()
+    reference = teacher_forced(model, prompt, result.token_ids)
+    for i, (entry, token) in enumerate(zip(result.logprobs, result.token_ids, strict=True)):
+        # The random tiny model's logits are large, so bfloat16 moves them more than the real
+        # model's (0.1 nats at most there); a wrong layout would be off by several nats.
+        assert abs(entry["logprob"] - float(reference[i, token])) < 1.0
+    # bfloat16 KV: two bytes per value in the prefix cache.
+    positions = len(prompt) + len(result.token_ids) - 1
+    assert stats["cache_bytes"] == positions * 2 * 2 * 2 * 16 * 2  # layers * (k, v) * kv_heads * head_dim * 2 B
+    with pytest.raises(ConfigError, match="precision"):
+        InferenceEngine(model, tokenizer, precision="float16")

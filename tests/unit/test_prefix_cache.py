@@ -167,3 +167,36 @@ def test_the_newest_insert_survives_and_tree_stays_consistent() -> None:
         hit = cache.lookup(tokens)
         assert hit.length == len(tokens)
         assert_state_is(hit.state, tokens)
+
+
+def test_match_returns_views_of_one_stored_entry() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
+    first, second = cache.match([1, 2, 3, 9]), cache.match([1, 2, 3, 4, 5])
+    assert first.length == 3 and [n for _, n in first.pieces] == [3]
+    assert first.pieces[0][0] is second.pieces[0][0]  # the same stored tensors, not copies
+    assert_state_is(first.concatenated(), [1, 2, 3])
+    assert cache.match([7]).length == 0 and cache.match([7]).pieces == ()
+
+
+def test_insert_of_a_continuation_takes_state_of_the_new_positions_only() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv([1, 2, 3]))
+    cache.insert([1, 2, 3, 4, 5], kv([4, 5]), start=3)
+    assert_state_is(cache.lookup([1, 2, 3, 4, 5]).state, [1, 2, 3, 4, 5])
+    # Positions before `start` that are not cached leave a gap: nothing is stored.
+    cache.insert([8, 9, 10], kv([10]), start=2)
+    assert cache.lookup([8, 9, 10]).length == 0
+    with pytest.raises(ValueError, match="positions"):
+        cache.insert([1, 2, 3, 4], kv([4, 5]), start=3)
+
+
+def test_adopted_state_is_kept_without_a_copy() -> None:
+    cache = PrefixCache(1 << 20)
+    state = kv([1, 2, 3])
+    cache.insert([1, 2, 3], state, adopt=True)
+    assert cache.match([1, 2, 3]).pieces[0][0][0] is state[0]
+    assert cache.nbytes == 3 * BYTES_PER_TOKEN
+    # Only a whole tensor is adopted; a tail of it is copied so the rest is not pinned.
+    cache.insert([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]), adopt=True)
+    assert cache.nbytes == 5 * BYTES_PER_TOKEN
