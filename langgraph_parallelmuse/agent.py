@@ -25,9 +25,9 @@ from langgraph.runtime import Runtime
 
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
-from langgraph_parallelmuse.crossover import merge_context
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, describe_tools, parse_action, region_spans
 from langgraph_parallelmuse.redact import redact, secrets_of

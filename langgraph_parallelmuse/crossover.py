@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import call_key
-from langgraph_parallelmuse.infograph import build_graph, effective_steps, effective_subgraph
+from langgraph_parallelmuse.infograph import build_graph, effective_steps, effective_subgraph, merge_context
 from langgraph_parallelmuse.lineage import Job, scratch_job, thread_of
-from langgraph_parallelmuse.state import Observation, Origin, Step, Trajectory
+from langgraph_parallelmuse.state import Origin, Trajectory
 
 if TYPE_CHECKING:
     from langgraph_parallelmuse.agent import RolloutRunner
@@ -47,7 +47,6 @@ __all__ = [
     "crossover_stage",
     "crossover_stats",
     "crossover_wave",
-    "merge_context",
     "pick_pairs",
 ]
 
@@ -108,37 +107,6 @@ def pick_pairs(question: str, trajectories: Sequence[Trajectory], *, count: int)
             if ours - theirs and theirs - ours:
                 scored.append(((1, -len(ours ^ theirs), i + j, i), {**pair, "reason": "evidence"}))
     return [pair for _, pair in sorted(scored, key=lambda sp: sp[0])[:count]]
-
-
-def merge_context(
-    parents: Sequence[tuple[Sequence[Step], Sequence[Observation], Sequence[int]]],
-) -> tuple[list[Step], list[Observation]]:
-    """The merged context of a crossover: each parent's chosen steps with their tool responses, in
-    order, renumbered; a tool call an earlier parent already made (same tool, same normalised
-    arguments) is taken once.
-
-    Example:
-        >>> def call(i, q): return {"index": i, "text": q, "action": {"type": "tool_call", "name": "search",
-        ...                                                          "arguments": {"query": q}}}
-        >>> a = ([call(0, "x"), call(1, "y")], [{"step": 0, "content": "X"}, {"step": 1, "content": "Y"}], [1])
-        >>> b = ([call(0, "y"), call(1, "z")], [{"step": 0, "content": "Y"}, {"step": 1, "content": "Z"}], [0, 1])
-        >>> steps, obs = merge_context([a, b])
-        >>> [s["text"] for s in steps], [(o["step"], o["content"]) for o in obs]
-        (['y', 'z'], [(0, 'Y'), (1, 'Z')])
-    """
-    steps: list[Step] = []
-    observations: list[Observation] = []
-    taken: set[str] = set()
-    for parent_steps, parent_observations, chosen in parents:
-        response = {o["step"]: o for o in parent_observations}
-        for i in chosen:
-            key = call_key(parent_steps[i]["action"])
-            if key in taken or i not in response:
-                continue
-            taken.add(key)
-            steps.append({**parent_steps[i], "index": len(steps)})
-            observations.append({**response[i], "step": len(steps) - 1})
-    return steps, observations
 
 
 def crossover_job(pair: CrossPair, trajectories: Sequence[Trajectory], index: int, *, run_id: str) -> Job:

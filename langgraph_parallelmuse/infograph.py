@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from langgraph_parallelmuse.answers import normalize_answer
+from langgraph_parallelmuse.driver import call_key
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "effective_subgraph",
     "entity_key",
     "graph_stats",
+    "merge_context",
     "named_spans",
     "read_segments",
     "redundancy",
@@ -412,3 +414,34 @@ def redundancy_summary(question: str, trajectories: Sequence[Trajectory]) -> dic
             "redundancy": sum(gammas) / len(gammas) if gammas else None,
         }
     return {"per_trajectory": per, "by_kind": by_kind}
+
+
+def merge_context(
+    parents: Sequence[tuple[Sequence[Step], Sequence[Observation], Sequence[int]]],
+) -> tuple[list[Step], list[Observation]]:
+    """The merged context of a crossover: each parent's chosen steps with their tool responses, in
+    order, renumbered; a tool call an earlier parent already made (same tool, same normalised
+    arguments) is taken once.
+
+    Example:
+        >>> def call(i, q): return {"index": i, "text": q, "action": {"type": "tool_call", "name": "search",
+        ...                                                          "arguments": {"query": q}}}
+        >>> a = ([call(0, "x"), call(1, "y")], [{"step": 0, "content": "X"}, {"step": 1, "content": "Y"}], [1])
+        >>> b = ([call(0, "y"), call(1, "z")], [{"step": 0, "content": "Y"}, {"step": 1, "content": "Z"}], [0, 1])
+        >>> steps, obs = merge_context([a, b])
+        >>> [s["text"] for s in steps], [(o["step"], o["content"]) for o in obs]
+        (['y', 'z'], [(0, 'Y'), (1, 'Z')])
+    """
+    steps: list[Step] = []
+    observations: list[Observation] = []
+    taken: set[str] = set()
+    for parent_steps, parent_observations, chosen in parents:
+        response = {o["step"]: o for o in parent_observations}
+        for i in chosen:
+            key = call_key(parent_steps[i]["action"])
+            if key in taken or i not in response:
+                continue
+            taken.add(key)
+            steps.append({**parent_steps[i], "index": len(steps)})
+            observations.append({**response[i], "step": len(steps) - 1})
+    return steps, observations

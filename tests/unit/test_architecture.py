@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,31 @@ def test_the_core_never_imports_the_evaluation_package_or_the_cli(path):
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     bad = [m for m in names if m.startswith(("langgraph_parallelmuse.eval", "langgraph_parallelmuse.cli"))]
     assert not bad, f"{path.name} imports {bad}: move what both need into the core"
+
+
+def _listed_order() -> list[str]:
+    """Top-level core modules in the order ARCHITECTURE.md lists them (its bullets' first names)."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    order: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("- `"):
+            head = line.split("`:")[0]  # "- `compress.py` / `aggregate.py" names two modules
+            for name in re.findall(r"`(\w+)\.py", head + "`"):
+                if name not in order:
+                    order.append(name)
+    return order
+
+
+def test_each_core_module_imports_only_modules_listed_above_it_in_architecture_md():
+    order = _listed_order()
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "cli"}
+    assert top <= set(order), f"ARCHITECTURE.md lists no line for {sorted(top - set(order))}"
+    wrong = []
+    for name in order:
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("langgraph_parallelmuse."):
+                used = node.module.split(".")[1]
+                if used in order and order.index(used) > order.index(name):
+                    wrong.append(f"{name} imports {used}")
+    assert not wrong, f"data flows one way: {wrong} (move the shared part up, or fix ARCHITECTURE.md's order)"
