@@ -85,7 +85,11 @@ def main() -> None:
         finally:
             if child.poll() is None:
                 child.terminate()
-                child.wait(timeout=60)
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
     after = [(t, m) for t, m in samples if t >= args.warmup]
     if samples:
         print(f"peak {max(m for _, m in samples):.0f} MiB over {samples[-1][0]:.0f} min; exit code {child.returncode}")

@@ -200,7 +200,7 @@ def crossover_stats(
         "reserved": config.crossover,
         "pairs": [[*p["parents"], p["reason"]] for p in pairs],
         "trajectories": len(crossed),
-        "fills": config.crossover - min(len(pairs), config.crossover),
+        "fills": config.crossover - len(crossed),  # reserved slots no crossover took: fills ran there
         "generated_tokens": sum(t["stats"]["generated_tokens"] for t in crossed),
         "prompt_tokens": sum(t["stats"]["prompt_tokens"] for t in crossed),
         "answers": {t["id"]: t["answer"] for t in crossed},

@@ -119,7 +119,7 @@ def build_parallelmuse_graph(
     graph.add_edge("online_rollout", "collect")
     graph.add_conditional_edges("select_branches", nodes.launch_branches, ["branch_rollout", "collect"])
     graph.add_edge("branch_rollout", "select_branches")
-    graph.add_conditional_edges("collect", nodes.launch_compress, ["compress", "aggregate"])
+    graph.add_conditional_edges("collect", nodes.launch_compress, ["compress", "select_crossover", "aggregate"])
     # A join node after the map: a conditional edge on "compress" itself would run once per report.
     graph.add_edge("compress", "select_crossover")
     graph.add_conditional_edges("select_crossover", nodes.launch_crossover, ["crossover_rollout", "aggregate"])

@@ -383,7 +383,9 @@ class ParallelMuseNodes:
             return "aggregate"
         answered = [t for t in state["trajectories"] if t["answer"]]
         payload = {"question": state["question"], "settings": state["settings"]}
-        return [Send("compress", {**payload, "trajectory": t}) for t in answered] or "aggregate"
+        # With nothing to compress the reserved crossover slots still run (as fills): N stays N.
+        after = "select_crossover" if self.settings(state["settings"]).crossover else "aggregate"
+        return [Send("compress", {**payload, "trajectory": t}) for t in answered] or after
 
     @_timed("stage2")
     async def compress(self, job: dict[str, Any]) -> dict[str, Any]:

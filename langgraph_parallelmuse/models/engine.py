@@ -116,7 +116,8 @@ class InferenceEngine:
         """Queue a request; the returned future resolves to a :class:`GenerationResult`.
 
         Raises:
-            InputError: The prompt is empty or fills the model's context window.
+            InputError: The prompt is empty or fills the model's context window, or the seed is not
+                an unsigned 64-bit integer.
         """
         if self._closed:
             raise RuntimeError("engine is closed")
@@ -129,6 +130,8 @@ class InferenceEngine:
             )
         if (problem := top_logprobs_problem(request.top_logprobs)) is not None:
             raise InputError(problem)
+        if request.seed is not None and not 0 <= request.seed < 2**64:
+            raise InputError(f"seed={request.seed} is out of range: pass an integer in [0, 2**64)")
         future: Future[GenerationResult] = Future()
         self._queue.put((request, future))
         return future

@@ -1,10 +1,10 @@
 """A radix tree of token ids that stores the KV states of processed sequences.
 
 Every edge of the tree holds a run of token ids together with the KV slice that the model computed
-for exactly those positions, so sequences sharing a prefix share its memory. A lookup walks the
-query down the tree and concatenates the slices on the way: the result is a fresh tensor per layer,
-so a caller may extend it (or the ``DynamicCache`` built from it) freely without touching the stored
-entry. Memory is bounded in bytes; least recently used leaves are evicted first. The tree keeps
+for exactly those positions, so sequences sharing a prefix share its memory. ``match`` walks the
+query down the tree and returns views of the slices on the way (no copy: the engine's attention
+reads them in place, and stored entries are never written); ``lookup`` concatenates them into fresh
+tensors a caller may extend. Memory is bounded in bytes; least recently used leaves are evicted first. The tree keeps
 its set of leaves up to date as it grows and shrinks (as SGLang's ``RadixCache`` does), so an
 eviction orders only the leaves instead of walking every node.
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.attention import prefill_attention
-from langgraph_parallelmuse.models.kv_batch import BatchKV
+from langgraph_parallelmuse.models.kv_batch import BatchKV, Piece
 
 __all__ = ["PRECISIONS", "ModelRunner", "check_transformers"]
 
@@ -36,7 +36,6 @@ _TRANSFORMERS_FLOOR = (5, 24)
 _ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 #: ``(state, n)``: the first ``n`` positions of ``state = (k0, v0, k1, v1, ...)``.
-Piece = tuple[tuple[torch.Tensor, ...], int]
 
 #: ``attend(layer, q, k, v) -> out``: q ``[B, H, L, D]``, k/v ``[B, Hkv, L, D]`` of the new positions.
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,7 +58,7 @@ def check_transformers() -> None:
         floor = ".".join(map(str, _TRANSFORMERS_FLOOR))
         raise ConfigError(
             f"transformers {installed} is installed but the engine needs >= {floor} (the model "
-            f"layout and `cache=` keyword it relies on): pip install 'transformers>={floor},<6'"
+            f"layout its forward pass reads): pip install 'transformers>={floor},<6'"
         )
 
 
@@ -173,7 +172,7 @@ def _check_architecture(model: Any) -> None:
 
 
 class ModelRunner:
-    """Forward passes of a Llama-style causal LM: prefill of one request, decode of a batch.
+    """Forward passes of a Llama-style causal LM: prefill of requests packed together, decode of a batch.
 
     Args:
         model: A ``transformers`` causal LM of a supported architecture (eval mode).
@@ -185,7 +184,7 @@ class ModelRunner:
     Example:
         >>> from langgraph_parallelmuse.models.loading import load_model
         >>> runner = ModelRunner(load_model().model)  # doctest: +SKIP
-        >>> state, logits = runner.prefill([1, 2, 3], [])  # doctest: +SKIP
+        >>> ((state, logits),) = runner.prefill([([1, 2, 3], ())])  # doctest: +SKIP
         >>> logits.shape[0], state[0].shape[-2]  # doctest: +SKIP
         (1, 3)
     """

@@ -45,7 +45,7 @@ COUNTERS = (
 
 Item = tuple[GenerationRequest, Future] | None
 
-# Seconds between two returns of freed heap memory to the system (see _release_freed_memory).
+# Seconds between two returns of freed heap memory to the system (see release_freed_memory).
 _TRIM_EVERY = 5.0
 
 # Tokens a pending request must share with one being prefilled, beyond its cache hit, to wait for
@@ -148,6 +148,7 @@ class Scheduler:
         self.active: list[RequestState] = []
         self.batch: BatchKV | None = None
         self.stopping = False
+        self.admitting: list[RequestState] = []  # started this step, not yet in the batch
         self._trimmed = time.monotonic()
 
     def run(self) -> None:
@@ -158,10 +159,12 @@ class Scheduler:
                 with torch.inference_mode():
                     self._step(incoming)
             except Exception as exc:  # noqa: BLE001 - a failed step must not kill the worker
-                for seq in self.active:
+                # Requests being admitted are running futures too: left out, their callers wait forever.
+                for seq in self.active + self.admitting:
                     if not seq.future.done():
                         seq.future.set_exception(exc)
                 self.active, self.batch = [], None
+            self.admitting = []
         self._refuse_leftovers()
 
     def _collect(self) -> list[tuple[GenerationRequest, Future]]:
@@ -208,6 +211,7 @@ class Scheduler:
 
     def _step(self, incoming: list[tuple[GenerationRequest, Future]]) -> None:
         pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
+        self.admitting = list(pending)
         live = []
         while pending:
             ready, pending = self._round(pending)
@@ -220,6 +224,7 @@ class Scheduler:
             # After every round: the cache now holds all their prompts, so they join by one view of
             # what they share.
             self._join(live)
+        self.admitting = []
         if self.active:
             self._decode()
             self._retire()
@@ -231,7 +236,11 @@ class Scheduler:
         generator = None
         if req.temperature > 0:
             generator = torch.Generator()
-            generator.manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+            try:
+                generator.manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+            except (RuntimeError, OverflowError) as exc:  # only this request is wrong: the batch goes on
+                fut.set_exception(exc)
+                return None
         return RequestState(
             req=req,
             future=fut,

@@ -108,13 +108,26 @@ async def test_a_slot_no_pair_takes_runs_a_fill_so_the_run_keeps_its_budget():
     assert len(out["reports"]) == 3
 
 
+async def test_a_run_where_nothing_answered_still_runs_its_crossover_slots_as_fills():
+    def never_answers(index, messages):
+        return call_text("search", query="Alpha")
+
+    tools, _ = make_tools(search=lambda q: "[1] Alpha (id: a)\nAlpha is in Paris.")
+    model = ScriptedChatModel(responder=research_responder(never_answers))
+    graph = create_parallelmuse(model, tools, config={"n": 3, "mode": "none", "crossover": 1, "max_turns": 2})
+    out = await graph.ainvoke({"question": QUESTION})
+    # Before the fix the run skipped the crossover stage and ended with N - C trajectories.
+    assert sorted(t["id"] for t in out["trajectories"]) == ["f0", "f1", "t0"]
+    assert out["stats"]["crossover"]["fills"] == 1 and out["stats"]["crossover"]["trajectories"] == 0
+
+
 async def test_with_branching_the_rollout_stage_leaves_the_crossover_slots_free():
     graph, _, _ = _graph({"n": 8, "crossover": 1, "seed": 0})
     out = await graph.ainvoke({"question": QUESTION})
     kinds = Counter(t["origin"]["kind"] for t in out["trajectories"])
     assert len(out["trajectories"]) == 8 and kinds["initial"] == 1 and kinds["branch"] > 0
     assert out["stats"]["rollout"]["trajectories"] == 7
-    assert kinds["crossover"] + out["stats"]["crossover"]["fills"] == 1
+    assert kinds["crossover"] == 1 and out["stats"]["crossover"]["fills"] == 0
 
 
 async def test_online_branching_also_leaves_the_crossover_slots_free():

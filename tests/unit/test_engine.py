@@ -16,7 +16,7 @@ from langgraph_parallelmuse.errors import ConfigError, InputError
 from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
 from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
 
-# float32 batched (left-padded, masked) vs unbatched attention reorders sums: ~1e-6 here.
+# float32 batched (shared segments, private rows) vs unbatched attention reorders sums: ~1e-6 here.
 LOGPROB_TOL = 1e-4
 
 PROMPTS = [
@@ -214,9 +214,31 @@ def test_bad_requests_are_refused(engine, tokenizer) -> None:
         engine.submit(greedy(tokenizer, "hi", top_logprobs=21))
     with pytest.raises(InputError, match="context"):
         engine.submit(GenerationRequest(list(range(5)) * 60))
+    with pytest.raises(InputError, match=r"seed=18446744073709551616 is out of range"):
+        engine.submit(greedy(tokenizer, "hi", temperature=0.7, seed=2**64))
 
 
-def test_a_transformers_release_without_the_cache_keyword_is_refused(model, tokenizer, monkeypatch) -> None:
+def test_a_failure_while_admitting_fails_those_requests_and_the_engine_goes_on(model, tokenizer, monkeypatch) -> None:
+    from langgraph_parallelmuse.models.scheduler import Scheduler
+
+    engine = InferenceEngine(model, tokenizer, max_batch_size=4)
+    try:
+
+        def broken(self, admitted):
+            raise RuntimeError("joining the batch broke")
+
+        monkeypatch.setattr(Scheduler, "_join", broken)
+        futures = [engine.submit(greedy(tokenizer, f"question {i}")) for i in range(2)]
+        for future in futures:  # before the fix these stayed running forever (a timeout here)
+            with pytest.raises(RuntimeError, match="joining the batch broke"):
+                future.result(timeout=60)
+        monkeypatch.undo()
+        assert engine.submit(greedy(tokenizer, "hello")).result(timeout=60).completion_tokens > 0
+    finally:
+        engine.close()
+
+
+def test_a_transformers_release_below_the_floor_is_refused(model, tokenizer, monkeypatch) -> None:
     import transformers
 
     monkeypatch.setattr(transformers, "__version__", "5.23.0")
