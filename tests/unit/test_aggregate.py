@@ -54,8 +54,13 @@ async def test_aggregator_sees_only_the_question_and_the_reports(fake_model, mak
             steps=["<think>STEP_ONE_THOUGHT</think><answer>Lyon</answer>"],
         ),
     ]
-    compressor = fake_model(["plan A", "method A", "reason A", "plan B", "method B", "reason B"])
-    reports = [await compress_trajectory(compressor, QUESTION, t, guided=True) for t in trajs]
+    compressor = fake_model(
+        [
+            f"Solution planning: plan {x}\nSolution methods: method {x}\nFinal reasoning: reason {x}\n<answer>{x}"
+            for x in ("A", "B")
+        ]
+    )
+    reports = [await compress_trajectory(compressor, QUESTION, t, guided=False) for t in trajs]
     # The compressor did read the trajectories...
     assert "TOOL_OUTPUT_ZERO" in compressor.calls[0]["messages"][1].content
 
