@@ -91,8 +91,9 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 
 # The guided form: the model writes the two reasoning lines, each after a few prefilled words (without
 # them, SmolLM2's first move after "Solution planning:" was a line break: 11 of 16 probes empty, 0 of 16
-# with opening words). A stem must end on a whole word: "First find" was continued as "First findings of
-# a research log…" (the prompt's first line) in 3 of 20 reports. One short line each keeps the report short.
+# with opening words). A stem must not end on a word the model can extend: "First find" became "First
+# findings of a research log…" (the prompt's first line) in 3 of 20 reports. At 16 tokens a line the
+# reports were 0.14 of their trajectories' tokens (20 reports, 5 HotpotQA questions; target <= 0.15).
 REASONING_LINE_TOKENS = 16
 _STEMS = {SECTIONS[0]: "The plan was to", SECTIONS[2]: "The answer follows because"}
 _GUIDED_SYSTEM = "You explain in short lines how research findings lead to an answer."

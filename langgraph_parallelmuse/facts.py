@@ -13,7 +13,8 @@ observations. One fact per tool call, in order::
 ``search "q": titles`` lists the hits that lead to the answer (the trajectory's effective subgraph,
 :mod:`~langgraph_parallelmuse.infograph`), all of them, then the best other hits up to
 ``max_titles``; a query longer than ``max_query_words`` is cut, and the names of its cut part that
-lead to the answer follow it (``"where was the man…" (Stephen King)``); ``-> x`` names what the
+lead to the answer follow it (``"where was the man …" (Stephen King)``); a search that repeats an earlier one
+(same query, same hits) says so (``s3 search as s1``); ``-> x`` names what the
 call's documents gave on the way: an entity written later (a sub-answer, a bridge) or ``the
 answer`` (named once, on the report's last line). Every entity of the effective subgraph appears
 in the facts or in the answer line, so a report built on them keeps everything the answer rests
@@ -72,6 +73,7 @@ def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, ma
     segments = read_segments(trajectory.get("observations", []))
     obs_of = {o["step"]: o for o in trajectory.get("observations", [])}
     facts = []
+    searched: dict[tuple[str, tuple[str, ...]], int] = {}  # (query, hits) -> the step that first got them
     for step in trajectory.get("steps", []):
         action, at = step["action"], step["index"]
         if action.get("type") != "tool_call":
@@ -84,13 +86,18 @@ def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, ma
             what = _one_line(mine[0].title)
         else:
             what = _one_line(" ".join(map(str, (action.get("arguments") or {}).values())))
+        hits = tuple(s.title for s in mine)
+        if query is not None and not (obs or {}).get("error"):
+            # A small model often repeats a search word for word: the same hits are named once.
+            first = searched.setdefault((entity_key(query), hits), at)
+            what = what if first == at else f"as s{first + 1}"
         bridges = ", ".join(map(_one_line, bridges_of(step, obs)))
         head = f"s{at + 1} {tool} {what}".rstrip() + (f" (bridge {bridges})" if bridges else "")
         if obs is None or obs.get("error"):
             facts.append(f"{head} failed")
             continue
-        if tool == "search":
-            head += ": " + (", ".join(_titles([s.title for s in mine], effective["entities"], max_titles)) or "nothing")
+        if tool == "search" and not what.startswith("as s"):
+            head += ": " + (", ".join(_titles(list(hits), effective["entities"], max_titles)) or "nothing")
         gave = ", ".join(_one_line(x) for x in dict.fromkeys(found.get(at, [])))
         facts.append(head + (f" -> {gave}" if gave else ""))
     return facts
@@ -104,7 +111,7 @@ def _query(query: str, effective: dict, max_words: int) -> str:
     shown = " ".join(words[:max_words])
     kept = f" {entity_key(shown)} "
     dropped = [s for s in named_spans(query) if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
-    return f'"{shown}…"' + (f" ({', '.join(dropped)})" if dropped else "")
+    return f'"{shown} …"' + (f" ({', '.join(dropped)})" if dropped else "")
 
 
 def _titles(titles: list[str], effective: dict, extra: int) -> list[str]:

@@ -70,11 +70,24 @@ def test_a_search_lists_every_hit_on_the_path_and_a_few_others():
     assert step_facts("Q?", traj, max_titles=1)[0].startswith('s1 search "Maximum Overdrive film": Maximum Overdrive')
 
 
+def test_a_search_repeated_word_for_word_names_its_hits_once():
+    traj = two_hop()
+    again, obs = _search(
+        4, "Maximum  overdrive film", [("d1", "Maximum Overdrive", ""), ("d2", "Leland Orser", ""), ("d3", "Duel", "")]
+    )
+    other, obs2 = _search(5, "Maximum Overdrive film", [("d3", "Duel", "A 1971 film.")])
+    traj["steps"][4:] = [again, other, {"index": 6, "action": {"type": "answer", "answer": traj["answer"]}}]
+    traj["observations"] += [obs, obs2]
+    facts = step_facts(QUESTION, traj)
+    assert facts[4] == "s5 search as s1"
+    assert facts[5] == 's6 search "Maximum Overdrive film": Duel'  # other hits: said again
+
+
 def test_a_long_query_is_cut_but_keeps_the_names_the_answer_rests_on():
     traj = two_hop()
     traj["steps"][3]["action"]["arguments"]["query"] = "where was the man who wrote it born, the writer Stephen King"
     fact = step_facts(QUESTION, traj, max_query_words=4)[3]
-    assert fact.startswith('s4 search "where was the man…" (Stephen King) (bridge Stephen King): Stephen King')
+    assert fact.startswith('s4 search "where was the man …" (Stephen King) (bridge Stephen King): Stephen King')
     assert step_facts(QUESTION, traj, max_query_words=4)[0] == (
         's1 search "Maximum Overdrive film": Maximum Overdrive, Leland Orser -> Stephen King'
     )
