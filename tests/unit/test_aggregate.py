@@ -141,9 +141,18 @@ async def test_guided_output_is_snapped_to_the_closest_candidate(fake_model):
     assert result.answer == "Eiffel Tower, Paris"
     assert result.source == "aggregator"
     assert result.raw == "Answer:the tower of Eiffel"
-    # The answer tag is prefilled and the model stops at its end or at a newline.
+    # "Answer:" is prefilled and the model stops at a closing tag or a blank line.
     assert model.calls[0]["messages"][-1] == AIMessage("Answer:")
-    assert model.calls[0]["stop"] == ["</answer>", "\n"]
+    assert model.calls[0]["stop"] == ["</answer>", "\n\n"]
+
+
+async def test_guided_pick_after_a_line_break_is_its_first_line_with_text(fake_model):
+    reports = [_report("a", "Lyon"), _report("b", "Lyon"), _report("c", "Eiffel Tower, Paris")]
+    result = await aggregate_reports(
+        fake_model([" \nthe tower of Eiffel\nReport 1 is best"]), QUESTION, reports, guided=True
+    )
+
+    assert (result.answer, result.source) == ("Eiffel Tower, Paris", "aggregator")
 
 
 async def test_guided_output_without_overlap_takes_the_majority(fake_model):
