@@ -219,10 +219,12 @@ def stats_table(result: dict[str, Any]) -> Table:
     if comp:
         ratio = comp.get("compression_ratio")
         table.add_row(
-            "compress: report tokens / trajectory tokens",
+            "compress: report tokens generated / trajectory tokens",
             f"{comp.get('report_tokens', 0)} / {comp.get('trajectory_tokens', 0)}"
             + (f" = {ratio:.3f}" if ratio is not None else ""),
         )
+        if (text_ratio := comp.get("text_ratio")) is not None:  # guided facts are written, not generated
+            table.add_row("compress: report text / trajectory tokens (estimated)", f"{text_ratio:.3f}")
     per = list((stats.get("infograph") or {}).get("per_trajectory", {}).values())
     if per:  # the information-state graph: entities explored / effective, redundancy Γ
         gammas = [p["redundancy"] for p in per if p["redundancy"] is not None]

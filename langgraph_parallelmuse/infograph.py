@@ -48,6 +48,7 @@ __all__ = [
     "InfoGraph",
     "Relation",
     "Segment",
+    "bridges_of",
     "build_graph",
     "effective_steps",
     "effective_subgraph",
@@ -55,6 +56,7 @@ __all__ = [
     "graph_stats",
     "merge_context",
     "named_spans",
+    "query_of",
     "read_segments",
     "redundancy",
     "redundancy_summary",
@@ -208,7 +210,13 @@ def read_segments(observations: Sequence[Observation]) -> list[Segment]:
     return segments
 
 
-def _bridges(step: Step, observation: Observation | None) -> list[str]:
+def bridges_of(step: Step, observation: Observation | None) -> list[str]:
+    """The bridge entities a hop recorded (``bridge`` on its step or its observation: a string or a list).
+
+    Example:
+        >>> bridges_of({"bridge": "Stephen King"}, {"bridge": ["Stephen King", "Maine"]})
+        ['Stephen King', 'Maine']
+    """
     found: list[str] = []
     for record in (step, observation or {}):
         value = record.get("bridge")
@@ -248,7 +256,13 @@ class _Builder:
         return InfoGraph(entities=self.entities, relations=ordered, answer=answer)
 
 
-def _query_of(step: Step) -> str | None:
+def query_of(step: Step) -> str | None:
+    """The query of a search step (``None``: not a search, or an empty query).
+
+    Example:
+        >>> query_of({"action": {"type": "tool_call", "name": "search", "arguments": {"query": "Lilu"}}})
+        'Lilu'
+    """
     action = step["action"]
     if action.get("type") == "tool_call" and action.get("name") == "search":
         query = (action.get("arguments") or {}).get("query")
@@ -280,9 +294,9 @@ def build_graph(question: str, trajectory: Trajectory) -> InfoGraph:
     obs_of = {o["step"]: o for o in observations}
     first: dict[str, int] = {}  # model-written entity -> the first step that wrote it
     for step in steps:
-        at, query = step["index"], _query_of(step)
+        at, query = step["index"], query_of(step)
         spans = [b.entity(span, "query", at) for span in ((named_spans(query) or [query]) if query else [])]
-        bridges = [b.entity(x, "bridge", at) for x in _bridges(step, obs_of.get(at))]
+        bridges = [b.entity(x, "bridge", at) for x in bridges_of(step, obs_of.get(at))]
         for key in filter(None, [*spans, *bridges]):
             first.setdefault(key, at)
         hits = [doc for s, doc in zip(segments, docs, strict=True) if s.step == at and s.tool == "search"]

@@ -104,11 +104,17 @@ async def choose_answer(
 def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:
     """Reports written, their tokens against the trajectories', and how many fell back.
 
+    ``compression_ratio`` counts the tokens the compressor generated; ``text_ratio`` the report's
+    whole text, estimated as the trajectory's tool responses are (four characters a token): a
+    guided report's facts are written from the records, not generated, but the aggregator reads them.
+
     Example:
-        >>> compression_stats([{"tokens": 10, "trajectory_tokens": 200, "status": "ok"}])["compression_ratio"]
-        0.05
+        >>> stats = compression_stats([{"tokens": 10, "trajectory_tokens": 200, "status": "ok", "text": "x" * 80}])
+        >>> stats["compression_ratio"], stats["text_ratio"]
+        (0.05, 0.1)
     """
     report_tokens = sum(r["tokens"] for r in reports)
+    text_tokens = sum(len(r["text"]) // 4 for r in reports)
     traj_tokens = sum(r["trajectory_tokens"] for r in reports)
     return {
         "reports": len(reports),
@@ -118,4 +124,6 @@ def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:
         "trajectory_tokens": traj_tokens,
         "fallback_reports": sum(1 for r in reports if r["status"] == "fallback"),
         "compression_ratio": report_tokens / traj_tokens if traj_tokens else None,
+        "report_text_tokens": text_tokens,
+        "text_ratio": text_tokens / traj_tokens if traj_tokens else None,
     }

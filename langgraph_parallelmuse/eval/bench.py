@@ -335,7 +335,11 @@ async def run_question(
         "picks": rollouts.picks,
         "methods": methods,
         "reports": {
-            k: {f: v[f] for f in ("answer", "tokens", "trajectory_tokens", "status")} for k, v in reports.items()
+            k: {
+                **{f: v[f] for f in ("answer", "tokens", "trajectory_tokens", "status")},
+                "text_tokens": len(v["text"]) // 4,
+            }
+            for k, v in reports.items()
         },
         "trajectories": {t["id"]: _trajectory_record(t, item) for t in trajectories.values()},
     }
@@ -406,6 +410,8 @@ def run_facts(records: Sequence[dict]) -> dict[str, float | int]:
 
     report_tokens = sum(rep["tokens"] for rep in reports)
     trajectory_tokens = sum(rep["trajectory_tokens"] for rep in reports)
+    text = [rep.get("text_tokens") for rep in reports]  # absent from records of older runs
+    text_tokens = None if None in text else sum(text)
     return {
         "questions": len(records),
         "scratch_trajectories": len(scratch),
@@ -417,6 +423,10 @@ def run_facts(records: Sequence[dict]) -> dict[str, float | int]:
         "fallback_reports": sum(rep["status"] == "fallback" for rep in reports),
         "mean_report_tokens": report_tokens / len(reports) if reports else float("nan"),
         "compression_ratio": report_tokens / trajectory_tokens if trajectory_tokens else float("nan"),
+        # The report's whole text (estimated as tool responses are): guided facts are written, not generated.
+        "text_ratio": text_tokens / trajectory_tokens
+        if trajectory_tokens and text_tokens is not None
+        else float("nan"),
         "aggregations": len(aggregated),
         "aggregator_picked": sum(m["source"] == "aggregator" for m in aggregated),
     }

@@ -12,9 +12,13 @@ import pytest
 
 from langgraph_parallelmuse import create_parallelmuse
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.compress import parse_report
 from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.facts import step_facts
+from langgraph_parallelmuse.infograph import build_graph, effective_subgraph, entity_key
 from langgraph_parallelmuse.logprobs import tokens_in_span
 from langgraph_parallelmuse.models import LocalChatModel
+from langgraph_parallelmuse.protocol import neutralize
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 
 pytestmark = pytest.mark.slow
@@ -93,6 +97,15 @@ async def test_full_graph_on_the_embedded_default_n4(model, tools):
     assert branch["steps"][:cut] == parent["steps"][:cut]  # the shared prefix, not regenerated
     answered = [t for t in result["trajectories"] if t["answer"]]
     assert len(result["reports"]) == len(answered)
+    # The guided reports' facts are the trajectories' records; the model wrote only the reasoning lines.
+    by_id = {t["id"]: t for t in result["trajectories"]}
+    for report in result["reports"]:
+        traj = by_id[report["trajectory_id"]]
+        sections, answer = parse_report(report["text"])
+        assert sections["Solution methods"] == "; ".join(map(neutralize, step_facts(QUESTION, traj))), report["text"]
+        assert answer == report["answer"] == " ".join(traj["answer"].split())
+        effective = effective_subgraph(build_graph(QUESTION, traj))["entities"]
+        assert all(f" {k} " in f" {entity_key(report['text'])} " for k in effective), report["text"]
     # The aggregator read the reports and picked one of their answers.
     assert result["answer_source"] == "aggregator"
     assert result["answer"] in {r["answer"] for r in result["reports"]}

@@ -54,8 +54,13 @@ async def test_aggregator_sees_only_the_question_and_the_reports(fake_model, mak
             steps=["<think>STEP_ONE_THOUGHT</think><answer>Lyon</answer>"],
         ),
     ]
-    compressor = fake_model(["plan A", "method A", "reason A", "plan B", "method B", "reason B"])
-    reports = [await compress_trajectory(compressor, QUESTION, t, guided=True) for t in trajs]
+    compressor = fake_model(
+        [
+            f"Solution planning: plan {x}\nSolution methods: method {x}\nFinal reasoning: reason {x}\n<answer>{x}"
+            for x in ("A", "B")
+        ]
+    )
+    reports = [await compress_trajectory(compressor, QUESTION, t, guided=False) for t in trajs]
     # The compressor did read the trajectories...
     assert "TOOL_OUTPUT_ZERO" in compressor.calls[0]["messages"][1].content
 
@@ -136,9 +141,18 @@ async def test_guided_output_is_snapped_to_the_closest_candidate(fake_model):
     assert result.answer == "Eiffel Tower, Paris"
     assert result.source == "aggregator"
     assert result.raw == "Answer:the tower of Eiffel"
-    # The answer tag is prefilled and the model stops at its end or at a newline.
+    # "Answer:" is prefilled and the model stops at a closing tag or a blank line.
     assert model.calls[0]["messages"][-1] == AIMessage("Answer:")
-    assert model.calls[0]["stop"] == ["</answer>", "\n"]
+    assert model.calls[0]["stop"] == ["</answer>", "\n\n"]
+
+
+async def test_guided_pick_after_a_line_break_is_its_first_line_with_text(fake_model):
+    reports = [_report("a", "Lyon"), _report("b", "Lyon"), _report("c", "Eiffel Tower, Paris")]
+    result = await aggregate_reports(
+        fake_model([" \nthe tower of Eiffel\nReport 1 is best"]), QUESTION, reports, guided=True
+    )
+
+    assert (result.answer, result.source) == ("Eiffel Tower, Paris", "aggregator")
 
 
 async def test_guided_output_without_overlap_takes_the_majority(fake_model):

@@ -191,7 +191,7 @@ async def test_run_facts_report_the_agent_and_compression_figures(index, tmp_pat
     assert facts["questions"] == 2 and facts["scratch_trajectories"] == 8
     assert facts["well_formed"] == 1.0 and facts["mean_steps"] == 2.0
     assert facts["aggregations"] == 4 and facts["aggregator_picked"] == 4
-    assert facts["reports"] == 12 and 0 < facts["compression_ratio"]
+    assert facts["reports"] == 12 and 0 < facts["compression_ratio"] and 0 < facts["text_ratio"]
 
 
 async def test_write_outputs_writes_the_summary_files(index, tmp_path):

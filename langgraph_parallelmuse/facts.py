@@ -1,0 +1,121 @@
+"""The facts of a trajectory, read from its own records: what each tool call searched or opened and
+what it found.
+
+A small model asked to summarise a research log leaves sections empty or writes about its
+instructions; what was searched, shown and opened is already in the trajectory's steps and
+observations. One fact per tool call, in order::
+
+    s1 search "Leland film": Maximum Overdrive, Leland (film) -> Stephen King
+    s2 visit Maximum Overdrive -> the answer
+    s3 search "Stephen King born" (bridge Stephen King): nothing
+    s4 visit d9 failed
+
+``search "q": titles`` lists the hits that lead to the answer (the trajectory's effective subgraph,
+:mod:`~langgraph_parallelmuse.infograph`), all of them, then the best other hits up to
+``max_titles``; a query longer than ``max_query_words`` is cut, and the names of its cut part that
+lead to the answer follow it (``"where was the man …" (Stephen King)``); a search that repeats an earlier one
+(same query, same hits) says so (``s3 search as s1``); ``-> x`` names what the
+call's documents gave on the way: an entity written later (a sub-answer, a bridge) or ``the
+answer`` (named once, on the report's last line). Every entity of the effective subgraph appears
+in the facts or in the answer line, so a report built on them keeps everything the answer rests
+on. The facts are untrusted data (titles and queries come from pages and the model): callers
+neutralise or quote them as for any tool output.
+"""
+
+from __future__ import annotations
+
+from langgraph_parallelmuse.infograph import (
+    bridges_of,
+    build_graph,
+    effective_subgraph,
+    entity_key,
+    named_spans,
+    query_of,
+    read_segments,
+)
+from langgraph_parallelmuse.state import Trajectory
+
+__all__ = ["step_facts"]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, max_query_words: int = 8) -> list[str]:
+    """One fact per tool call of ``trajectory``, from its records (see the module docstring).
+
+    Args:
+        question: The question (entities it names are given, not found).
+        trajectory: A trajectory (its ``steps``, ``observations`` and ``answer``).
+        max_titles: Hits listed per search besides the ones that lead to the answer.
+        max_query_words: A longer query is cut to this many words (a small model writes whole
+            sentences as queries); the names in the cut part that lead to the answer follow it.
+
+    Example:
+        >>> traj = {"answer": "a spirit", "steps": [
+        ...     {"index": 0, "action": {"type": "tool_call", "name": "search", "arguments": {"query": "Lilu"}}},
+        ...     {"index": 1, "action": {"type": "tool_call", "name": "visit", "arguments": {"doc": "d9"}}},
+        ...     {"index": 2, "action": {"type": "answer", "answer": "a spirit"}}],
+        ...     "observations": [{"step": 0, "name": "search", "error": False, "doc_ids": ["d5", "d7"],
+        ...         "content": "[1] Gallu (id: d7)\\nA demon.\\n\\n[2] Lilu (id: d5)\\nA lilu is a spirit."},
+        ...         {"step": 1, "name": "visit", "error": True, "content": "No document 'd9'"}]}
+        >>> step_facts("If Gallu is a demon, Lilu is what?", traj, max_titles=0)
+        ['s1 search "Lilu": Lilu -> the answer', 's2 visit d9 failed']
+    """
+    graph = build_graph(question, trajectory)
+    effective = effective_subgraph(graph)
+    found: dict[int, list[str]] = {}  # step -> what its documents gave on the way to the answer
+    for rel in effective["relations"]:
+        if rel["kind"] in ("mentions", "supports"):
+            name = "the answer" if rel["target"] == effective["answer"] else graph["entities"][rel["target"]]["name"]
+            found.setdefault(rel["step"], []).append(name)
+    segments = read_segments(trajectory.get("observations", []))
+    obs_of = {o["step"]: o for o in trajectory.get("observations", [])}
+    facts = []
+    searched: dict[tuple[str, tuple[str, ...]], int] = {}  # (query, hits) -> the step that first got them
+    for step in trajectory.get("steps", []):
+        action, at = step["action"], step["index"]
+        if action.get("type") != "tool_call":
+            continue
+        tool, obs, query = action.get("name", "tool"), obs_of.get(at), query_of(step)
+        mine = [s for s in segments if s.step == at]
+        if query is not None:
+            what = _query(query, effective["entities"], max_query_words)
+        elif tool == "visit" and mine:  # the document it opened, by title (its argument may be an id)
+            what = _one_line(mine[0].title)
+        else:
+            what = _one_line(" ".join(map(str, (action.get("arguments") or {}).values())))
+        hits = tuple(s.title for s in mine)
+        if query is not None and not (obs or {}).get("error"):
+            # A small model often repeats a search word for word: the same hits are named once.
+            first = searched.setdefault((entity_key(query), hits), at)
+            what = what if first == at else f"as s{first + 1}"
+        bridges = ", ".join(map(_one_line, bridges_of(step, obs)))
+        head = f"s{at + 1} {tool} {what}".rstrip() + (f" (bridge {bridges})" if bridges else "")
+        if obs is None or obs.get("error"):
+            facts.append(f"{head} failed")
+            continue
+        if tool == "search" and not what.startswith("as s"):
+            head += ": " + (", ".join(_titles(list(hits), effective["entities"], max_titles)) or "nothing")
+        gave = ", ".join(_one_line(x) for x in dict.fromkeys(found.get(at, [])))
+        facts.append(head + (f" -> {gave}" if gave else ""))
+    return facts
+
+
+def _query(query: str, effective: dict, max_words: int) -> str:
+    """The query quoted, cut to ``max_words`` words, then the names the cut dropped that lead to the answer."""
+    words = query.split()
+    if len(words) <= max_words:
+        return f'"{" ".join(words)}"'
+    shown = " ".join(words[:max_words])
+    kept = f" {entity_key(shown)} "
+    dropped = [s for s in named_spans(query) if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
+    return f'"{shown} …"' + (f" ({', '.join(dropped)})" if dropped else "")
+
+
+def _titles(titles: list[str], effective: dict, extra: int) -> list[str]:
+    """Every title that leads to the answer, then up to ``extra`` others, in the tool's order."""
+    keep = {t for t in titles if entity_key(t) in effective}
+    others = [t for t in titles if t not in keep][:extra]
+    return [_one_line(t) for t in dict.fromkeys(titles) if t in keep or t in others]
