@@ -355,7 +355,7 @@ async def compress_trajectory(
     limits = {"max_report_tokens": max_report_tokens, "max_observation_chars": max_observation_chars}
     messages, segments, read, methods = _job(question, trajectory, traj_answer, guided=guided, **limits)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
-    sections, problem, cost = await _attempts(
+    sections, problem, cost = await report_attempts(
         model, messages, segments, sampling, read, seed=seed, tid=trajectory["id"]
     )
     timing = {"seconds": time.perf_counter() - started, **cost}
@@ -372,7 +372,8 @@ async def compress_trajectory(
     return _report(trajectory, text=text, answer=traj_answer, status="fallback", **timing)
 
 
-_Reader = Callable[[TurnResult], tuple[dict[str, str], str | None]]
+#: Reads a report turn: the sections it gives, and what is wrong with it (``None``: nothing).
+Reader = Callable[[TurnResult], tuple[dict[str, str], str | None]]
 
 
 def _job(
@@ -383,7 +384,7 @@ def _job(
     guided: bool,
     max_report_tokens: int,
     max_observation_chars: int,
-) -> tuple[list[BaseMessage], list[Lit | Gen], _Reader, str | None]:
+) -> tuple[list[BaseMessage], list[Lit | Gen], Reader, str | None]:
     """A report's prompt, its turn's segments, how to read the turn, and the guided facts line (free: ``None``)."""
     if not guided:
         messages = build_compress_messages(question, trajectory, max_observation_chars=max_observation_chars)
@@ -395,18 +396,21 @@ def _job(
     return build_guided_messages(question, facts, answer), segments, partial(_read_guided, methods=methods), methods
 
 
-async def _attempts(
+async def report_attempts(
     model: BaseChatModel,
     messages: list[BaseMessage],
     segments: list[Lit | Gen],
     sampling: Sampling,
-    read: _Reader,
+    read: Reader,
     *,
     seed: int | None,
     tid: str,
 ) -> tuple[dict[str, str], str | None, dict[str, int]]:
     """Up to two tries at a report: the first well-formed one's sections and ``None``, else the
-    fullest sections read and what was wrong; and the usage of every attempt, as reported."""
+    fullest sections read and what was wrong; and the usage of every attempt, as reported.
+
+    Both report forms (this module's and :mod:`~langgraph_parallelmuse.graph_report`) go through it.
+    """
     cost = {"tokens": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
     best: dict[str, str] = {}
     problem: str | None = "the model call failed"

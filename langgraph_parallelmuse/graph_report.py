@@ -24,22 +24,19 @@ text form. A report whose reasoning line fails twice keeps its facts and says so
 
 from __future__ import annotations
 
-import logging
 import time
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.compress import fallback_report, trajectory_token_count
+from langgraph_parallelmuse.compress import fallback_report, report_attempts, trajectory_token_count
 from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 from langgraph_parallelmuse.protocol import neutralize, quote_untrusted
-from langgraph_parallelmuse.redact import redact, secrets_of
-from langgraph_parallelmuse.segments import Gen, Lit, Sampling, derive_seed, generate_turn
+from langgraph_parallelmuse.segments import Gen, Lit, Sampling, TurnResult
 from langgraph_parallelmuse.state import Report, Trajectory
 
 __all__ = ["GRAPH_REASONING_TOKENS", "build_reasoning_messages", "graph_facts", "write_graph_report"]
 
-logger = logging.getLogger(__name__)
 
 GRAPH_REASONING_TOKENS = 32
 _SYSTEM = "You explain in one sentence how research findings lead to an answer."
@@ -163,27 +160,16 @@ async def write_graph_report(
         else [Gen(stop=("\n\n", "Final answer", "<answer>"), max_tokens=GRAPH_REASONING_TOKENS, name="reasoning")]
     )
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
-    cost = {"tokens": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
-    line = ""
-    for attempt in range(2):
-        try:
-            turn = await generate_turn(
-                model,
-                messages,
-                segments,
-                sampling=sampling,
-                seed=derive_seed(seed, "graph_report", trajectory["id"], attempt),
-            )
-        except Exception as exc:  # noqa: BLE001 - a failed line is retried, then the facts stand alone
-            logger.warning("the graph report's model call failed: %s", redact(repr(exc), secrets_of(model)))
-            continue
-        cost["tokens"] += turn.generated_tokens
-        cost["prompt_tokens"] += turn.prompt_tokens
-        cost["cached_prompt_tokens"] += turn.cached_prompt_tokens
+
+    def read(turn: TurnResult) -> tuple[dict[str, str], str | None]:
         cut_off = not guided and turn.finish_reason == "length"
         line = "" if cut_off else _reasoning_line(turn.segments.get("reasoning", ""))
-        if line:
-            break
+        return ({"reasoning": line}, None) if line else ({}, "no reasoning line")
+
+    sections, _, cost = await report_attempts(
+        model, messages, segments, sampling, read, seed=seed, tid=trajectory["id"]
+    )
+    line = sections.get("reasoning", "")
     reasoning = f"Reasoning: {neutralize(line)}" if line else "Reasoning: (none written)"
     return Report(
         trajectory_id=trajectory["id"],
