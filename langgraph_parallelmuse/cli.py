@@ -40,6 +40,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2")
     g.add_argument("--model", default=None, help="model name on the server (with --base-url; default: its only model)")
     g.add_argument("--model-path", default=None, help="local transformers checkpoint dir (default: embedded GGUF)")
+    g.add_argument(
+        "--precision",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="in-process engine: bfloat16 matrix work is ~2x faster on CPUs with AMX/AVX-512-BF16; "
+        "float32 keeps the logprobs exact (default: float32)",
+    )
     g = p.add_argument_group("knowledge")
     g.add_argument(
         "--corpus",
@@ -102,7 +109,9 @@ def _model(args: argparse.Namespace):
     from langgraph_parallelmuse.models import LocalChatModel
 
     with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
-        return LocalChatModel(model_path=args.model_path) if args.model_path else LocalChatModel.embedded()
+        if args.model_path:
+            return LocalChatModel(model_path=args.model_path, precision=args.precision)
+        return LocalChatModel.embedded(precision=args.precision)
 
 
 def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):

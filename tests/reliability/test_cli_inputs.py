@@ -283,3 +283,22 @@ def test_a_server_that_cannot_serve_is_named_before_the_first_wave(routes, argv,
             assert not [r for r in server.requests if "research assistant" in json.dumps(r.body)]
     err = _err(capsys)
     assert code == 1 and message in err and url in err and "Traceback" not in err, err
+
+
+def test_the_engine_precision_reaches_the_local_model_and_a_bad_one_is_refused(monkeypatch, capsys):
+    import langgraph_parallelmuse.models as models
+
+    built = {}
+
+    def embedded(**kwargs):
+        built.update(kwargs)
+        raise SystemExit(0)  # stop before anything loads
+
+    monkeypatch.setattr(models.LocalChatModel, "embedded", staticmethod(embedded))
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        cli._model(parser.parse_args(["ask", "Q", "--precision", "bfloat16"]))
+    assert built == {"precision": "bfloat16"}
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["ask", "Q", "--precision", "float16"])
+    assert exc.value.code == 2 and "invalid choice: 'float16'" in capsys.readouterr().err
