@@ -183,7 +183,8 @@ def _guided_segments(methods: str, answer: str, *, line_tokens: int) -> list[Lit
         Lit(f"{planning}: {_STEMS[planning]}"),
         Gen(stop=("\n\n", *SECTIONS[1:], "Final answer"), max_tokens=line_tokens, name=planning),
         Lit(f"\n{SECTIONS[1]}: {methods}\n{reasoning}: {_STEMS[reasoning]}"),
-        Gen(stop=("\n\n", *SECTIONS, "Final answer"), max_tokens=line_tokens, name=reasoning),
+        # "Final" ends the line at "Final answer" and at a repeated "Final reasoning" (four stops at most).
+        Gen(stop=("\n\n", *SECTIONS[:2], "Final"), max_tokens=line_tokens, name=reasoning),
         Lit(f"\nFinal answer: {answer}"),
     ]
 

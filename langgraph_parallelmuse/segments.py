@@ -31,6 +31,10 @@ class Lit:
     text: str
 
 
+#: Stop strings one request may carry (the OpenAI API's limit, which vLLM enforces too).
+MAX_STOP_STRINGS = 4
+
+
 @dataclass(frozen=True)
 class Gen:
     """Text the model writes, until one of ``stop`` or ``max_tokens``.
@@ -43,6 +47,11 @@ class Gen:
     max_tokens: int = 256
     messages: Sequence[BaseMessage] | None = None
     name: str = ""
+
+    def __post_init__(self) -> None:
+        # OpenAI-compatible servers (vLLM, the OpenAI API) refuse a request with more: HTTP 400.
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"{len(self.stop)} stop strings {self.stop!r}: servers take at most {MAX_STOP_STRINGS}")
 
 
 @dataclass

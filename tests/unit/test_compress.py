@@ -216,3 +216,16 @@ def test_parse_report_tolerates_markdown_and_reports_missing_sections():
     assert sections == {"Solution planning": "a", "Solution methods": "b"}
     assert answer == "Rome"
     assert parse_report("nothing here") == ({}, None)
+
+
+def test_no_model_call_carries_more_stop_strings_than_servers_accept():
+    # vLLM answered HTTP 400 to the guided report's five stop strings: every report on it fell back.
+    import pytest
+
+    from langgraph_parallelmuse.compress import _guided_segments
+    from langgraph_parallelmuse.segments import MAX_STOP_STRINGS, Gen
+
+    for seg in _guided_segments("s1 search", "Paris", line_tokens=8):
+        assert len(getattr(seg, "stop", ())) <= MAX_STOP_STRINGS
+    with pytest.raises(ValueError, match="at most 4"):
+        Gen(stop=("a", "b", "c", "d", "e"))
