@@ -27,13 +27,16 @@ from pathlib import Path
 from common import arguments, dev_set
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.aggregate import majority_vote
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.eval import score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.tools import make_corpus_tools
 
 VARIANTS = ("scratch", "post_hoc", "online", "online_stop")
+METRICS = ("em", "f1", "contains")
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -104,6 +107,8 @@ async def main() -> None:
                 "stopped": sum(t["status"] == "stopped" for t in trajs),
                 "cancelled": sum(t["status"] == "cancelled" for t in trajs),
                 "fork_steps": [p["step"] for p in picks],
+                # stopped and cancelled trajectories carry no answer, so they do not vote
+                "vote": score_answer(majority_vote(trajs), item.answers),
             }
         with out.open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
@@ -128,6 +133,9 @@ def report(records: list[dict]) -> None:
             f"| {k} | {total[k]:.0f} | {total[k] / q:.1f} | {tokens[k] / q:.0f} | {tokens[k] / tokens['scratch']:.3f} "
             f"| {stopped:.1%} | {sum(r[k]['cancelled'] for r in records)} |"
         )
+    print("\nmajority vote of each variant (a 20-question indication; the paired 100 + 100 table is not run):")
+    for k in VARIANTS:
+        print(f"  {k}: " + "  ".join(f"{m} {statistics.mean(r[k]['vote'][m] for r in records):.3f}" for m in METRICS))
     print(f"\nonline vs 8 from-scratch: {total['scratch'] / total['online']:.2f}x faster (target >= 1.3)")
     print(f"online vs post-hoc ParallelMuse: {total['post_hoc'] / total['online']:.2f}x faster (target >= 1.2)")
     print(f"online + stops, tokens vs scratch: {tokens['online_stop'] / tokens['scratch']:.3f} (target <= 0.60)")

@@ -332,8 +332,8 @@ async def online_rollout(
     threshold, T branches from the checkpoint before that step start immediately and the parent
     goes on; k bounds the fork points per initial trajectory (its first k crossing steps, since
     later steps are not known yet). The threshold is the calibration's (from other questions), else
-    the 80th percentile of this run's finished steps so far. When everything has ended, fills top the
-    total up to N. With ``consensus``, once that share of at least 3 finished answers agree, no more
+    the 80th percentile of this run's finished steps so far. As soon as every initial trajectory has
+    ended (no fork can come any more), fills top the total up to N beside the running branches. With ``consensus``, once that share of at least 3 finished answers agree, no more
     trajectories start and running ones are cancelled (status ``cancelled``; their finished steps
     stay checkpointed, so a resumed run does not redo them).
 
@@ -365,8 +365,10 @@ async def online_rollout(
         if run.settled():
             run.on_event("consensus_reached", answers=len(run.done))
             await run.cancel_running()
-        elif not run.tasks and run.launched < config.rollout_n:
-            top_up = config.rollout_n - run.launched  # forks the parents did not take go to fills, as post hoc
+        elif run.launched < config.rollout_n and not any(j["origin"]["kind"] == "initial" for j in run.tasks.values()):
+            # Once every initial trajectory has ended no fork can come, so the forks they did not take
+            # go to fills now, beside the running branches, rather than as a wave of their own.
+            top_up = config.rollout_n - run.launched
             for i in range(top_up):
                 run.start(scratch_job("fill", fills + i, run_id=run_id, round=1))
             fills += top_up

@@ -104,6 +104,31 @@ async def test_k_bounds_the_fork_points_and_the_leftover_budget_goes_to_fills(tm
     assert kinds == ["branch"] * 4 + ["fill", "initial"] and len(trajs) == 6
 
 
+async def test_the_forks_a_parent_did_not_take_start_as_fills_as_soon_as_it_ends(tmp_path):
+    def plan(me, step, thought):
+        slow = 0.0 if me == 0 else 0.3  # t0 (the first to start) ends long before the others
+        if step == 0:
+            regions = {"tool_call": -2.5} if me == 0 else {}  # only t0's first step crosses the threshold
+            return Reply(call_text("search", thought, query=f"q{me}"), regions=regions, logprob=SURE, delay=slow)
+        return Reply(answer_text("Paris", thought), logprob=SURE, delay=slow)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=6, k=2, t=2, branching="online", calibration=_calibration(tmp_path), seed=1)
+    events: list[str] = []
+    trajs, picks = await online_rollout(
+        RolloutRunner(model, make_tools()[0]),
+        QUESTION,
+        config=config,
+        run_id="up",
+        on_event=lambda e, **d: events.append(f"{e}:{d.get('id') or (d.get('trajectory') or {}).get('id', '')}"),
+    )
+    assert [(p["parent"], p["step"]) for p in picks] == [("t0", 0)]  # one of its k=2 fork points taken
+    assert sorted(t["id"] for t in trajs) == ["f0", "f1", "f2", "t0", "t0.s0.b0", "t0.s0.b1"]
+    # The two untaken branch slots started as fills while the branches still ran, not after them.
+    first_branch_end = min(events.index(f"trajectory_finished:t0.s0.b{i}") for i in range(2))
+    assert events.index("trajectory_started:f2") < first_branch_end
+
+
 async def test_without_a_calibration_the_threshold_is_this_runs_own_estimate():
     config = make_config(n=4, k=1, t=2, branching="online")
     assert config.calibration is None  # valid: the 80th percentile of the run's finished steps stands in
