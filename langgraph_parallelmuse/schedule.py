@@ -333,8 +333,9 @@ async def online_rollout(
     goes on; k bounds the fork points per initial trajectory (its first k crossing steps, since
     later steps are not known yet). The threshold is the calibration's (from other questions), else
     the 80th percentile of this run's finished steps so far. As soon as every initial trajectory has
-    ended (no fork can come any more), fills top the total up to N beside the running branches. With ``consensus``, once that share of at least 3 finished answers agree, no more
-    trajectories start and running ones are cancelled (status ``cancelled``; their finished steps
+    ended (no fork can come any more), fills top the total up to N beside the running branches.
+    With ``consensus``, once that share of at least 3 finished answers agree, no more trajectories
+    start and running ones are cancelled (status ``cancelled``; their finished steps
     stay checkpointed, so a resumed run does not redo them).
 
     Args:
