@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         load_model,
     )
     from langgraph_parallelmuse.models.local import LocalChatModel
-    from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixHit
+    from langgraph_parallelmuse.models.prefix_cache import PrefixCache
     from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
     from langgraph_parallelmuse.models.routing import routing_scope
     from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
@@ -37,7 +37,6 @@ _EXPORTS = {
     "load_model": "loading",
     "LocalChatModel": "local",
     "PrefixCache": "prefix_cache",
-    "PrefixHit": "prefix_cache",
     "routing_scope": "routing",
     "ServerChatModel": "server",
     "ServerCheckError": "server",
@@ -51,7 +50,6 @@ __all__ = [
     "LoadedModel",
     "LocalChatModel",
     "PrefixCache",
-    "PrefixHit",
     "ServerChatModel",
     "ServerCheckError",
     "check_server",

@@ -3,10 +3,10 @@
 Every edge of the tree holds a run of token ids together with the KV slice that the model computed
 for exactly those positions, so sequences sharing a prefix share its memory. ``match`` walks the
 query down the tree and returns views of the slices on the way (no copy: the engine's attention
-reads them in place, and stored entries are never written); ``lookup`` concatenates them into fresh
-tensors a caller may extend. Memory is bounded in bytes; least recently used leaves are evicted first. The tree keeps
-its set of leaves up to date as it grows and shrinks (as SGLang's ``RadixCache`` does), so an
-eviction orders only the leaves instead of walking every node.
+reads them in place, and stored entries are never written); ``PrefixMatch.concatenated`` copies them
+into fresh tensors a caller may extend. Memory is bounded in bytes; least recently used leaves are
+evicted first. The tree keeps its set of leaves up to date as it grows and shrinks (as SGLang's
+``RadixCache`` does), so an eviction orders only the leaves instead of walking every node.
 
 The tree is framework-agnostic: a "state" is any sequence of tensors whose sequence axis is
 ``-2`` (the transformers ``[batch=1, heads, seq, head_dim]`` layout), e.g.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["PrefixCache", "PrefixHit", "PrefixMatch"]
+__all__ = ["PrefixCache", "PrefixMatch"]
 
 
 @dataclass(eq=False)
@@ -55,21 +55,6 @@ class PrefixMatch:
         return tuple(torch.cat(slot, dim=-2) for slot in slots)
 
 
-@dataclass(frozen=True)
-class PrefixHit:
-    """The longest cached prefix of a query.
-
-    Attributes:
-        length: How many leading tokens of the query are covered (0 = miss).
-        state: One tensor per stored slot (e.g. ``[k0, v0, k1, v1, ...]``), each holding ``length``
-            positions on axis ``-2``. They are new tensors owned by the caller; an empty tuple on a
-            miss.
-    """
-
-    length: int
-    state: tuple[torch.Tensor, ...]
-
-
 def _state_bytes(state: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state)
 
@@ -99,8 +84,8 @@ class PrefixCache:
         >>> cache = PrefixCache(max_bytes=1 << 20)
         >>> kv = (torch.zeros(1, 1, 4, 2), torch.ones(1, 1, 4, 2))
         >>> cache.insert([1, 2, 3, 4], kv)
-        >>> hit = cache.lookup([1, 2, 9])
-        >>> hit.length, tuple(hit.state[0].shape)
+        >>> hit = cache.match([1, 2, 9])
+        >>> hit.length, tuple(hit.concatenated()[0].shape)
         (2, (1, 1, 2, 2))
     """
 
@@ -165,21 +150,6 @@ class PrefixCache:
                 node = child
             self._touch_ancestors(node, stamp)
             return PrefixMatch(pos, tuple(pieces))
-
-    def lookup(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit:
-        """Return the longest cached prefix of ``tokens`` (at most ``max_length`` tokens) as copies.
-
-        Args:
-            tokens: The query token ids.
-            max_length: Cap on the returned length (see :meth:`match`).
-
-        Returns:
-            A :class:`PrefixHit` whose tensors are copies the caller may keep and extend.
-        """
-        found = self.match(tokens, max_length)
-        if found.length == 0:
-            return PrefixHit(0, ())
-        return PrefixHit(found.length, found.concatenated())
 
     def insert(
         self, tokens: Sequence[int], state: Sequence[torch.Tensor], *, start: int = 0, adopt: bool = False

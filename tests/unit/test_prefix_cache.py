@@ -25,28 +25,28 @@ def assert_state_is(state: tuple[torch.Tensor, ...], tokens: list[int]) -> None:
 
 def test_miss_on_empty_cache() -> None:
     cache = PrefixCache(1 << 20)
-    hit = cache.lookup([1, 2, 3])
-    assert hit.length == 0 and hit.state == ()
+    hit = cache.match([1, 2, 3])
+    assert hit.length == 0 and hit.concatenated() == ()
 
 
 def test_longest_prefix_and_partial_edge() -> None:
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
-    hit = cache.lookup([1, 2, 3, 4, 5])
+    hit = cache.match([1, 2, 3, 4, 5])
     assert hit.length == 4
-    assert_state_is(hit.state, [1, 2, 3, 4])
-    hit = cache.lookup([1, 2, 9])
+    assert_state_is(hit.concatenated(), [1, 2, 3, 4])
+    hit = cache.match([1, 2, 9])
     assert hit.length == 2
-    assert_state_is(hit.state, [1, 2])
-    assert cache.lookup([7, 1, 2]).length == 0
+    assert_state_is(hit.concatenated(), [1, 2])
+    assert cache.match([7, 1, 2]).length == 0
 
 
 def test_max_length_caps_the_hit() -> None:
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2, 3], kv([1, 2, 3]))
-    hit = cache.lookup([1, 2, 3], max_length=2)
+    hit = cache.match([1, 2, 3], max_length=2)
     assert hit.length == 2
-    assert_state_is(hit.state, [1, 2])
+    assert_state_is(hit.concatenated(), [1, 2])
 
 
 def test_branching_shares_the_prefix() -> None:
@@ -56,9 +56,9 @@ def test_branching_shares_the_prefix() -> None:
     # The shared [1, 2] is stored once: 4 + 3 positions, not 4 + 5.
     assert cache.num_tokens == 7
     assert cache.nbytes == 7 * BYTES_PER_TOKEN
-    assert_state_is(cache.lookup([1, 2, 3, 4, 0]).state, [1, 2, 3, 4])
-    assert_state_is(cache.lookup([1, 2, 5, 6, 7]).state, [1, 2, 5, 6, 7])
-    assert_state_is(cache.lookup([1, 2, 5, 8]).state, [1, 2, 5])
+    assert_state_is(cache.match([1, 2, 3, 4, 0]).concatenated(), [1, 2, 3, 4])
+    assert_state_is(cache.match([1, 2, 5, 6, 7]).concatenated(), [1, 2, 5, 6, 7])
+    assert_state_is(cache.match([1, 2, 5, 8]).concatenated(), [1, 2, 5])
 
 
 def test_reinserting_a_cached_sequence_stores_nothing() -> None:
@@ -73,16 +73,16 @@ def test_reinserting_a_cached_sequence_stores_nothing() -> None:
 def test_returned_state_is_a_copy_the_caller_may_mutate() -> None:
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2, 3], kv([1, 2, 3]))
-    hit = cache.lookup([1, 2, 3])
-    for tensor in hit.state:
+    hit = cache.match([1, 2, 3])
+    for tensor in hit.concatenated():
         tensor.fill_(99.0)
-    extended = torch.cat([hit.state[0], torch.zeros(1, 1, 2, 4)], dim=-2)
+    extended = torch.cat([hit.concatenated()[0], torch.zeros(1, 1, 2, 4)], dim=-2)
     extended.fill_(5.0)
-    assert_state_is(cache.lookup([1, 2, 3]).state, [1, 2, 3])
+    assert_state_is(cache.match([1, 2, 3]).concatenated(), [1, 2, 3])
     # Partial-edge hits are copies too.
-    part = cache.lookup([1, 2, 7])
-    part.state[0].fill_(-1.0)
-    assert_state_is(cache.lookup([1, 2, 3]).state, [1, 2, 3])
+    part = cache.match([1, 2, 7])
+    part.concatenated()[0].fill_(-1.0)
+    assert_state_is(cache.match([1, 2, 3]).concatenated(), [1, 2, 3])
 
 
 def test_inserted_state_is_copied() -> None:
@@ -90,7 +90,7 @@ def test_inserted_state_is_copied() -> None:
     state = kv([1, 2, 3])
     cache.insert([1, 2, 3], state)
     state[0].fill_(42.0)
-    assert_state_is(cache.lookup([1, 2, 3]).state, [1, 2, 3])
+    assert_state_is(cache.match([1, 2, 3]).concatenated(), [1, 2, 3])
 
 
 def test_lru_eviction_under_the_byte_bound() -> None:
@@ -98,47 +98,47 @@ def test_lru_eviction_under_the_byte_bound() -> None:
     cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
     cache.insert([5, 6, 7, 8], kv([5, 6, 7, 8]))
     assert cache.nbytes == 8 * BYTES_PER_TOKEN
-    cache.lookup([1, 2, 3, 4])  # [1..4] is now more recent than [5..8]
+    cache.match([1, 2, 3, 4])  # [1..4] is now more recent than [5..8]
     cache.insert([9, 10], kv([9, 10]))
     assert cache.nbytes <= cache.max_bytes
-    assert cache.lookup([5, 6, 7, 8]).length == 0
-    assert cache.lookup([1, 2, 3, 4]).length == 4
-    assert cache.lookup([9, 10]).length == 2
+    assert cache.match([5, 6, 7, 8]).length == 0
+    assert cache.match([1, 2, 3, 4]).length == 4
+    assert cache.match([9, 10]).length == 2
 
 
 def test_eviction_drops_leaves_before_their_shared_prefix() -> None:
     cache = PrefixCache(max_bytes=6 * BYTES_PER_TOKEN)
     cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
     cache.insert([1, 2, 5, 6], kv([1, 2, 5, 6]))  # splits [1,2] off; total 6 positions
-    cache.lookup([1, 2, 5, 6])
+    cache.match([1, 2, 5, 6])
     cache.insert([1, 2, 5, 6, 7], kv([1, 2, 5, 6, 7]))  # needs one more: evicts leaf [3, 4]
     assert cache.nbytes <= cache.max_bytes
-    assert cache.lookup([1, 2, 3, 4]).length == 2
-    assert cache.lookup([1, 2, 5, 6, 7]).length == 5
+    assert cache.match([1, 2, 3, 4]).length == 2
+    assert cache.match([1, 2, 5, 6, 7]).length == 5
 
 
 def test_sequence_larger_than_the_bound_is_stored_partially() -> None:
     cache = PrefixCache(max_bytes=3 * BYTES_PER_TOKEN)
     cache.insert([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]))
     assert cache.nbytes <= cache.max_bytes
-    hit = cache.lookup([1, 2, 3, 4, 5])
+    hit = cache.match([1, 2, 3, 4, 5])
     assert hit.length == 3
-    assert_state_is(hit.state, [1, 2, 3])
+    assert_state_is(hit.concatenated(), [1, 2, 3])
 
 
 def test_zero_bound_stores_nothing_and_clear_empties() -> None:
-    assert PrefixCache(0).lookup([1]).length == 0
+    assert PrefixCache(0).match([1]).length == 0
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2], kv([1, 2]))
     cache.clear()
-    assert cache.nbytes == 0 and cache.lookup([1, 2]).length == 0
+    assert cache.nbytes == 0 and cache.match([1, 2]).length == 0
 
 
 def test_many_layers_and_mismatched_state_rejected() -> None:
     cache = PrefixCache(1 << 20)
     layers = (*kv([1, 2, 3]), *kv([1, 2, 3]))
     cache.insert([1, 2, 3], layers)
-    assert len(cache.lookup([1, 2]).state) == 4
+    assert len(cache.match([1, 2]).concatenated()) == 4
     with pytest.raises(ValueError, match="positions"):
         cache.insert([4, 5], kv([4, 5, 6]))
 
@@ -149,8 +149,8 @@ def test_a_shared_prefix_is_evicted_once_its_branches_are_gone() -> None:
     cache.insert([1, 2, 4], kv([1, 2, 4]))  # [1, 2] -> {[3], [4]}: four positions
     cache.insert([7, 8, 9], kv([7, 8, 9]))  # needs three: both branches, then their prefix
     assert cache.nbytes == 3 * BYTES_PER_TOKEN
-    assert cache.lookup([1, 2]).length == 0
-    assert_state_is(cache.lookup([7, 8, 9]).state, [7, 8, 9])
+    assert cache.match([1, 2]).length == 0
+    assert_state_is(cache.match([7, 8, 9]).concatenated(), [7, 8, 9])
 
 
 def test_the_newest_insert_survives_and_tree_stays_consistent() -> None:
@@ -164,9 +164,9 @@ def test_the_newest_insert_survives_and_tree_stays_consistent() -> None:
         cache.insert(tokens, kv(tokens))
         assert cache.nbytes <= cache.max_bytes
         assert cache.nbytes == cache.num_tokens * BYTES_PER_TOKEN
-        hit = cache.lookup(tokens)
+        hit = cache.match(tokens)
         assert hit.length == len(tokens)
-        assert_state_is(hit.state, tokens)
+        assert_state_is(hit.concatenated(), tokens)
 
 
 def test_match_returns_views_of_one_stored_entry() -> None:
@@ -183,10 +183,10 @@ def test_insert_of_a_continuation_takes_state_of_the_new_positions_only() -> Non
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2, 3], kv([1, 2, 3]))
     cache.insert([1, 2, 3, 4, 5], kv([4, 5]), start=3)
-    assert_state_is(cache.lookup([1, 2, 3, 4, 5]).state, [1, 2, 3, 4, 5])
+    assert_state_is(cache.match([1, 2, 3, 4, 5]).concatenated(), [1, 2, 3, 4, 5])
     # Positions before `start` that are not cached leave a gap: nothing is stored.
     cache.insert([8, 9, 10], kv([10]), start=2)
-    assert cache.lookup([8, 9, 10]).length == 0
+    assert cache.match([8, 9, 10]).length == 0
     with pytest.raises(ValueError, match="positions"):
         cache.insert([1, 2, 3, 4], kv([4, 5]), start=3)
 
