@@ -154,6 +154,7 @@ async def test_beyond_paper_options_on_the_real_model(model, tools, tmp_path):
 
 @pytest.mark.timeout(900)
 async def test_graph_shaped_reports_and_crossover_on_the_real_model(model, tools):
+    from langgraph_parallelmuse.crossover import pick_pairs
     from langgraph_parallelmuse.driver import call_key
     from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 
@@ -168,7 +169,12 @@ async def test_graph_shaped_reports_and_crossover_on_the_real_model(model, tools
         assert report["answer"] == " ".join(traj["answer"].split())
         assert report["text"].splitlines()[-2].startswith("Reasoning:")
     crossed = [t for t in by_id.values() if t["origin"]["kind"] == "crossover"]
-    assert len(crossed) + result["stats"]["crossover"]["fills"] == 1
+    # n=3 with one slot reserved: the rollout ran t0 and f0; the slot went to a crossover exactly
+    # when those two offered a pair, else to a from-scratch fill.
+    pairs = pick_pairs(QUESTION, [by_id["t0"], by_id["f0"]], count=1)
+    assert [x["origin"]["parents"] for x in crossed] == [p["parents"] for p in pairs]
+    assert sorted(by_id) == sorted(["t0", "f0", "x0" if pairs else "f1"])
+    assert result["stats"]["crossover"]["fills"] == 1 - len(pairs)
     for x in crossed:
         parents = [by_id[p] for p in x["origin"]["parents"]]
         assert len(parents) == 2 and x["stats"]["tool_calls"] == 0
