@@ -255,6 +255,7 @@ class _Online:
                 traj = await self.runner.run_job(job, question=self.question, config=self.config, on_step=on_step)
         if traj["origin"].get("kind") == "initial":
             await self.examine(traj)  # a finished or reused parent: every step is considered
+            self.complete(traj)
         return traj
 
     async def examine(self, parent: Trajectory) -> None:
@@ -269,12 +270,31 @@ class _Online:
             if hit is None or room <= 0:
                 continue
             region, score = hit
-            pick = Pick(parent=parent["id"], step=step, region=region, score=score, round=1)
-            self.picks.append(pick)
-            self.forks[parent["id"]] = self.forks.get(parent["id"], 0) + 1
-            self.on_event("branch_picked", **pick)
-            for sibling in range(min(self.config.t, room)):
-                self.start(branch_job(parent, pick, sibling, run_id=self.run_id))
+            self.fork(parent, Pick(parent=parent["id"], step=step, region=region, score=score, round=1))
+
+    def complete(self, parent: Trajectory) -> None:
+        """An initial trajectory has ended with fewer than k fork points taken: its most uncertain
+        remaining steps (the paper's top-k) take the rest, so the budget still goes to branches that
+        share a prefix rather than to from-scratch fills."""
+        left = self.config.k - self.forks.get(parent["id"], 0)
+        if self.stopped or left <= 0:
+            return
+        taken = {p["step"] for p in self.picks if p["parent"] == parent["id"]}
+        eligible = [i for i in range(len(parent["uncertainty"])) if i not in taken]
+        for step, region, score in select_branch_steps(
+            parent["uncertainty"], mode=self.config.mode, k=left, eligible=eligible
+        ):
+            if self.config.rollout_n - self.launched <= 0:
+                return
+            self.fork(parent, Pick(parent=parent["id"], step=step, region=region, score=score, round=1))
+
+    def fork(self, parent: Trajectory, pick: Pick) -> None:
+        """Start T branches (within the budget) from ``pick``'s checkpoint of ``parent``."""
+        self.picks.append(pick)
+        self.forks[parent["id"]] = self.forks.get(parent["id"], 0) + 1
+        self.on_event("branch_picked", **pick)
+        for sibling in range(min(self.config.t, self.config.rollout_n - self.launched)):
+            self.start(branch_job(parent, pick, sibling, run_id=self.run_id))
 
     def _crossing(self, scores: dict[str, float | None]) -> tuple[str, float] | None:
         """The mode's region a step crosses the threshold in, and its score; ``None`` if it does not."""
@@ -330,8 +350,9 @@ async def online_rollout(
     The M initial trajectories and the planned fills start at once, as in the post-hoc schedule.
     Whenever an initial trajectory finishes a step whose region perplexity (by ``mode``) crosses the
     threshold, T branches from the checkpoint before that step start immediately and the parent
-    goes on; k bounds the fork points per initial trajectory (its first k crossing steps, since
-    later steps are not known yet). The threshold is the calibration's (from other questions), else
+    goes on. k keeps its meaning, fork points per initial trajectory: its first k crossing steps
+    fork at once, and if it ends with fewer, its most uncertain remaining steps (the post-hoc
+    top-k) take the rest when it ends. The threshold is the calibration's (from other questions), else
     the 80th percentile of this run's finished steps so far. As soon as every initial trajectory has
     ended (no fork can come any more), fills top the total up to N beside the running branches.
     With ``consensus``, once that share of at least 3 finished answers agree, no more trajectories

@@ -129,6 +129,23 @@ async def test_the_forks_a_parent_did_not_take_start_as_fills_as_soon_as_it_ends
     assert events.index("trajectory_started:f2") < first_branch_end
 
 
+async def test_fork_points_the_threshold_did_not_take_go_to_the_parents_top_steps_when_it_ends(tmp_path):
+    def plan(me, step, thought):
+        if step < 2:  # only the first search crosses the threshold; the second is uncertain, below it
+            regions = {"tool_call": -2.5 if step == 0 else -0.9}
+            return Reply(call_text("search", thought, query=f"q{me}-{step}"), regions=regions, logprob=SURE)
+        return Reply(answer_text("Paris", thought), logprob=SURE)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=6, k=2, t=2, branching="online", calibration=_calibration(tmp_path), seed=1)
+    trajs, picks = await online_rollout(RolloutRunner(model, make_tools()[0]), QUESTION, config=config, run_id="tk")
+    # Step 0 forked at once (it crossed); step 1 is t0's most uncertain remaining step, forked at its end.
+    assert [(p["parent"], p["step"]) for p in picks] == [("t0", 0), ("t0", 1)]
+    assert sorted(t["id"] for t in trajs) == ["f0", "t0", "t0.s0.b0", "t0.s0.b1", "t0.s1.b0", "t0.s1.b1"]
+    by_id = {t["id"]: t for t in trajs}
+    assert by_id["t0.s1.b0"]["steps"][0]["text"] == by_id["t0"]["steps"][0]["text"]  # the shared prefix
+
+
 async def test_without_a_calibration_the_threshold_is_this_runs_own_estimate():
     config = make_config(n=4, k=1, t=2, branching="online")
     assert config.calibration is None  # valid: the 80th percentile of the run's finished steps stands in
