@@ -42,12 +42,13 @@ METRICS = ("em", "f1", "contains")
 def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--calibrate-on", default="20:50", help="START:END slice of the dev set fitting the thresholds")
     ap.add_argument("--calibration", default=None, help="calibration file (made from --calibrate-on if missing)")
+    ap.add_argument("--quantile", type=float, default=0.8, help="share of calibration steps below the threshold")
     ap.add_argument("--consensus", type=float, default=0.75, help="consensus share of online_stop")
     ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
 
 
-async def calibrate(model, index, items, path: Path, seed: int) -> Calibration:
-    """One from-scratch trajectory per calibration question; thresholds at the 80th percentile of step
+async def calibrate(model, index, items, path: Path, seed: int, quantile: float) -> Calibration:
+    """One from-scratch trajectory per calibration question; thresholds at ``quantile`` of step
     perplexity, the confidence floor at the 10th percentile of the trajectories' lowest confidence."""
     if path.exists():
         return Calibration.load(path)
@@ -58,7 +59,9 @@ async def calibrate(model, index, items, path: Path, seed: int) -> Calibration:
         trajs.append(await runner.run(item.question, trajectory_id="t0", thread_id=f"cal/{item.id}", config=cfg))
         print(f"  calibration {n}/{len(items)}", flush=True)
     cal = Calibration.fit(
-        [t["uncertainty"] for t in trajs], confidences=[t["stats"]["lowest_confidence"] for t in trajs]
+        [t["uncertainty"] for t in trajs],
+        quantile=quantile,
+        confidences=[t["stats"]["lowest_confidence"] for t in trajs],
     )
     cal.save(path)
     return cal
@@ -83,12 +86,13 @@ async def main() -> None:
     if {i.id for i in items} & {i.id for i in held_out}:
         raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
     model = LocalChatModel.embedded()
-    cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}.json")
+    suffix = "" if args.quantile == 0.8 else f"-q{args.quantile:g}"
+    cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}{suffix}.json")
     cal_path.parent.mkdir(parents=True, exist_ok=True)
-    cal = await calibrate(model, index, held_out, cal_path, args.seed)
+    cal = await calibrate(model, index, held_out, cal_path, args.seed, args.quantile)
     print(f"calibration {cal_path}: thresholds {cal.thresholds}, confidence floor {cal.confidence_floor}")
     runs = configs(str(cal_path), args.seed, args.consensus)
-    out = Path(args.out or f"bench-results/online/{args.dataset}-{args.limit}.jsonl")
+    out = Path(args.out or f"bench-results/online/{args.dataset}-{args.limit}{suffix}.jsonl")
     done = {json.loads(line)["id"]: json.loads(line) for line in out.read_text().splitlines()} if out.exists() else {}
     for n, item in enumerate(items, 1):
         if item.id in done:
