@@ -137,7 +137,7 @@ def report(records: list[dict]) -> None:
             f"| {k} | {total[k]:.0f} | {total[k] / q:.1f} | {tokens[k] / q:.0f} | {tokens[k] / tokens['scratch']:.3f} "
             f"| {stopped:.1%} | {sum(r[k]['cancelled'] for r in records)} |"
         )
-    print("\nmajority vote of each variant (a 20-question indication; the paired 100 + 100 table is not run):")
+    print(f"\nmajority vote of each variant ({len(records)} questions: an indication, not the paired 100 + 100 table):")
     for k in VARIANTS:
         print(f"  {k}: " + "  ".join(f"{m} {statistics.mean(r[k]['vote'][m] for r in records):.3f}" for m in METRICS))
     print(f"\nonline vs 8 from-scratch: {total['scratch'] / total['online']:.2f}x faster (target >= 1.3)")
