@@ -111,6 +111,8 @@ async def main() -> None:
                 "stopped": sum(t["status"] == "stopped" for t in trajs),
                 "cancelled": sum(t["status"] == "cancelled" for t in trajs),
                 "fork_steps": [p["step"] for p in picks],
+                # online: a fork scored above the calibrated threshold was taken at once, the rest at the parent's end
+                "fork_scores": [p["score"] for p in picks],
                 # stopped and cancelled trajectories carry no answer, so they do not vote
                 "vote": score_answer(majority_vote(trajs), item.answers),
             }
