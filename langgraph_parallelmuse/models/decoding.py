@@ -121,6 +121,9 @@ class Decoder:
         """Choose every row's next token from its raw logits ``[rows, vocab]`` and update its state."""
         logits = logits.float()
         tokens = choose(logits, [s.req for s in seqs], [s.generator for s in seqs])
+        for i, seq in enumerate(seqs):
+            if seq.req.forced_ids:
+                tokens[i] = seq.req.forced_ids[len(seq.gen)]
         wanted = [s.req.logprobs for s in seqs]
         chosen: list[float] = []
         top_values: list[list[float]] = []
@@ -141,7 +144,7 @@ class Decoder:
 
     def _advance(self, seq: RequestState, token: int, logprob: float, alternatives: list[tuple[float, int]]) -> None:
         req = seq.req
-        if token in self.eos and not req.ignore_eos:
+        if token in self.eos and not (req.ignore_eos or req.forced_ids):
             seq.finish = "stop"
             return
         seq.gen.append(token)
@@ -156,7 +159,7 @@ class Decoder:
             seq.starts.append(len(seq.text))
         before = len(seq.text)
         seq.text += piece
-        if req.stop and piece:
+        if req.stop and piece and not req.forced_ids:
             at = _find_stop(seq.text, req.stop, before)
             if at is not None:
                 cut(seq, at)

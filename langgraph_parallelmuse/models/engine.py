@@ -123,10 +123,10 @@ class InferenceEngine:
             raise RuntimeError("engine is closed")
         if not request.prompt_ids:
             raise InputError("the prompt is empty: send at least one message")
-        if len(request.prompt_ids) >= self.max_context_tokens:
+        if len(request.prompt_ids) + len(request.forced_ids) >= self.max_context_tokens:
             raise InputError(
-                f"the prompt has {len(request.prompt_ids)} tokens but the model's context is "
-                f"{self.max_context_tokens}: shorten the messages"
+                f"the prompt has {len(request.prompt_ids)} tokens (+ {len(request.forced_ids)} to score) but the "
+                f"model's context is {self.max_context_tokens}: shorten the messages"
             )
         if (problem := top_logprobs_problem(request.top_logprobs)) is not None:
             raise InputError(problem)

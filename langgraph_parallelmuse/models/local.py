@@ -24,7 +24,9 @@ from langgraph_parallelmuse.logprobs import top_logprobs_problem
 
 __all__ = ["LocalChatModel"]
 
-_CALL_KWARGS = frozenset({"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos"})
+_CALL_KWARGS = frozenset(
+    {"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos", "continuation"}
+)
 _ROLES: dict[type, str] = {
     SystemMessage: "system",
     HumanMessage: "user",
@@ -63,6 +65,9 @@ class LocalChatModel(BaseChatModel):
     Per-call keyword arguments (the same names ``ChatOpenAI`` accepts): ``max_tokens``,
     ``temperature``, ``top_p``, ``seed``, ``logprobs`` (default ``True``), ``top_logprobs``, plus
     ``stop=[...]``; ``ignore_eos=True`` keeps generating past end-of-sequence (benchmarks).
+    ``continuation="text"`` scores instead of sampling: the reply is that text, its logprobs are the
+    model's for it, and ``response_metadata["end_logprob"]`` is the logprob of ending the turn
+    right after it (``supports_scoring``; how the guided driver chooses an answer).
 
     The reply carries ``response_metadata["logprobs"] = {"content": [{"token", "logprob",
     "bytes", "top_logprobs"}, ...]}`` (raw log-probabilities, before temperature and top-p; the
@@ -107,6 +112,8 @@ class LocalChatModel(BaseChatModel):
 
     #: Continues a trailing AIMessage, so the guided step driver can prefill protocol tags.
     supports_prefill: ClassVar[bool] = True
+    #: Scores a given continuation (``continuation=``), so answers can be chosen by likelihood.
+    supports_scoring: ClassVar[bool] = True
 
     @field_validator("top_logprobs")
     @classmethod
@@ -243,6 +250,10 @@ class LocalChatModel(BaseChatModel):
             raise InputError(
                 f"the prompt has {len(prompt)} tokens but max_context_tokens is {context}: shorten the messages"
             )
+        if (continuation := kwargs.get("continuation")) is not None:
+            # The turn's end token is scored too: an option that stops mid-phrase must score low.
+            forced = [*self.get_token_ids(continuation), self.engine.tokenizer.eos_token_id]
+            return GenerationRequest(prompt_ids=prompt, temperature=0.0, forced_ids=forced, top_logprobs=top_logprobs)
         return GenerationRequest(
             prompt_ids=prompt,
             max_new_tokens=min(max_tokens, context - len(prompt)),
@@ -255,11 +266,17 @@ class LocalChatModel(BaseChatModel):
             ignore_eos=kwargs.get("ignore_eos", False),
         )
 
-    def _result(self, result: Any) -> ChatResult:
+    def _result(self, result: Any, scored: bool) -> ChatResult:
         metadata: dict[str, Any] = {
             "finish_reason": result.finish_reason,
             "model_name": self.engine.name,
         }
+        if scored:  # the last forced token is the end of the turn, not part of the text
+            end = result.logprobs.pop()
+            result.text = "".join(e["token"] for e in result.logprobs)
+            result.token_ids.pop()
+            metadata["end_logprob"] = end["logprob"]
+            metadata["finish_reason"] = "stop"
         if result.logprobs is not None:
             metadata["logprobs"] = {"content": result.logprobs}
         usage = {
@@ -279,7 +296,7 @@ class LocalChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         request = self._request(messages, stop, kwargs)
-        return self._result(self.engine.submit(request).result())
+        return self._result(self.engine.submit(request).result(), bool(request.forced_ids))
 
     async def _agenerate(
         self,
@@ -292,4 +309,4 @@ class LocalChatModel(BaseChatModel):
             # The first call loads the weights (~15 s): keep the event loop responsive meanwhile.
             await asyncio.to_thread(lambda: self.engine)
         request = self._request(messages, stop, kwargs)
-        return self._result(await asyncio.wrap_future(self.engine.submit(request)))
+        return self._result(await asyncio.wrap_future(self.engine.submit(request)), bool(request.forced_ids))

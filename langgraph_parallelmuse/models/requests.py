@@ -26,6 +26,10 @@ class GenerationRequest:
         logprobs: Return per-token raw logprobs.
         top_logprobs: How many alternatives per token (0-20), best first.
         ignore_eos: Keep generating past end-of-sequence tokens (benchmarks).
+        forced_ids: Score exactly these tokens instead of sampling (teacher forcing): the result's
+            logprobs are the model's for this continuation, so choosing among candidate answers by
+            likelihood costs one batched decode per candidate after one shared prefill. Sampling
+            settings, stop strings, EOS and ``max_new_tokens`` do not apply.
 
     Example:
         >>> GenerationRequest([1, 2, 3], max_new_tokens=8, temperature=0.0).temperature
@@ -41,6 +45,7 @@ class GenerationRequest:
     logprobs: bool = True
     top_logprobs: int = 0
     ignore_eos: bool = False
+    forced_ids: Sequence[int] = ()
 
 
 @dataclass

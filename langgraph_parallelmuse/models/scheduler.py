@@ -246,7 +246,7 @@ class Scheduler:
             future=fut,
             prompt=prompt,
             generator=generator,
-            max_new=max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
+            max_new=len(req.forced_ids) or max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
             context=prompt[-4:],
         )
 

@@ -98,6 +98,20 @@ def test_batched_greedy_equals_unbatched_and_logprobs_equal_teacher_forcing(engi
         assert_matches_teacher(model, list(request.prompt_ids), result)
 
 
+def test_forced_continuations_score_exactly_those_tokens_with_the_models_logprobs(engine, model, tokenizer) -> None:
+    """Candidate answers scored in one batch after one shared prompt: each row's logprobs are the
+    model's own for exactly its tokens (an EOS among them too), whatever the sampling settings say."""
+    prompt = ids(tokenizer, " ".join(PROMPTS * 3))
+    options = [ids(tokenizer, text) + [tokenizer.eos_token_id] for text in (" the bees", " a garden of", " once")]
+    requests = [GenerationRequest(prompt, temperature=0.9, top_logprobs=4, forced_ids=o, stop=("e",)) for o in options]
+    engine.reset_stats()
+    results = [f.result() for f in [engine.submit(r) for r in requests]]
+    assert engine.stats()["prefill_tokens_computed"] < 2 * len(prompt)  # the shared prompt is computed once
+    for option, result in zip(options, results, strict=True):
+        assert result.token_ids == option and result.finish_reason == "length"
+        assert_matches_teacher(model, prompt, result)
+
+
 def test_sampled_rows_keep_their_own_seed_and_settings_in_a_batch(engine, plain, model, tokenizer) -> None:
     prompt = ids(tokenizer, PROMPTS[0])
     requests = [
