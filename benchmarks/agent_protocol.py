@@ -1,68 +1,139 @@
-"""Issue 2 benchmark: the embedded agent (SmolLM2 + guided driver) on HotpotQA, distractor setting.
+"""The embedded agent (SmolLM2 + guided driver), one trajectory per question, and its report.
 
-One trajectory per question, run one after another so seconds per trajectory are meaningful.
+One trajectory per question, run one after another so seconds per trajectory are meaningful;
+each trajectory is then compressed (guided Stage 2 map step) to count reports that fall back.
+Rows go to ``--out`` as they finish (a rerun skips the questions already there). The library is
+whatever ``langgraph_parallelmuse`` imports, so the same script measures another revision when
+``PYTHONPATH`` points at its worktree; ``--pair BASE NEW`` then compares two row files question by
+question with paired bootstrap intervals::
 
-    .venv/bin/python benchmarks/agent_protocol.py --limit 30
+    .venv/bin/python benchmarks/agent_protocol.py --limit 100 --out bench-results/agent/hotpotqa-new.jsonl
+    PYTHONPATH=<worktree of the old revision> .venv/bin/python benchmarks/agent_protocol.py \\
+        --limit 100 --out bench-results/agent/hotpotqa-old.jsonl
+    .venv/bin/python benchmarks/agent_protocol.py --pair bench-results/agent/hotpotqa-{old,new}.jsonl
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import statistics
 import time
+from pathlib import Path
 
 from common import arguments, dev_set
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.eval import paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.tools import make_corpus_tools
 
+METRICS = ("em", "f1", "contains", "well_formed", "fallback", "steps")
+
+
+def _hops(item_id: str) -> int | None:
+    """MuSiQue ids name the hop count (``2hop__…``, ``3hop1__…``); HotpotQA's do not."""
+    m = re.match(r"(\d)hop", item_id)
+    return int(m.group(1)) if m else None
+
+
+async def _row(model: LocalChatModel, item, index, cfg) -> dict:
+    runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
+    t0 = time.perf_counter()
+    traj = await runner.run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
+    seconds = time.perf_counter() - t0
+    report = await compress_trajectory(model, item.question, traj, guided=True, seed=cfg.seed)
+    seen = [d for o in traj["observations"] for d in o.get("doc_ids", [])]
+    opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
+    return {
+        "id": item.id,
+        "hops": _hops(item.id),
+        "well_formed": bool(traj["answer"])
+        and any(o["name"] == "search" and not o["error"] for o in traj["observations"]),
+        "steps": len(traj["steps"]),
+        "searches": sum(o["name"] == "search" for o in traj["observations"]),
+        "bridges": sum("bridge" in s for s in traj["steps"]),
+        "generated": traj["stats"]["generated_tokens"],
+        "recall_seen": retrieval_recall(seen, item.supporting_doc_ids),
+        "recall_opened": retrieval_recall(opened, item.supporting_doc_ids),
+        "fallback": report["status"] == "fallback",
+        "report_ratio": report["tokens"] / max(report["trajectory_tokens"], 1),
+        "seconds": seconds,
+        **score_answer(traj["answer"], item.answers),
+    }
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return statistics.fmean(float(r[key]) for r in rows) if rows else float("nan")
+
+
+def summary(rows: list[dict]) -> str:
+    """The table of one run (and steps per hop count when the ids carry it)."""
+    lines = ["| metric | value |", "|---|---|", f"| questions | {len(rows)} |"]
+    for key in ("well_formed", "em", "f1", "contains", "fallback", "report_ratio", "steps", "searches", "bridges"):
+        lines.append(f"| {key} | {_mean(rows, key):.3f} |")
+    for key in ("recall_seen", "recall_opened", "generated", "seconds"):
+        lines.append(f"| {key} | {_mean(rows, key):.2f} |")
+    for hops in sorted({r["hops"] for r in rows if r.get("hops")}):
+        group = [r for r in rows if r.get("hops") == hops]
+        lines.append(f"| steps, {hops}-hop ({len(group)} q) | {_mean(group, 'steps'):.2f} |")
+    return "\n".join(lines)
+
+
+def pair(base_file: Path, new_file: Path) -> str:
+    """New minus base on the questions both files hold, with 95 % paired bootstrap intervals."""
+    base = {r["id"]: r for r in map(json.loads, base_file.read_text().splitlines())}
+    new = {r["id"]: r for r in map(json.loads, new_file.read_text().splitlines())}
+    ids = [i for i in new if i in base]
+    lines = [
+        f"paired on {len(ids)} questions: {new_file.name} - {base_file.name}",
+        "",
+        "| metric | base | new | diff [95% CI] | |",
+    ]
+    lines.append("|---|---|---|---|---|")
+    for key in METRICS:
+        a, b = [float(new[i][key]) for i in ids], [float(base[i][key]) for i in ids]
+        diff, low, high = paired_bootstrap_diff(a, b)
+        verdict = "noise" if within_noise(low, high) else "beyond noise"
+        means = f"{statistics.fmean(b):.3f} | {statistics.fmean(a):.3f}"
+        lines.append(f"| {key} | {means} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {verdict} |")
+    return "\n".join(lines)
+
 
 async def main() -> None:
-    args = arguments(__doc__, limit=30)
+    def extra(ap):
+        ap.add_argument("--out", type=Path, help="JSONL of rows (appended; questions already there are skipped)")
+        ap.add_argument("--pair", nargs=2, type=Path, metavar=("BASE", "NEW"), help="compare two row files")
+
+    args = arguments(__doc__, limit=30, extra=extra)
+    if args.pair:
+        print(pair(*args.pair))
+        return
     items, index = dev_set(args.dataset, args.limit)
+    rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out and args.out.exists() else []
+    done = {r["id"] for r in rows}
     model = LocalChatModel.embedded()
     cfg = make_config(seed=args.seed)
-    rows = []
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     for n, item in enumerate(items, 1):
-        runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
-        t0 = time.perf_counter()
-        traj = await runner.run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
-        seconds = time.perf_counter() - t0
-        seen = [d for o in traj["observations"] for d in o.get("doc_ids", [])]
-        opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
-        row = {
-            "well_formed": bool(traj["answer"])
-            and any(o["name"] == "search" and not o["error"] for o in traj["observations"]),
-            "steps": len(traj["steps"]),
-            "generated": traj["stats"]["generated_tokens"],
-            "recall_seen": retrieval_recall(seen, item.supporting_doc_ids),
-            "recall_opened": retrieval_recall(opened, item.supporting_doc_ids),
-            "seconds": seconds,
-            **score_answer(traj["answer"], item.answers),
-        }
+        if item.id in done:
+            continue
+        row = await _row(model, item, index, cfg)
         rows.append(row)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
         print(
-            f"[{n:2}/{len(items)}] {seconds:5.1f}s wf={row['well_formed']!s:5} f1={row['f1']:.2f} "
-            f"gold={item.answers[0]!r} answer={traj['answer']!r}",
+            f"[{n:3}/{len(items)}] {row['seconds']:5.1f}s steps={row['steps']} f1={row['f1']:.2f} "
+            f"fallback={row['fallback']!s:5} gold={item.answers[0]!r}",
             flush=True,
         )
-
-    def mean(key: str) -> float:
-        return statistics.fmean(float(r[key]) for r in rows)
-
-    print("\n| metric | value | target |\n|---|---|---|")
-    print(f"| well-formed trajectories | {mean('well_formed'):.2f} | >= 0.95 |")
-    print(f"| mean steps | {mean('steps'):.2f} | |")
-    print(f"| mean generated tokens | {mean('generated'):.0f} | |")
-    print(f"| supporting-doc recall, docs seen (search hits + opened) | {mean('recall_seen'):.2f} | >= 0.67 |")
-    print(f"| supporting-doc recall, docs opened (visit) | {mean('recall_opened'):.2f} | |")
-    print(f"| answer EM | {mean('em'):.3f} | |")
-    print(f"| answer F1 | {mean('f1'):.3f} | |")
-    print(f"| answer contains gold | {mean('contains'):.3f} | >= 0.15 |")
-    print(f"| seconds per trajectory | {mean('seconds'):.1f} | |")
+    print("\n" + summary(rows))
 
 
 if __name__ == "__main__":

@@ -199,6 +199,7 @@ class _StepNodes:
                 max_step_tokens=cfg.max_step_tokens,
                 tool_names=frozenset(self.by_name),
                 avoid=avoid,
+                scoring=bool(getattr(self.model, "supports_scoring", False)),
             )
             messages = build_messages(
                 state["question"],
@@ -248,6 +249,8 @@ class _StepNodes:
             finish_reason=turn.finish_reason,
             seconds=time.perf_counter() - started,
         )
+        if "bridge" in turn.segments:
+            step["bridge"] = turn.segments["bridge"]
         update = _outcome(step, final=ctx.final, exhausted=exhausted)
         if cfg.early_stop and update["status"] == "running":
             own = [*steps[origin.get("step") or 0 :], step] if origin.get("kind") == "branch" else [*steps, step]

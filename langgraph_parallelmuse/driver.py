@@ -4,10 +4,10 @@ Both drivers produce the same protocol text, so trajectories, forks, scoring and
 identical downstream. ``FreeDriver`` lets the model write the whole turn (strong models, any
 backend). ``GuidedDriver`` is the local path for small models (SmolLM2-135M wrote 0 of 30
 well-formed trajectories from few-shot examples alone, 30 of 30 guided): the driver writes the
-tags and the fixed JSON, and the model writes the thought, the query or document title, and the
-answer; a schedule decides when to answer (a small model's own "search or answer" choice was
-all-or-nothing), and the answer is generated from the collected evidence in the plainest prompt
-the model handles.
+tags and the fixed JSON, and the model writes the thoughts and queries and chooses the answer
+among the spans of what it read by its own likelihood; how sure that choice is decides whether
+it answers or takes another hop from the chosen span (a small model's own "search or answer"
+choice, written out, was all-or-nothing).
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from langgraph_parallelmuse.candidates import candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
-from langgraph_parallelmuse.segments import Gen, Lit
+from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
 _RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
@@ -46,6 +47,7 @@ class StepContext:
     tool_names: frozenset[str] = field(default_factory=frozenset)
     # Tool calls this step must not repeat: the parent's and siblings' at a fork (diverse_branches).
     avoid: frozenset[str] = field(default_factory=frozenset)
+    scoring: bool = False  # the model scores given continuations: answers can be chosen by likelihood
 
 
 def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
@@ -83,7 +85,7 @@ class FreeDriver:
 
     retries: int = 1  # resamples of a turn that repeats an earlier tool call
 
-    def plan(self, ctx: StepContext) -> list[Lit | Gen]:
+    def plan(self, ctx: StepContext) -> list[Segment]:
         return [Gen(stop=("</tool_call>", "</answer>"), max_tokens=ctx.max_step_tokens, name="turn")]
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
@@ -98,13 +100,24 @@ class FreeDriver:
 class GuidedDriver:
     """Prefilled protocol structure for small local models (the embedded default's driver).
 
+    A hop is a search and a visit of its best unopened hit. After each hop the model chooses,
+    by its likelihood (:class:`~.segments.Choose`), the best candidate answer among the spans of
+    what it read (:mod:`~.candidates`): if the choice holds at least ``answer_confidence`` of the
+    probability mass of the candidates, or no hop is left, it answers with it; otherwise the
+    chosen span is the hop's bridge entity (recorded as ``step["bridge"]``) and the next query
+    starts from it, as retrieval-interleaved reasoning (IRCoT) builds each query on the last hop.
+    A model that cannot score (no ``supports_scoring``) searches until ``hops`` and then writes the
+    answer itself from the evidence.
+
     Args:
-        schedule: Tool steps before the answer, in order; entries whose tool is missing are
-            skipped. The answer comes after the schedule or at the last allowed turn.
+        hops: Most searches before the answer (the last allowed turn answers in any case).
+        answer_confidence: Share of the candidates' probability mass the chosen one needs to
+            answer before the hops run out.
+        candidate_limit: Most candidates scored per choice.
         thought_tokens: Bound of a thought (it also stops at a newline).
-        argument_tokens: Bound of a query or document title.
-        answer_tokens: Bound of the answer phrase.
-        evidence_chars: Evidence handed to the answer prompt.
+        argument_tokens: Bound of a query.
+        answer_tokens: Bound of a written answer phrase (models that cannot score).
+        evidence_chars: Evidence handed to the answer and query prompts.
         retries: Resamples of a step whose thought repeats a 4-gram of earlier thoughts, or whose
             query/document repeats an earlier call, or that came out empty.
 
@@ -114,47 +127,95 @@ class GuidedDriver:
         ['Lit', 'Gen', 'Lit', 'Gen', 'Lit']
     """
 
-    schedule: tuple[str, ...] = ("search", "visit", "search")
+    hops: int = 3
+    answer_confidence: float = 0.5
+    candidate_limit: int = 16
     thought_tokens: int = 32
     argument_tokens: int = 20
     answer_tokens: int = 40
     evidence_chars: int = 1500
     retries: int = 1
 
-    def next_action(self, ctx: StepContext) -> str:
-        plan = [a for a in self.schedule if a in ctx.tool_names]
-        if ctx.final or ctx.index >= len(plan):
-            return "answer"
-        return plan[ctx.index]
+    def __post_init__(self) -> None:
+        if self.hops < 1:
+            raise ConfigError(f"GuidedDriver(hops={self.hops}): a trajectory needs at least one search")
+        if not 0.0 <= self.answer_confidence <= 1.0:
+            raise ConfigError(f"GuidedDriver(answer_confidence={self.answer_confidence}): pass a share in [0, 1]")
 
-    def plan(self, ctx: StepContext) -> list[Lit | Gen]:
+    def next_action(self, ctx: StepContext) -> str:
+        """``search``, ``visit``, ``answer`` or ``choose`` (answer or search on, by the model's confidence)."""
+        searches = sum(s["action"].get("name") == "search" for s in ctx.steps)
+        last = ctx.steps[-1]["action"].get("name") if ctx.steps else None
+        if ctx.final or "search" not in ctx.tool_names:
+            return "answer"
+        if not ctx.steps:
+            return "search"
+        if last == "search" and "visit" in ctx.tool_names and self.visit_target(ctx) is not None:
+            return "visit"
+        if searches >= self.hops:
+            return "answer"
+        return "choose" if ctx.scoring else "search"
+
+    def plan(self, ctx: StepContext) -> list[Segment]:
         thought = [Lit("<think>"), Gen(stop=("\n", "</think>", "<"), max_tokens=self.thought_tokens, name="thought")]
         action = self.next_action(ctx)
-        if action == "answer":
-            return thought + [
-                Lit("</think>\n<answer>"),
-                # A sentence end closes the phrase: the small model tends to go on explaining.
-                Gen(
-                    stop=("\n", "</answer>", ". "),
-                    max_tokens=self.answer_tokens,
-                    name="answer",
-                    messages=self.evidence_prompt(ctx),
-                ),
-                Lit("</answer>"),
-            ]
         if action == "visit":
-            target = self.visit_target(ctx)
-            if target is not None:
-                return thought + [Lit("</think>\n" + render_tool_call("visit", {"doc": target}))]
-            action = "search"  # nothing left to open: search again instead
-        head = json.dumps({"name": action, "arguments": {"query": ""}})[:-3]  # up to the opening quote
+            return thought + [Lit("</think>\n" + render_tool_call("visit", {"doc": self.visit_target(ctx)}))]
+        if action == "search":
+            return thought + self.search(ctx, bridge=None)
+        options = candidates(ctx.question, self.evidence(ctx), limit=self.candidate_limit) if ctx.scoring else []
+        if not options:
+            return thought + (self.written_answer(ctx) if action == "answer" else self.search(ctx, bridge=None))
+        sure = action == "answer"
         return thought + [
-            Lit("</think>\n<tool_call>" + head),
+            Choose(
+                tuple(options),
+                self.evidence_prompt(ctx),
+                then=lambda pick: (
+                    self.answer(ctx, pick)
+                    if sure or pick.share >= self.answer_confidence
+                    else self.search(ctx, bridge=pick)
+                ),
+            )
+        ]
+
+    def answer(self, ctx: StepContext, first: Pick) -> list[Segment]:
+        """The answer: the chosen span; a question asking for two things gets a second choice after it."""
+        head = [Lit("</think>\n<answer>"), replace(first, name="answer")]
+        parts = compound_parts(ctx.question)
+        second = follow_up(parts[1], first.text) if parts else None
+        options = candidates(second, self.evidence(ctx), limit=self.candidate_limit) if second else []
+        if not options:
+            return [*head, Lit("</answer>")]
+        prompt = self.evidence_prompt(ctx, question=second)
+        return [*head, Lit("; "), Choose(tuple(options), prompt, then=lambda pick: [pick, Lit("</answer>")])]
+
+    def written_answer(self, ctx: StepContext) -> list[Segment]:
+        """The answer the model writes itself from the evidence (no candidates, or it cannot score)."""
+        return [
+            Lit("</think>\n<answer>"),
+            # A sentence end closes the phrase: the small model tends to go on explaining.
+            Gen(
+                stop=("\n", "</answer>", ". "),
+                max_tokens=self.answer_tokens,
+                name="answer",
+                messages=self.evidence_prompt(ctx),
+            ),
+            Lit("</answer>"),
+        ]
+
+    def search(self, ctx: StepContext, *, bridge: Pick | None) -> list[Segment]:
+        """A search whose query the model writes; with a bridge, the query starts from it."""
+        head = json.dumps({"name": "search", "arguments": {"query": ""}})[:-3]  # up to the opening quote
+        start: list[Segment] = [Lit("</think>\n<tool_call>" + head)]
+        if bridge is not None:
+            start.append(replace(bridge, name="bridge"))
+        return start + [
             Gen(
                 stop=('"', "\n"),
                 max_tokens=self.argument_tokens,
                 name="argument",
-                messages=self.query_prompt(ctx),
+                messages=self.query_prompt(ctx, bridge=bridge.text if bridge else None),
             ),
             Lit('"}}</tool_call>'),
         ]
@@ -190,16 +251,19 @@ class GuidedDriver:
             budget -= len(chunk)
         return "\n\n".join(parts)
 
-    def evidence_prompt(self, ctx: StepContext) -> list[BaseMessage]:
-        """The plain QA prompt: the evidence, then the question."""
+    def evidence_prompt(self, ctx: StepContext, *, question: str | None = None) -> list[BaseMessage]:
+        """The plain QA prompt: the evidence, then the question (or one part of it)."""
         context = self.evidence(ctx) or "(no evidence found)"
         return [
             SystemMessage(EVIDENCE_SYSTEM),
-            HumanMessage(f"{context}\n\nQuestion: {ctx.question}\nAnswer with a short phrase."),
+            HumanMessage(f"{context}\n\nQuestion: {question or ctx.question}\nAnswer with a short phrase."),
         ]
 
-    def query_prompt(self, ctx: StepContext) -> list[BaseMessage]:
+    def query_prompt(self, ctx: StepContext, *, bridge: str | None = None) -> list[BaseMessage]:
         """The plain search prompt: the question, and from the second search on, what was found.
+
+        With a ``bridge`` (the last hop's best entity) the reply is prefilled with it, so the
+        model's query continues from the entity the next hop is about.
 
         Written inside the agent conversation (system prompt, protocol, tool responses), a 135M
         model's queries repeated themselves or drifted off the question: a trajectory saw 0.48 of
@@ -218,13 +282,14 @@ class GuidedDriver:
             for s in ctx.steps
             if s["action"].get("type") == "tool_call" and s["action"].get("name") == "search"
         )
-        return [
+        prompt: list[BaseMessage] = [
             SystemMessage(QUERY_SYSTEM),
             HumanMessage(
                 f"{context}\n\nQuestion: {ctx.question}\nAlready searched: {searched}\n"
                 "Write a new search query for what is still missing."
             ),
         ]
+        return prompt + ([AIMessage(bridge)] if bridge else [])
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()

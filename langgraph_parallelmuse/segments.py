@@ -10,10 +10,13 @@ a ``Gen``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import math
 import random
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from langchain_core.language_models import BaseChatModel
@@ -52,6 +55,58 @@ class Gen:
         # OpenAI-compatible servers (vLLM, the OpenAI API) refuse a request with more: HTTP 400.
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"{len(self.stop)} stop strings {self.stop!r}: servers take at most {MAX_STOP_STRINGS}")
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What a :class:`Choose` chose, and how sure the model was.
+
+    Attributes:
+        index: Position of the chosen option.
+        text: The chosen option.
+        tokens: Its token records from the scoring pass (the model's own logprobs, offsets into ``text``).
+        scores: Per option, the log-likelihood of the option and of ending the reply after it.
+        shares: Per option, its share of the probability mass of all options (softmax of ``scores``).
+
+    A pick is itself a segment: placed in a turn (by ``Choose.then``) it adds its text with its
+    token records, wherever the turn needs it (inside the answer, or opening the next query).
+    """
+
+    index: int
+    text: str
+    tokens: tuple[TokenRecord, ...]
+    scores: tuple[float, ...]
+    shares: tuple[float, ...]
+    name: str = ""  # placed in a turn, the text is recorded under this name in ``TurnResult.segments``
+
+    @property
+    def share(self) -> float:
+        """The chosen option's share: the model's confidence in the choice."""
+        return self.shares[self.index]
+
+
+@dataclass(frozen=True)
+class Choose:
+    """The model chooses one of ``options`` by its likelihood after ``messages``; ``then`` goes on.
+
+    Every option is scored as the reply to ``messages`` followed by the end of the reply (a
+    backend with ``supports_scoring``: one shared prefill, one batched decode of the options). The
+    choice is drawn from the options' likelihoods at the turn's temperature (the argmax at 0), so
+    trajectories and branches still differ. ``then(pick)`` gives the segments that follow; they
+    place the :class:`Pick` (with the scoring pass's token logprobs) where it belongs: a sure pick
+    inside the answer, an unsure one opening the next query as its bridge entity.
+    """
+
+    options: tuple[str, ...]
+    messages: Sequence[BaseMessage]
+    then: Callable[[Pick], Sequence[Segment]] = lambda pick: (pick,)
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError("Choose needs at least one option")
+
+
+Segment = Lit | Gen | Choose | Pick
 
 
 @dataclass
@@ -154,7 +209,7 @@ def derive_seed(base: int | None, *parts: object) -> int:
 async def generate_turn(
     model: BaseChatModel,
     messages: Sequence[BaseMessage],
-    segments: Sequence[Lit | Gen],
+    segments: Sequence[Segment],
     *,
     sampling: Sampling,
     seed: int | None = None,
@@ -164,7 +219,7 @@ async def generate_turn(
     Args:
         model: Any LangChain chat model; logprobs are read from ``response_metadata["logprobs"]``.
         messages: The conversation before the turn.
-        segments: ``Lit`` and ``Gen`` parts, in order.
+        segments: ``Lit``, ``Gen`` and ``Choose`` parts, in order.
         sampling: Temperature, top-p, logprob settings.
         seed: Base seed of the turn (each generated segment derives its own).
 
@@ -181,9 +236,26 @@ async def generate_turn(
     """
     result = TurnResult()
     started = time.perf_counter()
-    for i, seg in enumerate(segments):
+    queue: deque[Segment] = deque(segments)
+    i = -1
+    while queue:
+        seg, i = queue.popleft(), i + 1
         if isinstance(seg, Lit):
             result.text += seg.text
+            continue
+        if isinstance(seg, Pick):
+            result.tokens.extend(shift(list(seg.tokens), len(result.text)))
+            result.text += seg.text
+            if seg.name:
+                result.segments[seg.name] = seg.text
+            continue
+        if isinstance(seg, Choose):
+            pick, replies = await _choose(
+                model, seg, sampling=sampling, seed=None if seed is None else derive_seed(seed, i)
+            )
+            for reply in replies:  # every option's scoring is decode work of the backend
+                _account(result, reply, conversation=False, generated=0)
+            queue.extendleft(reversed(list(seg.then(pick))))
             continue
         prompt = list(seg.messages) if seg.messages is not None else list(messages)
         if seg.messages is None and result.text:
@@ -200,23 +272,59 @@ async def generate_turn(
         if seg.name:
             result.segments[seg.name] = content
         result.text += content
-        usage = msg.usage_metadata or {}
-        prompt_tokens = int(usage.get("input_tokens", 0) or 0)
-        if result.calls == 0:
-            result.context_tokens = prompt_tokens
-        result.prompt_tokens += prompt_tokens
-        result.generated_tokens += int(usage.get("output_tokens", 0) or len(tokens))
-        details = usage.get("input_token_details") or {}
-        cached = int(details.get("cache_read", 0) or 0)
-        result.cached_prompt_tokens += cached
-        result.cache_reported = result.cache_reported or "cache_read" in details
-        if seg.messages is None:
-            result.conversation_calls += 1
-            result.conversation_prompt_tokens += prompt_tokens
-            result.conversation_cached_tokens += cached
-        # The turn counts as cut off only if its last generated part was: a guided thought that
-        # hits its short bound is closed by the driver and is not a truncated turn.
-        result.finish_reason = (msg.response_metadata or {}).get("finish_reason") or "stop"
-        result.calls += 1
+        _account(result, msg, conversation=seg.messages is None, generated=len(tokens))
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _account(result: TurnResult, msg: AIMessage, *, conversation: bool, generated: int) -> None:
+    """Add one model call's usage to ``result`` (``generated``: token count if usage lacks it)."""
+    usage = msg.usage_metadata or {}
+    prompt_tokens = int(usage.get("input_tokens", 0) or 0)
+    if result.calls == 0:
+        result.context_tokens = prompt_tokens
+    result.prompt_tokens += prompt_tokens
+    result.generated_tokens += int(usage.get("output_tokens", 0) or generated)
+    details = usage.get("input_token_details") or {}
+    cached = int(details.get("cache_read", 0) or 0)
+    result.cached_prompt_tokens += cached
+    result.cache_reported = result.cache_reported or "cache_read" in details
+    if conversation:
+        result.conversation_calls += 1
+        result.conversation_prompt_tokens += prompt_tokens
+        result.conversation_cached_tokens += cached
+    # The turn counts as cut off only if its last generated part was: a guided thought that
+    # hits its short bound is closed by the driver and is not a truncated turn.
+    result.finish_reason = (msg.response_metadata or {}).get("finish_reason") or "stop"
+    result.calls += 1
+
+
+async def _choose(
+    model: BaseChatModel, seg: Choose, *, sampling: Sampling, seed: int | None
+) -> tuple[Pick, list[AIMessage]]:
+    """Score every option of ``seg`` with ``model`` and draw the choice (see :class:`Choose`)."""
+    if not getattr(model, "supports_scoring", False):
+        raise TypeError(f"{type(model).__name__} cannot score a given continuation (supports_scoring): use Gen")
+    kwargs = {"logprobs": True, "top_logprobs": sampling.top_logprobs}
+    replies = await asyncio.gather(
+        *(with_retries(lambda o=o: model.ainvoke(list(seg.messages), continuation=o, **kwargs)) for o in seg.options)
+    )
+    records = [normalize_logprobs(r.response_metadata["logprobs"], r.content) for r in replies]
+    scores = [
+        sum(t["logprob"] for t in recs) + float(r.response_metadata["end_logprob"])
+        for recs, r in zip(records, replies, strict=True)
+    ]
+    shares = _softmax(scores, 1.0)
+    if sampling.temperature > 0:
+        weights = _softmax(scores, sampling.temperature)
+        index = random.Random(seed).choices(range(len(scores)), weights=weights)[0]
+    else:
+        index = max(range(len(scores)), key=scores.__getitem__)
+    return Pick(index, replies[index].content, tuple(records[index]), tuple(scores), tuple(shares)), replies
+
+
+def _softmax(scores: Sequence[float], temperature: float) -> list[float]:
+    top = max(scores)
+    weights = [math.exp((s - top) / temperature) for s in scores]
+    total = sum(weights)
+    return [w / total for w in weights]

@@ -52,6 +52,7 @@ class Step(TypedDict):
     cache_reported: bool  # the backend reports cached prompt tokens at all
     finish_reason: str
     seconds: float
+    bridge: NotRequired[str]  # the entity this step's query starts from (the last hop's best span)
 
 
 class Observation(TypedDict):

@@ -359,12 +359,12 @@ async def test_hostile_document_reaches_the_guided_query_and_answer_prompts_as_q
     monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": GUIDED_HOSTILE}) + "\n")
-    tools = make_corpus_tools(CorpusIndex.from_jsonl(corpus))
-    # thought, query, thought, query, thought, answer (schedule: search, search, then answer)
+    tools = [t for t in make_corpus_tools(CorpusIndex.from_jsonl(corpus)) if t.name == "search"]
+    # thought, query, thought, query, thought, answer (hops=2, no visit tool: search, search, answer)
     model = ScriptedChatModel(
         script=["Look it up", "capital of France", "More", "France capital city", "Done", "Paris"]
     )
-    runner = RolloutRunner(model, tools, driver=GuidedDriver(schedule=("search", "search")))
+    runner = RolloutRunner(model, tools, driver=GuidedDriver(hops=2))
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="hostile-guided/t0")
     assert traj["answer"] == "Paris" and [o["name"] for o in traj["observations"]] == ["search", "search"]
 

@@ -21,7 +21,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
@@ -316,3 +316,30 @@ def make_tools(
 def perplexity_of(logprobs: list[float]) -> float:
     """exp(-mean(logprob)), computed independently of the library."""
     return math.exp(-sum(logprobs) / len(logprobs))
+
+
+class ScoringChatModel(ScriptedChatModel):
+    """A :class:`ScriptedChatModel` that also scores given continuations (``supports_scoring``).
+
+    A call with ``continuation=text`` does not consume the script: it returns ``text`` with every
+    token at ``option_logprobs[text]`` (else ``default_logprob``) and ``end_logprob`` 0, and is
+    recorded in ``scored`` as ``(messages, text)``.
+    """
+
+    supports_scoring: ClassVar[bool] = True
+    option_logprobs: dict[str, float] = Field(default_factory=dict)
+    default_logprob: float = -10.0
+    scored: list[tuple[list[BaseMessage], str]] = Field(default_factory=list)
+
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        text = kwargs.get("continuation")
+        if text is None:
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+        with self._lock:
+            self.scored.append((list(messages), text))
+        payload = logprob_payload(text, logprob=self.option_logprobs.get(text, self.default_logprob))
+        metadata = {"finish_reason": "stop", "logprobs": payload, "end_logprob": 0.0}
+        usage = {"input_tokens": 10, "output_tokens": len(payload["content"]), "total_tokens": 10}
+        return ChatResult(
+            generations=[ChatGeneration(message=AIMessage(text, response_metadata=metadata, usage_metadata=usage))]
+        )

@@ -399,7 +399,7 @@ async def test_a_guided_answer_cut_off_by_its_token_bound_is_not_an_answer():
 
 async def test_a_guided_search_query_is_written_from_the_plain_question_prompt():
     runner, model, calls = _runner(
-        ["Look it up", "capital of France", "Found it", "Paris"], driver=GuidedDriver(schedule=("search",))
+        ["Look it up", "capital of France", "Found it", "Paris"], driver=GuidedDriver(hops=1)
     )
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
     assert _dump(model.calls[1]["messages"]) == _dump(

@@ -172,7 +172,7 @@ async def test_a_guided_crossover_answers_from_its_parents_evidence_alone(tmp_pa
     )
     search_tool, visit_tool = make_corpus_tools(CorpusIndex.from_jsonl(corpus, cache_dir=tmp_path), k=2)
     model = ScriptedChatModel(responder=_guided_responder(["Alpha", "Beta"]))
-    runner = RolloutRunner(model, [search_tool, visit_tool], driver=GuidedDriver(schedule=("search",)))
+    runner = RolloutRunner(model, [search_tool, visit_tool], driver=GuidedDriver(hops=1))
     config = make_config(n=3, mode="none", crossover=1, seed=0)
     parents, _ = await partial_rollout(runner, QUESTION, config=config, run_id="r")
     before = len(model.calls)

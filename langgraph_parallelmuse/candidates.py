@@ -1,0 +1,184 @@
+"""Candidate answers from what a trajectory read: the options the guided driver's model chooses among.
+
+A 135M model's free answer is the ceiling of a small embedded agent (F1 0.097 on HotpotQA with
+the two gold paragraphs in its prompt), while its retrieval finds the supporting documents most
+of the time. So the guided answer step proposes spans of the evidence the trajectory read (names,
+titles, dates, numbers; ``yes``/``no`` for a yes/no question; the two options a comparison
+question names) and the model picks one by its likelihood (:class:`~.segments.Choose`). Nothing
+here reads gold labels: every candidate is a span of the evidence text it is given.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = ["AnswerKind", "answer_kind", "candidates", "choice_options", "compound_parts", "follow_up"]
+
+AnswerKind = Literal["yesno", "choice", "date", "number", "person", "name"]
+
+_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+# Lower-case words inside names ("Bank of America", "Ludwig van Beethoven"); not "in"/"at", which
+# would join neighbouring names.
+_CONNECT = r"(?:of|the|de|del|da|di|du|la|le|von|van|der|den|and|&|for)"
+_CAP_WORD = r"(?:[A-Z][\w'’.\-]*|[0-9]+[A-Za-z]*)"
+_NAMED = re.compile(rf"{_CAP_WORD}(?:\s+(?:{_CONNECT}\s+)?{_CAP_WORD})*")
+_DATE = re.compile(rf"\b(?:(?:\d{{1,2}}\s+)?(?:{_MONTHS})(?:\s+\d{{1,2}},?)?\s+\d{{3,4}}|\d{{3,4}}s?)\b")
+_NUMBER = re.compile(
+    r"(?<![\w.])[$£€]?\d[\d,]*(?:\.\d+)?(?:\s*(?:%|percent|million|billion|thousand|km|miles|metres|meters|feet|"
+    r"years|people|acres))?(?!\w)"
+)
+# Sentence-initial and function words that start a capitalised run without being part of a name.
+_LEADING = frozenset(
+    "The A An In On At He She It His Her Its They This That These Those There As By For From After Before "
+    "During When While With However Since Their But And Or If Of To Is Was Also Both All".split()
+)
+_STOPWORDS = frozenset(
+    "a an and are as at be by did do does for from has have how in is it its of on or that the this to was were "
+    "what when where which who whom whose with s".split()
+)
+_WH = re.compile(r"\b(which|what|who|whom|whose|when|where|how)\b", re.IGNORECASE)
+_YES_NO = re.compile(r"^\s*(are|is|was|were|do|does|did|can|could|has|have|had|will|would)\b", re.IGNORECASE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"\w+", text.lower()) if w not in _STOPWORDS}
+
+
+def _trim(span: str) -> str:
+    words = span.strip(" ,.;:'\"()[]").split()
+    while words and words[0] in _LEADING:
+        words = words[1:]
+    while words and re.fullmatch(_CONNECT, words[-1]):
+        words = words[:-1]
+    return " ".join(words)
+
+
+def choice_options(question: str) -> list[str]:
+    """The two options of a comparison question ("Who is older, X or Y?"), else ``[]``.
+
+    Example:
+        >>> choice_options("Who is the oldest, Sid Haig or Vic Darchinyan?")
+        ['Sid Haig', 'Vic Darchinyan']
+    """
+    q = " ".join(question.split()).rstrip("?").strip()
+    if q.count(" or ") != 1 or not _WH.match(q):
+        return []
+    left, right = q.split(" or ")
+    left = left.rsplit(",", 1)[1] if "," in left else (list(_NAMED.finditer(left)) or [None])[-1]
+    if left is None:
+        return []
+    left = _trim(left if isinstance(left, str) else left.group(0))
+    right = _trim(right)
+    return [left, right] if left and right else []
+
+
+def answer_kind(question: str) -> AnswerKind:
+    """What a question asks for, which decides the kind of span its candidates are.
+
+    Example:
+        >>> [answer_kind(q) for q in ("Are both X and Y bands?", "When was X born?", "Who wrote X?")]
+        ['yesno', 'date', 'person']
+    """
+    q = " ".join(question.lower().split())
+    wh = _WH.search(q)
+    if _YES_NO.match(q) and not wh:
+        return "yesno"
+    if choice_options(question):
+        return "choice"
+    rest = q[wh.start() :] if wh else q
+    if re.match(r"(when|what year|which year|in what year|what date|what decade|which decade|what century)\b", rest):
+        return "date"
+    if re.match(r"how (many|much|long|old|tall|far|big|large|high)\b|what (percentage|number|population)\b", rest):
+        return "number"
+    if re.match(r"(who|whom|whose)\b", rest):
+        return "person"
+    return "name"
+
+
+def compound_parts(question: str) -> tuple[str, str] | None:
+    """A question that asks for two things, split in two ("…, and what is the capital of that country?").
+
+    Example:
+        >>> compound_parts("Which country is the Eiffel Tower in, and what is the capital of that country?")
+        ('Which country is the Eiffel Tower in?', 'what is the capital of that country?')
+    """
+    m = re.match(r"^(.+?),?\s+and\s+((?:which|what|who|where|when|how)\b.+)$", " ".join(question.split()), re.I)
+    if not m or not _WH.match(m.group(1)):
+        return None
+    return m.group(1).rstrip(" ,?") + "?", m.group(2)
+
+
+def follow_up(part: str, first_answer: str) -> str:
+    """The second part of a compound question with its reference to the first answer resolved.
+
+    Example:
+        >>> follow_up("what is the capital of that country?", "France")
+        'what is the capital of France?'
+    """
+    return re.sub(r"\b(?:that|this|the same)\s+\w+|\bit\b", first_answer, part, count=1)
+
+
+def _spans(sentence: str, kind: AnswerKind) -> list[str]:
+    if kind == "date":
+        return [m.group(0) for m in _DATE.finditer(sentence)]
+    if kind == "number":
+        return [m.group(0).strip(" ,") for m in _NUMBER.finditer(sentence)]
+    named = []
+    for m in _NAMED.finditer(sentence):
+        # "Boston and Maine" may be one name or two: offer the whole and its parts.
+        parts = re.split(r"\s+(?:and|&)\s+", m.group(0))
+        named += [_trim(m.group(0)), *(_trim(p) for p in (parts if len(parts) > 1 else []))]
+    if kind == "person":
+        return [s for s in named if not re.search(r"\d", s) and len(s.split()) <= 5]
+    return named + [m.group(0) for m in _DATE.finditer(sentence)]
+
+
+def candidates(question: str, evidence: str, *, limit: int = 16, titles: Sequence[str] = ()) -> list[str]:
+    """Candidate answers to ``question``: spans of ``evidence`` (and ``titles``) of the kind it asks for.
+
+    Spans come from the sentences that share most words with the question first; a span made
+    mostly of the question's own words is its subject, not its answer, and is left out. A yes/no
+    question gets ``yes``/``no``; a comparison question the options it names that the evidence
+    mentions.
+
+    Args:
+        question: The question (or one part of a compound question).
+        evidence: The text the trajectory read, as the answer prompt shows it.
+        limit: Most candidates returned.
+        titles: Titles of the documents read (candidates for a "name" question).
+
+    Example:
+        >>> candidates("Which city was Ellen Marsh born in?",
+        ...            "Ellen Marsh (born 1921) is a writer. She was born in Dublin, Ireland.")
+        ['1921', 'Dublin', 'Ireland']
+    """
+    kind = answer_kind(question)
+    if kind == "yesno":
+        return ["yes", "no"]
+    if kind == "choice":
+        options = [o for o in choice_options(question) if o.lower() in evidence.lower()]
+        if options:
+            return options
+        kind = "name"
+    asked = _words(question)
+    sentences = [s for s in _SENTENCE.split(evidence) if s.strip()]
+    ranked = sorted(range(len(sentences)), key=lambda i: (-len(_words(sentences[i]) & asked), i))
+    pool = [span for i in ranked for span in _spans(sentences[i], kind)]
+    if kind == "name":
+        pool += [re.sub(r"\s*\([^)]*\)$", "", t).strip() for t in titles]
+    seen: set[str] = set()
+    out: list[str] = []
+    for span in pool:
+        words = _words(span)
+        # A quote or backslash would break the JSON of a query that starts from the span (a bridge).
+        if not span or span.lower() in seen or len(span) > 60 or '"' in span or "\\" in span:
+            continue
+        seen.add(span.lower())
+        if words and len(words & asked) / len(words) < 0.5:
+            out.append(span)
+        if len(out) >= limit:
+            break
+    return out

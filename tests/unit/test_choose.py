@@ -1,0 +1,107 @@
+"""Answers chosen by the model's likelihood among spans of what the trajectory read, and hops that adapt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from langchain_core.messages import HumanMessage
+
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.candidates import candidates
+from langgraph_parallelmuse.config import ParallelMuseConfig
+from langgraph_parallelmuse.driver import GuidedDriver, StepContext
+from langgraph_parallelmuse.logprobs import tokens_in_span
+from langgraph_parallelmuse.segments import Choose, Lit, Sampling, generate_turn
+from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+from tests.unit.fakes import ScoringChatModel
+
+QUESTION = "In which city was the author of Harbor Lights born?"
+DOCS = [
+    {
+        "id": "hl",
+        "title": "Harbor Lights",
+        "text": "Harbor Lights is a 1952 novel by Ellen Marsh. It is set in Boston and Maine.",
+    },
+    {
+        "id": "em",
+        "title": "Ellen Marsh",
+        "text": "Ellen Marsh (born 1921) is a writer. She was born in Dublin, Ireland.",
+    },
+]
+# Step by step: thought + query; thought (visit); thought (choice: unsure, so the bridge opens
+# the query) + query continuation; thought (visit); thought (choice: sure, the answer).
+SCRIPT = ["Find the novel", "Harbor Lights novel", "Open it", "Who wrote it", " birthplace", "Open her page", "Done"]
+LOGPROBS = {"Ellen Marsh": -2.0, "Boston": -6.0, "Maine": -6.0, "Dublin": -0.1}
+
+
+@pytest.fixture
+def corpus_tools(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    return make_corpus_tools(CorpusIndex.from_jsonl(path))
+
+
+async def _run(tools):
+    model = ScoringChatModel(script=list(SCRIPT), option_logprobs=LOGPROBS)
+    runner = RolloutRunner(model, tools, driver=GuidedDriver())
+    traj = await runner.run(
+        QUESTION, trajectory_id="t0", thread_id="choose/t0", config=ParallelMuseConfig(temperature=0)
+    )
+    return model, traj
+
+
+async def test_an_unsure_choice_is_the_bridge_of_the_next_hop_and_a_sure_one_is_the_answer(corpus_tools):
+    _, traj = await _run(corpus_tools)
+    actions = [s["action"] for s in traj["steps"]]
+    assert [a.get("name", a["type"]) for a in actions] == ["search", "visit", "search", "visit", "answer"]
+    # The model's best span after the first hop held a third of the mass: it became the bridge.
+    assert traj["steps"][2]["bridge"] == "Ellen Marsh"
+    assert actions[2]["arguments"]["query"] == "Ellen Marsh birthplace"
+    assert actions[3]["arguments"]["doc"] == "em"  # the bridge's search found the next document
+    assert traj["answer"] == "Dublin" and "bridge" not in traj["steps"][4]
+
+
+async def test_candidates_come_only_from_text_the_trajectory_had_read(corpus_tools):
+    model, traj = await _run(corpus_tools)
+    first, second = (json.dumps([m.content for m in messages]) for messages, _ in (model.scored[0], model.scored[-1]))
+    scored_first = [text for messages, text in model.scored if json.dumps([m.content for m in messages]) == first]
+    scored_second = [text for messages, text in model.scored if json.dumps([m.content for m in messages]) == second]
+    read_by_step_2 = " ".join(o["content"] for o in traj["observations"][:2])
+    read_by_step_4 = " ".join(o["content"] for o in traj["observations"][:4])
+    assert scored_first and all(text in read_by_step_2 for text in scored_first)
+    assert "Dublin" not in scored_first  # in the corpus, not yet read
+    assert "Dublin" in scored_second and all(text in read_by_step_4 for text in scored_second)
+
+
+async def test_the_chosen_answer_and_bridge_carry_the_scoring_logprobs_in_their_regions(corpus_tools):
+    _, traj = await _run(corpus_tools)
+    answer_step, bridge_step = traj["steps"][4], traj["steps"][2]
+    answer_tokens = tokens_in_span(answer_step["tokens"], answer_step["regions"]["answer"])
+    assert "".join(t["token"] for t in answer_tokens) == "Dublin"
+    assert [t["logprob"] for t in answer_tokens] == [-0.1]
+    call = tokens_in_span(bridge_step["tokens"], bridge_step["regions"]["exploration"])
+    assert [t["logprob"] for t in call if t["token"] in ("Ellen", "Marsh")] == [-2.0, -2.0]
+
+
+def test_a_question_asking_for_two_things_gets_two_chosen_spans():
+    model = ScoringChatModel(option_logprobs={"France": -0.05, "Paris": -0.1})
+    evidence = "The Eiffel Tower is a lattice tower in Paris, France. Paris is the capital of France."
+    question = "Which country is the Eiffel Tower in, and what is the capital of that country?"
+    read = {"step": 0, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
+    driver = GuidedDriver()
+    ctx = StepContext(question, [], [{**read, "doc_ids": ["e"]}], 1, True, 64, frozenset({"search"}), scoring=True)
+    first = candidates("Which country is the Eiffel Tower in?", evidence)
+    segments = [Choose(tuple(first), [HumanMessage(evidence)], then=lambda pick: driver.answer(ctx, pick))]
+    turn = asyncio.run(generate_turn(model, [], segments, sampling=Sampling(temperature=0)))
+    assert turn.text.endswith("<answer>France; Paris</answer>")
+
+
+def test_choose_refuses_a_model_that_cannot_score():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    seg = [Lit("<answer>"), Choose(("a", "b"), [HumanMessage("q")])]
+    with pytest.raises(TypeError, match="cannot score"):
+        asyncio.run(generate_turn(FakeListChatModel(responses=["x"]), [], seg, sampling=Sampling()))
