@@ -11,7 +11,7 @@ here reads gold labels: every candidate is a span of the evidence text it is giv
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 __all__ = ["AnswerKind", "answer_kind", "candidates", "choice_options", "compound_parts", "follow_up"]
@@ -136,7 +136,9 @@ def _spans(sentence: str, kind: AnswerKind) -> list[str]:
     return named + [m.group(0) for m in _DATE.finditer(sentence)]
 
 
-def candidates(question: str, evidence: str, *, limit: int = 16, titles: Sequence[str] = ()) -> list[str]:
+def candidates(
+    question: str, evidence: str, *, limit: int = 16, titles: Sequence[str] = (), exclude: Collection[str] = ()
+) -> list[str]:
     """Candidate answers to ``question``: spans of ``evidence`` (and ``titles``) of the kind it asks for.
 
     Spans come from the sentences that share most words with the question first; a span made
@@ -149,6 +151,7 @@ def candidates(question: str, evidence: str, *, limit: int = 16, titles: Sequenc
         evidence: The text the trajectory read, as the answer prompt shows it.
         limit: Most candidates returned.
         titles: Titles of the documents read (candidates for a "name" question).
+        exclude: Spans that cannot be the answer (the bridges earlier hops went on from).
 
     Example:
         >>> candidates("Which city was Ellen Marsh born in?",
@@ -169,7 +172,7 @@ def candidates(question: str, evidence: str, *, limit: int = 16, titles: Sequenc
     pool = [span for i in ranked for span in _spans(sentences[i], kind)]
     if kind == "name":
         pool += [re.sub(r"\s*\([^)]*\)$", "", t).strip() for t in titles]
-    seen: set[str] = set()
+    seen = {e.lower() for e in exclude}
     out: list[str] = []
     for span in pool:
         words = _words(span)

@@ -128,7 +128,7 @@ class GuidedDriver:
     """
 
     hops: int = 3
-    answer_confidence: float = 0.5
+    answer_confidence: float = 0.95
     candidate_limit: int = 16
     thought_tokens: int = 32
     argument_tokens: int = 20
@@ -163,7 +163,7 @@ class GuidedDriver:
             return thought + [Lit("</think>\n" + render_tool_call("visit", {"doc": self.visit_target(ctx)}))]
         if action == "search":
             return thought + self.search(ctx, bridge=None)
-        options = candidates(ctx.question, self.evidence(ctx), limit=self.candidate_limit) if ctx.scoring else []
+        options = self.options(ctx, ctx.question) if ctx.scoring else []
         if not options:
             return thought + (self.written_answer(ctx) if action == "answer" else self.search(ctx, bridge=None))
         sure = action == "answer"
@@ -179,12 +179,17 @@ class GuidedDriver:
             )
         ]
 
+    def options(self, ctx: StepContext, question: str) -> list[str]:
+        """Candidates from the evidence; an earlier hop's bridge was a way to the answer, not the answer."""
+        bridges = [s["bridge"] for s in ctx.steps if "bridge" in s]
+        return candidates(question, self.evidence(ctx), limit=self.candidate_limit, exclude=bridges)
+
     def answer(self, ctx: StepContext, first: Pick) -> list[Segment]:
         """The answer: the chosen span; a question asking for two things gets a second choice after it."""
         head = [Lit("</think>\n<answer>"), replace(first, name="answer")]
         parts = compound_parts(ctx.question)
         second = follow_up(parts[1], first.text) if parts else None
-        options = candidates(second, self.evidence(ctx), limit=self.candidate_limit) if second else []
+        options = self.options(ctx, second) if second else []
         if not options:
             return [*head, Lit("</answer>")]
         prompt = self.evidence_prompt(ctx, question=second)

@@ -74,6 +74,7 @@ async def test_candidates_come_only_from_text_the_trajectory_had_read(corpus_too
     assert scored_first and all(text in read_by_step_2 for text in scored_first)
     assert "Dublin" not in scored_first  # in the corpus, not yet read
     assert "Dublin" in scored_second and all(text in read_by_step_4 for text in scored_second)
+    assert "Ellen Marsh" not in scored_second  # the first hop's bridge is a way to the answer, not the answer
 
 
 async def test_the_chosen_answer_and_bridge_carry_the_scoring_logprobs_in_their_regions(corpus_tools):
