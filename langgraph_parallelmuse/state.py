@@ -43,7 +43,7 @@ class Step(TypedDict):
     action: Action
     prompt_tokens: int  # summed over the step's model calls (a guided step makes several)
     context_tokens: int  # prompt tokens of the step's first call: the conversation before it
-    generated_tokens: int  # includes resampled attempts the driver rejected (real cost)
+    generated_tokens: int  # includes resampled attempts the driver rejected and what scoring a choice decoded
     cached_prompt_tokens: int  # prompt tokens a prefix cache served (observed: as the backend reported)
     calls: int
     conversation_calls: int  # calls on the conversation itself (not on a segment's own plain prompt)

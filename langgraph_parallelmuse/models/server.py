@@ -13,10 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from typing import Any, ClassVar
 
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import Field
 
@@ -40,11 +43,17 @@ class ServerChatModel(ChatOpenAI):
     OpenAI-compatible server honours (``ChatOpenAI`` renames it to ``max_completion_tokens``, which
     llama.cpp's servers ignore), and (3) with ``routing_header`` set, sends a digest of the active
     :func:`~langgraph_parallelmuse.models.routing.routing_scope` key (else of the question) in that
-    header, so a router keeps every call of one question on one replica and its prefix cache.
+    header, so a router keeps every call of one question on one replica and its prefix cache, and
+    (4) scores ``continuation="text"`` (the guided driver's :class:`~.segments.Choose`) from vLLM's
+    ``prompt_logprobs``: the conversation with ``text`` as a closed assistant reply, one token
+    generated; the reply is ``text`` with its prompt logprobs and ``end_logprob``, the logprob of
+    the template's end-of-turn token after it, as :class:`~.local.LocalChatModel` returns them.
 
     Args:
         supports_prefill: Declares the continuation to the driver (``auto`` then guides); set
             ``False`` for a server that cannot continue (check with :func:`check_server`).
+        supports_scoring: Declares the scoring to the driver (vLLM; set ``False`` for a server
+            without ``prompt_logprobs``: the guided driver then lets the model write its answer).
         routing_header: The router's header (``Server.routing_header``: ``x-smg-routing-key`` for
             sglang-router ``--policy manual``, ``x-session-id`` for vllm-router
             ``--policy consistent_hash``), or ``None`` for one server.
@@ -64,6 +73,9 @@ class ServerChatModel(ChatOpenAI):
     #: Writes the token bound as ``max_tokens`` in the request body (``Sampling`` leaves it alone).
     sends_max_tokens: ClassVar[bool] = True
     supports_prefill: bool = Field(default=True, description="The server continues a trailing assistant message.")
+    supports_scoring: bool = Field(
+        default=True, description="The server returns prompt logprobs (vLLM), so continuation= can be scored."
+    )
     routing_header: str | None = Field(default=None, description="Header carrying the routing key, if routed.")
 
     def __init__(self, **kwargs: Any) -> None:
@@ -79,13 +91,114 @@ class ServerChatModel(ChatOpenAI):
         if "max_completion_tokens" in payload:
             payload["max_tokens"] = payload.pop("max_completion_tokens")
         sent = payload.get("messages") or []
-        if self.supports_prefill and sent and sent[-1].get("role") == "assistant":
-            payload["extra_body"] = {**(payload.get("extra_body") or {}), **CONTINUE_FINAL_MESSAGE}
+        extra = payload.get("extra_body") or {}
+        if self.supports_prefill and sent and sent[-1].get("role") == "assistant" and "prompt_logprobs" not in extra:
+            payload["extra_body"] = {**extra, **CONTINUE_FINAL_MESSAGE}
         if self.routing_header:
             key = routing_key(self._convert_input(input_).to_messages())
             headers = payload.get("extra_headers") or {}
             payload["extra_headers"] = {**headers, self.routing_header: route_id(key)}
         return payload
+
+    # ------------------------------------------------------------------ scoring (Choose)
+
+    def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
+        result = super()._create_chat_result(response, generation_info)
+        raw = response if isinstance(response, dict) else response.model_dump()
+        if raw.get("prompt_logprobs") is not None:  # vLLM's field, which ChatOpenAI does not read
+            result.generations[0].message.response_metadata["prompt_logprobs"] = raw["prompt_logprobs"]
+        return result
+
+    def _scoring_call(self, messages: list[BaseMessage], continuation: str, top: int) -> tuple[list[BaseMessage], dict]:
+        """The request that scores ``continuation``: the reply closed by the chat template itself
+        (``continue_final_message`` off), so the template's own end-of-turn token is scored after it."""
+        extra = {**(self.extra_body or {}), "prompt_logprobs": top, "add_generation_prompt": False}
+        extra["continue_final_message"] = False
+        kwargs = {"max_tokens": 1, "temperature": 0.0, "logprobs": False, "top_logprobs": None, "extra_body": extra}
+        return [*messages, AIMessage(continuation)], kwargs
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs):
+        if (continuation := kwargs.pop("continuation", None)) is None:
+            return super()._generate(messages, stop, run_manager, **kwargs)
+        top = kwargs.get("top_logprobs", self.top_logprobs) or 0
+        sent, call = self._scoring_call(messages, continuation, top)
+        return _scored(super()._generate(sent, None, run_manager, **call), continuation, top)
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
+        if (continuation := kwargs.pop("continuation", None)) is None:
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+        top = kwargs.get("top_logprobs", self.top_logprobs) or 0
+        sent, call = self._scoring_call(messages, continuation, top)
+        return _scored(await super()._agenerate(sent, None, run_manager, **call), continuation, top)
+
+
+def _scored(result: ChatResult, continuation: str, top: int) -> ChatResult:
+    """The reply of a scoring request: ``continuation`` with its prompt logprobs and the end's.
+
+    vLLM's ``prompt_logprobs`` give, per prompt token, ``{token_id: {logprob, rank, decoded_token}}``:
+    the prompt token itself first, then the top alternatives by rank (vLLM's
+    ``append_logprobs_for_next_position``). The continuation's tokens are the last run of prompt
+    tokens whose text spells it; the next token is the template's end of turn.
+    """
+    message = result.generations[0].message
+    positions = [list(e.values()) for e in message.response_metadata.get("prompt_logprobs") or [] if e]
+    entries = [p[0] for p in positions]
+    if not entries:
+        raise ServerCheckError(
+            "the server returned no prompt_logprobs: scoring a continuation needs vLLM; for another server pass "
+            "ServerChatModel(supports_scoring=False) and the guided driver lets the model write its answers"
+        )
+    pieces = [e.get("decoded_token") or "" for e in entries]
+    span = _spelling(pieces, continuation)
+    if span is None:
+        raise ServerCheckError(f"no run of prompt tokens spells the continuation {continuation!r}")
+    start, end = span
+    content = [
+        {
+            "token": piece,
+            "logprob": float(own["logprob"]),
+            "bytes": list(piece.encode()),
+            "top_logprobs": [
+                {"token": alt.get("decoded_token") or "", "logprob": float(alt["logprob"])}
+                for alt in sorted(position, key=lambda a: a["rank"])[:top]
+            ],
+        }
+        for piece, own, position in zip(pieces[start:end], entries[start:end], positions[start:end], strict=True)
+    ]
+    metadata = {
+        "finish_reason": "stop",
+        "logprobs": {"content": content},
+        "end_logprob": float(entries[end]["logprob"]),
+    }
+    usage = message.usage_metadata
+    reply = AIMessage(continuation, response_metadata=metadata, usage_metadata=usage)
+    return ChatResult(generations=[ChatGeneration(message=reply)], llm_output=result.llm_output)
+
+
+def _spelling(pieces: list[str], text: str) -> tuple[int, int] | None:
+    """The last run ``pieces[start:end]`` that spells ``text`` and has a token after it.
+
+    Tokens holding parts of a multi-byte character decode to U+FFFD: a run of them stands for
+    one character. The template's closing after the reply is a few tokens, so only runs near
+    the end are tried.
+
+    Example:
+        >>> pieces = ["<|im_start|>", "assistant", "\\n", "D", "\ufffd", "\ufffd", "sseldorf", "<|im_end|>", "\\n"]
+        >>> _spelling(pieces, "Düsseldorf")
+        (3, 7)
+    """
+
+    def pattern(run: list[str]) -> str:
+        return ".".join(re.escape(part) for part in re.split("\ufffd+", "".join(run)))
+
+    reach = 2 * len(text) + 8
+    for start in range(len(pieces) - 2, max(-1, len(pieces) - 2 - reach), -1):
+        for end in range(start + 1, min(len(pieces), start + reach)):
+            if re.fullmatch(pattern(pieces[start:end]), text, re.DOTALL):
+                return start, end
+    return None
 
 
 def route_id(key: str) -> str:

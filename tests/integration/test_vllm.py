@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse import create_parallelmuse
 from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
@@ -121,6 +121,33 @@ def test_check_server_names_the_fix_for_what_vllm_refuses(vllm) -> None:
     assert "--max-logprobs 32" in str(info.value)
     with pytest.raises(ServerCheckError, match="answered HTTP 404"):
         check_server(vllm.url, SERVED_MODEL)  # the root, not the /v1 API root
+
+
+async def test_a_continuation_scored_on_vllm_matches_the_in_process_model(vllm) -> None:
+    """The guided driver's choice runs on vLLM from prompt logprobs with the same prompt and options:
+    the same tokens and (bfloat16 vs float32 weights) nearly the same logprobs, so the same pick."""
+    from langgraph_parallelmuse.driver import EVIDENCE_SYSTEM
+    from langgraph_parallelmuse.models import LocalChatModel
+
+    question = "The Eiffel Tower is in Paris, France.\n\nQuestion: Which country is the Eiffel Tower in?"
+    messages = [SystemMessage(EVIDENCE_SYSTEM), HumanMessage(question + "\nAnswer with a short phrase.")]
+    served, local = model(vllm), LocalChatModel.embedded()
+    scores = {}
+    for option in ("France", "Paris", "Düsseldorf"):
+        a = await served.ainvoke(messages, continuation=option, top_logprobs=16)
+        b = await local.ainvoke(messages, continuation=option, top_logprobs=16)
+        assert a.content == b.content == option
+        ours, theirs = (r.response_metadata["logprobs"]["content"] for r in (a, b))
+        assert [e["token"] for e in ours] == [e["token"] for e in theirs]
+        assert all(len(e["top_logprobs"]) == 16 for e in ours)
+        for x, y in zip(ours, theirs, strict=True):
+            assert x["logprob"] == pytest.approx(y["logprob"], abs=0.35)
+        assert a.response_metadata["end_logprob"] == pytest.approx(b.response_metadata["end_logprob"], abs=0.35)
+        scores[option] = [
+            sum(e["logprob"] for e in r.response_metadata["logprobs"]["content"]) + r.response_metadata["end_logprob"]
+            for r in (a, b)
+        ]
+    assert max(scores, key=lambda o: scores[o][0]) == max(scores, key=lambda o: scores[o][1])
 
 
 # Small enough for CI (about 1-2 min on 2 busy cores): N=4 is one initial trajectory, its two

@@ -189,3 +189,32 @@ def test_a_server_that_dies_mid_request_is_not_called_unreachable() -> None:
     with fake_http(routes) as fake:
         with pytest.raises(ServerCheckError, match=r"/v1/chat/completions dropped the request .*crashed; read its log"):
             check_server(f"{fake.url}/v1", "smollm2")
+
+
+async def test_a_continuation_is_scored_from_vllms_prompt_logprobs() -> None:
+    """vLLM-shaped prompt_logprobs: the continuation's tokens and the template's end of turn after it."""
+    prompt = [("<|im_start|>", None), ("assistant", -3.0), ("\n", -0.5), ("D", -1.0), ("\ufffd", -0.2)]
+    prompt += [("\ufffd", -0.1), ("sseldorf", -0.3), ("<|im_end|>", -0.7), ("\n", -0.01)]
+
+    def chat(body: dict) -> tuple[int, dict]:
+        reply = _completion(len(prompt), None)
+        logprobs = [
+            {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
+        ]
+        return 200, {**reply, "prompt_logprobs": logprobs}
+
+    with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
+        reply = await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="Düsseldorf")
+    sent = fake.requests[-1].body
+    # The template closes the reply (so its end-of-turn token is scored); one token is generated.
+    assert sent["messages"][-1] == {"role": "assistant", "content": "Düsseldorf"}
+    assert sent["prompt_logprobs"] == 4 and sent["max_tokens"] == 1  # the model's top_logprobs
+    assert sent["continue_final_message"] is False and sent["add_generation_prompt"] is False
+    assert reply.content == "Düsseldorf" and reply.response_metadata["end_logprob"] == -0.7
+    assert [e["logprob"] for e in reply.response_metadata["logprobs"]["content"]] == [-1.0, -0.2, -0.1, -0.3]
+
+
+async def test_a_server_without_prompt_logprobs_is_named_when_asked_to_score() -> None:
+    with fake_http(fake_server()) as fake:
+        with pytest.raises(ServerCheckError, match="no prompt_logprobs: scoring a continuation needs vLLM"):
+            await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="Vienna")
