@@ -28,7 +28,7 @@ from common import arguments, dev_set
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.aggregate import majority_vote
-from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE, Calibration
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.eval import score_answer
 from langgraph_parallelmuse.models import LocalChatModel
@@ -42,7 +42,9 @@ METRICS = ("em", "f1", "contains")
 def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--calibrate-on", default="20:50", help="START:END slice of the dev set fitting the thresholds")
     ap.add_argument("--calibration", default=None, help="calibration file (made from --calibrate-on if missing)")
-    ap.add_argument("--quantile", type=float, default=0.8, help="share of calibration steps below the threshold")
+    ap.add_argument(
+        "--quantile", type=float, default=DEFAULT_QUANTILE, help="share of calibration steps below the threshold"
+    )
     ap.add_argument("--consensus", type=float, default=0.75, help="consensus share of online_stop")
     ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
 
@@ -86,7 +88,7 @@ async def main() -> None:
     if {i.id for i in items} & {i.id for i in held_out}:
         raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
     model = LocalChatModel.embedded()
-    suffix = "" if args.quantile == 0.8 else f"-q{args.quantile:g}"
+    suffix = "" if args.quantile == DEFAULT_QUANTILE else f"-q{args.quantile:g}"
     cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}{suffix}.json")
     cal_path.parent.mkdir(parents=True, exist_ok=True)
     cal = await calibrate(model, index, held_out, cal_path, args.seed, args.quantile)

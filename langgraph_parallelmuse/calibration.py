@@ -21,6 +21,9 @@ from pathlib import Path
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.uncertainty import CONFIDENCE_WINDOW, REGIONS_OF_MODE
 
+#: Share of calibration steps below the branching threshold (the top fifth of steps fork).
+DEFAULT_QUANTILE = 0.8
+
 
 def quantile_of(values: list[float], q: float) -> float:
     """The ``q`` quantile of ``values`` by linear interpolation.
@@ -62,7 +65,7 @@ class Calibration:
         cls,
         uncertainties: Iterable[Iterable[Mapping[str, float | None]]],
         *,
-        quantile: float = 0.8,
+        quantile: float = DEFAULT_QUANTILE,
         estimator: str = "nll",
         confidences: Iterable[float | None] = (),
         stop_quantile: float = 0.1,

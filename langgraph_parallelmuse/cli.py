@@ -26,6 +26,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, RolloutFailedError
 from langgraph_parallelmuse.eval.bench import METHODS
@@ -664,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("runs", nargs="+", help="bench results.jsonl files or `ask --json` outputs")
     cal.add_argument("--out", required=True, help="calibration file to write")
-    cal.add_argument("--quantile", type=float, default=0.8, help="share of steps that will not branch")
+    cal.add_argument("--quantile", type=float, default=DEFAULT_QUANTILE, help="share of steps that will not branch")
     cal.add_argument(
         "--stop-quantile", type=float, default=0.1, help="share of trajectories early_stop would have stopped"
     )

@@ -236,10 +236,18 @@ class _Online:
         self.picks: list[Pick] = []
         self.tasks: dict[asyncio.Task, Job] = {}
         self.examined: dict[str, int] = {}  # trajectory id -> steps already considered for a fork
-        self.forks: dict[str, int] = {}  # initial trajectory id -> fork points taken (at most k)
         self.seen_scores: list[float] = []  # this run's finished step scores (the estimate, uncalibrated)
         self.launched = 0
         self.stopped = False
+
+    @property
+    def room(self) -> int:
+        """Trajectories the budget N still allows to start."""
+        return self.config.rollout_n - self.launched
+
+    def forks(self, parent: Trajectory) -> int:
+        """Fork points ``parent`` has taken (at most k)."""
+        return sum(p["parent"] == parent["id"] for p in self.picks)
 
     def start(self, job: Job) -> None:
         self.launched += 1
@@ -263,11 +271,10 @@ class _Online:
         start = self.examined.get(parent["id"], 0)
         self.examined[parent["id"]] = len(parent["uncertainty"])
         for step in range(start, len(parent["uncertainty"])):
-            if self.stopped or self.forks.get(parent["id"], 0) >= self.config.k:
+            if self.stopped or self.forks(parent) >= self.config.k:
                 return
             hit = self._crossing(parent["uncertainty"][step])
-            room = self.config.rollout_n - self.launched
-            if hit is None or room <= 0:
+            if hit is None or self.room <= 0:
                 continue
             region, score = hit
             self.fork(parent, Pick(parent=parent["id"], step=step, region=region, score=score, round=1))
@@ -276,7 +283,7 @@ class _Online:
         """An initial trajectory has ended with fewer than k fork points taken: its most uncertain
         remaining steps (the paper's top-k) take the rest, so the budget still goes to branches that
         share a prefix rather than to from-scratch fills."""
-        left = self.config.k - self.forks.get(parent["id"], 0)
+        left = self.config.k - self.forks(parent)
         if self.stopped or left <= 0:
             return
         taken = {p["step"] for p in self.picks if p["parent"] == parent["id"]}
@@ -284,16 +291,15 @@ class _Online:
         for step, region, score in select_branch_steps(
             parent["uncertainty"], mode=self.config.mode, k=left, eligible=eligible
         ):
-            if self.config.rollout_n - self.launched <= 0:
+            if self.room <= 0:
                 return
             self.fork(parent, Pick(parent=parent["id"], step=step, region=region, score=score, round=1))
 
     def fork(self, parent: Trajectory, pick: Pick) -> None:
         """Start T branches (within the budget) from ``pick``'s checkpoint of ``parent``."""
         self.picks.append(pick)
-        self.forks[parent["id"]] = self.forks.get(parent["id"], 0) + 1
         self.on_event("branch_picked", **pick)
-        for sibling in range(min(self.config.t, self.config.rollout_n - self.launched)):
+        for sibling in range(min(self.config.t, self.room)):
             self.start(branch_job(parent, pick, sibling, run_id=self.run_id))
 
     def _crossing(self, scores: dict[str, float | None]) -> tuple[str, float] | None:
@@ -387,10 +393,10 @@ async def online_rollout(
         if run.settled():
             run.on_event("consensus_reached", answers=len(run.done))
             await run.cancel_running()
-        elif run.launched < config.rollout_n and not any(j["origin"]["kind"] == "initial" for j in run.tasks.values()):
+        elif run.room > 0 and not any(j["origin"]["kind"] == "initial" for j in run.tasks.values()):
             # Once every initial trajectory has ended no fork can come, so the forks they did not take
             # go to fills now, beside the running branches, rather than as a wave of their own.
-            top_up = config.rollout_n - run.launched
+            top_up = run.room
             for i in range(top_up):
                 run.start(scratch_job("fill", fills + i, run_id=run_id, round=1))
             fills += top_up
