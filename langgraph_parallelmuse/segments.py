@@ -219,7 +219,7 @@ async def generate_turn(
     Args:
         model: Any LangChain chat model; logprobs are read from ``response_metadata["logprobs"]``.
         messages: The conversation before the turn.
-        segments: ``Lit``, ``Gen`` and ``Choose`` parts, in order.
+        segments: ``Lit``, ``Gen``, ``Choose`` (and ``Pick``) parts, in order.
         sampling: Temperature, top-p, logprob settings.
         seed: Base seed of the turn (each generated segment derives its own).
 
