@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from langchain_core.language_models import BaseChatModel
@@ -37,7 +37,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langgraph_parallelmuse.answers import normalize_vote_key, token_f1
 from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
-from langgraph_parallelmuse.segments import Gen, Lit, Sampling, generate_turn
+from langgraph_parallelmuse.segments import Choose, Gen, Lit, Sampling, Segment, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls
 from langgraph_parallelmuse.uncertainty import token_confidence
 
@@ -285,11 +285,15 @@ async def aggregate_reports(
     # SmolLM2 closes the tag at once (measured: 3/3 empty vs 3/3 candidates). The pick stops at a
     # blank line, not the first line break: after "Answer:" SmolLM2 sometimes breaks the line first
     # (2 of 10 aggregations of guided reports were empty), and the first line with text is the pick.
-    segments: list[Lit | Gen] = (
+    segments: list[Segment] = (
         [Lit("Answer:"), Gen(stop=("</answer>", "\n\n"), max_tokens=max_tokens, name="pick")]
         if guided
         else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
     )
+    if guided and getattr(model, "supports_scoring", False):
+        # A model that scores picks among the reports' answers by its likelihood, as the guided
+        # agent picks its own answer: a written pick of short span answers rarely snapped to one.
+        segments = [Lit("Answer:"), Choose(tuple(candidates), messages, then=lambda p: [replace(p, name="pick")])]
     result = AggregateResult(answer=majority, source="majority_fallback", prompt=messages, candidates=candidates)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
     try:
