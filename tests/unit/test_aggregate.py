@@ -276,3 +276,14 @@ def test_max_tool_calls_counts_tool_calls_as_the_stats_do(make_trajectory):
 def test_baselines_cover_every_configured_aggregation_but_parallelmuse():
     assert set(BASELINES) == set(get_args(Aggregation)) - {"parallelmuse"}
     assert BASELINES["majority"] is majority_vote
+
+
+async def test_a_scoring_model_picks_among_the_reports_answers_by_its_likelihood() -> None:
+    from langgraph_parallelmuse.aggregate import aggregate_reports
+    from tests.unit.fakes import ScoringChatModel
+
+    model = ScoringChatModel(option_logprobs={"Lyon": -0.1, "Paris": -3.0})
+    reports = [{"text": "Final answer: Paris", "answer": "Paris"}, {"text": "Final answer: Lyon", "answer": "Lyon"}]
+    result = await aggregate_reports(model, "Where?", reports, guided=True, temperature=0.0)
+    assert (result.answer, result.source) == ("Lyon", "aggregator")
+    assert sorted(text for _, text in model.scored) == ["Lyon", "Paris"] and not model.calls  # nothing written
