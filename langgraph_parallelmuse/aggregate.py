@@ -285,15 +285,14 @@ async def aggregate_reports(
     # SmolLM2 closes the tag at once (measured: 3/3 empty vs 3/3 candidates). The pick stops at a
     # blank line, not the first line break: after "Answer:" SmolLM2 sometimes breaks the line first
     # (2 of 10 aggregations of guided reports were empty), and the first line with text is the pick.
-    segments: list[Segment] = (
-        [Lit("Answer:"), Gen(stop=("</answer>", "\n\n"), max_tokens=max_tokens, name="pick")]
-        if guided
-        else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
+    # A model that scores picks among the reports' answers by its likelihood, as the guided agent
+    # picks its own answer: a written pick of short span answers rarely snapped to one.
+    pick: Segment = (
+        Choose(tuple(candidates), messages, then=lambda p: [replace(p, name="pick")])
+        if getattr(model, "supports_scoring", False)
+        else Gen(stop=("</answer>", "\n\n"), max_tokens=max_tokens, name="pick")
     )
-    if guided and getattr(model, "supports_scoring", False):
-        # A model that scores picks among the reports' answers by its likelihood, as the guided
-        # agent picks its own answer: a written pick of short span answers rarely snapped to one.
-        segments = [Lit("Answer:"), Choose(tuple(candidates), messages, then=lambda p: [replace(p, name="pick")])]
+    segments = [Lit("Answer:"), pick] if guided else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
     result = AggregateResult(answer=majority, source="majority_fallback", prompt=messages, candidates=candidates)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
     try:

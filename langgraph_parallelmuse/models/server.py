@@ -91,9 +91,9 @@ class ServerChatModel(ChatOpenAI):
         if "max_completion_tokens" in payload:
             payload["max_tokens"] = payload.pop("max_completion_tokens")
         sent = payload.get("messages") or []
-        extra = payload.get("extra_body") or {}
-        if self.supports_prefill and sent and sent[-1].get("role") == "assistant" and "prompt_logprobs" not in extra:
-            payload["extra_body"] = {**extra, **CONTINUE_FINAL_MESSAGE}
+        if self.supports_prefill and sent and sent[-1].get("role") == "assistant":
+            # Flags the call sets itself win (a scoring call closes the reply instead of continuing it).
+            payload["extra_body"] = {**CONTINUE_FINAL_MESSAGE, **(payload.get("extra_body") or {})}
         if self.routing_header:
             key = routing_key(self._convert_input(input_).to_messages())
             headers = payload.get("extra_headers") or {}
@@ -112,8 +112,8 @@ class ServerChatModel(ChatOpenAI):
     def _scoring_call(self, messages: list[BaseMessage], continuation: str, top: int) -> tuple[list[BaseMessage], dict]:
         """The request that scores ``continuation``: the reply closed by the chat template itself
         (``continue_final_message`` off), so the template's own end-of-turn token is scored after it."""
-        extra = {**(self.extra_body or {}), "prompt_logprobs": top, "add_generation_prompt": False}
-        extra["continue_final_message"] = False
+        extra = {**(self.extra_body or {}), "prompt_logprobs": top}
+        extra.update(continue_final_message=False, add_generation_prompt=False)
         kwargs = {"max_tokens": 1, "temperature": 0.0, "logprobs": False, "top_logprobs": None, "extra_body": extra}
         return [*messages, AIMessage(continuation)], kwargs
 
