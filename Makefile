@@ -43,7 +43,7 @@ test-fast: setup
 	$(BIN)/pytest -q
 
 test-slow: setup
-	$(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -m slow --durations=8
 
 # llama-cpp-python[server] compiles llama.cpp (several minutes), so only this step installs it; the
 # vLLM tests use the serving venv. GGML_NATIVE=OFF: a native build on a CPU with AMX (this machine
@@ -51,7 +51,7 @@ test-slow: setup
 # build (AVX2/FMA/F16C) serves. --no-cache-dir: a wheel pip cached from a native build would be reused.
 test-integration: setup setup-serving
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q --no-cache-dir -e ".[server-tests]"
-	PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration
+	PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration --durations=8
 
 lint: setup
 	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks
