@@ -52,6 +52,7 @@ async def _row(model: LocalChatModel, item, index, cfg) -> dict:
     return {
         "id": item.id,
         "hops": _hops(item.id),
+        "answer": traj["answer"],
         "well_formed": bool(traj["answer"])
         and any(o["name"] == "search" and not o["error"] for o in traj["observations"]),
         "steps": len(traj["steps"]),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.candidates import candidates, compound_parts, follow_up
+from langgraph_parallelmuse.candidates import answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
@@ -163,14 +163,17 @@ class GuidedDriver:
             return thought + [Lit("</think>\n" + render_tool_call("visit", {"doc": self.visit_target(ctx)}))]
         if action == "search":
             return thought + self.search(ctx, bridge=None)
-        options = self.options(ctx, ctx.question) if ctx.scoring else []
+        # A question asking for two things is answered part by part: the first choice is the first part's.
+        parts = compound_parts(ctx.question)
+        first = parts[0] if parts else ctx.question
+        options = self.options(ctx, first) if ctx.scoring else []
         if not options:
             return thought + (self.written_answer(ctx) if action == "answer" else self.search(ctx, bridge=None))
         sure = action == "answer"
         return thought + [
             Choose(
                 tuple(options),
-                self.evidence_prompt(ctx),
+                self.evidence_prompt(ctx, question=first),
                 then=lambda pick: (
                     self.answer(ctx, pick)
                     if sure or pick.share >= self.answer_confidence
@@ -179,17 +182,27 @@ class GuidedDriver:
             )
         ]
 
-    def options(self, ctx: StepContext, question: str) -> list[str]:
-        """Candidates from the evidence; an earlier hop's bridge was a way to the answer, not the answer."""
+    def options(self, ctx: StepContext, question: str, *, answered: Sequence[str] = ()) -> list[str]:
+        """Candidates from the evidence for ``question`` (the whole question or one part of it).
+
+        An earlier hop's bridge was a way to the answer, not the answer; a part answered already
+        (``answered``) and the whole question's own entities are not the answer of the next part.
+        """
         bridges = [s["bridge"] for s in ctx.steps if "bridge" in s]
-        return candidates(question, self.evidence(ctx), limit=self.candidate_limit, exclude=bridges)
+        return candidates(
+            question,
+            self.evidence(ctx),
+            limit=self.candidate_limit,
+            exclude=[*bridges, *answered],
+            within=ctx.question,
+        )
 
     def answer(self, ctx: StepContext, first: Pick) -> list[Segment]:
         """The answer: the chosen span; a question asking for two things gets a second choice after it."""
         head = [Lit("</think>\n<answer>"), replace(first, name="answer")]
         parts = compound_parts(ctx.question)
         second = follow_up(parts[1], first.text) if parts else None
-        options = self.options(ctx, second) if second else []
+        options = self.options(ctx, second, answered=[first.text]) if second else []
         if not options:
             return [*head, Lit("</answer>")]
         prompt = self.evidence_prompt(ctx, question=second)
@@ -257,12 +270,21 @@ class GuidedDriver:
         return "\n\n".join(parts)
 
     def evidence_prompt(self, ctx: StepContext, *, question: str | None = None) -> list[BaseMessage]:
-        """The plain QA prompt: the evidence, then the question (or one part of it)."""
+        """The plain QA prompt: the evidence, then the question (or one part of it).
+
+        The reply is asked for by the answer's type when the question names one ("Answer with
+        the name of the country."), so the options are scored as what the question asks for.
+
+        Example:
+            >>> ctx = StepContext("Which country is X in?", [], [], 0, False, 64)
+            >>> GuidedDriver().evidence_prompt(ctx)[-1].content.splitlines()[-1]
+            'Answer with the name of the country.'
+        """
         context = self.evidence(ctx) or "(no evidence found)"
-        return [
-            SystemMessage(EVIDENCE_SYSTEM),
-            HumanMessage(f"{context}\n\nQuestion: {question or ctx.question}\nAnswer with a short phrase."),
-        ]
+        question = question or ctx.question
+        kind = answer_type(question)
+        ask = f"Answer with the name of the {kind}." if kind else "Answer with a short phrase."
+        return [SystemMessage(EVIDENCE_SYSTEM), HumanMessage(f"{context}\n\nQuestion: {question}\n{ask}")]
 
     def query_prompt(self, ctx: StepContext, *, bridge: str | None = None) -> list[BaseMessage]:
         """The plain search prompt: the question, and from the second search on, what was found.

@@ -88,7 +88,8 @@ async def test_the_chosen_answer_and_bridge_carry_the_scoring_logprobs_in_their_
 
 
 def test_a_question_asking_for_two_things_gets_two_chosen_spans():
-    model = ScoringChatModel(option_logprobs={"France": -0.05, "Paris": -0.1})
+    # The model likes the question's own subject best: it is not an answer of either part.
+    model = ScoringChatModel(option_logprobs={"Eiffel Tower": -0.01, "France": -0.05, "Paris": -0.1})
     evidence = "The Eiffel Tower is a lattice tower in Paris, France. Paris is the capital of France."
     question = "Which country is the Eiffel Tower in, and what is the capital of that country?"
     read = {"step": 0, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
@@ -98,6 +99,48 @@ def test_a_question_asking_for_two_things_gets_two_chosen_spans():
     segments = [Choose(tuple(first), [HumanMessage(evidence)], then=lambda pick: driver.answer(ctx, pick))]
     turn = asyncio.run(generate_turn(model, [], segments, sampling=Sampling(temperature=0)))
     assert turn.text.endswith("<answer>France; Paris</answer>")
+    second = {
+        text for messages, text in model.scored if "Question: what is the capital of France?" in messages[-1].content
+    }
+    assert second and not second & {"Eiffel Tower", "France"}
+    assert model.scored[-1][0][-1].content.endswith(
+        "Question: what is the capital of France?\nAnswer with the name of the capital."
+    )
+
+
+def test_the_first_choice_of_a_question_asking_for_two_things_answers_its_first_part():
+    evidence = "The Eiffel Tower is a lattice tower in Paris, France."
+    read = {"step": 1, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
+    question = "Which country is the Eiffel Tower in, and what is the capital of that country?"
+    steps = [{"action": {"type": "tool_call", "name": n, "arguments": {}}} for n in ("search", "visit")]
+    ctx = StepContext(question, steps, [{**read, "doc_ids": ["e"]}], 2, False, 64, frozenset({"search"}), scoring=True)
+    choose = GuidedDriver().plan(ctx)[-1]
+    assert isinstance(choose, Choose) and "France" in choose.options
+    assert choose.messages[-1].content.endswith(
+        "Question: Which country is the Eiffel Tower in?\nAnswer with the name of the country."
+    )
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        ("Which country is the Eiffel Tower in?", "country"),
+        ("Which American rock band has more members?", "band"),
+        ("What city did the author move to?", "city"),
+        ("What is the capital of France?", "capital"),
+        ("What kind of plant is Ficus?", None),
+        ("What is the name of the band?", None),
+        ("Who wrote Hamlet?", None),
+        ("When was X born?", None),
+    ],
+)
+def test_the_answer_prompt_names_the_type_a_question_asks_for(question, kind):
+    from langgraph_parallelmuse.candidates import answer_type
+
+    assert answer_type(question) == kind
+    ctx = StepContext(question, [], [], 0, False, 64)
+    ask = f"Answer with the name of the {kind}." if kind else "Answer with a short phrase."
+    assert GuidedDriver().evidence_prompt(ctx)[-1].content.endswith(f"Question: {question}\n{ask}")
 
 
 def test_choose_refuses_a_model_that_cannot_score():
