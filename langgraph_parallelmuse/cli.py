@@ -43,10 +43,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-path", default=None, help="local transformers checkpoint dir (default: embedded GGUF)")
     g.add_argument(
         "--precision",
-        choices=("float32", "bfloat16"),
+        choices=("auto", "float32", "bfloat16"),
         default="float32",
-        help="in-process engine: bfloat16 matrix work is ~2x faster on CPUs with AMX/AVX-512-BF16; "
-        "float32 keeps the logprobs exact (default: float32)",
+        help="in-process engine: bfloat16 matrix work is ~2x faster on CPUs with AMX/AVX-512-BF16 and many "
+        "times slower on others; auto picks it only where the CPU has it; float32 keeps the logprobs exact "
+        "(default: float32)",
     )
     g = p.add_argument_group("knowledge")
     g.add_argument(

@@ -22,9 +22,10 @@ from typing import Any
 from langgraph_parallelmuse.errors import InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
+from langgraph_parallelmuse.models.hardware import Precision, resolve_precision
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache
 from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
-from langgraph_parallelmuse.models.runner import ModelRunner, Precision
+from langgraph_parallelmuse.models.runner import ModelRunner
 from langgraph_parallelmuse.models.scheduler import Counters, Item, Scheduler
 
 __all__ = [
@@ -56,8 +57,9 @@ class InferenceEngine:
         cache_max_bytes: Memory bound of the prefix cache.
         max_batch_size: Most rows decoded together.
         batch_window: Seconds the idle worker waits after a first request for companions.
-        precision: ``"float32"`` (exact) or ``"bfloat16"`` matrix products (faster on CPUs with
-            AMX / AVX-512-BF16; moves logprobs by about 0.02 nats on average).
+        precision: ``"float32"`` (exact), ``"bfloat16"`` matrix products (faster on CPUs with
+            AMX / AVX-512-BF16, many times slower on others; moves logprobs by about 0.02 nats on
+            average) or ``"auto"`` (bfloat16 where the CPU has it natively, else float32).
         name: Display name of the model.
 
     Example:
@@ -201,6 +203,8 @@ def shared_engine(
     from langgraph_parallelmuse.models.loading import load_model
 
     loaded = load_model(model_path, gguf_file)
+    if precision == "auto":  # one engine per precision it computes in, however it was asked for
+        precision = resolve_precision(precision)
     key = (loaded.path, loaded.gguf_file, precision, prefix_cache, batching, cache_max_bytes, max_batch_size)
     with _engines_lock:
         engine = _engines.get(key)

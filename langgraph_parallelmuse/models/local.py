@@ -97,10 +97,11 @@ class LocalChatModel(BaseChatModel):
     batching: bool = Field(True, description="Decode concurrent requests in one batch.")
     cache_max_bytes: int = Field(2 * 1024**3, ge=0, description="Prefix-cache memory bound.")
     max_batch_size: int = Field(8, ge=1, description="Most requests decoded together.")
-    precision: Literal["float32", "bfloat16"] = Field(
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
         "float32",
-        description="float32 (exact logprobs) or bfloat16 matrix products (faster on CPUs with AMX or "
-        "AVX-512-BF16; moves logprobs by about 0.02 nats on average, see BENCHMARKS.md).",
+        description="float32 (exact logprobs), bfloat16 matrix products (faster on CPUs with AMX or "
+        "AVX-512-BF16, many times slower on others; moves logprobs by about 0.02 nats on average, see "
+        "BENCHMARKS.md) or auto (bfloat16 where the CPU has it natively, else float32).",
     )
     max_context_tokens: int | None = Field(
         None,

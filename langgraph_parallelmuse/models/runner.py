@@ -7,31 +7,40 @@ shared prefix segments once for all rows (:mod:`.attention`) and no KV is copied
 Precision: ``"float32"`` computes everything in float32 (the reference). ``"bfloat16"`` runs the
 matrix products (projections, MLP, LM head, attention) in bfloat16 with float32 accumulation (AMX /
 AVX-512-BF16 on recent x86) and keeps KV in bfloat16; the residual stream, norms, rotary
-embedding, softmax and the returned logits stay float32.
+embedding, softmax and the returned logits stay float32. ``"auto"`` is bfloat16 where the CPU has
+native bfloat16 instructions and float32 elsewhere (:mod:`.hardware`).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.attention import prefill_attention
+from langgraph_parallelmuse.models.hardware import (
+    PRECISIONS,
+    Precision,
+    blas_for_float32,
+    native_bfloat16,
+    resolve_precision,
+)
 from langgraph_parallelmuse.models.kv_batch import BatchKV, Piece
 
-__all__ = ["PRECISIONS", "ModelRunner", "check_transformers"]
-
-#: Precisions a runner computes in.
-PRECISIONS = ("float32", "bfloat16")
-Precision = Literal["float32", "bfloat16"]
+__all__ = ["ModelRunner", "check_transformers"]
 
 _PREFILL_CHUNK = 2048
+# Products of at most this many rows go to OpenBLAS where it is the float32 BLAS (see _Linear).
+_OPENBLAS_ROWS = 64
 _TRANSFORMERS_FLOOR = (5, 24)
 _ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -64,11 +73,26 @@ def check_transformers() -> None:
 
 @dataclass(frozen=True)
 class _Linear:
+    """``y = x W^T + b`` with ``W`` ``[out, in]``; ``columns``, when set, holds ``W^T`` for OpenBLAS.
+
+    On CPUs where MKL's products of few rows are slow (:func:`.hardware.blas_for_float32`), a
+    float32 product of at most ``_OPENBLAS_ROWS`` rows (a decode step) goes to numpy's OpenBLAS on
+    ``W^T`` stored contiguously, ``[in, out]``, the layout its kernels read fastest, on one thread;
+    ``weight`` is then a transposed view of the same memory, which MKL multiplies on torch's
+    threads for the long products of a prefill.
+    """
+
     weight: torch.Tensor
     bias: torch.Tensor | None
+    columns: np.ndarray | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x.to(self.weight.dtype), self.weight).float()
+        rows = x.numel() // x.shape[-1]
+        if self.columns is not None and rows <= _OPENBLAS_ROWS:
+            flat = x.reshape(rows, x.shape[-1]).contiguous().numpy()
+            y = torch.from_numpy(np.matmul(flat, self.columns)).view(*x.shape[:-1], self.columns.shape[1])
+        else:
+            y = F.linear(x.to(self.weight.dtype), self.weight).float()
         return y if self.bias is None else y + self.bias
 
 
@@ -82,24 +106,32 @@ class _Layer:
     down: _Linear
 
 
-def _fused(modules: Sequence[Any], dtype: torch.dtype) -> _Linear:
+def _fused(modules: Sequence[Any], dtype: torch.dtype, *, openblas: bool) -> _Linear:
     """One linear map stacking ``modules``' outputs (one matrix product instead of several).
 
     In the modules' own dtype no second copy of the weights is kept: the modules are pointed at
     views of the stacked matrix (same values, so the transformers model still computes the same).
+    ``openblas`` stores the stacked matrix transposed (see :class:`_Linear`).
     """
     weights = [m.weight.detach() for m in modules]
     weight = (torch.cat(weights) if len(weights) > 1 else weights[0]).to(dtype)
-    if len(weights) > 1 and weight.dtype == weights[0].dtype:
+    columns = None
+    if openblas:
+        transposed = weight.t().contiguous()
+        columns, weight = transposed.numpy(), transposed.t()
+    else:
+        weight = weight.contiguous()
+    if weight.dtype == weights[0].dtype:
         rows = 0
         for module, original in zip(modules, weights, strict=True):
             module.weight.data = weight[rows : rows + original.shape[0]]
             rows += original.shape[0]
-    if all(m.bias is None for m in modules):
-        return _Linear(weight, None)
-    zeros = [m.weight.new_zeros(m.weight.shape[0]) for m in modules]
-    bias = torch.cat([z if m.bias is None else m.bias.detach() for m, z in zip(modules, zeros, strict=True)])
-    return _Linear(weight, bias.float())
+    bias = None
+    if any(m.bias is not None for m in modules):
+        zeros = [m.weight.new_zeros(m.weight.shape[0]) for m in modules]
+        bias = torch.cat([z if m.bias is None else m.bias.detach() for m, z in zip(modules, zeros, strict=True)])
+        bias = bias.float()
+    return _Linear(weight, bias, columns)
 
 
 @dataclass(frozen=True)
@@ -125,26 +157,43 @@ def _weights(model: Any, dtype: torch.dtype) -> _Weights:
         return sets[dtype]
 
 
+@functools.cache
+def _one_openblas_thread() -> None:
+    """Run numpy's OpenBLAS on the calling thread only (process-wide, once).
+
+    Its worker threads and torch's OpenMP threads, each waiting busily for work, took turns on the
+    same cores: with two threads each, a decode step took 2-3x as long as with OpenBLAS on one.
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def _build_weights(model: Any, dtype: torch.dtype) -> _Weights:
     inner = model.model
+    openblas = dtype == torch.float32 and blas_for_float32() == "openblas"
+    if openblas:
+        _one_openblas_thread()
+    fused = functools.partial(_fused, dtype=dtype, openblas=openblas)
+    # The head first: with tied embeddings the embedding below is then a view of its new storage.
+    head = fused([model.get_output_embeddings()])
     layers = []
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
         layers.append(
             _Layer(
                 norm_in=layer.input_layernorm.weight.detach().float(),
-                qkv=_fused([attn.q_proj, attn.k_proj, attn.v_proj], dtype),
-                o=_fused([attn.o_proj], dtype),
+                qkv=fused([attn.q_proj, attn.k_proj, attn.v_proj]),
+                o=fused([attn.o_proj]),
                 norm_post=layer.post_attention_layernorm.weight.detach().float(),
-                gate_up=_fused([mlp.gate_proj, mlp.up_proj], dtype),
-                down=_fused([mlp.down_proj], dtype),
+                gate_up=fused([mlp.gate_proj, mlp.up_proj]),
+                down=fused([mlp.down_proj]),
             )
         )
     embed = inner.embed_tokens.weight.detach().float()
     positions = torch.arange(int(getattr(model.config, "max_position_embeddings", 0) or 1 << 15))[None]
     with torch.inference_mode():
         cos, sin = inner.rotary_emb(embed[:1], position_ids=positions)
-    head = _fused([model.get_output_embeddings()], dtype)
     return _Weights(embed, inner.norm.weight.detach().float(), head, layers, cos[0].float(), sin[0].float())
 
 
@@ -176,7 +225,8 @@ class ModelRunner:
 
     Args:
         model: A ``transformers`` causal LM of a supported architecture (eval mode).
-        precision: ``"float32"`` or ``"bfloat16"`` (see the module docstring).
+        precision: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (see the module docstring); a
+            requested bfloat16 on a CPU without native bfloat16 instructions runs, with a warning.
 
     Raises:
         ConfigError: Unsupported architecture or precision, or a too old transformers.
@@ -195,8 +245,15 @@ class ModelRunner:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         _check_architecture(model)
         config = model.config
-        self.precision = precision
-        self.dtype = getattr(torch, precision)
+        if precision == "bfloat16" and not native_bfloat16():
+            warnings.warn(
+                "precision='bfloat16' on a CPU without native bfloat16 instructions (AVX-512-BF16, AMX): "
+                "PyTorch's generic kernels make it many times slower than float32; use precision='auto'",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self.precision = resolve_precision(precision)
+        self.dtype = getattr(torch, self.precision)
         self.num_layers = config.num_hidden_layers
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads

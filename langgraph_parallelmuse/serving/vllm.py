@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.models.hardware import resolve_precision
 from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
 
 
@@ -31,6 +32,7 @@ def vllm_command(
     block_size: int | None = None,
     enforce_eager: bool = False,
     chunked_prefill: bool = False,
+    dtype: str = "auto",
     extra_args: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """The argv of vLLM's OpenAI-compatible server with the flags the library relies on.
@@ -48,11 +50,15 @@ def vllm_command(
             ``seed`` is split over two steps, which concurrent branches with long prompts cause.
             Off, every prompt is prefilled in one step (``--max-num-batched-tokens`` is raised to
             ``max_model_len``).
+        dtype: ``--dtype``. ``"auto"`` is the library's choice for this CPU, not vLLM's (which is
+            the checkpoint's bfloat16 everywhere): bfloat16 where the CPU has native bfloat16
+            instructions, float32 elsewhere, since vLLM-CPU's bfloat16 prefill on an AVX2-only CPU
+            ran at 32 tokens/s (:mod:`~langgraph_parallelmuse.models.hardware`).
 
     Example:
-        >>> cmd = vllm_command("/m", python="py", port=8000, enforce_eager=True)
-        >>> cmd[:3], "--enable-prefix-caching" in cmd, cmd[-1]
-        (('py', '-m', 'vllm.entrypoints.openai.api_server'), True, '--enforce-eager')
+        >>> cmd = vllm_command("/m", python="py", port=8000, enforce_eager=True, dtype="float32")
+        >>> cmd[:3], "--enable-prefix-caching" in cmd, cmd[cmd.index("--dtype") + 1], cmd[-1]
+        (('py', '-m', 'vllm.entrypoints.openai.api_server'), True, 'float32', '--enforce-eager')
     """
     return (
         *(python, "-m", "vllm.entrypoints.openai.api_server"),
@@ -62,6 +68,7 @@ def vllm_command(
         *("--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs)),
         *(("--block-size", str(block_size)) if block_size is not None else ()),
         *(() if chunked_prefill else ("--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len))),
+        *("--dtype", resolve_precision(dtype)),
         *extra_args,
         *(("--enforce-eager",) if enforce_eager else ()),
     )

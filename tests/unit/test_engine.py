@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import pytest
 import torch
 
 from langgraph_parallelmuse.errors import ConfigError, InputError
 from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
+from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
 from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
 
 # float32 batched (shared segments, private rows) vs unbatched attention reorders sums: ~1e-6 here.
@@ -270,7 +272,11 @@ def test_the_float32_runner_reads_the_model_weights_in_place(model) -> None:
 
 
 def test_bfloat16_precision_stays_near_the_float32_reference(model, tokenizer) -> None:
-    engine = InferenceEngine(model, tokenizer, precision="bfloat16")
+    # Asked for explicitly it runs everywhere; on a CPU without native bfloat16 it warns (slow there).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = InferenceEngine(model, tokenizer, precision="bfloat16")
+    assert any("precision='auto'" in str(w.message) for w in caught) == (not native_bfloat16())
     try:
         prompt = ids(tokenizer, PROMPTS[2])
         result = engine.generate(GenerationRequest(prompt, max_new_tokens=8, temperature=0.0, top_logprobs=3))
@@ -287,3 +293,19 @@ def test_bfloat16_precision_stays_near_the_float32_reference(model, tokenizer) -
     assert stats["cache_bytes"] == positions * 2 * 2 * 2 * 16 * 2  # layers * (k, v) * kv_heads * head_dim * 2 B
     with pytest.raises(ConfigError, match="precision"):
         InferenceEngine(model, tokenizer, precision="float16")
+
+
+@pytest.mark.parametrize(
+    ("flags", "computes"),
+    [({"avx2", "fma"}, torch.float32), ({"avx512f", "avx512_bf16"}, torch.bfloat16), ({"amx_bf16"}, torch.bfloat16)],
+)
+def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(model, tokenizer, monkeypatch, flags, computes) -> None:
+    from langgraph_parallelmuse.models import hardware
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    engine = InferenceEngine(model, tokenizer, precision="auto")
+    try:
+        assert engine.runner.dtype == computes
+        assert resolve_precision("auto") == str(computes).removeprefix("torch.")
+    finally:
+        engine.close()
