@@ -40,6 +40,8 @@ from typing import Any
 from engine_micro import build_prefix
 from langchain_core.messages import AIMessage, SystemMessage
 
+from langgraph_parallelmuse.models.hardware import resolve_precision
+
 ROOT = Path(__file__).resolve().parents[1]
 BRANCHES, NEW_TOKENS, PREFIX_TOKENS = 8, 32, 1500
 SAMPLING = {"temperature": 0.6, "top_p": 0.95}
@@ -162,13 +164,13 @@ def run_inprocess(repo: Path, precision: str, threads: int) -> dict[str, float]:
     return json.loads(line[len("RESULT ") :])
 
 
-def run_vllm(venv: Path, threads: int | None, llm_for_prompts: Any) -> dict[str, float]:
+def run_vllm(venv: Path, threads: int | None, dtype: str, llm_for_prompts: Any) -> dict[str, float]:
     # The serving package and ServerChatModel come with the `serving` work (main).
     from langgraph_parallelmuse import serving
     from langgraph_parallelmuse.models import ServerChatModel, export
 
     model_dir = export.export_model(ROOT / ".cache" / "smollm2-bf16")
-    spec = serving.vllm_spec(model_dir, venv=venv, threads=threads, kv_cache_gib=2)
+    spec = serving.vllm_spec(model_dir, venv=venv, threads=threads, kv_cache_gib=2, dtype=dtype)
     with serving.serve([spec], startup_timeout=1800, log_dir=ROOT / ".cache" / "engine-vs-vllm-logs") as (server,):
         llm = ServerChatModel(base_url=f"{server.url}/v1", model="smollm2", logprobs=True, top_logprobs=16)
         work = Work(llm_for_prompts, {"extra_body": {"ignore_eos": True}}, lambda: group_cpu_seconds(server.pid))
@@ -223,6 +225,12 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another checkout whose in-process engine runs beside")
     ap.add_argument("--baseline-threads", type=int, nargs="+", default=[1])
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument(
+        "--vllm-dtypes",
+        nargs="+",
+        default=["auto"],
+        help="vLLM's --dtype per server (auto: bfloat16 only on a CPU with native bfloat16, else float32)",
+    )
     args = ap.parse_args()
     if args.worker:
         inprocess_worker(args.worker)
@@ -248,10 +256,11 @@ def main() -> None:
         from langgraph_parallelmuse.models import LocalChatModel
 
         prompts = LocalChatModel.embedded()
-        for threads in args.threads:
-            name = f"vLLM compiled {threads} thr"
-            rows[name] = [run_vllm(args.venv, None if threads == 1 else threads, prompts)]
-            print(f"{name}: {json.dumps({k: round(v, 2) for k, v in rows[name][0].items()})}", flush=True)
+        for dtype in args.vllm_dtypes:
+            for threads in args.threads:
+                name = f"vLLM compiled {resolve_precision(dtype)} {threads} thr"
+                rows[name] = [run_vllm(args.venv, None if threads == 1 else threads, dtype, prompts)]
+                print(f"{name}: {json.dumps({k: round(v, 2) for k, v in rows[name][0].items()})}", flush=True)
         inprocess_round()
     report(rows, bandwidth, weight_bytes)
 

@@ -185,10 +185,14 @@ class GuidedDriver:
     def options(self, ctx: StepContext, question: str, *, answered: Sequence[str] = ()) -> list[str]:
         """Candidates from the evidence for ``question`` (the whole question or one part of it).
 
-        An earlier hop's bridge was a way to the answer, not the answer; a part answered already
-        (``answered``) and the whole question's own entities are not the answer of the next part.
+        An earlier hop's bridge was a way to the answer, not the answer, except in a question
+        that asks for two things: its first part is asked directly, so an unsure pick there is a
+        guess at that part's answer, which the next hop's evidence may confirm (left out, the
+        right but unsure "France" of the Eiffel Tower's country was lost to "Notre-Dame de
+        Paris"). A part answered already (``answered``) and the whole question's own entities are
+        not the answer of the next part.
         """
-        bridges = [s["bridge"] for s in ctx.steps if "bridge" in s]
+        bridges = [] if compound_parts(ctx.question) else [s["bridge"] for s in ctx.steps if "bridge" in s]
         return candidates(
             question,
             self.evidence(ctx),

@@ -121,6 +121,34 @@ def test_the_first_choice_of_a_question_asking_for_two_things_answers_its_first_
     )
 
 
+def test_an_unsure_first_pick_of_a_question_asking_for_two_things_stays_a_candidate():
+    # The first hop's pick was unsure, so it opened the next query (its bridge); it may still be the
+    # first part's answer. In a plain two-hop question the bridge is left out (the test above).
+    evidence = "The Eiffel Tower is a lattice tower in Paris, France. Notre-Dame de Paris is a cathedral."
+    read = {"step": 1, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
+    question = "Which country is the Eiffel Tower in, and what is the capital of that country?"
+    steps = [
+        {"action": {"type": "tool_call", "name": "search", "arguments": {}}},
+        {"action": {"type": "tool_call", "name": "visit", "arguments": {}}},
+        {"action": {"type": "tool_call", "name": "search", "arguments": {}}, "bridge": "France"},
+        {"action": {"type": "tool_call", "name": "visit", "arguments": {}}},
+    ]
+    ctx = StepContext(question, steps, [{**read, "doc_ids": ["e"]}], 4, False, 64, frozenset({"search"}), scoring=True)
+    choose = GuidedDriver().plan(ctx)[-1]
+    assert isinstance(choose, Choose) and "France" in choose.options
+    plain = StepContext(
+        "Which country is the cathedral of the Eiffel Tower's city in?",
+        steps,
+        ctx.observations,
+        4,
+        False,
+        64,
+        frozenset({"search"}),
+        scoring=True,
+    )
+    assert "France" not in GuidedDriver().options(plain, plain.question)
+
+
 @pytest.mark.parametrize(
     ("question", "kind"),
     [
