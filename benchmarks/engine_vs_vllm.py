@@ -40,8 +40,6 @@ from typing import Any
 from engine_micro import build_prefix
 from langchain_core.messages import AIMessage, SystemMessage
 
-from langgraph_parallelmuse.models.hardware import resolve_precision
-
 ROOT = Path(__file__).resolve().parents[1]
 BRANCHES, NEW_TOKENS, PREFIX_TOKENS = 8, 32, 1500
 SAMPLING = {"temperature": 0.6, "top_p": 0.95}
@@ -253,7 +251,9 @@ def main() -> None:
 
     inprocess_round()
     if not args.no_vllm:
+        # Here, not at the top: the in-process workers run this file on an older checkout too.
         from langgraph_parallelmuse.models import LocalChatModel
+        from langgraph_parallelmuse.models.hardware import resolve_precision
 
         prompts = LocalChatModel.embedded()
         for dtype in args.vllm_dtypes:
