@@ -6,7 +6,7 @@ QUESTION ?= Which country is the Eiffel Tower in, and what is the capital of tha
 # The question reaches the shell single-quoted and unexpanded: backticks, $ and quotes stay text.
 QUOTED_QUESTION = '$(subst ','\'',$(value QUESTION))'
 
-.PHONY: setup setup-serving run agent test test-fast test-slow test-integration lint bench bench-full clean
+.PHONY: setup setup-serving run agent test test-fast test-slow test-integration ci-fast ci-slow ci-integration lint bench bench-full clean
 
 setup: $(VENV)/.installed
 
@@ -35,23 +35,54 @@ run: setup
 agent: setup
 	$(BIN)/parallelmuse agent $(QUOTED_QUESTION)
 
-## The test command (what .ci/run calls): fast suite, the slow real-model suite, then the
-## integration suite (real servers on loopback).
-test: setup lint test-fast test-slow test-integration
+PYTEST_FAST = $(BIN)/pytest -q
+PYTEST_SLOW = $(BIN)/pytest -q -m slow --durations=8
+PYTEST_INTEGRATION = PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration --durations=8
+
+# llama-cpp-python[server] (the integration extra) compiles llama.cpp: several minutes, so it is
+# built as a wheel apart (pip wheel touches no venv, so it can run while tests use .venv) on one job,
+# and installed from there. GGML_NATIVE=OFF: a native build on a CPU with AMX takes ggml's AMX path
+# for the Q4_1 weights and segfaults on the first decode; the portable build (AVX2/FMA/F16C) serves.
+# --no-cache-dir: a wheel pip cached from a native build would be reused.
+WHEELS := .cache/wheels
+LLAMA_WHEEL := $(WHEELS)/.llama-built
+SERVER_TESTS = $(shell $(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['server-tests'])")
+INSTALL_SERVER_TESTS = $(BIN)/pip install -q --find-links $(WHEELS) --only-binary llama-cpp-python -e ".[server-tests]"
+
+## The test command (what .ci/run calls): lint, the fast suite, the slow real-model suite, then the
+## integration suite (real servers on loopback). What the integration suite needs built (the serving
+## venv, llama.cpp's compile: 9 of 42 minutes of a CI run) is built beside the fast and slow suites,
+## which leave a core mostly idle (a decode step's products run on one thread); each part's output
+## is printed when it ends.
+test: setup
+	$(MAKE) -j2 --output-sync=target ci-integration
 
 test-fast: setup
-	$(BIN)/pytest -q
+	$(PYTEST_FAST)
 
 test-slow: setup
-	$(BIN)/pytest -q -m slow --durations=8
+	$(PYTEST_SLOW)
 
-# llama-cpp-python[server] compiles llama.cpp (several minutes), so only this step installs it; the
-# vLLM tests use the serving venv. GGML_NATIVE=OFF: a native build on a CPU with AMX (this machine
-# kind) takes ggml's AMX path for the Q4_1 weights and segfaults on the first decode; the portable
-# build (AVX2/FMA/F16C) serves. --no-cache-dir: a wheel pip cached from a native build would be reused.
-test-integration: setup setup-serving
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q --no-cache-dir -e ".[server-tests]"
-	PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration --durations=8
+test-integration: setup setup-serving $(LLAMA_WHEEL)
+	$(INSTALL_SERVER_TESTS)
+	$(PYTEST_INTEGRATION)
+
+# The test command's chain: lint -> fast -> slow -> integration, with the builds beside it.
+ci-fast: lint
+	$(PYTEST_FAST)
+
+ci-slow: ci-fast
+	$(PYTEST_SLOW)
+
+ci-integration: ci-slow setup-serving $(LLAMA_WHEEL)
+	$(INSTALL_SERVER_TESTS)
+	$(PYTEST_INTEGRATION)
+
+$(LLAMA_WHEEL): pyproject.toml | setup
+	mkdir -p $(WHEELS)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=1 $(BIN)/pip wheel -q --no-deps --no-cache-dir \
+		-w $(WHEELS) '$(SERVER_TESTS)'
+	touch $@
 
 lint: setup
 	$(BIN)/ruff check langgraph_parallelmuse tests graphs benchmarks
