@@ -140,8 +140,11 @@ def compound_parts(question: str) -> tuple[str, str] | None:
     Example:
         >>> compound_parts("Which country is the Eiffel Tower in, and what is the capital of that country?")
         ('Which country is the Eiffel Tower in?', 'what is the capital of that country?')
+        >>> compound_parts("When was the singer born who is known for her voice and who's third album is X?") is None
+        True
     """
-    m = re.match(r"^(.+?),?\s+and\s+((?:which|what|who|where|when|how)\b.+)$", " ".join(question.split()), re.I)
+    # "and who's third album …" continues a relative clause: a second question's wh-word stands alone.
+    m = re.match(r"^(.+?),?\s+and\s+((?:which|what|who|where|when|how)\s.+)$", " ".join(question.split()), re.I)
     if not m or not _WH.match(m.group(1)):
         return None
     return m.group(1).rstrip(" ,?") + "?", m.group(2)
