@@ -6,7 +6,7 @@ parts) every ``--every`` seconds until it exits or ``--minutes`` pass. Prints on
 then the peak, the level after warm-up and the growth per hour after warm-up (a least-squares slope
 over the samples after ``--warmup`` minutes).
 
-    python benchmarks/engine_memory.py [--limit 30] [--minutes 120] [--env MALLOC_ARENA_MAX=2]
+    python benchmarks/engine_memory.py [--limit 30] [--minutes 120] [--out DIR] [--log FILE] [--env MALLOC_ARENA_MAX=2]
     python benchmarks/engine_memory.py -- <any command>
 """
 
@@ -48,9 +48,11 @@ def slope_per_hour(samples: list[tuple[float, float]]) -> float:
 
 
 def default_command(limit: int, out: str) -> list[str]:
-    questions = eval_data_dir() / "hotpotqa_train100.questions.jsonl"
+    data = eval_data_dir()
     return [
-        *(sys.executable, "-m", "langgraph_parallelmuse.cli", "bench", "--questions", str(questions)),
+        *(sys.executable, "-m", "langgraph_parallelmuse.cli", "bench"),
+        *("--questions", str(data / "hotpotqa_train100.questions.jsonl")),
+        *("--corpus", str(data / "hotpotqa_train100.corpus.jsonl")),
         *("--limit", str(limit), "--concurrency", "2", "--out", out),
     ]
 
@@ -62,13 +64,16 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--warmup", type=float, default=10.0, help="minutes excluded from the growth estimate")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the command (repeatable)")
+    ap.add_argument("--out", default=None, help="the bench's output directory (default: a temporary one)")
+    ap.add_argument("--log", type=Path, default=Path("engine_memory.log"), help="the command's own output")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then a command to run instead of the bench")
     args = ap.parse_args()
     env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.env))
-    with tempfile.TemporaryDirectory() as out:
-        command = args.command[1:] if args.command[:1] == ["--"] else args.command or default_command(args.limit, out)
-        print("command:", " ".join(command), "| env:", " ".join(args.env) or "-", flush=True)
-        child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory() as scratch, args.log.open("w") as log:
+        given = args.command[1:] if args.command[:1] == ["--"] else args.command
+        command = given or default_command(args.limit, args.out or scratch)
+        print("command:", " ".join(command), "| env:", " ".join(args.env) or "-", "| output:", args.log, flush=True)
+        child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         start, samples = time.monotonic(), []
         try:
             while child.poll() is None and (time.monotonic() - start) / 60 < args.minutes:
@@ -83,7 +88,8 @@ def main() -> None:
                     )
                 time.sleep(args.every)
         finally:
-            if child.poll() is None:
+            stopped = child.poll() is None
+            if stopped:
                 child.terminate()
                 try:
                     child.wait(timeout=60)
@@ -92,7 +98,11 @@ def main() -> None:
                     child.wait()
     after = [(t, m) for t, m in samples if t >= args.warmup]
     if samples:
-        print(f"peak {max(m for _, m in samples):.0f} MiB over {samples[-1][0]:.0f} min; exit code {child.returncode}")
+        ending = f"stopped after {args.minutes:g} min" if stopped else f"exit code {child.returncode}"
+        print(f"peak {max(m for _, m in samples):.0f} MiB over {samples[-1][0]:.0f} min; {ending}")
+    if child.returncode and not stopped:
+        print(f"the command failed (exit code {child.returncode}); the end of {args.log}:")
+        print("\n".join(args.log.read_text(errors="replace").splitlines()[-15:]))
     if after:
         print(
             f"after {args.warmup:.0f} min warm-up: {after[0][1]:.0f} -> {after[-1][1]:.0f} MiB, "

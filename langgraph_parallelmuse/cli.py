@@ -479,6 +479,10 @@ async def _bench(args: argparse.Namespace) -> int:
     if args.report_only:
         summarise(finished_records(results, items))
         return 0
+    if not args.corpus:
+        sibling = Path(args.questions.replace(".questions.jsonl", ".corpus.jsonl"))
+        hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
+        raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()

@@ -317,3 +317,15 @@ async def test_the_bench_and_the_graph_choose_the_same_answer_on_the_same_trajec
     bench = rec["methods"]["parallelmuse_exploration"]
     assert (bench["answer"], bench["source"]) == (out["answer"], out["answer_source"]) == ("Paris", source)
     assert sorted(r["answer"] for r in rec["reports"].values()) == sorted(r["answer"] for r in out["reports"])
+
+
+def test_a_bench_without_a_corpus_is_refused_before_a_model_loads_naming_the_corpus_beside_the_questions(
+    tmp_path, monkeypatch
+):
+    from langgraph_parallelmuse import cli
+
+    monkeypatch.setattr(cli, "_model", lambda args: pytest.fail("a model was loaded"))
+    questions = _questions_file(tmp_path / "dev.questions.jsonl", ITEMS)
+    (tmp_path / "dev.corpus.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"bench needs --corpus.*--corpus .*dev\.corpus\.jsonl"):
+        asyncio.run(cli._bench(cli.build_parser().parse_args(["bench", "--questions", questions])))
