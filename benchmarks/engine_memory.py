@@ -65,10 +65,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0, help="minutes excluded from the growth estimate")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the command (repeatable)")
     ap.add_argument("--out", default=None, help="the bench's output directory (default: a temporary one)")
-    ap.add_argument("--log", type=Path, default=Path("engine_memory.log"), help="the command's own output")
+    ap.add_argument(
+        "--log", type=Path, default=Path("bench-results/engine_memory.log"), help="the command's own output"
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then a command to run instead of the bench")
     args = ap.parse_args()
     env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.env))
+    args.log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch, args.log.open("w") as log:
         given = args.command[1:] if args.command[:1] == ["--"] else args.command
         command = given or default_command(args.limit, args.out or scratch)
