@@ -6,7 +6,7 @@ QUESTION ?= Which country is the Eiffel Tower in, and what is the capital of tha
 # The question reaches the shell single-quoted and unexpanded: backticks, $ and quotes stay text.
 QUOTED_QUESTION = '$(subst ','\'',$(value QUESTION))'
 
-.PHONY: setup setup-serving run agent test test-fast test-slow test-integration ci-fast ci-slow ci-integration lint bench bench-full clean
+.PHONY: setup setup-serving run agent test test-fast test-slow test-integration ci-fast ci-slow ci-serving lint bench bench-full clean
 
 setup: $(VENV)/.installed
 
@@ -37,7 +37,7 @@ agent: setup
 
 PYTEST_FAST = $(BIN)/pytest -q
 PYTEST_SLOW = $(BIN)/pytest -q -m slow --durations=8
-PYTEST_INTEGRATION = PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q -m integration --durations=8
+PYTEST_INTEGRATION = PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)/pytest -q --durations=12
 
 # llama-cpp-python[server] (the integration extra) compiles llama.cpp: several minutes, so it is
 # built as a wheel apart (pip wheel touches no venv, so it can run while tests use .venv) on one job,
@@ -47,15 +47,18 @@ PYTEST_INTEGRATION = PARALLELMUSE_SERVING_VENV=$(abspath $(SERVING_VENV)) $(BIN)
 WHEELS := .cache/wheels
 LLAMA_WHEEL := $(WHEELS)/.llama-built
 SERVER_TESTS = $(shell $(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['server-tests'])")
-INSTALL_SERVER_TESTS = $(BIN)/pip install -q --find-links $(WHEELS) --only-binary llama-cpp-python -e ".[server-tests]"
+# The extra's requirements alone, not `-e .[server-tests]`: reinstalling the project would pull it
+# from under the suite running beside the install.
+INSTALL_SERVER_TESTS = $(BIN)/pip install -q --find-links $(WHEELS) --only-binary llama-cpp-python '$(SERVER_TESTS)'
 
-## The test command (what .ci/run calls): lint, the fast suite, the slow real-model suite, then the
-## integration suite (real servers on loopback). What the integration suite needs built (the serving
-## venv, llama.cpp's compile: 9 of 42 minutes of a CI run) is built beside the fast and slow suites,
-## which leave a core mostly idle (a decode step's products run on one thread); each part's output
-## is printed when it ends.
+## The test command (what .ci/run calls): lint and the fast suite, then two chains side by side,
+## each on half the cores: the real-model suite (slow) with the integration tests that need no
+## serving build (PostgreSQL, Studio, the CLI's crash-resume), and, once the serving venv and
+## llama.cpp's wheel are built, the integration tests against vLLM, the routers and llama.cpp's
+## server. One after another they took over an hour on a slow day of a 2-core machine; each part's
+## output is printed when it ends.
 test: setup
-	$(MAKE) -j2 --output-sync=target ci-integration
+	$(MAKE) -j2 --output-sync=target ci-slow ci-serving
 
 test-fast: setup
 	$(PYTEST_FAST)
@@ -65,18 +68,20 @@ test-slow: setup
 
 test-integration: setup setup-serving $(LLAMA_WHEEL)
 	$(INSTALL_SERVER_TESTS)
-	$(PYTEST_INTEGRATION)
+	$(PYTEST_INTEGRATION) -m integration
 
-# The test command's chain: lint -> fast -> slow -> integration, with the builds beside it.
+# Each chain's torch gets half the cores: with both at full width, OpenMP's spinning threads fight.
+HALF_CORES := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 1 ? n / 2 : 1 )))
+
 ci-fast: lint
 	$(PYTEST_FAST)
 
 ci-slow: ci-fast
-	$(PYTEST_SLOW)
+	OMP_NUM_THREADS=$(HALF_CORES) $(PYTEST_INTEGRATION) -m "slow or (integration and not serving)"
 
-ci-integration: ci-slow setup-serving $(LLAMA_WHEEL)
+ci-serving: ci-fast setup-serving $(LLAMA_WHEEL)
 	$(INSTALL_SERVER_TESTS)
-	$(PYTEST_INTEGRATION)
+	OMP_NUM_THREADS=$(HALF_CORES) $(PYTEST_INTEGRATION) -m "integration and serving"
 
 $(LLAMA_WHEEL): pyproject.toml | setup
 	mkdir -p $(WHEELS)

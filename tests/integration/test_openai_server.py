@@ -56,6 +56,7 @@ from tests.integration.conftest import free_port, offline_env
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.serving,
     # One event loop for the module: langchain-openai caches its httpx AsyncClient per process
     # (per base URL), and its pooled connections die with the loop that opened them.
     pytest.mark.asyncio(loop_scope="module"),

@@ -27,7 +27,7 @@ from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.integration.conftest import SERVED_MODEL
 from tests.unit.http_fakes import fake_http
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serving]
 
 KEYS = ["question one", "question two", "question three", "question four"]
 

@@ -24,7 +24,7 @@ from langgraph_parallelmuse.serving import reset_prefix_cache, vllm_counters
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.integration.conftest import SERVED_MODEL, VLLM_BLOCK
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serving]
 
 # About 1,000 prompt tokens: many of the server's KV blocks (VLLM_BLOCK tokens), so a repeat hits the cache.
 LONG = " ".join(f"Fact {i}: the number {i} comes right before the number {i + 1}." for i in range(55))
