@@ -6,19 +6,33 @@ parts) every ``--every`` seconds until it exits or ``--minutes`` pass. Prints on
 then the peak, the level after warm-up and the growth per hour after warm-up (a least-squares slope
 over the samples after ``--warmup`` minutes).
 
+``--breakdown`` runs the same bench in this process instead and says what the resident memory
+holds at each sample: the bytes of every live tensor storage (weights, prefix-cache entries, the
+running batch's KV, whatever else Python still references), the prefix cache's own count, the
+running batch's buffers, and glibc's heap (bytes in use, bytes freed but kept, bytes in mmapped
+chunks). What is resident beyond the live tensors is the interpreter, the libraries, the records
+and the allocator's slack.
+
     python benchmarks/engine_memory.py [--limit 30] [--minutes 120] [--out DIR] [--log FILE] [--env MALLOC_ARENA_MAX=2]
+    python benchmarks/engine_memory.py --breakdown [--limit 30] [--minutes 30]
     python benchmarks/engine_memory.py -- <any command>
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
+from xml.etree import ElementTree
 
 from langgraph_parallelmuse.eval import eval_data_dir
 
@@ -47,14 +61,103 @@ def slope_per_hour(samples: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mx) * (m - my) for t, m in samples) / var if var else 0.0
 
 
-def default_command(limit: int, out: str) -> list[str]:
+def bench_arguments(limit: int, out: str) -> list[str]:
+    """The CLI arguments of the default run: ``bench --concurrency 2`` on HotpotQA dev questions."""
     data = eval_data_dir()
     return [
-        *(sys.executable, "-m", "langgraph_parallelmuse.cli", "bench"),
+        "bench",
         *("--questions", str(data / "hotpotqa_train100.questions.jsonl")),
         *("--corpus", str(data / "hotpotqa_train100.corpus.jsonl")),
         *("--limit", str(limit), "--concurrency", "2", "--out", out),
     ]
+
+
+def heap_mib() -> dict[str, float]:
+    """glibc's heap over all arenas (``malloc_info``) in MiB: in use, freed but kept, mmapped chunks.
+
+    Empty where the C library is not glibc.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    if not hasattr(libc, "malloc_info"):
+        return {}
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        stream = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        root = ElementTree.parse(out.name).getroot()
+    # The last <total>/<system> elements are the process-wide sums after the per-arena ones.
+    totals = {t.get("type"): int(t.get("size")) for t in root.findall("total")}
+    system = {t.get("type"): int(t.get("size")) for t in root.findall("system")}
+    free = totals.get("fast", 0) + totals.get("rest", 0)
+    current = system.get("current", 0)
+    return {"in_use": (current - free) / 2**20, "free": free / 2**20, "mmapped": totals.get("mmap", 0) / 2**20}
+
+
+def tensor_mib() -> float:
+    """MiB of the distinct storages of every tensor Python references (views counted once)."""
+    import torch
+
+    storages = {}
+    with warnings.catch_warnings():  # isinstance() on torch's deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for tensor in tensors:
+        if tensor.device.type == "cpu":
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) / 2**20
+
+
+def engine_mib() -> tuple[float, float, float]:
+    """MiB of the live engines' weights, what their prefix caches count, and their batches' buffers."""
+    from langgraph_parallelmuse.models import engine as engines
+    from langgraph_parallelmuse.models.kv_batch import BatchKV
+
+    live = list(engines._live_engines)
+    weights = sum(e.runner.weight_bytes for e in live)
+    cache = sum(e.cache.nbytes for e in live if e.cache is not None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = [o for o in gc.get_objects() if isinstance(o, BatchKV)]
+    batch = sum(b.keys.untyped_storage().nbytes() + b.values.untyped_storage().nbytes() for b in batches)
+    return weights / 2**20, cache / 2**20, batch / 2**20
+
+
+def breakdown(args: argparse.Namespace) -> None:
+    """Run the bench in this process, sampling what its resident memory holds."""
+    from langgraph_parallelmuse.cli import main as cli
+
+    start, samples, done = time.monotonic(), [], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(args.every):
+            minutes = (time.monotonic() - start) / 60
+            mem = resident_mib(os.getpid())
+            weights, cache, batch = engine_mib()
+            tensors, heap = tensor_mib(), heap_mib()
+            samples.append((minutes, mem["VmRSS"]))
+            print(
+                f"{minutes:6.1f} min  RSS {mem['VmRSS']:6.0f} (anon {mem['RssAnon']:6.0f})  tensors {tensors:6.0f}  "
+                f"weights {weights:4.0f}  cache {cache:6.0f}  batch {batch:5.0f}  "
+                f"heap in use {heap.get('in_use', 0):6.0f} free {heap.get('free', 0):6.0f} mmapped {heap.get('mmapped', 0):6.0f}  MiB",
+                file=sys.__stdout__,
+                flush=True,
+            )
+            if minutes >= args.minutes:
+                os._exit(0)  # the bench resumes from its records; nothing here needs a clean exit
+
+    print("MiB: resident; live tensor storages, of which weights, prefix cache (its count), batch buffers; glibc heap")
+    threading.Thread(target=sample, daemon=True).start()
+    with tempfile.TemporaryDirectory() as scratch, args.log.open("w") as log:
+        sys.stdout = sys.stderr = log  # the bench's own output goes to the log, the samples to the terminal
+        try:
+            cli(bench_arguments(args.limit, args.out or scratch))
+        finally:
+            done.set()
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
 
 def main() -> None:
@@ -68,13 +171,23 @@ def main() -> None:
     ap.add_argument(
         "--log", type=Path, default=Path("bench-results/engine_memory.log"), help="the command's own output"
     )
+    ap.add_argument("--breakdown", action="store_true", help="run the bench in this process and break its memory down")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then a command to run instead of the bench")
     args = ap.parse_args()
+    if args.breakdown:
+        args.log.parent.mkdir(parents=True, exist_ok=True)
+        breakdown(args)
+        return
     env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.env))
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch, args.log.open("w") as log:
         given = args.command[1:] if args.command[:1] == ["--"] else args.command
-        command = given or default_command(args.limit, args.out or scratch)
+        command = given or [
+            sys.executable,
+            "-m",
+            "langgraph_parallelmuse.cli",
+            *bench_arguments(args.limit, args.out or scratch),
+        ]
         print("command:", " ".join(command), "| env:", " ".join(args.env) or "-", "| output:", args.log, flush=True)
         child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         start, samples = time.monotonic(), []
