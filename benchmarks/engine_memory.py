@@ -142,7 +142,8 @@ def breakdown(args: argparse.Namespace) -> None:
             print(
                 f"{minutes:6.1f} min  RSS {mem['VmRSS']:6.0f} (anon {mem['RssAnon']:6.0f})  tensors {tensors:6.0f}  "
                 f"weights {weights:4.0f}  cache {cache:6.0f}  batch {batch:5.0f}  "
-                f"heap in use {heap.get('in_use', 0):6.0f} free {heap.get('free', 0):6.0f} mmapped {heap.get('mmapped', 0):6.0f}  MiB",
+                f"heap in use {heap.get('in_use', 0):6.0f} free {heap.get('free', 0):6.0f} "
+                f"mmapped {heap.get('mmapped', 0):6.0f}  MiB",
                 file=sys.__stdout__,
                 flush=True,
             )
