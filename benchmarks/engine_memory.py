@@ -111,8 +111,9 @@ def tensor_mib() -> float:
     return sum(storages.values()) / 2**20
 
 
-def engine_mib() -> tuple[float, float, float]:
-    """MiB of the live engines' weights, what their prefix caches count, and their batches' buffers."""
+def engine_mib() -> tuple[float, float, float, float]:
+    """MiB of the live engines' weights, what their prefix caches count, their batches' private
+    buffers, and the part of those buffers rows use (the rest is room: rows padded to the longest)."""
     from langgraph_parallelmuse.models import engine as engines
     from langgraph_parallelmuse.models.kv_batch import BatchKV
 
@@ -123,7 +124,8 @@ def engine_mib() -> tuple[float, float, float]:
         warnings.simplefilter("ignore")
         batches = [o for o in gc.get_objects() if isinstance(o, BatchKV)]
     batch = sum(b.keys.untyped_storage().nbytes() + b.values.untyped_storage().nbytes() for b in batches)
-    return weights / 2**20, cache / 2**20, batch / 2**20
+    used = sum(2 * sum(b.lengths) * b.num_layers * b.kv_heads * b.head_dim * b.keys.element_size() for b in batches)
+    return weights / 2**20, cache / 2**20, batch / 2**20, used / 2**20
 
 
 def breakdown(args: argparse.Namespace) -> None:
@@ -136,12 +138,12 @@ def breakdown(args: argparse.Namespace) -> None:
         while not done.wait(args.every):
             minutes = (time.monotonic() - start) / 60
             mem = resident_mib(os.getpid())
-            weights, cache, batch = engine_mib()
+            weights, cache, batch, used = engine_mib()
             tensors, heap = tensor_mib(), heap_mib()
             samples.append((minutes, mem["VmRSS"]))
             print(
                 f"{minutes:6.1f} min  RSS {mem['VmRSS']:6.0f} (anon {mem['RssAnon']:6.0f})  tensors {tensors:6.0f}  "
-                f"weights {weights:4.0f}  cache {cache:6.0f}  batch {batch:5.0f}  "
+                f"weights {weights:4.0f}  cache {cache:6.0f}  batch {batch:5.0f} (used {used:4.0f})  "
                 f"heap in use {heap.get('in_use', 0):6.0f} free {heap.get('free', 0):6.0f} "
                 f"mmapped {heap.get('mmapped', 0):6.0f}  MiB",
                 file=sys.__stdout__,
@@ -150,7 +152,8 @@ def breakdown(args: argparse.Namespace) -> None:
             if minutes >= args.minutes:
                 os._exit(0)  # the bench resumes from its records; nothing here needs a clean exit
 
-    print("MiB: resident; live tensor storages, of which weights, prefix cache (its count), batch buffers; glibc heap")
+    print("MiB: resident; live tensor storages, of which weights, prefix cache (its count), batch buffers (used by")
+    print("rows); glibc's heap")
     threading.Thread(target=sample, daemon=True).start()
     with tempfile.TemporaryDirectory() as scratch, args.log.open("w") as log:
         sys.stdout = sys.stderr = log  # the bench's own output goes to the log, the samples to the terminal
