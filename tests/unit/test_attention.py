@@ -120,3 +120,21 @@ def test_a_long_piece_of_one_row_is_read_in_place_not_copied() -> None:
     private = batch.row_state(0)[1]
     expected = reference(q, [history[0], private[0][:, :, :2], new[0]], [history[1], private[1][:, :, :2], new[1]])
     assert torch.allclose(out, expected, atol=TOL)
+
+
+def test_a_long_run_of_short_pieces_is_gathered_at_its_size_not_padded_into_the_private_buffer() -> None:
+    # A conversation's turns are separate cache edges, each short; a neighbour row is short.
+    system = state_of([kv(40)])
+    turns = [state_of([kv(n)]) for n in (100, 90, 120)]
+    batch = BatchKV(num_layers=1, kv_heads=KV_HEADS, head_dim=DIM, dtype=torch.float32)
+    batch.add([[(system, 40), *((t, t[0].shape[-2]) for t in turns)], [(system, 40), (state_of([kv(3)]), 3)]])
+    assert batch.offsets == [350, 40] and batch.lengths == [0, 3]
+    assert batch.keys.shape[3] < 100  # capacity follows the short row, not the 310-position tail
+    q, new = torch.randn(2, HEADS, 1, DIM), kv(1, 2)
+    out = batch.attend(0, q, *new)
+    keys = [system[0], *(t[0] for t in turns), new[0][:1]]
+    values = [system[1], *(t[1] for t in turns), new[1][:1]]
+    assert torch.allclose(out[:1], reference(q[:1], keys, values), atol=TOL)
+    batch.advance()
+    start, state = batch.row_state(0)  # what the cache stores after the row ends: its decoded positions
+    assert start == 350 and state[0].shape[-2] == 1 and torch.equal(state[0], new[0][:1])
