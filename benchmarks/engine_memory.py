@@ -132,7 +132,7 @@ def breakdown(args: argparse.Namespace) -> None:
     """Run the bench in this process, sampling what its resident memory holds."""
     from langgraph_parallelmuse.cli import main as cli
 
-    start, samples, done = time.monotonic(), [], threading.Event()
+    start, done = time.monotonic(), threading.Event()
 
     def sample() -> None:
         while not done.wait(args.every):
@@ -140,7 +140,6 @@ def breakdown(args: argparse.Namespace) -> None:
             mem = resident_mib(os.getpid())
             weights, cache, batch, used = engine_mib()
             tensors, heap = tensor_mib(), heap_mib()
-            samples.append((minutes, mem["VmRSS"]))
             print(
                 f"{minutes:6.1f} min  RSS {mem['VmRSS']:6.0f} (anon {mem['RssAnon']:6.0f})  tensors {tensors:6.0f}  "
                 f"weights {weights:4.0f}  cache {cache:6.0f}  batch {batch:5.0f} (used {used:4.0f})  "
