@@ -114,15 +114,15 @@ def tensor_mib() -> float:
 def engine_mib() -> tuple[float, float, float, float]:
     """MiB of the live engines' weights, what their prefix caches count, their batches' private
     buffers, and the part of those buffers rows use (the rest is room: rows padded to the longest)."""
-    from langgraph_parallelmuse.models import engine as engines
+    from langgraph_parallelmuse.models.engine import InferenceEngine
     from langgraph_parallelmuse.models.kv_batch import BatchKV
 
-    live = list(engines._live_engines)
-    weights = sum(e.runner.weight_bytes for e in live)
-    cache = sum(e.cache.nbytes for e in live if e.cache is not None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        live = [o for o in gc.get_objects() if isinstance(o, InferenceEngine)]
         batches = [o for o in gc.get_objects() if isinstance(o, BatchKV)]
+    weights = sum(e.runner.weight_bytes for e in live)
+    cache = sum(e.cache.nbytes for e in live if e.cache is not None)
     batch = sum(b.keys.untyped_storage().nbytes() + b.values.untyped_storage().nbytes() for b in batches)
     used = sum(2 * sum(b.lengths) * b.num_layers * b.kv_heads * b.head_dim * b.keys.element_size() for b in batches)
     return weights / 2**20, cache / 2**20, batch / 2**20, used / 2**20
