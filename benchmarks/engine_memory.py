@@ -119,8 +119,9 @@ def engine_mib() -> tuple[float, float, float, float]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        live = [o for o in gc.get_objects() if isinstance(o, InferenceEngine)]
-        batches = [o for o in gc.get_objects() if isinstance(o, BatchKV)]
+        found = [o for o in gc.get_objects() if isinstance(o, (InferenceEngine, BatchKV))]
+    live = [o for o in found if isinstance(o, InferenceEngine)]
+    batches = [o for o in found if isinstance(o, BatchKV)]
     weights = sum(e.runner.weight_bytes for e in live)
     cache = sum(e.cache.nbytes for e in live if e.cache is not None)
     batch = sum(b.keys.untyped_storage().nbytes() + b.values.untyped_storage().nbytes() for b in batches)
