@@ -42,7 +42,14 @@ from langgraph_parallelmuse.aggregate import majority_vote
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.crossover import crossover_stage
 from langgraph_parallelmuse.driver import GuidedDriver
-from langgraph_parallelmuse.eval import QAItem, bootstrap_ci, paired_bootstrap_diff, retrieval_recall, score_answer
+from langgraph_parallelmuse.eval import (
+    QAItem,
+    bootstrap_ci,
+    format_diff,
+    paired_bootstrap_diff,
+    retrieval_recall,
+    score_answer,
+)
 from langgraph_parallelmuse.eval.redundancy import PAPER_FIGURE_2, redundancy_record
 from langgraph_parallelmuse.infograph import graph_stats
 from langgraph_parallelmuse.persistence import open_checkpointer
@@ -193,8 +200,7 @@ def _ci(values: list[float]) -> str:
 
 
 def _diff(a: list[float], b: list[float]) -> str:
-    d, lo, hi = paired_bootstrap_diff(a, b)
-    return f"{d:+.3f} [{lo:+.2f}, {hi:+.2f}]" + (" ~" if lo <= 0 <= hi else "")
+    return format_diff(*paired_bootstrap_diff(a, b))
 
 
 def redundancy_rows(records: list[dict]) -> dict[str, dict[str, float]]:

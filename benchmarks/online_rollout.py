@@ -30,7 +30,7 @@ from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.aggregate import majority_vote
 from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE, Calibration
 from langgraph_parallelmuse.config import make_config
-from langgraph_parallelmuse.eval import paired_bootstrap_diff, score_answer, within_noise
+from langgraph_parallelmuse.eval import format_diff, paired_bootstrap_diff, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.tools import make_corpus_tools
@@ -144,16 +144,10 @@ def report(records: list[dict]) -> None:
     print(f"\nmajority vote of each variant ({len(records)} questions: an indication, not the paired 100 + 100 table):")
     for k in VARIANTS:
         print(f"  {k}: " + "  ".join(f"{m} {statistics.mean(r[k]['vote'][m] for r in records):.3f}" for m in METRICS))
-    print("paired against post_hoc (difference [95% bootstrap interval]):")
+    print("paired against post_hoc (difference [95% bootstrap interval], ~ within noise):")
     for k in (v for v in VARIANTS if v != "post_hoc"):
-        cells = []
-        for m in METRICS:
-            diff, low, high = paired_bootstrap_diff(
-                [r[k]["vote"][m] for r in records], [r["post_hoc"]["vote"][m] for r in records]
-            )
-            noise = "" if within_noise(low, high) else " beyond noise"
-            cells.append(f"{m} {diff:+.3f} [{low:+.2f}, {high:+.2f}]{noise}")
-        print(f"  {k}: " + "  ".join(cells))
+        pairs = {m: ([r[k]["vote"][m] for r in records], [r["post_hoc"]["vote"][m] for r in records]) for m in METRICS}
+        print(f"  {k}: " + "  ".join(f"{m} {format_diff(*paired_bootstrap_diff(*pairs[m]))}" for m in METRICS))
     print(f"\nonline vs 8 from-scratch: {total['scratch'] / total['online']:.2f}x faster (target >= 1.3)")
     print(f"online vs post-hoc ParallelMuse: {total['post_hoc'] / total['online']:.2f}x faster (target >= 1.2)")
     print(f"online + stops, tokens vs scratch: {tokens['online_stop'] / tokens['scratch']:.3f} (target <= 0.60)")

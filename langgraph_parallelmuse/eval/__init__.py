@@ -23,7 +23,7 @@ from langgraph_parallelmuse.eval.scoring import (
     retrieval_recall,
     score_answer,
 )
-from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_bootstrap_diff, within_noise
 
 __all__ = [
     "EVAL_DATA_ENV",
@@ -35,6 +35,7 @@ __all__ = [
     "eval_data_dir",
     "exact_match",
     "f1_score",
+    "format_diff",
     "llm_judge",
     "load_questions",
     "normalize_answer",

@@ -32,7 +32,7 @@ from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
-from langgraph_parallelmuse.eval.stats import bootstrap_ci, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.lineage import Pick
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.stage2 import choose_answer, write_report
@@ -527,9 +527,7 @@ def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> s
 
     for name, e in summary.items():
         delta = e.get(f"f1_vs_{baseline}")
-        dtxt = (
-            "—" if delta is None else f"{delta[0]:+.3f} [{delta[1]:+.2f}, {delta[2]:+.2f}]" + (" ~" if delta[3] else "")
-        )
+        dtxt = "—" if delta is None else format_diff(*delta[:3])
         lines.append(
             f"| {name} | " + " | ".join(ci(e, m) for m in scores) + f" | {dtxt} | "
             f"{e.get('generated_tokens', 0):.0f} | {e.get('report_tokens', 0) or 0:.0f} | "

@@ -150,3 +150,23 @@ def within_noise(low: float, high: float) -> bool:
         False
     """
     return low <= 0.0 <= high
+
+
+def format_diff(diff: float, low: float, high: float) -> str:
+    """A paired difference as the benchmark tables print it: ``~`` marks one within noise.
+
+    Args:
+        diff: Mean difference, as from :func:`paired_bootstrap_diff`.
+        low: Lower bound of its interval.
+        high: Upper bound of its interval.
+
+    Returns:
+        ``"+0.050 [+0.00, +0.15] ~"``-style text.
+
+    Example:
+        >>> format_diff(0.05, 0.0, 0.15)
+        '+0.050 [+0.00, +0.15] ~'
+        >>> format_diff(0.1, 0.02, 0.2)
+        '+0.100 [+0.02, +0.20]'
+    """
+    return f"{diff:+.3f} [{low:+.2f}, {high:+.2f}]" + (" ~" if within_noise(low, high) else "")
