@@ -22,7 +22,8 @@ _MONTHS = "January|February|March|April|May|June|July|August|September|October|N
 # Lower-case words inside names ("Bank of America", "Ludwig van Beethoven"); not "in"/"at", which
 # would join neighbouring names.
 _CONNECT = r"(?:of|the|de|del|da|di|du|la|le|von|van|der|den|and|&|for)"
-_CAP_WORD = r"(?:[A-Z][\w'’.\-]*|[0-9]+[A-Za-z]*)"
+# "6,960" is one number, not "6" and "960".
+_CAP_WORD = r"(?:[A-Z][\w'’.\-]*|[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+[A-Za-z]*)"
 _NAMED = re.compile(rf"{_CAP_WORD}(?:\s+(?:{_CONNECT}\s+)?{_CAP_WORD})*")
 _DATE = re.compile(rf"\b(?:(?:\d{{1,2}}\s+)?(?:{_MONTHS})(?:\s+\d{{1,2}},?)?\s+\d{{3,4}}|\d{{3,4}}s?)\b")
 _NUMBER = re.compile(
@@ -91,7 +92,11 @@ def answer_kind(question: str) -> AnswerKind:
     rest = q[wh.start() :] if wh else q
     if re.match(r"(when|what year|which year|in what year|what date|what decade|which decade|what century)\b", rest):
         return "date"
-    if re.match(r"how (many|much|long|old|tall|far|big|large|high)\b|what (percentage|number|population)\b", rest):
+    if re.match(
+        r"how (many|much|long|old|tall|far|big|large|high)\b|what (percentage|number|population|amount)\b|"
+        r"what (is|was) the (population|number|amount)\b",
+        rest,
+    ):
         return "number"
     if re.match(r"(who|whom|whose)\b", rest):
         return "person"
@@ -160,9 +165,34 @@ def follow_up(part: str, first_answer: str) -> str:
     return re.sub(r"\b(?:that|this|the same)\s+\w+|\bit\b", first_answer, part, count=1)
 
 
-def _spans(sentence: str, kind: AnswerKind) -> list[str]:
+# "What position did he play?", "Lilu is what?": the answer is a description ("striker", "a
+# spirit"), which no capitalised run holds.
+_DESCRIBED = re.compile(
+    r"\b(?:what|which)\s+(?:[\w-]+\s+){0,2}?(?:position|profession|occupation|role|genre|kind|type|sort|job|"
+    r"instrument|sport)\b|\bis what\W*$",
+    re.IGNORECASE,
+)
+# A predicate noun phrase: "… plays as a striker", "… was a pioneering English aviator who …".
+_PREDICATE = re.compile(
+    r"\b(?:is|was|are|were|as|became)\s+(?:a|an|the)\s+([\w-]+(?:\s+[\w-]+){0,3}?)"
+    r"(?=\s+(?:of|who|which|that|for|in|from|and|with|by|at|on|to)\b|\s*[,.;:()]|\s*$)"
+)
+
+
+def _described(sentence: str) -> list[str]:
+    """The head noun of each predicate noun phrase of ``sentence``, and the phrase when longer."""
+    out = []
+    for m in _PREDICATE.finditer(sentence):
+        words = m.group(1).split()
+        if words[-1][0].islower():
+            out += [words[-1], *([" ".join(words[-2:])] if len(words) > 1 and words[-2][0].islower() else [])]
+    return out
+
+
+def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[str]:
     if kind == "date":
-        return [m.group(0) for m in _DATE.finditer(sentence)]
+        # A full date and its year: "When was he born?" may want either.
+        return [s for m in _DATE.finditer(sentence) for s in dict.fromkeys([m.group(0), m.group(0)[-4:]])]
     if kind == "number":
         return [m.group(0).strip(" ,") for m in _NUMBER.finditer(sentence)]
     named = []
@@ -172,7 +202,7 @@ def _spans(sentence: str, kind: AnswerKind) -> list[str]:
         named += [_trim(m.group(0)), *(_trim(p) for p in (parts if len(parts) > 1 else []))]
     if kind == "person":
         return [s for s in named if not re.search(r"\d", s) and len(s.split()) <= 5]
-    return named + [m.group(0) for m in _DATE.finditer(sentence)]
+    return (_described(sentence) if described else []) + named + [m.group(0) for m in _DATE.finditer(sentence)]
 
 
 def candidates(
@@ -217,7 +247,8 @@ def candidates(
     subject = asked | _words(within)
     sentences = [s for s in _SENTENCE.split(evidence) if s.strip()]
     ranked = sorted(range(len(sentences)), key=lambda i: (-len(_words(sentences[i]) & asked), i))
-    pool = [span for i in ranked for span in _spans(sentences[i], kind)]
+    described = kind == "name" and bool(_DESCRIBED.search(question))
+    pool = [span for i in ranked for span in _spans(sentences[i], kind, described=described)]
     if kind == "name":
         pool += [re.sub(r"\s*\([^)]*\)$", "", t).strip() for t in titles]
     seen = {e.lower() for e in exclude}

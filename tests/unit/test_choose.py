@@ -177,3 +177,24 @@ def test_choose_refuses_a_model_that_cannot_score():
     seg = [Lit("<answer>"), Choose(("a", "b"), [HumanMessage("q")])]
     with pytest.raises(TypeError, match="cannot score"):
         asyncio.run(generate_turn(FakeListChatModel(responses=["x"]), [], seg, sampling=Sampling()))
+
+
+@pytest.mark.parametrize(
+    ("question", "evidence", "answer"),
+    [
+        # A number with a thousands separator is one candidate, not "6" and "960".
+        ("At the 2011 census, what was the population of Young?", "Young had a population of 6,960 in 2011.", "6,960"),
+        # A year question gets the year of a full date as well as the date.
+        ("In what year was Reuven Rivlin born?", "Reuven Rivlin (born 9 September 1939) is a politician.", "1939"),
+        # A question asking for a description gets the predicate's head noun.
+        ("What position did Agüero play?", "Agüero is an Argentine footballer who plays as a striker.", "striker"),
+        ("If Gallu is a demon Lilu is what?", "Lilu is a masculine Akkadian spirit of the wind.", "spirit"),
+    ],
+)
+def test_candidates_hold_numbers_years_and_descriptions_whole(question, evidence, answer):
+    assert answer in candidates(question, evidence)
+
+
+def test_names_only_questions_get_no_lowercase_descriptions():
+    options = candidates("Which city was Ellen Marsh born in?", "Ellen Marsh is a writer. She was born in Dublin.")
+    assert "writer" not in options and "Dublin" in options
