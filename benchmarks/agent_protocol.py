@@ -27,8 +27,9 @@ from common import arguments, dev_set
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.driver import StepContext
 from langgraph_parallelmuse.eval import paired_bootstrap_diff, within_noise
-from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
+from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.tools import make_corpus_tools
 
@@ -48,6 +49,13 @@ async def _row(model: LocalChatModel, item, index, cfg) -> dict:
     seconds = time.perf_counter() - t0
     report = await compress_trajectory(model, item.question, traj, guided=True, seed=cfg.seed)
     seen = [d for o in traj["observations"] for d in o.get("doc_ids", [])]
+    # Where a wrong answer was lost (evaluation only, gold never reaches the agent): the gold
+    # answer in what the trajectory read, in the evidence its answer prompt showed, among the
+    # options of its last choice.
+    driver = runner.driver
+    final = StepContext(item.question, traj["steps"], traj["observations"], len(traj["steps"]), True, 0)
+    read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
+    options = driver.options(final, item.question)
     opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
     return {
         "id": item.id,
@@ -64,6 +72,10 @@ async def _row(model: LocalChatModel, item, index, cfg) -> dict:
         "fallback": report["status"] == "fallback",
         "report_ratio": report["tokens"] / max(report["trajectory_tokens"], 1),
         "seconds": seconds,
+        "gold_read": contains_gold(read, item.answers),
+        "gold_evidence": contains_gold(driver.evidence(final), item.answers),
+        "gold_option": max((exact_match(o, item.answers) for o in options), default=0.0),
+        "options": len(options),
         **score_answer(traj["answer"], item.answers),
     }
 
@@ -77,6 +89,9 @@ def summary(rows: list[dict]) -> str:
     lines = ["| metric | value |", "|---|---|", f"| questions | {len(rows)} |"]
     for key in ("well_formed", "em", "f1", "contains", "fallback", "report_ratio", "steps", "searches", "bridges"):
         lines.append(f"| {key} | {_mean(rows, key):.3f} |")
+    for key in ("gold_read", "gold_evidence", "gold_option", "options"):
+        if any(key in r for r in rows):
+            lines.append(f"| {key} | {_mean([r for r in rows if key in r], key):.3f} |")
     for key in ("recall_seen", "recall_opened", "generated", "seconds"):
         lines.append(f"| {key} | {_mean(rows, key):.2f} |")
     for hops in sorted({r["hops"] for r in rows if r.get("hops")}):
