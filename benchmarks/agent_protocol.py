@@ -15,11 +15,13 @@ question with paired bootstrap intervals::
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import re
 import statistics
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from common import arguments, dev_set
@@ -27,7 +29,7 @@ from common import arguments, dev_set
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
-from langgraph_parallelmuse.driver import StepContext
+from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.eval import paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
@@ -42,8 +44,16 @@ def _hops(item_id: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-async def _row(model: LocalChatModel, item, index, cfg) -> dict:
-    runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
+def _setting(text: str) -> tuple[str, int | float]:
+    """``candidate_limit=32`` → a guided-driver option and its number."""
+    key, _, value = text.partition("=")
+    if key not in {f.name for f in fields(GuidedDriver)} or not value:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, NAME one of GuidedDriver's fields")
+    return key, float(value) if "." in value else int(value)
+
+
+async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver) -> dict:
+    runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids), driver=driver)
     t0 = time.perf_counter()
     traj = await runner.run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
     seconds = time.perf_counter() - t0
@@ -124,6 +134,14 @@ async def main() -> None:
     def extra(ap):
         ap.add_argument("--out", type=Path, help="JSONL of rows (appended; questions already there are skipped)")
         ap.add_argument("--pair", nargs=2, type=Path, metavar=("BASE", "NEW"), help="compare two row files")
+        ap.add_argument(
+            "--guided",
+            type=_setting,
+            action="append",
+            default=[],
+            metavar="NAME=NUMBER",
+            help="a guided-driver setting other than its default (repeatable), e.g. candidate_limit=32",
+        )
 
     args = arguments(__doc__, limit=30, extra=extra)
     if args.pair:
@@ -134,12 +152,13 @@ async def main() -> None:
     done = {r["id"] for r in rows}
     model = LocalChatModel.embedded()
     cfg = make_config(seed=args.seed)
+    driver = GuidedDriver(**dict(args.guided))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     for n, item in enumerate(items, 1):
         if item.id in done:
             continue
-        row = await _row(model, item, index, cfg)
+        row = await _row(model, item, index, cfg, driver)
         rows.append(row)
         if args.out:
             with args.out.open("a") as f:
