@@ -35,7 +35,7 @@ from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retr
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.tools import make_corpus_tools
 
-METRICS = ("em", "f1", "contains", "well_formed", "fallback", "steps")
+METRICS = ("em", "f1", "contains", "well_formed", "fallback", "steps", "recall_seen", "recall_opened")
 
 
 def _hops(item_id: str) -> int | None:
