@@ -14,16 +14,7 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-__all__ = [
-    "AnswerKind",
-    "answer_kind",
-    "answer_type",
-    "candidates",
-    "choice_options",
-    "compound_parts",
-    "follow_up",
-    "question_entity",
-]
+__all__ = ["AnswerKind", "answer_kind", "answer_type", "candidates", "choice_options", "compound_parts", "follow_up"]
 
 AnswerKind = Literal["yesno", "choice", "date", "number", "person", "name"]
 
@@ -162,26 +153,6 @@ def compound_parts(question: str) -> tuple[str, str] | None:
     if not m or not _WH.match(m.group(1)):
         return None
     return m.group(1).rstrip(" ,?") + "?", m.group(2)
-
-
-def question_entity(question: str) -> str | None:
-    """The longest name a question mentions (what its first search is about), else ``None``.
-
-    Example:
-        >>> question_entity("Who was the first president of the association which published Journal of "
-        ...                 "Psychotherapy Integration?")
-        'Journal of Psychotherapy Integration'
-        >>> question_entity("Where did Hello Love's performer die?"), question_entity("What is a term for it?")
-        ('Hello Love', None)
-    """
-    names = []
-    for m in _NAMED.finditer(question):
-        words = _trim(re.sub(r"['’]s$", "", m.group(0))).split()
-        while words and (_WH.fullmatch(words[0]) or _YES_NO.fullmatch(words[0])):
-            words = words[1:]
-        if words and not all(w.isdigit() for w in words):
-            names.append(" ".join(words))
-    return max(names, key=lambda n: len(n.split()), default=None)
 
 
 def follow_up(part: str, first_answer: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.candidates import answer_type, candidates, compound_parts, follow_up, question_entity
+from langgraph_parallelmuse.candidates import answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
@@ -227,31 +227,17 @@ class GuidedDriver:
         ]
 
     def search(self, ctx: StepContext, *, bridge: Pick | None) -> list[Segment]:
-        """A search whose query the model writes, starting from the hop's bridge or the question's name.
-
-        The first query starts from the longest name the question mentions (IRCoT's first
-        retrieval is the question itself): written freely, a 135M model's first query was often
-        an invented sentence ("The Association of Psychotherapeutic Integrated …"). A bridge
-        without a letter (a year, a count) names nothing to search for, so the query after it
-        is written freely.
-        """
+        """A search whose query the model writes; with a bridge, the query starts from it."""
         head = json.dumps({"name": "search", "arguments": {"query": ""}})[:-3]  # up to the opening quote
         start: list[Segment] = [Lit("</think>\n<tool_call>" + head)]
-        if bridge is not None and not re.search(r"[^\W\d_]", bridge.text):
-            bridge = None
-        opening = None
         if bridge is not None:
             start.append(replace(bridge, name="bridge"))
-            opening = bridge.text
-        elif not any(s["action"].get("name") == "search" for s in ctx.steps):
-            opening = question_entity(ctx.question)
-            start += [Lit(opening)] if opening else []
         return start + [
             Gen(
                 stop=('"', "\n"),
                 max_tokens=self.argument_tokens,
                 name="argument",
-                messages=self.query_prompt(ctx, opening=opening),
+                messages=self.query_prompt(ctx, bridge=bridge.text if bridge else None),
             ),
             Lit('"}}</tool_call>'),
         ]
@@ -282,9 +268,7 @@ class GuidedDriver:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.
-            chunk = _RESULT_MARKUP.sub("", obs["content"]).strip()
-            # Cut at a word boundary: a cut word ("Journ") would become a candidate answer.
-            chunk = chunk if len(chunk) <= budget else chunk[: budget + 1].rsplit(None, 1)[0]
+            chunk = _RESULT_MARKUP.sub("", obs["content"]).strip()[: max(budget, 0)]
             parts.append(quote_untrusted(chunk, PROMPT_LINES))
             budget -= len(chunk)
         return "\n\n".join(parts)
@@ -306,12 +290,11 @@ class GuidedDriver:
         ask = f"Answer with the name of the {kind}." if kind else "Answer with a short phrase."
         return [SystemMessage(EVIDENCE_SYSTEM), HumanMessage(f"{context}\n\nQuestion: {question}\n{ask}")]
 
-    def query_prompt(self, ctx: StepContext, *, opening: str | None = None) -> list[BaseMessage]:
+    def query_prompt(self, ctx: StepContext, *, bridge: str | None = None) -> list[BaseMessage]:
         """The plain search prompt: the question, and from the second search on, what was found.
 
-        With an ``opening`` (the last hop's bridge entity, or the question's name for the first
-        search) the reply is prefilled with it, so the model's query continues from the entity
-        the hop is about.
+        With a ``bridge`` (the last hop's best entity) the reply is prefilled with it, so the
+        model's query continues from the entity the next hop is about.
 
         Written inside the agent conversation (system prompt, protocol, tool responses), a 135M
         model's queries repeated themselves or drifted off the question: a trajectory saw 0.48 of
@@ -323,9 +306,8 @@ class GuidedDriver:
             'Question: Who?'
         """
         context = self.evidence(ctx)
-        prefill: list[BaseMessage] = [AIMessage(opening)] if opening else []
         if not context:
-            return [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {ctx.question}"), *prefill]
+            return [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {ctx.question}")]
         searched = "; ".join(
             str(s["action"]["arguments"].get("query", ""))
             for s in ctx.steps
@@ -338,7 +320,7 @@ class GuidedDriver:
                 "Write a new search query for what is still missing."
             ),
         ]
-        return prompt + prefill
+        return prompt + ([AIMessage(bridge)] if bridge else [])
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()

@@ -7,7 +7,7 @@ import math
 import re
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
+from langchain_core.messages import HumanMessage, SystemMessage, messages_to_dict
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig
@@ -397,15 +397,16 @@ async def test_a_guided_answer_cut_off_by_its_token_bound_is_not_an_answer():
     assert traj["answer"] is None
 
 
-async def test_a_guided_first_query_starts_from_the_question_s_name_in_the_plain_question_prompt():
-    runner, model, calls = _runner(["Look it up", " capital city", "Found it", "Paris"], driver=GuidedDriver(hops=1))
+async def test_a_guided_search_query_is_written_from_the_plain_question_prompt():
+    runner, model, calls = _runner(
+        ["Look it up", "capital of France", "Found it", "Paris"], driver=GuidedDriver(hops=1)
+    )
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
     assert _dump(model.calls[1]["messages"]) == _dump(
-        [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {QUESTION}"), AIMessage("France")]
+        [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {QUESTION}")]
     )
-    assert calls["search"] == ["France capital city"]
-    assert traj["steps"][0]["action"]["arguments"] == {"query": "France capital city"}
-    assert "bridge" not in traj["steps"][0]  # the question's name opens the query; no hop chose it
+    assert calls["search"] == ["capital of France"]
+    assert traj["steps"][0]["action"]["arguments"] == {"query": "capital of France"}
     assert traj["answer"] == "Paris"
 
 

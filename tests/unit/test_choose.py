@@ -32,7 +32,7 @@ DOCS = [
 ]
 # Step by step: thought + query; thought (visit); thought (choice: unsure, so the bridge opens
 # the query) + query continuation; thought (visit); thought (choice: sure, the answer).
-SCRIPT = ["Find the novel", " novel", "Open it", "Who wrote it", " birthplace", "Open her page", "Done"]
+SCRIPT = ["Find the novel", "Harbor Lights novel", "Open it", "Who wrote it", " birthplace", "Open her page", "Done"]
 LOGPROBS = {"Ellen Marsh": -2.0, "Boston": -6.0, "Maine": -6.0, "Dublin": -0.1}
 
 
@@ -58,7 +58,6 @@ async def test_an_unsure_choice_is_the_bridge_of_the_next_hop_and_a_sure_one_is_
     actions = [s["action"] for s in traj["steps"]]
     assert [a.get("name", a["type"]) for a in actions] == ["search", "visit", "search", "visit", "answer"]
     # The model's best span after the first hop held a third of the mass: it became the bridge.
-    assert actions[0]["arguments"]["query"] == "Harbor Lights novel"  # opened by the question's name
     assert traj["steps"][2]["bridge"] == "Ellen Marsh"
     assert actions[2]["arguments"]["query"] == "Ellen Marsh birthplace"
     assert actions[3]["arguments"]["doc"] == "em"  # the bridge's search found the next document
@@ -199,22 +198,3 @@ def test_candidates_hold_numbers_years_and_descriptions_whole(question, evidence
 def test_names_only_questions_get_no_lowercase_descriptions():
     options = candidates("Which city was Ellen Marsh born in?", "Ellen Marsh is a writer. She was born in Dublin.")
     assert "writer" not in options and "Dublin" in options
-
-
-def test_a_bridge_without_a_letter_does_not_open_the_next_query():
-    from langgraph_parallelmuse.segments import Pick
-
-    ctx = StepContext(QUESTION, [{"action": {"type": "tool_call", "name": "search"}}], [], 1, False, 64)
-    year = Pick(0, "1952", (), (0.0,), (1.0,))
-    plan = GuidedDriver().search(ctx, bridge=year)
-    assert not any(isinstance(s, Pick) for s in plan)
-    assert plan[-2].messages[-1].type == "human"  # the query is written freely, nothing prefilled
-    name = GuidedDriver().search(ctx, bridge=Pick(0, "Ellen Marsh", (), (0.0,), (1.0,)))
-    assert name[1].text == "Ellen Marsh" and name[-2].messages[-1].content == "Ellen Marsh"
-
-
-def test_the_evidence_is_cut_at_a_word_boundary():
-    obs = {"name": "visit", "step": 0, "error": None, "doc_ids": ["x"], "content": "Journal of Psychotherapy"}
-    ctx = StepContext(QUESTION, [], [obs], 1, False, 64)
-    evidence = GuidedDriver(evidence_chars=14).evidence(ctx)
-    assert "Journal of" in evidence and "Psych" not in evidence
