@@ -62,7 +62,6 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver) ->
     # Where a wrong answer was lost (evaluation only, gold never reaches the agent): the gold
     # answer in what the trajectory read, in the evidence its answer prompt showed, among the
     # options of its last choice.
-    driver = runner.driver
     final = StepContext(item.question, traj["steps"], traj["observations"], len(traj["steps"]), True, 0)
     read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
     options = driver.options(final, item.question)

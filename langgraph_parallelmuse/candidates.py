@@ -191,8 +191,9 @@ def _described(sentence: str) -> list[str]:
 
 def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[str]:
     if kind == "date":
-        # A full date and its year: "When was he born?" may want either.
-        return [s for m in _DATE.finditer(sentence) for s in dict.fromkeys([m.group(0), m.group(0)[-4:]])]
+        # A full date and its year: "When was he born?" may want either ("1920s" has no year of its own).
+        dates = [m.group(0) for m in _DATE.finditer(sentence)]
+        return list(dict.fromkeys(s for d in dates for s in (d, *re.findall(r"\s(\d{3,4})$", d))))
     if kind == "number":
         return [m.group(0).strip(" ,") for m in _NUMBER.finditer(sentence)]
     named = []

@@ -198,3 +198,9 @@ def test_candidates_hold_numbers_years_and_descriptions_whole(question, evidence
 def test_names_only_questions_get_no_lowercase_descriptions():
     options = candidates("Which city was Ellen Marsh born in?", "Ellen Marsh is a writer. She was born in Dublin.")
     assert "writer" not in options and "Dublin" in options
+
+
+def test_a_decade_is_offered_whole_and_a_year_once():
+    evidence = "The band formed in the 1920s. It split in 1931 and on 2 May 1931."
+    options = candidates("When was the band formed?", evidence)
+    assert options == ["1920s", "1931", "2 May 1931"]
