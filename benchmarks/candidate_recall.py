@@ -29,13 +29,14 @@ def main() -> None:
     kinds = Counter(answer_kind(item.question) for item in items)
     sizes: Counter[int] = Counter()
     for item in items:
+        kind = answer_kind(item.question)
         support = [docs[i] for i in item.supporting_doc_ids]
         evidence = "\n".join(f"{d['title']}: {d['text']}" for d in support)
         for limit in LIMITS:
             options = candidates(item.question, evidence, limit=limit, titles=[d["title"] for d in support])
             sizes[limit] += len(options)
             if any(exact_match(o, item.answers) for o in options):
-                found[limit, answer_kind(item.question)] += 1
+                found[limit, kind] += 1
     print(f"{args.dataset}, {len(items)} questions: gold answer among the candidates (exact match)\n")
     print("| limit | all | mean candidates | " + " | ".join(f"{k} ({n})" for k, n in kinds.items()) + " |")
     print("|---" * (3 + len(kinds)) + "|")
