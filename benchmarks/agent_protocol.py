@@ -64,7 +64,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver) ->
     # options of its last choice.
     final = StepContext(item.question, traj["steps"], traj["observations"], len(traj["steps"]), True, 0)
     read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
-    options = driver.options(final, item.question)
+    options = driver.options(final, driver.question(final))
     opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
     return {
         "id": item.id,

@@ -1,0 +1,139 @@
+"""The hops of a multi-hop question: which phrase a hop resolves, and the question it leaves."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import AIMessage
+
+from langgraph_parallelmuse.driver import GuidedDriver, StepContext
+from langgraph_parallelmuse.references import inner_reference, resolved_question
+from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick
+
+
+@pytest.mark.parametrize(
+    ("question", "span", "noun"),
+    [
+        # Nested relative clauses: the one that starts last is found first.
+        (
+            "What county shares a border with the county where Black Hawk Township is located?",
+            "the county where Black Hawk Township is located",
+            "county",
+        ),
+        # A possessive inside a relative clause is innermost.
+        (
+            "How many Publix stores are in the state that borders the east of the state where Hello Love's "
+            "performer lived in when he died?",
+            "Hello Love's performer",
+            "performer",
+        ),
+        ("Who is the sibling of the performer of Decade?", "the performer of Decade", "performer"),
+        ("What currency predated the Euro in the country Signmark is from?", "the country Signmark is from", "country"),
+        # A clause ends at a comma and after "is located": the rest is the question's own.
+        (
+            "When did the country where the village of Clonbrook is located, become a member of CARICOM?",
+            "the country where the village of Clonbrook is located",
+            "country",
+        ),
+    ],
+)
+def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, noun):
+    reference = inner_reference(question)
+    assert reference is not None and (reference.span, reference.noun) == (span, noun)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "Who is the wife of Kim Jong-chul?",  # the phrase is what is asked, not a hop on the way
+        "Who is older, Sid Haig or Vic Darchinyan?",
+        "The manuscript is in the hand of a German musician whose godfather is whom?",  # the clause asks
+    ],
+)
+def test_a_question_without_a_hop_on_the_way_has_no_phrase(question):
+    assert inner_reference(question) is None
+
+
+def test_an_either_or_question_chooses_among_its_options_whatever_its_hops():
+    question = "Which film has the director who died first, Mad Max or Alien?"
+    read = {"step": 1, "name": "visit", "arguments": {}, "content": "Mad Max and Alien.", "error": False}
+    steps = [{"action": {"type": "tool_call", "name": n, "arguments": {}}} for n in ("search", "visit")]
+    ctx = StepContext(
+        question, steps, [{**read, "seconds": 0.0, "doc_ids": ["m"]}], 2, False, 64, frozenset({"search"}), scoring=True
+    )
+    assert inner_reference(question) is not None
+    assert GuidedDriver().plan(ctx)[-1].options == ("Mad Max", "Alien")
+
+
+def test_each_bridge_resolves_the_innermost_phrase_in_turn():
+    question = (
+        "How many Publix stores are in the state that borders the east of the state where Hello Love's performer lived?"
+    )
+    steps = ["Hank Snow", "Tennessee", "North Carolina"]
+    assert [resolved_question(question, steps[:n]) for n in (1, 2, 3)] == [
+        "How many Publix stores are in the state that borders the east of the state where Hank Snow lived?",
+        "How many Publix stores are in the state that borders the east of Tennessee?",
+        "How many Publix stores are in North Carolina?",
+    ]
+
+
+QUESTION = "What is the name of the waterfall in the country where the Bubye River is found?"
+OPENED = "The Bubye River is a river in Zimbabwe, near Beitbridge."
+SNIPPET = "Bambarakanda Falls is a waterfall in Sri Lanka."
+
+
+def _ctx(steps, *, final=False):
+    found = {"step": 0, "name": "search", "arguments": {}, "content": SNIPPET, "error": False, "seconds": 0.0}
+    read = {**found, "step": 1, "name": "visit", "content": OPENED}
+    return StepContext(
+        QUESTION,
+        steps,
+        [{**found, "doc_ids": ["b", "f"]}, {**read, "doc_ids": ["b"]}],
+        len(steps),
+        final,
+        64,
+        frozenset({"search", "visit"}),
+        scoring=True,
+    )
+
+
+HOP = [{"action": {"type": "tool_call", "name": n, "arguments": {}}} for n in ("search", "visit")]
+
+
+def test_an_unresolved_phrase_gets_a_bridge_of_its_kind_and_a_query_for_the_resolved_question():
+    choose = GuidedDriver().plan(_ctx(HOP))[-1]
+    # The choice is the phrase's entity, asked as a question of its own and by its kind, not the
+    # answer's, from the opened document only (not the search's snippets).
+    assert isinstance(choose, Choose) and "Zimbabwe" in choose.options and "Beitbridge" in choose.options
+    assert "Sri Lanka" not in choose.options and SNIPPET not in choose.messages[-1].content
+    assert choose.messages[-1].content.endswith(
+        "Question: Which is the country where the Bubye River is found?\nAnswer with the name of the country."
+    )
+    # Even a sure pick opens the next query (nothing is answered while the bridge is unknown).
+    pick = Pick(0, "Zimbabwe", (), (0.0,), (1.0,))
+    bridge, query = choose.then(pick)[1:3]
+    assert bridge.name == "bridge" and bridge.text == "Zimbabwe"
+    assert (
+        isinstance(query, Gen)
+        and query.messages[-2].content == "Question: What is the name of the waterfall in Zimbabwe?"
+    )
+    assert query.messages[-1] == AIMessage("Zimbabwe")
+
+
+def test_once_resolved_the_answer_is_chosen_for_the_resolved_question():
+    steps = [*HOP, {**HOP[0], "bridge": "Zimbabwe"}, HOP[1]]
+    choose = GuidedDriver().plan(_ctx(steps))[-1]
+    assert isinstance(choose, Choose) and "Zimbabwe" not in choose.options  # the bridge is not the answer
+    assert "Bambarakanda Falls" in choose.options  # the answer reads the snippets too
+    assert "Question: What is the name of the waterfall in Zimbabwe?" in choose.messages[-1].content
+
+
+def test_the_last_turn_answers_even_with_a_phrase_unresolved():
+    plan = GuidedDriver().plan(_ctx(HOP, final=True))
+    assert isinstance(plan[-1], Choose)
+    assert isinstance(plan[-1].then(Pick(0, "Sri Lanka", (), (0.0,), (0.5,)))[0], Lit)  # </think><answer>
+
+
+def test_evidence_is_cut_at_a_word_boundary():
+    read = {"step": 0, "name": "visit", "arguments": {}, "content": "Journal of Psychotherapy", "error": False}
+    ctx = StepContext("q", [], [{**read, "seconds": 0.0, "doc_ids": ["j"]}], 1, False, 64)
+    assert GuidedDriver(evidence_chars=14).evidence(ctx) == "Journal of"
