@@ -41,7 +41,8 @@ _STOPWORDS = frozenset(
 )
 _WH = re.compile(r"\b(which|what|who|whom|whose|when|where|how)\b", re.IGNORECASE)
 _YES_NO = re.compile(r"^\s*(are|is|was|were|do|does|did|can|could|has|have|had|will|would)\b", re.IGNORECASE)
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# A sentence ends at a stop that does not close an initial ("G. Stanley Hall" is one name).
+_SENTENCE = re.compile(r"(?<=[.!?])(?<!\b[A-Z]\.)\s+|\n+")
 
 
 def _words(text: str) -> set[str]:
@@ -49,7 +50,8 @@ def _words(text: str) -> set[str]:
 
 
 def _trim(span: str) -> str:
-    words = span.strip(" ,.;:'\"()[]").split()
+    # "Norway's major anniversary": the name is "Norway".
+    words = re.sub(r"['’]s$", "", span.strip(" ,.;:'\"()[]")).split()
     while words and words[0] in _LEADING:
         words = words[1:]
     while words and re.fullmatch(_CONNECT, words[-1]):
@@ -245,7 +247,9 @@ def candidates(
             return options
         kind = "name"
     asked = _words(question)
-    subject = asked | _words(within)
+    # The noun the answer is named by is not the question's subject ("DuPage County" answers "In
+    # what county …?").
+    subject = (asked | _words(within)) - {answer_type(question)}
     sentences = [s for s in _SENTENCE.split(evidence) if s.strip()]
     ranked = sorted(range(len(sentences)), key=lambda i: (-len(_words(sentences[i]) & asked), i))
     described = kind == "name" and bool(_DESCRIBED.search(question))
@@ -260,7 +264,8 @@ def candidates(
         if not span or span.lower() in seen or len(span) > 60 or '"' in span or "\\" in span:
             continue
         seen.add(span.lower())
-        if words and len(words & subject) / len(words) < 0.5:
+        # Half the words may be the question's ("Astrid Young", the sister of Neil Young).
+        if words and len(words & subject) / len(words) <= 0.5:
             out.append(span)
         if len(out) >= limit:
             break

@@ -123,6 +123,8 @@ class GuidedDriver:
         argument_tokens: Bound of a query.
         answer_tokens: Bound of a written answer phrase (models that cannot score).
         evidence_chars: Evidence handed to the answer and query prompts.
+        bridge_from_opened: A phrase's bridge is chosen from the opened documents only (their
+            search snippets beside them distract a small model: ``benchmarks/bridge_choice.py``).
         retries: Resamples of a step whose thought repeats a 4-gram of earlier thoughts, or whose
             query/document repeats an earlier call, or that came out empty.
 
@@ -139,6 +141,7 @@ class GuidedDriver:
     argument_tokens: int = 20
     answer_tokens: int = 40
     evidence_chars: int = 1500
+    bridge_from_opened: bool = True
     retries: int = 1
 
     def __post_init__(self) -> None:
@@ -210,13 +213,12 @@ class GuidedDriver:
         The model chooses the entity (the bridge) among the evidence's spans by its likelihood as
         the answer to the phrase naming it, and the next query starts from it, written for the
         question with the phrase resolved; nothing is answered before (the answer's candidates
-        are of the wrong kind while the bridge is unknown). The choice reads the opened documents
-        only: with the search snippets beside them, the model chose the right bridge of MuSiQue's
-        first hop a fifth of the time, a third without (its gold paragraph opened, 81 questions).
+        are of the wrong kind while the bridge is unknown).
         """
+        opened = self.bridge_from_opened
         options = candidates(
             reference.question,
-            self.evidence(ctx, opened=True),
+            self.evidence(ctx, opened=opened),
             limit=self.candidate_limit,
             exclude=[s["bridge"] for s in ctx.steps if "bridge" in s],
             within=question,
@@ -226,7 +228,7 @@ class GuidedDriver:
         return [
             Choose(
                 tuple(options),
-                self.evidence_prompt(ctx, question=reference.question, kind=reference.noun, opened=True),
+                self.evidence_prompt(ctx, question=reference.question, kind=reference.noun, opened=opened),
                 then=lambda pick: self.search(ctx, bridge=pick, question=resolve(question, reference, pick.text)),
             )
         ]

@@ -189,10 +189,22 @@ def test_choose_refuses_a_model_that_cannot_score():
         # A question asking for a description gets the predicate's head noun.
         ("What position did Agüero play?", "Agüero is an Argentine footballer who plays as a striker.", "striker"),
         ("If Gallu is a demon Lilu is what?", "Lilu is a masculine Akkadian spirit of the wind.", "spirit"),
+        # An initial does not end a sentence, and a possessive is the name without its "'s".
+        ("Who was the first president of the APA?", "It began with G. Stanley Hall's book.", "G. Stanley Hall"),
+        ("What country was Ibsen a citizen of?", "It was Norway's major anniversary of Ibsen.", "Norway"),
+        # The noun the answer is named by is not the question's subject.
+        ("In what county is West Chicago?", "West Chicago is a city in DuPage County, Illinois.", "DuPage County"),
+        # Half the words may be the question's: a sibling shares a surname.
+        ("Who is the sibling of Neil Young?", "He is the father of Neil Young and Astrid Young.", "Astrid Young"),
     ],
 )
-def test_candidates_hold_numbers_years_and_descriptions_whole(question, evidence, answer):
+def test_candidates_hold_numbers_years_descriptions_and_names_whole(question, evidence, answer):
     assert answer in candidates(question, evidence)
+
+
+def test_the_question_s_own_entity_is_not_a_candidate():
+    options = candidates("Who is the sibling of Neil Young?", "He is the father of Neil Young and Astrid Young.")
+    assert "Neil Young" not in options and "Astrid Young" in options
 
 
 def test_names_only_questions_get_no_lowercase_descriptions():
