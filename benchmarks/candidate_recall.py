@@ -36,15 +36,16 @@ def main() -> None:
         kind = answer_kind(item.question)
         support = [docs[i] for i in item.supporting_doc_ids]
         evidence = "\n".join(f"{d['title']}: {d['text']}" for d in support)
+        titles = [d["title"] for d in support]
+        hops = item.meta.get("question_decomposition")
+        question = resolved_question(item.question, [hop["answer"] for hop in hops[:-1]]) if hops else None
         for limit in LIMITS:
-            options = candidates(item.question, evidence, limit=limit, titles=[d["title"] for d in support])
+            options = candidates(item.question, evidence, limit=limit, titles=titles)
             sizes[limit] += len(options)
             if any(exact_match(o, item.answers) for o in options):
                 found[limit, kind] += 1
-            hops = item.meta.get("question_decomposition")
-            if hops:
-                question = resolved_question(item.question, [hop["answer"] for hop in hops[:-1]])
-                options = candidates(question, evidence, limit=limit, titles=[d["title"] for d in support])
+            if question is not None:
+                options = candidates(question, evidence, limit=limit, titles=titles)
                 resolved[limit] += any(exact_match(o, item.answers) for o in options)
     print(f"{args.dataset}, {len(items)} questions: gold answer among the candidates (exact match)\n")
     print("| limit | all | mean candidates | " + " | ".join(f"{k} ({n})" for k, n in kinds.items()) + " |")

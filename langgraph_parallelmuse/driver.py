@@ -56,6 +56,11 @@ def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
+def _bridges(ctx: StepContext) -> list[str]:
+    """The bridge entities of the trajectory's hops so far, in order."""
+    return [s["bridge"] for s in ctx.steps if "bridge" in s]
+
+
 def call_key(action: Action) -> str:
     """A tool call's identity: the tool and its whitespace- and case-normalised arguments."""
     args = {k: " ".join(str(v).lower().split()) for k, v in (action.get("arguments") or {}).items()}
@@ -205,7 +210,7 @@ class GuidedDriver:
         """
         if compound_parts(ctx.question):
             return ctx.question
-        return resolved_question(ctx.question, [s["bridge"] for s in ctx.steps if "bridge" in s])
+        return resolved_question(ctx.question, _bridges(ctx))
 
     def hop(self, ctx: StepContext, question: str, reference: Reference) -> list[Segment]:
         """The next hop of a question that still names an entity it does not give.
@@ -220,7 +225,7 @@ class GuidedDriver:
             reference.question,
             self.evidence(ctx, opened=opened),
             limit=self.candidate_limit,
-            exclude=[s["bridge"] for s in ctx.steps if "bridge" in s],
+            exclude=_bridges(ctx),
             within=question,
         )
         if not options:
@@ -243,7 +248,7 @@ class GuidedDriver:
         Paris"). A part answered already (``answered``) and the whole question's own entities are
         not the answer of the next part.
         """
-        bridges = [] if compound_parts(ctx.question) else [s["bridge"] for s in ctx.steps if "bridge" in s]
+        bridges = [] if compound_parts(ctx.question) else _bridges(ctx)
         return candidates(
             question,
             self.evidence(ctx),
@@ -374,12 +379,9 @@ class GuidedDriver:
             'Question: Who?'
         """
         context = self.evidence(ctx)
+        prefill: list[BaseMessage] = [AIMessage(bridge)] if bridge else []
         if question is not None or not context:
-            plain: list[BaseMessage] = [
-                SystemMessage(QUERY_SYSTEM),
-                HumanMessage(f"Question: {question or ctx.question}"),
-            ]
-            return plain + ([AIMessage(bridge)] if bridge else [])
+            return [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {question or ctx.question}"), *prefill]
         searched = "; ".join(
             str(s["action"]["arguments"].get("query", ""))
             for s in ctx.steps
@@ -392,7 +394,7 @@ class GuidedDriver:
                 "Write a new search query for what is still missing."
             ),
         ]
-        return prompt + ([AIMessage(bridge)] if bridge else [])
+        return prompt + prefill
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()

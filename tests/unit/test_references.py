@@ -129,8 +129,10 @@ def test_once_resolved_the_answer_is_chosen_for_the_resolved_question():
 
 def test_the_last_turn_answers_even_with_a_phrase_unresolved():
     plan = GuidedDriver().plan(_ctx(HOP, final=True))
-    assert isinstance(plan[-1], Choose)
-    assert isinstance(plan[-1].then(Pick(0, "Sri Lanka", (), (0.0,), (0.5,)))[0], Lit)  # </think><answer>
+    assert isinstance(plan[-1], Choose) and f"Question: {QUESTION}" in plan[-1].messages[-1].content
+    # Even an unsure pick is the answer on the last turn, not the bridge of another search.
+    opening = plan[-1].then(Pick(0, "Sri Lanka", (), (0.0,), (0.5,)))[0]
+    assert isinstance(opening, Lit) and opening.text == "</think>\n<answer>"
 
 
 def test_evidence_is_cut_at_a_word_boundary():
