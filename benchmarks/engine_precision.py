@@ -6,19 +6,40 @@ forcing in both precisions (``ModelRunner.score``). Printed per precision: the a
 difference of the generated tokens and of the float32 top-16 alternatives (mean, 99th percentile,
 max), how often the most likely token agrees, and how the per-sequence perplexity moves.
 
+``--limit N`` asks the question that matters for ParallelMuse: does bfloat16 change which steps
+are forked? For each of the first N dev-set questions the embedded agent (guided driver, seed 0)
+runs one trajectory in float32; the same trajectory is then replayed through the library's own
+agent twice, in float32 and in the other precision, with every generated text forced (teacher
+forcing through ``LocalChatModel(continuation=...)``) and every likelihood choice scored anew, so
+the steps' token logprobs are each precision's own on identical text. Printed: how far each region
+perplexity moved, and how often the branch picks (``select_branch_steps``, k = 2) are the same,
+per mode and estimator. A replay whose choice came out differently (a likelihood choice drawn
+differently in bfloat16) leaves the float32 path and is counted, not compared.
+
     .venv/bin/python benchmarks/engine_precision.py
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_precision.py --limit 20 --dataset hotpotqa_train100
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import math
+import statistics
+from typing import Any
 
 import torch
+from common import arguments, dev_set
 from engine_fingerprint import QUESTIONS, chat_ids, documents
+from pydantic import Field
 
-from langgraph_parallelmuse.models import GenerationRequest, InferenceEngine, load_model
+from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.config import make_config
+from langgraph_parallelmuse.models import GenerationRequest, InferenceEngine, LocalChatModel, load_model
 from langgraph_parallelmuse.models.runner import ModelRunner
+from langgraph_parallelmuse.tools import make_corpus_tools
+from langgraph_parallelmuse.uncertainty import score_steps, select_branch_steps
+
+MODES, ESTIMATORS, REGIONS = ("exploration", "reasoning", "mixed"), ("nll", "entropy"), ("exploration", "reasoning")
 
 
 def sequences(loaded) -> list[tuple[list[int], list[int]]]:
@@ -64,10 +85,116 @@ def drift(model, pairs, precision: str) -> dict[str, float]:
     }
 
 
+class Replay(LocalChatModel):
+    """The local model, recording what it generates or, given a record, scoring that text instead.
+
+    Likelihood choices (``continuation=`` calls) are always scored by this model's own precision.
+    """
+
+    record: dict[tuple, tuple[str, str]] = Field(default_factory=dict)
+    replay: dict[tuple, tuple[str, str]] | None = None
+
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs: Any):
+        if "continuation" in kwargs:
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+        key = (self.render_prompt(messages), tuple(stop or ()), kwargs.get("seed"))
+        if self.replay is None:
+            result = await super()._agenerate(messages, stop, run_manager, **kwargs)
+            message = result.generations[0].message
+            self.record[key] = (message.content, message.response_metadata["finish_reason"])
+            return result
+        if key not in self.replay:
+            raise LookupError("the replay left the recorded path")
+        text, finish = self.replay[key]
+        forced = {k: kwargs[k] for k in ("logprobs", "top_logprobs") if k in kwargs}
+        result = await super()._agenerate(messages, None, run_manager, continuation=text, **forced)
+        result.generations[0].message.response_metadata["finish_reason"] = finish  # a cut-off step stays one
+        return result
+
+
+async def trajectory_picks(items, index, precision: str, seed: int) -> list[dict]:
+    """Per question: the step uncertainties of the float32 run and of both replays."""
+    cfg = make_config(seed=seed)
+    models = {p: Replay.embedded(precision=p) for p in ("float32", precision)}
+    recorder = Replay.embedded(precision="float32")
+    rows = []
+    for n, item in enumerate(items):
+        tools = make_corpus_tools(index, doc_ids=item.context_doc_ids)
+        recorder.record = {}
+        run = await RolloutRunner(recorder, tools).run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
+        row: dict[str, Any] = {"id": item.id, "steps": len(run["steps"]), "u": {"run": score_steps(run["steps"])}}
+        for p, model in models.items():
+            model.replay = recorder.record
+            try:
+                again = await RolloutRunner(model, tools).run(
+                    item.question, trajectory_id="t0", thread_id=f"{item.id}-{p}", config=cfg
+                )
+            except LookupError:
+                row["left_path"] = p
+                break
+            for est in ESTIMATORS:
+                row["u"][(p, est)] = score_steps(again["steps"], est)
+        rows.append(row)
+        left = f", the {row['left_path']} replay left the path" if "left_path" in row else ""
+        print(f"[{n + 1}/{len(items)}] {item.id}: {row['steps']} steps{left}", flush=True)
+    return rows
+
+
+def pick_table(rows: list[dict], precision: str, k: int) -> str:
+    """Region perplexity moves and pick agreement, float32 replay vs the other precision."""
+    kept = [r for r in rows if "left_path" not in r]
+    lines = [
+        f"{len(kept)} of {len(rows)} trajectories compared ({len(rows) - len(kept)} left the recorded path), "
+        f"{sum(r['steps'] for r in kept)} steps",
+    ]
+    run_vs_replay = [
+        abs(a["reasoning"] / b["reasoning"] - 1)
+        for r in kept
+        for a, b in zip(r["u"]["run"], r["u"][("float32", "nll")], strict=True)
+        if a.get("reasoning") and b.get("reasoning")
+    ]
+    lines.append(
+        f"float32 run vs its float32 replay, reasoning PPL: max relative move {max(run_vs_replay, default=0):.2e} "
+        "(the replay itself: forced text re-tokenised, scored by prefill)"
+    )
+    lines += ["", "| estimator | region | steps | PPL moved mean | max |", "|---|---|---|---|---|"]
+    for est in ESTIMATORS:
+        for region in REGIONS:
+            moves = [
+                abs(b[region] / a[region] - 1)
+                for r in kept
+                for a, b in zip(r["u"][("float32", est)], r["u"][(precision, est)], strict=True)
+                if a.get(region) and b.get(region)
+            ]
+            if moves:
+                lines.append(
+                    f"| {est} | {region} | {len(moves)} | {statistics.fmean(moves):.2%} | {max(moves):.2%} |"
+                )
+    lines += ["", f"| estimator | mode | same picks (k={k}) | same first pick |", "|---|---|---|---|"]
+    for est in ESTIMATORS:
+        for mode in MODES:
+            same = first = 0
+            for r in kept:
+                a = [s for s, _, _ in select_branch_steps(r["u"][("float32", est)], mode=mode, k=k)]
+                b = [s for s, _, _ in select_branch_steps(r["u"][(precision, est)], mode=mode, k=k)]
+                same += set(a) == set(b)
+                first += a[:1] == b[:1]
+            lines.append(f"| {est} | {mode} | {same} / {len(kept)} | {first} / {len(kept)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
-    args = ap.parse_args()
+    def extra(ap):
+        ap.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
+        ap.add_argument("--k", type=int, default=2, help="branch points picked per trajectory")
+
+    # --limit N: also compare the branch picks on the first N questions of --dataset.
+    args = arguments(__doc__, limit=0, extra=extra)
+    if args.limit:
+        items, index = dev_set(args.dataset, args.limit)
+        for precision in [p for p in args.precisions if p != "float32"]:
+            rows = asyncio.run(trajectory_picks(items, index, precision, args.seed))
+            print(f"\n{args.dataset}, float32 vs {precision}:\n{pick_table(rows, precision, args.k)}")
     loaded = load_model()
     pairs = sequences(loaded)
     print(f"{len(pairs)} sequences scored against float32 (teacher forcing, same tokens)")
