@@ -141,6 +141,7 @@ async def main() -> None:
             metavar="NAME=NUMBER",
             help="a guided-driver setting other than its default (repeatable), e.g. candidate_limit=32",
         )
+        ap.add_argument("--max-turns", type=int, help="think steps per trajectory (default: the config's)")
 
     args = arguments(__doc__, limit=30, extra=extra)
     if args.pair:
@@ -150,7 +151,7 @@ async def main() -> None:
     rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out and args.out.exists() else []
     done = {r["id"] for r in rows}
     model = LocalChatModel.embedded()
-    cfg = make_config(seed=args.seed)
+    cfg = make_config(seed=args.seed, **({"max_turns": args.max_turns} if args.max_turns else {}))
     driver = GuidedDriver(**dict(args.guided))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
