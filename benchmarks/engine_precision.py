@@ -167,9 +167,7 @@ def pick_table(rows: list[dict], precision: str, k: int) -> str:
                 if a.get(region) and b.get(region)
             ]
             if moves:
-                lines.append(
-                    f"| {est} | {region} | {len(moves)} | {statistics.fmean(moves):.2%} | {max(moves):.2%} |"
-                )
+                lines.append(f"| {est} | {region} | {len(moves)} | {statistics.fmean(moves):.2%} | {max(moves):.2%} |")
     lines += ["", f"| estimator | mode | same picks (k={k}) | same first pick |", "|---|---|---|---|"]
     for est in ESTIMATORS:
         for mode in MODES:

@@ -22,7 +22,7 @@ with the same ``--out`` skips what is there and prints the tables over everythin
 the serving venv (``make setup-serving``); hours on a loaded 2-core machine.
 
     python benchmarks/serving_rollout.py [--limit 10] [--concurrency 1,5] [--parts a,b,c (in this order)]
-        [--out benchmarks/results/serving_rollout.jsonl] [--venv .venv-serving] [--eager]
+        [--out benchmarks/results/serving_rollout.jsonl] [--venv .venv-serving] [--eager] [--precision float32]
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ def options(ap: argparse.ArgumentParser) -> None:
         "--eager", action="store_true", help="vLLM with --enforce-eager (default: compiled, as users run it)"
     )
     ap.add_argument("--block-size", type=int, default=32, help="vLLM KV block size (CPU: multiples of 32)")
+    ap.add_argument(
+        "--precision", default="float32", help="the in-process engine's precision (b): float32, bfloat16, auto"
+    )
 
 
 def token_sums(trajectories: list[dict]) -> dict[str, dict[str, int]]:
@@ -240,7 +243,7 @@ async def run_ab(args, items, index, methods: dict, records: Records, parts: set
         if any(b == "engine" for _, _, b, _ in todo):
             from langgraph_parallelmuse.models import LocalChatModel
 
-            engine = LocalChatModel.embedded(prefix_cache=True, batching=True)
+            engine = LocalChatModel.embedded(prefix_cache=True, batching=True, precision=args.precision)
             ready["engine"] = (engine, engine.engine.clear_cache, lambda: paused(server))
         for model, reset, context in ready.values():
             with context():
