@@ -112,17 +112,18 @@ class Replay(LocalChatModel):
         return result
 
 
-async def trajectory_picks(items, index, precision: str, seed: int) -> list[dict]:
-    """Per question: the step uncertainties of the float32 run and of both replays."""
+async def trajectory_picks(items, index, precisions: list[str], seed: int) -> list[dict]:
+    """Per question: the step uncertainties of the float32 run and of its replay in each precision."""
     cfg = make_config(seed=seed)
-    models = {p: Replay.embedded(precision=p) for p in ("float32", precision)}
+    models = {p: Replay.embedded(precision=p) for p in dict.fromkeys(["float32", *precisions])}
     recorder = Replay.embedded(precision="float32")
     rows = []
     for n, item in enumerate(items):
         tools = make_corpus_tools(index, doc_ids=item.context_doc_ids)
         recorder.record = {}
         run = await RolloutRunner(recorder, tools).run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
-        row: dict[str, Any] = {"id": item.id, "steps": len(run["steps"]), "u": {"run": score_steps(run["steps"])}}
+        row: dict[str, Any] = {"id": item.id, "steps": len(run["steps"]), "left_path": []}
+        row["u"] = {"run": score_steps(run["steps"])}
         for p, model in models.items():
             model.replay = recorder.record
             try:
@@ -130,19 +131,19 @@ async def trajectory_picks(items, index, precision: str, seed: int) -> list[dict
                     item.question, trajectory_id="t0", thread_id=f"{item.id}-{p}", config=cfg
                 )
             except LookupError:
-                row["left_path"] = p
-                break
+                row["left_path"].append(p)
+                continue
             for est in ESTIMATORS:
                 row["u"][(p, est)] = score_steps(again["steps"], est)
         rows.append(row)
-        left = f", the {row['left_path']} replay left the path" if "left_path" in row else ""
+        left = f", the {' and '.join(row['left_path'])} replay left the path" if row["left_path"] else ""
         print(f"[{n + 1}/{len(items)}] {item.id}: {row['steps']} steps{left}", flush=True)
     return rows
 
 
 def pick_table(rows: list[dict], precision: str, k: int) -> str:
     """Region perplexity moves and pick agreement, float32 replay vs the other precision."""
-    kept = [r for r in rows if "left_path" not in r]
+    kept = [r for r in rows if not {"float32", precision} & set(r["left_path"])]
     lines = [
         f"{len(kept)} of {len(rows)} trajectories compared ({len(rows) - len(kept)} left the recorded path), "
         f"{sum(r['steps'] for r in kept)} steps",
@@ -188,10 +189,11 @@ def main() -> None:
 
     # --limit N: also compare the branch picks on the first N questions of --dataset.
     args = arguments(__doc__, limit=0, extra=extra)
-    if args.limit:
+    others = [p for p in args.precisions if p != "float32"]
+    if args.limit and others:
         items, index = dev_set(args.dataset, args.limit)
-        for precision in [p for p in args.precisions if p != "float32"]:
-            rows = asyncio.run(trajectory_picks(items, index, precision, args.seed))
+        rows = asyncio.run(trajectory_picks(items, index, others, args.seed))
+        for precision in others:
             print(f"\n{args.dataset}, float32 vs {precision}:\n{pick_table(rows, precision, args.k)}")
     loaded = load_model()
     pairs = sequences(loaded)

@@ -74,7 +74,7 @@ def options(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--block-size", type=int, default=32, help="vLLM KV block size (CPU: multiples of 32)")
     ap.add_argument(
-        "--precision", default="float32", help="the in-process engine's precision (b): float32, bfloat16, auto"
+        "--precision", default="float32", choices=("float32", "bfloat16", "auto"), help="the in-process engine's (b)"
     )
 
 
