@@ -635,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated partial-rollout modes, from: exploration, reasoning, mixed, all",
     )
     bench.add_argument("--estimator", default="nll", choices=["nll", "entropy"])
-    bench.add_argument("--max-turns", type=int, default=6)
+    bench.add_argument("--max-turns", type=int, default=ParallelMuseConfig.model_fields["max_turns"].default)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--concurrency", type=int, default=1, help="questions in flight at once")
     bench.add_argument(

@@ -87,7 +87,11 @@ class ParallelMuseConfig(BaseModel):
     top_logprobs: int = Field(16, description="Top logprobs requested per token (entropy uses them).")
     seed: int | None = Field(None, description="Base seed; each trajectory derives its own.")
     # Per-trajectory limits.
-    max_turns: int = Field(6, description="Maximum think steps per trajectory (the last one must answer).")
+    max_turns: int = Field(
+        10,
+        description="Maximum think steps per trajectory (the last one must answer). The guided driver "
+        "plans fewer for most questions (GuidedDriver.turns: 6, two more per nested entity the question names).",
+    )
     max_step_tokens: int = Field(256, description="Maximum generated tokens per think step.")
     max_context_tokens: int = Field(8192, description="Prompt budget; when exceeded the agent is forced to answer.")
     max_observation_chars: int = Field(1200, description="Tool output longer than this is truncated.")

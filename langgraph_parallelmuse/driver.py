@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
-from langgraph_parallelmuse.references import Reference, inner_reference, resolve, resolved_question
+from langgraph_parallelmuse.references import Reference, inner_reference, reference_depth, resolve, resolved_question
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
@@ -119,8 +119,15 @@ class GuidedDriver:
     A model that cannot score (no ``supports_scoring``) searches until ``hops`` and then writes the
     answer itself from the evidence.
 
+    A question whose words name entities one inside another ("the state that borders *the state
+    where Hello Love's performer lived*") gets a hop more, a search and its visit, for each such
+    entity beyond the first (:func:`~.references.reference_depth`), so that its last hop's
+    document is opened before it answers; the config's ``max_turns`` still bounds every trajectory.
+
     Args:
-        hops: Most searches before the answer (the last allowed turn answers in any case).
+        hops: Most searches before the answer of a question naming at most one entity it does not
+            give (the last allowed turn answers in any case).
+        turns: Think steps of such a question; its last one answers.
         answer_confidence: Share of the candidates' probability mass the chosen one needs to
             answer before the hops run out.
         candidate_limit: Most candidates scored per choice.
@@ -140,6 +147,7 @@ class GuidedDriver:
     """
 
     hops: int = 3
+    turns: int = 6
     answer_confidence: float = 0.95
     candidate_limit: int = 16
     thought_tokens: int = 32
@@ -152,20 +160,35 @@ class GuidedDriver:
     def __post_init__(self) -> None:
         if self.hops < 1:
             raise ConfigError(f"GuidedDriver(hops={self.hops}): a trajectory needs at least one search")
+        if self.turns < 2:
+            raise ConfigError(f"GuidedDriver(turns={self.turns}): a trajectory needs a search and an answer")
         if not 0.0 <= self.answer_confidence <= 1.0:
             raise ConfigError(f"GuidedDriver(answer_confidence={self.answer_confidence}): pass a share in [0, 1]")
+
+    def budget(self, question: str) -> tuple[int, int]:
+        """Most searches and think steps for ``question``: a hop more per nested entity beyond the first.
+
+        Example:
+            >>> GuidedDriver().budget("Who is older, Sid Haig or Vic Darchinyan?")
+            (3, 6)
+            >>> GuidedDriver().budget("How many stores are in the state where Hello Love's performer lived?")
+            (4, 8)
+        """
+        extra = max(reference_depth(question) - 1, 0)
+        return self.hops + extra, self.turns + 2 * extra
 
     def next_action(self, ctx: StepContext) -> str:
         """``search``, ``visit``, ``answer`` or ``choose`` (answer or search on, by the model's confidence)."""
         searches = sum(s["action"].get("name") == "search" for s in ctx.steps)
         last = ctx.steps[-1]["action"].get("name") if ctx.steps else None
-        if ctx.final or "search" not in ctx.tool_names:
+        most_searches, turns = self.budget(ctx.question)
+        if ctx.final or ctx.index >= turns - 1 or "search" not in ctx.tool_names:
             return "answer"
         if not ctx.steps:
             return "search"
         if last == "search" and "visit" in ctx.tool_names and self.visit_target(ctx) is not None:
             return "visit"
-        if searches >= self.hops:
+        if searches >= most_searches:
             return "answer"
         return "choose" if ctx.scoring else "search"
 

@@ -84,7 +84,7 @@ class BenchSettings:
     estimator: str = "nll"
     seed: int = 0
     setting: str = "distractor"  # or "open": the whole corpus
-    max_turns: int = 6
+    max_turns: int = ParallelMuseConfig.model_fields["max_turns"].default
     extra: dict[str, Any] = field(default_factory=dict)  # more ParallelMuseConfig fields
 
     def __post_init__(self) -> None:

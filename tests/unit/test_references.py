@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from langchain_core.messages import AIMessage
 
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
-from langgraph_parallelmuse.references import inner_reference, resolved_question
+from langgraph_parallelmuse.references import inner_reference, reference_depth, resolved_question
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick
 
 
@@ -74,6 +76,62 @@ def test_each_bridge_resolves_the_innermost_phrase_in_turn():
         "How many Publix stores are in the state that borders the east of Tennessee?",
         "How many Publix stores are in North Carolina?",
     ]
+
+
+PUBLIX = (
+    "How many Publix stores are in the state that borders the east of the state where Hello Love's performer lived?"
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "depth"),
+    [
+        ("Who is older, Sid Haig or Vic Darchinyan?", 0),
+        ("Who is the sibling of the performer of Decade?", 1),
+        ("How many stores are in the state where Hello Love's performer lived?", 2),
+        (PUBLIX, 3),
+    ],
+)
+def test_the_depth_counts_the_entities_named_one_inside_the_next(question, depth):
+    assert reference_depth(question) == depth
+
+
+def _hops_done(question: str, searches: int) -> StepContext:
+    """``searches`` hops done (each a search and a visit of its hit), the last one's hit not opened yet."""
+    steps, observations = [], []
+    for hop in range(searches):
+        for name in ("search", "visit"):
+            if name == "visit" and hop == searches - 1:
+                break
+            index = len(steps)
+            steps.append(
+                {"index": index, "action": {"type": "tool_call", "name": name, "arguments": {"q": str(index)}}}
+            )
+            observations.append(
+                {
+                    "step": index,
+                    "name": name,
+                    "arguments": {},
+                    "content": f"doc {hop}",
+                    "error": False,
+                    "seconds": 0.0,
+                    "doc_ids": [f"d{hop}"],
+                }
+            )
+    return StepContext(question, steps, observations, len(steps), False, 64, frozenset({"search", "visit"}))
+
+
+def test_a_deeper_question_opens_its_later_hops_before_it_answers():
+    driver = GuidedDriver()
+    # After three searches (turn 6 of 6) a question naming one entity answers from what it read ...
+    assert driver.next_action(_hops_done(QUESTION, 3)) == "answer"
+    # ... one naming three, one inside the next, has two hops more: it opens the third search's hit
+    # and searches on, and answers on its tenth turn.
+    deep = _hops_done(PUBLIX, 3)
+    assert driver.budget(PUBLIX) == (5, 10) and driver.next_action(deep) == "visit"
+    assert driver.next_action(_hops_done(PUBLIX, 5)) == "answer"
+    # The config's max_turns still bounds it: a final turn answers whatever the budget.
+    assert driver.next_action(replace(deep, final=True)) == "answer"
 
 
 QUESTION = "What is the name of the waterfall in the country where the Bubye River is found?"
