@@ -59,22 +59,41 @@ def _trim(span: str) -> str:
     return " ".join(words)
 
 
+def _option(side: str, *, nearest: int, phrase: bool = True) -> str:
+    """One option of a comparison: a name in ``side`` (the one nearest the "or"), else the phrase.
+
+    "the birth of Robert Young" is Robert Young and "the Pterocarya" Pterocarya: the evidence
+    names them so, and an option the evidence does not hold is dropped. Without ``phrase`` a side
+    that names nothing has no option ("Who directed the film shot in or around Leland" compares
+    nothing).
+    """
+    names = [n for m in _NAMED.finditer(side) if (n := _trim(m.group(0))) and not _WH.fullmatch(n)]
+    if not names and not phrase:
+        return ""
+    return _trim(re.sub(r"^(?:the|a|an)\s+", "", names[nearest] if names else side.strip(), flags=re.IGNORECASE))
+
+
 def choice_options(question: str) -> list[str]:
-    """The two options of a comparison question ("Who is older, X or Y?"), else ``[]``.
+    """The two options of a comparison question ("Who is older, X or Y?", "Between X and Y, which …?"), else ``[]``.
 
     Example:
         >>> choice_options("Who is the oldest, Sid Haig or Vic Darchinyan?")
         ['Sid Haig', 'Vic Darchinyan']
+        >>> choice_options("Which came first the forming of The Dandy Warhols or the birth of Robert Young?")
+        ['Dandy Warhols', 'Robert Young']
+        >>> choice_options("Between Iain Banks and Irwin Shaw, which writer has had a more diverse career?")
+        ['Iain Banks', 'Irwin Shaw']
     """
     q = " ".join(question.split()).rstrip("?").strip()
-    if q.count(" or ") != 1 or not _WH.match(q):
+    between = re.match(r"^between\s+(.+?)\s+and\s+(.+?),\s*(?:which|who|what)\b", q, re.IGNORECASE)
+    if between:
+        left, right = _trim(between.group(1)), _trim(between.group(2))
+    elif q.count(" or ") == 1 and _WH.match(q):
+        left, right = q.split(" or ")
+        left = _option(left.rsplit(",", 1)[1], nearest=-1) if "," in left else _option(left, nearest=-1, phrase=False)
+        right = _option(right, nearest=0)
+    else:
         return []
-    left, right = q.split(" or ")
-    left = left.rsplit(",", 1)[1] if "," in left else (list(_NAMED.finditer(left)) or [None])[-1]
-    if left is None:
-        return []
-    left = _trim(left if isinstance(left, str) else left.group(0))
-    right = _trim(right)
     return [left, right] if left and right else []
 
 
@@ -82,12 +101,15 @@ def answer_kind(question: str) -> AnswerKind:
     """What a question asks for, which decides the kind of span its candidates are.
 
     Example:
-        >>> [answer_kind(q) for q in ("Are both X and Y bands?", "When was X born?", "Who wrote X?")]
-        ['yesno', 'date', 'person']
+        >>> [answer_kind(q) for q in ("Are both X and Y bands?", "When was X born?", "Who wrote X?",
+        ...                           "X has an OBE. Does Y have one?")]
+        ['yesno', 'date', 'person', 'yesno']
     """
     q = " ".join(question.lower().split())
     wh = _WH.search(q)
-    if _YES_NO.match(q) and not wh:
+    # "The director X has an OBE. Does the director Y also have one?": the asking sentence is the last.
+    asked = re.split(r"(?<=[.!?])\s+", q.strip())[-1]
+    if any(_YES_NO.match(part) and not _WH.search(part) for part in (q, asked)):
         return "yesno"
     if choice_options(question):
         return "choice"

@@ -216,3 +216,40 @@ def test_a_decade_is_offered_whole_and_a_year_once():
     evidence = "The band formed in the 1920s. It split in 1931 and on 2 May 1931."
     options = candidates("When was the band formed?", evidence)
     assert options == ["1920s", "1931", "2 May 1931"]
+
+
+@pytest.mark.parametrize(
+    ("question", "evidence", "options"),
+    [
+        # The options are what the evidence names: a determiner and the noun around a name drop.
+        (
+            "Which came first the forming of The Dandy Warhols or the birth of Robert Young?",
+            "The Dandy Warhols formed in 1994. Robert Young was born in 1964.",
+            ["Dandy Warhols", "Robert Young"],
+        ),
+        (
+            "Which plant is larger, the Pterocarya or the Cotula?",
+            "Pterocarya is a genus. Cotula is a genus.",
+            ["Pterocarya", "Cotula"],
+        ),
+        (
+            "Between Iain Banks and Irwin Shaw, which writer has had a more diverse career?",
+            "Iain Banks was a Scottish writer. Irwin Shaw was an American playwright and novelist.",
+            ["Iain Banks", "Irwin Shaw"],
+        ),
+        # An "or" that joins no two options ("in or around") is no comparison.
+        (
+            "Who directed the film shot in or around Leland in 1986?",
+            "Stephen King directed it near Leland.",
+            ["Stephen King"],
+        ),
+        # The asking sentence of a question in two sentences is its last.
+        (
+            "The director Armando Iannucci has an OBE. Does the director Puneet Sira also have one?",
+            "Puneet Sira is an Indian director.",
+            ["yes", "no"],
+        ),
+    ],
+)
+def test_a_comparison_is_answered_among_the_options_its_question_names(question, evidence, options):
+    assert candidates(question, evidence) == options
