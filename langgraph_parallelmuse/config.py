@@ -90,7 +90,8 @@ class ParallelMuseConfig(BaseModel):
     max_turns: int = Field(
         10,
         description="Maximum think steps per trajectory (the last one must answer). The guided driver "
-        "plans fewer for most questions (GuidedDriver.turns: 6, two more per nested entity the question names).",
+        "plans fewer for most questions (GuidedDriver.turns: 6, two more for each entity nested in the question "
+        "beyond the first).",
     )
     max_step_tokens: int = Field(256, description="Maximum generated tokens per think step.")
     max_context_tokens: int = Field(8192, description="Prompt budget; when exceeded the agent is forced to answer.")
