@@ -59,18 +59,20 @@ def _trim(span: str) -> str:
     return " ".join(words)
 
 
-def _option(side: str, *, nearest: int, phrase: bool = True) -> str:
-    """One option of a comparison: a name in ``side`` (the one nearest the "or"), else the phrase.
+# "the birth of Robert Young" is compared by Robert Young; "the director of Jaws" is not Jaws.
+_EVENT_OF = re.compile(
+    r"^(?:birth|death|forming|formation|founding|release|establishment|creation|opening|launch)\s+of\s+", re.I
+)
 
-    "the birth of Robert Young" is Robert Young and "the Pterocarya" Pterocarya: the evidence
-    names them so, and an option the evidence does not hold is dropped. Without ``phrase`` a side
-    that names nothing has no option ("Who directed the film shot in or around Leland" compares
-    nothing).
+
+def _option(side: str) -> str:
+    """One option of a comparison as the evidence would name it: no determiner, no event noun.
+
+    "the Pterocarya" is Pterocarya and "the birth of Robert Young" Robert Young; an option the
+    evidence does not hold is dropped by :func:`candidates`.
     """
-    names = [n for m in _NAMED.finditer(side) if (n := _trim(m.group(0))) and not _WH.fullmatch(n)]
-    if not names and not phrase:
-        return ""
-    return _trim(re.sub(r"^(?:the|a|an)\s+", "", names[nearest] if names else side.strip(), flags=re.IGNORECASE))
+    bare = re.sub(r"^(?:the|a|an)\s+", "", side.strip(), flags=re.IGNORECASE)
+    return _trim(re.sub(r"^(?:the|a|an)\s+", "", _EVENT_OF.sub("", bare), flags=re.IGNORECASE))
 
 
 def choice_options(question: str) -> list[str]:
@@ -87,14 +89,20 @@ def choice_options(question: str) -> list[str]:
     q = " ".join(question.split()).rstrip("?").strip()
     between = re.match(r"^between\s+(.+?)\s+and\s+(.+?),\s*(?:which|who|what)\b", q, re.IGNORECASE)
     if between:
-        left, right = _trim(between.group(1)), _trim(between.group(2))
+        sides = list(between.groups())
     elif q.count(" or ") == 1 and _WH.match(q):
         left, right = q.split(" or ")
-        left = _option(left.rsplit(",", 1)[1], nearest=-1) if "," in left else _option(left, nearest=-1, phrase=False)
-        right = _option(right, nearest=0)
+        if "," not in left:
+            # No comma: the option is the name nearest the "or" ("Which band was formed first The
+            # Exies or …"); a side naming nothing ("shot in or around Leland") compares nothing.
+            names = [n for m in _NAMED.finditer(left) if (n := _trim(m.group(0))) and not _WH.fullmatch(n)]
+            left = names[-1] if names else ""
+        sides = [left.rsplit(",", 1)[-1], right]
     else:
         return []
-    return [left, right] if left and right else []
+    options = [_option(side) for side in sides]
+    # "Between 1939 and 1945, which country …" is a period, not two options.
+    return options if all(options) and not any(re.fullmatch(r"[\d\s,.\-–]+", o) for o in options) else []
 
 
 def answer_kind(question: str) -> AnswerKind:
@@ -107,9 +115,10 @@ def answer_kind(question: str) -> AnswerKind:
     """
     q = " ".join(question.lower().split())
     wh = _WH.search(q)
-    # "The director X has an OBE. Does the director Y also have one?": the asking sentence is the last.
-    asked = re.split(r"(?<=[.!?])\s+", q.strip())[-1]
-    if any(_YES_NO.match(part) and not _WH.search(part) for part in (q, asked)):
+    # "The director X has an OBE. Does the director Y also have one?": the asking sentence is the
+    # last, and starts with a capital ("… Harry Connick Jr. was released …" is one sentence).
+    asked = _SENTENCE.split(" ".join(question.split()))[-1]
+    if (_YES_NO.match(q) and not wh) or (asked[:1].isupper() and _YES_NO.match(asked) and not _WH.search(asked)):
         return "yesno"
     if choice_options(question):
         return "choice"

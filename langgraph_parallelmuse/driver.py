@@ -127,7 +127,7 @@ class GuidedDriver:
     Args:
         hops: Most searches before the answer of a question naming at most one entity it does not
             give (the last allowed turn answers in any case).
-        turns: Think steps of such a question; its last one answers.
+        turns: Think steps of such a question, its last one answering (default: two per hop).
         answer_confidence: Share of the candidates' probability mass the chosen one needs to
             answer before the hops run out.
         candidate_limit: Most candidates scored per choice.
@@ -147,7 +147,7 @@ class GuidedDriver:
     """
 
     hops: int = 3
-    turns: int = 6
+    turns: int | None = None
     answer_confidence: float = 0.95
     candidate_limit: int = 16
     thought_tokens: int = 32
@@ -160,7 +160,7 @@ class GuidedDriver:
     def __post_init__(self) -> None:
         if self.hops < 1:
             raise ConfigError(f"GuidedDriver(hops={self.hops}): a trajectory needs at least one search")
-        if self.turns < 2:
+        if self.turns is not None and self.turns < 2:
             raise ConfigError(f"GuidedDriver(turns={self.turns}): a trajectory needs a search and an answer")
         if not 0.0 <= self.answer_confidence <= 1.0:
             raise ConfigError(f"GuidedDriver(answer_confidence={self.answer_confidence}): pass a share in [0, 1]")
@@ -168,14 +168,18 @@ class GuidedDriver:
     def budget(self, question: str) -> tuple[int, int]:
         """Most searches and think steps for ``question``: a hop more per nested entity beyond the first.
 
+        A question asking for two things, yes/no or one of two options is answered directly
+        (:meth:`plan`), so its phrases add no hop.
+
         Example:
             >>> GuidedDriver().budget("Who is older, Sid Haig or Vic Darchinyan?")
             (3, 6)
             >>> GuidedDriver().budget("How many stores are in the state where Hello Love's performer lived?")
             (4, 8)
         """
-        extra = max(reference_depth(question) - 1, 0)
-        return self.hops + extra, self.turns + 2 * extra
+        direct = bool(compound_parts(question)) or answer_kind(question) in ("yesno", "choice")
+        extra = 0 if direct else max(reference_depth(question) - 1, 0)
+        return self.hops + extra, (self.turns or 2 * self.hops) + 2 * extra
 
     def next_action(self, ctx: StepContext) -> str:
         """``search``, ``visit``, ``answer`` or ``choose`` (answer or search on, by the model's confidence)."""

@@ -134,7 +134,7 @@ def _graph_failing(failing: str, config: dict):
     table = seed_table(
         config["seed"],
         ["t0", "f0", "f1", "f2", "t0.s1.b0", "t0.s1.b1"],
-        max_turns=config.get("max_turns", 6),
+        max_turns=config.get("max_turns", ParallelMuseConfig().max_turns),
     )
 
     def respond(messages, kwargs):

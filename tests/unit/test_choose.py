@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_parallelmuse.agent import RolloutRunner
-from langgraph_parallelmuse.candidates import candidates
+from langgraph_parallelmuse.candidates import candidates, choice_options
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.logprobs import tokens_in_span
@@ -221,7 +221,7 @@ def test_a_decade_is_offered_whole_and_a_year_once():
 @pytest.mark.parametrize(
     ("question", "evidence", "options"),
     [
-        # The options are what the evidence names: a determiner and the noun around a name drop.
+        # The options are what the evidence names: a determiner and an event noun drop.
         (
             "Which came first the forming of The Dandy Warhols or the birth of Robert Young?",
             "The Dandy Warhols formed in 1994. Robert Young was born in 1964.",
@@ -253,3 +253,31 @@ def test_a_decade_is_offered_whole_and_a_year_once():
 )
 def test_a_comparison_is_answered_among_the_options_its_question_names(question, evidence, options):
     assert candidates(question, evidence) == options
+
+
+@pytest.mark.parametrize(
+    ("question", "options"),
+    [
+        # A phrase's modifier is not the option: "the director of Jaws" is not Jaws (and, as the
+        # evidence does not name "director of Jaws", the candidates come from the evidence).
+        (
+            "Who was born first, the director of Jaws or the director of Alien?",
+            ["director of Jaws", "director of Alien"],
+        ),
+        # A period is not two options.
+        ("Between 1939 and 1945, which country had the most ships?", []),
+    ],
+)
+def test_what_a_comparison_does_not_name_is_no_option(question, options):
+    assert choice_options(question) == options
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["Which president of the U.S. was born in Hawaii?", "What film starring Harry Connick Jr. was released in 1995?"],
+)
+def test_an_abbreviation_does_not_end_the_asking_sentence(question):
+    assert candidates(question, "Barack Obama was born in Hawaii. Hope Floats (1998) starred Harry Connick Jr.") != [
+        "yes",
+        "no",
+    ]

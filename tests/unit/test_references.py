@@ -132,6 +132,11 @@ def test_a_deeper_question_opens_its_later_hops_before_it_answers():
     assert driver.next_action(_hops_done(PUBLIX, 5)) == "answer"
     # The config's max_turns still bounds it: a final turn answers whatever the budget.
     assert driver.next_action(replace(deep, final=True)) == "answer"
+    # A comparison is answered among its options whatever phrases it holds: no hop more.
+    comparison = "Which came first the forming of The Dandy Warhols or the birth of Robert Young?"
+    assert reference_depth(comparison) == 2 and driver.budget(comparison) == (3, 6)
+    # More hops get the turns to open them.
+    assert GuidedDriver(hops=4).budget(QUESTION) == (4, 8)
 
 
 QUESTION = "What is the name of the waterfall in the country where the Bubye River is found?"
