@@ -252,8 +252,8 @@ def candidates(
 
     Spans come from the sentences that share most words with the question first; a span made
     mostly of the question's own words is its subject, not its answer, and is left out. A yes/no
-    question gets ``yes``/``no``; a comparison question the options it names that the evidence
-    mentions.
+    question gets ``yes``/``no``; a comparison question the two options it names, once the evidence
+    mentions either.
 
     Args:
         question: The question (or one part of a compound question).
@@ -273,8 +273,10 @@ def candidates(
     if kind == "yesno":
         return ["yes", "no"]
     if kind == "choice":
-        options = [o for o in choice_options(question) if o.lower() in evidence.lower()]
-        if options:
+        # Both options once the evidence names either: a lone option would be answered unread
+        # (its share 1.0), while the two scored side by side leave an unsure pick to another hop.
+        options = choice_options(question)
+        if any(o.lower() in evidence.lower() for o in options):
             return options
         kind = "name"
     asked = _words(question)

@@ -237,6 +237,8 @@ def test_a_decade_is_offered_whole_and_a_year_once():
             "Iain Banks was a Scottish writer. Irwin Shaw was an American playwright and novelist.",
             ["Iain Banks", "Irwin Shaw"],
         ),
+        # Both options once the evidence names one: a lone option would be no choice.
+        ("Who is older, Sid Haig or Vic Darchinyan?", "Sid Haig was born in 1939.", ["Sid Haig", "Vic Darchinyan"]),
         # An "or" that joins no two options ("in or around") is no comparison.
         (
             "Who directed the film shot in or around Leland in 1986?",
