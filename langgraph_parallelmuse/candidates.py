@@ -63,6 +63,7 @@ def _trim(span: str) -> str:
 _EVENT_OF = re.compile(
     r"^(?:birth|death|forming|formation|founding|release|establishment|creation|opening|launch)\s+of\s+", re.I
 )
+_DETERMINER = re.compile(r"^(?:the|a|an)\s+", re.I)
 
 
 def _option(side: str) -> str:
@@ -71,8 +72,8 @@ def _option(side: str) -> str:
     "the Pterocarya" is Pterocarya and "the birth of Robert Young" Robert Young; an option the
     evidence does not hold is dropped by :func:`candidates`.
     """
-    bare = re.sub(r"^(?:the|a|an)\s+", "", side.strip(), flags=re.IGNORECASE)
-    return _trim(re.sub(r"^(?:the|a|an)\s+", "", _EVENT_OF.sub("", bare), flags=re.IGNORECASE))
+    # A determiner may stand before the event noun and after it ("the birth of the Beatles").
+    return _trim(_DETERMINER.sub("", _EVENT_OF.sub("", _DETERMINER.sub("", side.strip()))))
 
 
 def choice_options(question: str) -> list[str]:

@@ -33,6 +33,8 @@ QUERY_SYSTEM = "Write a short web search query for the question."
 # The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot
 # pose as the question or as an instruction after it.
 PROMPT_LINES = ("Question:", "Answer", "Already searched:", "Write a new search query")
+# Answered among their own options whatever their hops: yes/no and either-or questions.
+DIRECT_KINDS = frozenset({"yesno", "choice"})
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ class GuidedDriver:
             >>> GuidedDriver().budget("How many stores are in the state where Hello Love's performer lived?")
             (4, 8)
         """
-        direct = bool(compound_parts(question)) or answer_kind(question) in ("yesno", "choice")
+        direct = bool(compound_parts(question)) or answer_kind(question) in DIRECT_KINDS
         extra = 0 if direct else max(reference_depth(question) - 1, 0)
         return self.hops + extra, (self.turns or 2 * self.hops) + 2 * extra
 
@@ -207,7 +209,7 @@ class GuidedDriver:
         parts = compound_parts(ctx.question)
         first = parts[0] if parts else self.question(ctx)
         # A yes/no or either-or question is answered among its own options, whatever its hops.
-        direct = bool(parts) or action == "answer" or not ctx.scoring or answer_kind(first) in ("yesno", "choice")
+        direct = bool(parts) or action == "answer" or not ctx.scoring or answer_kind(first) in DIRECT_KINDS
         reference = None if direct else inner_reference(first)
         if reference is not None:
             return thought + self.hop(ctx, first, reference)
