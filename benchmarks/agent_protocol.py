@@ -52,7 +52,7 @@ def _setting(text: str) -> tuple[str, int | float]:
     return key, float(value) if "." in value else int(value)
 
 
-async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver) -> dict:
+async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, trace: Path | None) -> dict:
     runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids), driver=driver)
     t0 = time.perf_counter()
     traj = await runner.run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
@@ -64,8 +64,25 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver) ->
     # options of its last choice.
     final = StepContext(item.question, traj["steps"], traj["observations"], len(traj["steps"]), True, 0)
     read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
-    options = driver.options(final, driver.question(final))
+    options = driver.options(final, driver.question(final), final=True)
     opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
+    if trace is not None:
+        # Dev-set text: for replaying the last choice offline (``candidates``), never committed.
+        with trace.open("a") as f:
+            evidence = driver.evidence(final)
+            f.write(
+                json.dumps(
+                    {
+                        "id": item.id,
+                        "question": item.question,
+                        "answers": item.answers,
+                        "evidence": evidence,
+                        "options": options,
+                        "answer": traj["answer"],
+                    }
+                )
+                + "\n"
+            )
     return {
         "id": item.id,
         "hops": _hops(item.id),
@@ -142,6 +159,8 @@ async def main() -> None:
             help="a guided-driver setting other than its default (repeatable), e.g. candidate_limit=32",
         )
         ap.add_argument("--max-turns", type=int, help="think steps per trajectory (default: the config's)")
+        ap.add_argument("--start", type=int, default=0, help="skip the first START questions (to split a set)")
+        ap.add_argument("--trace", type=Path, help="JSONL of each question's last evidence and options (dev-set text)")
 
     args = arguments(__doc__, limit=30, extra=extra)
     if args.pair:
@@ -156,9 +175,9 @@ async def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     for n, item in enumerate(items, 1):
-        if item.id in done:
+        if item.id in done or n <= args.start:
             continue
-        row = await _row(model, item, index, cfg, driver)
+        row = await _row(model, item, index, cfg, driver, args.trace)
         rows.append(row)
         if args.out:
             with args.out.open("a") as f:

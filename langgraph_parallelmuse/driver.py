@@ -23,11 +23,19 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
-from langgraph_parallelmuse.references import Reference, inner_reference, reference_depth, resolve, resolved_question
+from langgraph_parallelmuse.references import (
+    Reference,
+    inner_reference,
+    reference_depth,
+    resolve,
+    resolved_question,
+    resolving_bridges,
+)
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
 _RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
+_HIT = re.compile(r"\n\n(?=\[\d+\] )")  # between two search hits
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 QUERY_SYSTEM = "Write a short web search query for the question."
 # The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot
@@ -61,6 +69,12 @@ def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
 def _bridges(ctx: StepContext) -> list[str]:
     """The bridge entities of the trajectory's hops so far, in order."""
     return [s["bridge"] for s in ctx.steps if "bridge" in s]
+
+
+def _shown(hit: str, shown: Sequence[str]) -> bool:
+    """Whether the text of ``hit`` (its lines after the title, cut ends trimmed) is in ``shown``."""
+    text = hit.partition("\n")[2].strip(" …\n")
+    return bool(text) and any(text in earlier for earlier in shown)
 
 
 def call_key(action: Action) -> str:
@@ -213,10 +227,10 @@ class GuidedDriver:
         reference = None if direct else inner_reference(first)
         if reference is not None:
             return thought + self.hop(ctx, first, reference)
-        options = self.options(ctx, first) if ctx.scoring else []
-        if not options:
-            return thought + (self.written_answer(ctx) if action == "answer" else self.search(ctx, bridge=None))
         sure = action == "answer"
+        options = self.options(ctx, first, final=sure) if ctx.scoring else []
+        if not options:
+            return thought + (self.written_answer(ctx) if sure else self.search(ctx, bridge=None))
         return thought + [
             Choose(
                 tuple(options),
@@ -267,17 +281,22 @@ class GuidedDriver:
             )
         ]
 
-    def options(self, ctx: StepContext, question: str, *, answered: Sequence[str] = ()) -> list[str]:
+    def options(
+        self, ctx: StepContext, question: str, *, answered: Sequence[str] = (), final: bool = False
+    ) -> list[str]:
         """Candidates from the evidence for ``question`` (the whole question or one part of it).
 
-        An earlier hop's bridge was a way to the answer, not the answer, except in a question
-        that asks for two things: its first part is asked directly, so an unsure pick there is a
-        guess at that part's answer, which the next hop's evidence may confirm (left out, the
-        right but unsure "France" of the Eiffel Tower's country was lost to "Notre-Dame de
-        Paris"). A part answered already (``answered``) and the whole question's own entities are
-        not the answer of the next part.
+        A bridge that resolved a phrase of the question was a way to the answer, not the answer.
+        A bridge taken with no phrase left was an unsure pick of the answer: left out while hops
+        remain, so that the next choice weighs other spans, and an option again in the last
+        choice (``final``), where the evidence its hop read may confirm it (left out there, a
+        right first pick, "Sandra Miju Oh", was lost to a span of a later search). In a question
+        that asks for two things every pick is a guess at a part and stays an option. A part answered already
+        (``answered``) and the whole question's own entities are not the answer of the next part.
         """
         bridges = [] if compound_parts(ctx.question) else _bridges(ctx)
+        if final:
+            bridges = resolving_bridges(ctx.question, bridges)
         return candidates(
             question,
             self.evidence(ctx),
@@ -353,17 +372,21 @@ class GuidedDriver:
         ranked = sorted(ctx.observations, key=lambda o: (o["name"] != "visit", -o["step"]))
         if opened and any(o["name"] == "visit" for o in ranked):
             ranked = [o for o in ranked if o["name"] == "visit"]
-        budget, parts = self.evidence_chars, []
+        budget, parts, shown = self.evidence_chars, [], []
         for obs in ranked:
             if obs["error"] or not obs.get("doc_ids") or budget <= 0:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
-            # copies it into its answer, so the evidence keeps titles and text only.
-            text = _RESULT_MARKUP.sub("", obs["content"]).strip()
+            # copies it into its answer, so the evidence keeps titles and text only. A hit whose
+            # text is shown already (an opened document's snippet, a document two searches found)
+            # would only take the room of another document.
+            hits = [_RESULT_MARKUP.sub("", hit).strip() for hit in _HIT.split(obs["content"])]
+            text = "\n\n".join(hit for hit in hits if not _shown(hit, shown))
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal").
                 text, budget = text[: max(text.rfind(" ", 0, budget + 1), 0)], 0
             if text:
+                shown.append(text)
                 parts.append(quote_untrusted(text, PROMPT_LINES))
             budget -= len(text)
         return "\n\n".join(parts)
