@@ -223,6 +223,9 @@ def _described(sentence: str) -> list[str]:
     return out
 
 
+_QUOTED = re.compile(r'"([A-Z0-9][^"]{0,58}?)[,.]?"')
+
+
 def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[str]:
     if kind == "date":
         # A full date and its year: "When was he born?" may want either ("1920s" has no year of its own).
@@ -230,7 +233,8 @@ def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[
         return list(dict.fromkeys(s for d in dates for s in (d, *re.findall(r"\s(\d{3,4})$", d))))
     if kind == "number":
         return [m.group(0).strip(" ,") for m in _NUMBER.finditer(sentence)]
-    named = []
+    # A quoted title is whole even where its words are not capitalised ("Falling Away from Me").
+    named = [m.group(1) for m in _QUOTED.finditer(sentence)] if kind == "name" else []
     for m in _NAMED.finditer(sentence):
         # "Boston and Maine" may be one name or two: offer the whole and its parts.
         parts = re.split(r"\s+(?:and|&)\s+", m.group(0))
