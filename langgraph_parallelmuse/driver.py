@@ -35,7 +35,6 @@ from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
 _RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
-_HIT = re.compile(r"\n\n(?=\[\d+\] )")  # between two search hits
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 QUERY_SYSTEM = "Write a short web search query for the question."
 # The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot
@@ -69,12 +68,6 @@ def _ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
 def _bridges(ctx: StepContext) -> list[str]:
     """The bridge entities of the trajectory's hops so far, in order."""
     return [s["bridge"] for s in ctx.steps if "bridge" in s]
-
-
-def _shown(hit: str, shown: Sequence[str]) -> bool:
-    """Whether the text of ``hit`` (its lines after the title, cut ends trimmed) is in ``shown``."""
-    text = hit.partition("\n")[2].strip(" …\n")
-    return bool(text) and any(text in earlier for earlier in shown)
 
 
 def call_key(action: Action) -> str:
@@ -291,8 +284,9 @@ class GuidedDriver:
         remain, so that the next choice weighs other spans, and an option again in the last
         choice (``final``), where the evidence its hop read may confirm it (left out there, a
         right first pick, "Sandra Miju Oh", was lost to a span of a later search). In a question
-        that asks for two things every pick is a guess at a part and stays an option. A part answered already
-        (``answered``) and the whole question's own entities are not the answer of the next part.
+        that asks for two things every pick is a guess at a part and stays an option. A part
+        answered already (``answered``) and the whole question's own entities are not the answer
+        of the next part.
         """
         bridges = [] if compound_parts(ctx.question) else _bridges(ctx)
         if final:
@@ -372,21 +366,17 @@ class GuidedDriver:
         ranked = sorted(ctx.observations, key=lambda o: (o["name"] != "visit", -o["step"]))
         if opened and any(o["name"] == "visit" for o in ranked):
             ranked = [o for o in ranked if o["name"] == "visit"]
-        budget, parts, shown = self.evidence_chars, [], []
+        budget, parts = self.evidence_chars, []
         for obs in ranked:
             if obs["error"] or not obs.get("doc_ids") or budget <= 0:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
-            # copies it into its answer, so the evidence keeps titles and text only. A hit whose
-            # text is shown already (an opened document's snippet, a document two searches found)
-            # would only take the room of another document.
-            hits = [_RESULT_MARKUP.sub("", hit).strip() for hit in _HIT.split(obs["content"])]
-            text = "\n\n".join(hit for hit in hits if not _shown(hit, shown))
+            # copies it into its answer, so the evidence keeps titles and text only.
+            text = _RESULT_MARKUP.sub("", obs["content"]).strip()
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal").
                 text, budget = text[: max(text.rfind(" ", 0, budget + 1), 0)], 0
             if text:
-                shown.append(text)
                 parts.append(quote_untrusted(text, PROMPT_LINES))
             budget -= len(text)
         return "\n\n".join(parts)

@@ -214,21 +214,3 @@ def test_an_unsure_pick_is_an_option_again_in_the_last_choice_but_a_phrase_bridg
     assert isinstance(on, Choose) and "Bambarakanda Falls" not in on.options and "Zimbabwe" not in on.options
     assert isinstance(last, Choose) and "Bambarakanda Falls" in last.options and "Zimbabwe" not in last.options
     assert resolving_bridges(QUESTION, ["Zimbabwe", "Bambarakanda Falls"]) == ["Zimbabwe"]
-
-
-def test_evidence_shows_each_document_once():
-    # The opened document came back as a search hit, and a second search found the first one's
-    # hit again: both repeats are dropped, so the room goes to the other hit.
-    opened = "Sandra Oh\n\nSandra Miju Oh (born 1971) is a Canadian actress."
-    film = "[1] Barrier Device (id: b)\nBarrier Device is a 2002 short film."
-    first = f"{film}\n\n[2] Sandra Oh (id: s)\nSandra Miju Oh (born…"
-    second = f"{film}\n\n[2] Paul Cameron (id: p)\nPaul Cameron is a psychologist."
-    obs = [
-        {"step": 0, "name": "search", "content": first, "doc_ids": ["b", "s"]},
-        {"step": 1, "name": "visit", "content": opened, "doc_ids": ["s"]},
-        {"step": 2, "name": "search", "content": second, "doc_ids": ["b", "p"]},
-    ]
-    obs = [{**o, "arguments": {}, "error": False, "seconds": 0.0} for o in obs]
-    evidence = GuidedDriver().evidence(StepContext("q", [], obs, 3, False, 64))
-    newest = "Barrier Device\nBarrier Device is a 2002 short film.\n\nPaul Cameron\nPaul Cameron is a psychologist."
-    assert evidence == f"{opened}\n\n{newest}"
