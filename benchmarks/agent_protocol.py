@@ -27,6 +27,7 @@ from pathlib import Path
 from common import arguments, dev_set
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.candidates import answer_kind
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
@@ -160,6 +161,7 @@ async def main() -> None:
         )
         ap.add_argument("--max-turns", type=int, help="think steps per trajectory (default: the config's)")
         ap.add_argument("--start", type=int, default=0, help="skip the first START questions (to split a set)")
+        ap.add_argument("--kinds", nargs="+", help="only questions of these answer kinds (e.g. yesno choice)")
         ap.add_argument("--trace", type=Path, help="JSONL of each question's last evidence and options (dev-set text)")
 
     args = arguments(__doc__, limit=30, extra=extra)
@@ -175,7 +177,7 @@ async def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     for n, item in enumerate(items, 1):
-        if item.id in done or n <= args.start:
+        if item.id in done or n <= args.start or (args.kinds and answer_kind(item.question) not in args.kinds):
             continue
         row = await _row(model, item, index, cfg, driver, args.trace)
         rows.append(row)
