@@ -224,11 +224,6 @@ class GuidedDriver:
         options = self.options(ctx, first, final=sure) if ctx.scoring else []
         if not options:
             return thought + (self.written_answer(ctx) if sure else self.search(ctx, bridge=None))
-        # Options the question itself gives (yes/no, its two names) are weighed against the
-        # question without the evidence: the model's bias among them is not evidence. Spans of
-        # the evidence are not (the question alone knows nothing of them; calibrated so, the
-        # right span was chosen less often: BENCHMARKS.md section 11, session 22).
-        prior = self.evidence_prompt(ctx, question=first, bare=True) if answer_kind(first) in DIRECT_KINDS else ()
         return thought + [
             Choose(
                 tuple(options),
@@ -238,7 +233,6 @@ class GuidedDriver:
                     if sure or pick.share >= self.answer_confidence
                     else self.search(ctx, bridge=pick)
                 ),
-                prior=prior,
             )
         ]
 
@@ -388,30 +382,24 @@ class GuidedDriver:
         return "\n\n".join(parts)
 
     def evidence_prompt(
-        self,
-        ctx: StepContext,
-        *,
-        question: str | None = None,
-        kind: str | None = None,
-        opened: bool = False,
-        bare: bool = False,
+        self, ctx: StepContext, *, question: str | None = None, kind: str | None = None, opened: bool = False
     ) -> list[BaseMessage]:
         """The plain QA prompt: the evidence, then the question (or one part of it).
 
         The reply is asked for by the answer's type (``kind``, else the noun the question names it
         by: "Answer with the name of the country."), so the options are scored as what the
-        question asks for. ``bare`` leaves the evidence out: the prior a choice is calibrated by.
+        question asks for.
 
         Example:
             >>> ctx = StepContext("Which country is X in?", [], [], 0, False, 64)
             >>> GuidedDriver().evidence_prompt(ctx)[-1].content.splitlines()[-1]
             'Answer with the name of the country.'
         """
+        context = self.evidence(ctx, opened=opened) or "(no evidence found)"
         question = question or ctx.question
         kind = kind or answer_type(question)
         ask = f"Answer with the name of the {kind}." if kind else "Answer with a short phrase."
-        context = "" if bare else (self.evidence(ctx, opened=opened) or "(no evidence found)") + "\n\n"
-        return [SystemMessage(EVIDENCE_SYSTEM), HumanMessage(f"{context}Question: {question}\n{ask}")]
+        return [SystemMessage(EVIDENCE_SYSTEM), HumanMessage(f"{context}\n\nQuestion: {question}\n{ask}")]
 
     def query_prompt(
         self, ctx: StepContext, *, bridge: str | None = None, question: str | None = None

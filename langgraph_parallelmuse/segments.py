@@ -65,8 +65,7 @@ class Pick:
         index: Position of the chosen option.
         text: The chosen option.
         tokens: Its token records from the scoring pass (the model's own logprobs, offsets into ``text``).
-        scores: Per option, the log-likelihood of the option and of ending the reply after it
-            (less the same after ``Choose.prior``, when given).
+        scores: Per option, the log-likelihood of the option and of ending the reply after it.
         shares: Per option, its share of the probability mass of all options (softmax of ``scores``).
 
     A pick is itself a segment: placed in a turn (by ``Choose.then``) it adds its text with its
@@ -96,17 +95,11 @@ class Choose:
     trajectories and branches still differ. ``then(pick)`` gives the segments that follow; they
     place the :class:`Pick` (with the scoring pass's token logprobs) where it belongs: a sure pick
     inside the answer, an unsure one opening the next query as its bridge entity.
-
-    With ``prior`` (the same prompt without what the choice should rest on), each option's score
-    is its log-likelihood after ``messages`` less that after ``prior``: the model's bias among the
-    options is taken out (contextual calibration, Zhao et al. 2021). SmolLM2-135M answers "yes"
-    to most yes/no questions whatever the evidence says.
     """
 
     options: tuple[str, ...]
     messages: Sequence[BaseMessage]
     then: Callable[[Pick], Sequence[Segment]] = lambda pick: (pick,)
-    prior: Sequence[BaseMessage] = ()
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -313,34 +306,21 @@ async def _choose(
     if not getattr(model, "supports_scoring", False):
         raise TypeError(f"{type(model).__name__} cannot score a given continuation (supports_scoring): use Gen")
     kwargs = {"logprobs": True, "top_logprobs": sampling.top_logprobs}
-
-    async def score(messages: Sequence[BaseMessage]) -> tuple[list[AIMessage], list[list[TokenRecord]], list[float]]:
-        replies = await asyncio.gather(
-            *(with_retries(lambda o=o: model.ainvoke(list(messages), continuation=o, **kwargs)) for o in seg.options)
-        )
-        records = [normalize_logprobs(r.response_metadata["logprobs"], r.content) for r in replies]
-        return (
-            replies,
-            records,
-            [
-                sum(t["logprob"] for t in recs) + float(r.response_metadata["end_logprob"])
-                for recs, r in zip(records, replies, strict=True)
-            ],
-        )
-
-    replies, records, scores = await score(seg.messages)
-    calls = list(replies)
-    if seg.prior:
-        prior_replies, _, bias = await score(seg.prior)
-        calls += prior_replies
-        scores = [s - b for s, b in zip(scores, bias, strict=True)]
+    replies = await asyncio.gather(
+        *(with_retries(lambda o=o: model.ainvoke(list(seg.messages), continuation=o, **kwargs)) for o in seg.options)
+    )
+    records = [normalize_logprobs(r.response_metadata["logprobs"], r.content) for r in replies]
+    scores = [
+        sum(t["logprob"] for t in recs) + float(r.response_metadata["end_logprob"])
+        for recs, r in zip(records, replies, strict=True)
+    ]
     shares = _softmax(scores, 1.0)
     if sampling.temperature > 0:
         weights = _softmax(scores, sampling.temperature)
         index = random.Random(seed).choices(range(len(scores)), weights=weights)[0]
     else:
         index = max(range(len(scores)), key=scores.__getitem__)
-    return Pick(index, replies[index].content, tuple(records[index]), tuple(scores), tuple(shares)), calls
+    return Pick(index, replies[index].content, tuple(records[index]), tuple(scores), tuple(shares)), replies
 
 
 def _softmax(scores: Sequence[float], temperature: float) -> list[float]:

@@ -323,13 +323,11 @@ class ScoringChatModel(ScriptedChatModel):
 
     A call with ``continuation=text`` does not consume the script: it returns ``text`` with every
     token at ``option_logprobs[text]`` (else ``default_logprob``) and ``end_logprob`` 0, and is
-    recorded in ``scored`` as ``(messages, text)``. ``context_logprobs`` replaces
-    ``option_logprobs`` for a prompt whose last message holds its key (a model that reads it).
+    recorded in ``scored`` as ``(messages, text)``.
     """
 
     supports_scoring: ClassVar[bool] = True
     option_logprobs: dict[str, float] = Field(default_factory=dict)
-    context_logprobs: dict[str, dict[str, float]] = Field(default_factory=dict)
     default_logprob: float = -10.0
     scored: list[tuple[list[BaseMessage], str]] = Field(default_factory=list)
 
@@ -339,9 +337,7 @@ class ScoringChatModel(ScriptedChatModel):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         with self._lock:
             self.scored.append((list(messages), text))
-        last = str(messages[-1].content) if messages else ""
-        table = next((t for key, t in self.context_logprobs.items() if key in last), self.option_logprobs)
-        payload = logprob_payload(text, logprob=table.get(text, self.default_logprob))
+        payload = logprob_payload(text, logprob=self.option_logprobs.get(text, self.default_logprob))
         metadata = {"finish_reason": "stop", "logprobs": payload, "end_logprob": 0.0}
         usage = {"input_tokens": 10, "output_tokens": len(payload["content"]), "total_tokens": 10}
         return ChatResult(

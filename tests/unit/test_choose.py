@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -107,31 +106,6 @@ def test_a_question_asking_for_two_things_gets_two_chosen_spans():
     assert model.scored[-1][0][-1].content.endswith(
         "Question: what is the capital of France?\nAnswer with the name of the capital."
     )
-
-
-def test_yes_or_no_is_weighed_against_the_question_without_the_evidence():
-    # The model says "yes" to the bare question (-0.2 against -3.0); the evidence moves it toward
-    # "no" (-1.0 against -1.5) without overturning its bias: calibrated, the answer is "no".
-    evidence = "King Vidor was an American director. Géza von Cziffra was an Austrian director."
-    model = ScoringChatModel(
-        script=["Both directors"],
-        option_logprobs={"yes": -0.2, "no": -3.0},
-        context_logprobs={evidence: {"yes": -1.0, "no": -1.5}},
-    )
-    read = {"step": 0, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
-    question = "Are King Vidor and Géza von Cziffra both American directors?"
-    ctx = StepContext(question, [], [{**read, "doc_ids": ["v"]}], 1, True, 64, frozenset({"search"}), scoring=True)
-    turn = asyncio.run(generate_turn(model, [], GuidedDriver().plan(ctx), sampling=Sampling(temperature=0)))
-    assert turn.text.endswith("<answer>no</answer>")
-    assert {(evidence in m[-1].content, text) for m, text in model.scored} == {
-        (True, "yes"),
-        (True, "no"),
-        (False, "yes"),
-        (False, "no"),
-    }
-    # Spans of the evidence are chosen by their likelihood after it alone.
-    name = replace(ctx, question="Which director was Austrian?")
-    assert GuidedDriver().plan(name)[-1].prior == ()
 
 
 def test_the_first_choice_of_a_question_asking_for_two_things_answers_its_first_part():
