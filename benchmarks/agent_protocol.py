@@ -65,7 +65,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
     # options of its last choice.
     final = StepContext(item.question, traj["steps"], traj["observations"], len(traj["steps"]), True, 0)
     read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
-    options = driver.options(final, driver.question(final), final=True)
+    options = driver.options(final, driver.question(final))
     opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
     if trace is not None:
         # Dev-set text: for replaying the last choice offline (``candidates``), never committed.

@@ -23,14 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
-from langgraph_parallelmuse.references import (
-    Reference,
-    inner_reference,
-    reference_depth,
-    resolve,
-    resolved_question,
-    resolving_bridges,
-)
+from langgraph_parallelmuse.references import Reference, inner_reference, reference_depth, resolve, resolved_question
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
@@ -220,10 +213,10 @@ class GuidedDriver:
         reference = None if direct else inner_reference(first)
         if reference is not None:
             return thought + self.hop(ctx, first, reference)
-        sure = action == "answer"
-        options = self.options(ctx, first, final=sure) if ctx.scoring else []
+        options = self.options(ctx, first) if ctx.scoring else []
         if not options:
-            return thought + (self.written_answer(ctx) if sure else self.search(ctx, bridge=None))
+            return thought + (self.written_answer(ctx) if action == "answer" else self.search(ctx, bridge=None))
+        sure = action == "answer"
         return thought + [
             Choose(
                 tuple(options),
@@ -274,23 +267,19 @@ class GuidedDriver:
             )
         ]
 
-    def options(
-        self, ctx: StepContext, question: str, *, answered: Sequence[str] = (), final: bool = False
-    ) -> list[str]:
+    def options(self, ctx: StepContext, question: str, *, answered: Sequence[str] = ()) -> list[str]:
         """Candidates from the evidence for ``question`` (the whole question or one part of it).
 
-        A bridge that resolved a phrase of the question was a way to the answer, not the answer.
-        A bridge taken with no phrase left was an unsure pick of the answer: left out while hops
-        remain, so that the next choice weighs other spans, and an option again in the last
-        choice (``final``), where the evidence its hop read may confirm it (left out there, a
-        right first pick, "Sandra Miju Oh", was lost to a span of a later search). In a question
-        that asks for two things every pick is a guess at a part and stays an option. A part
-        answered already (``answered``) and the whole question's own entities are not the answer
-        of the next part.
+        An earlier hop's bridge was a way to the answer, not the answer, except in a question
+        that asks for two things: its first part is asked directly, so an unsure pick there is a
+        guess at that part's answer, which the next hop's evidence may confirm (left out, the
+        right but unsure "France" of the Eiffel Tower's country was lost to "Notre-Dame de
+        Paris"). An unsure pick of a plain question stays out of the last choice too: let back
+        in, it put the gold answer among the options more often but lost as many answers as it
+        gained (BENCHMARKS.md section 11, session 22). A part answered already (``answered``) and
+        the whole question's own entities are not the answer of the next part.
         """
         bridges = [] if compound_parts(ctx.question) else _bridges(ctx)
-        if final:
-            bridges = resolving_bridges(ctx.question, bridges)
         return candidates(
             question,
             self.evidence(ctx),

@@ -14,10 +14,10 @@ Nothing here reads the evidence: the phrases are found in the question's own wor
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Reference", "inner_reference", "reference_depth", "resolve", "resolved_question", "resolving_bridges"]
+__all__ = ["Reference", "inner_reference", "reference_depth", "resolve", "resolved_question"]
 
 _NAME = r"[A-Z0-9][\w.\-]*(?:\s+(?:(?:of|the|and|de|for|with|a)\s+)*[A-Z0-9][\w.\-]*)*"
 # "the country where …", "a German musician whose …": a head noun (up to two words before it)
@@ -166,16 +166,6 @@ def resolve(question: str, reference: Reference, bridge: str) -> str:
     return q[:at] + bridge + (rest if rest.strip(" ?") else "?")
 
 
-def _resolutions(question: str, bridges: Iterable[str]) -> Iterator[str]:
-    """``question`` after each bridge that resolved its innermost phrase, until none is left."""
-    for bridge in bridges:
-        reference = inner_reference(question)
-        if reference is None:
-            return
-        question = resolve(question, reference, bridge)
-        yield question
-
-
 def resolved_question(question: str, bridges: Iterable[str]) -> str:
     """``question`` with its innermost phrase replaced by each bridge in turn (the hops so far).
 
@@ -186,18 +176,9 @@ def resolved_question(question: str, bridges: Iterable[str]) -> str:
         ...                   ["Hank Snow", "Tennessee"])
         'How many stores are in Tennessee?'
     """
-    return [question, *_resolutions(question, bridges)][-1]
-
-
-def resolving_bridges(question: str, bridges: Sequence[str]) -> list[str]:
-    """The leading ``bridges`` that resolved a phrase of ``question``; the rest were found with none left.
-
-    A bridge that resolved a phrase is a way to the answer; one found with no phrase left was an
-    unsure pick of the answer itself, which later evidence may confirm.
-
-    Example:
-        >>> resolving_bridges("What is the name of the waterfall in the country where the Bubye River is found?",
-        ...                   ["Zimbabwe", "Victoria Falls"])
-        ['Zimbabwe']
-    """
-    return list(bridges[: sum(1 for _ in _resolutions(question, bridges))])
+    for bridge in bridges:
+        reference = inner_reference(question)
+        if reference is None:
+            break
+        question = resolve(question, reference, bridge)
+    return question

@@ -8,7 +8,7 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
-from langgraph_parallelmuse.references import inner_reference, reference_depth, resolved_question, resolving_bridges
+from langgraph_parallelmuse.references import inner_reference, reference_depth, resolved_question
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick
 
 
@@ -202,15 +202,3 @@ def test_evidence_is_cut_at_a_word_boundary():
     read = {"step": 0, "name": "visit", "arguments": {}, "content": "Journal of Psychotherapy", "error": False}
     ctx = StepContext("q", [], [{**read, "seconds": 0.0, "doc_ids": ["j"]}], 1, False, 64)
     assert GuidedDriver(evidence_chars=14).evidence(ctx) == "Journal of"
-
-
-def test_an_unsure_pick_is_an_option_again_in_the_last_choice_but_a_phrase_bridge_is_not():
-    # Zimbabwe resolved the phrase; Bambarakanda Falls was then an unsure pick of the answer that
-    # opened another search. While hops remain the next choice weighs other spans; the last one
-    # may confirm the pick.
-    steps = [*HOP, {**HOP[0], "bridge": "Zimbabwe"}, HOP[1], {**HOP[0], "bridge": "Bambarakanda Falls"}, HOP[1]]
-    on = GuidedDriver(hops=4).plan(_ctx(steps))[-1]
-    last = GuidedDriver(hops=4).plan(_ctx(steps, final=True))[-1]
-    assert isinstance(on, Choose) and "Bambarakanda Falls" not in on.options and "Zimbabwe" not in on.options
-    assert isinstance(last, Choose) and "Bambarakanda Falls" in last.options and "Zimbabwe" not in last.options
-    assert resolving_bridges(QUESTION, ["Zimbabwe", "Bambarakanda Falls"]) == ["Zimbabwe"]
