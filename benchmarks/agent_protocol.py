@@ -5,7 +5,9 @@ each trajectory is then compressed (guided Stage 2 map step) to count reports th
 Rows go to ``--out`` as they finish (a rerun skips the questions already there). The library is
 whatever ``langgraph_parallelmuse`` imports, so the same script measures another revision when
 ``PYTHONPATH`` points at its worktree; ``--pair BASE NEW`` then compares two row files question by
-question with paired bootstrap intervals::
+question with paired bootstrap intervals. ``--start`` skips the first questions (two processes split a set),
+``--kinds`` runs only questions of some answer kinds, and ``--trace`` writes each question's last
+evidence and options (dev-set text, for replaying the choice offline; never committed)::
 
     .venv/bin/python benchmarks/agent_protocol.py --limit 100 --out bench-results/agent/hotpotqa-new.jsonl
     PYTHONPATH=<worktree of the old revision> .venv/bin/python benchmarks/agent_protocol.py \\
