@@ -68,11 +68,11 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
     final = StepContext(item.question, traj["steps"], traj["observations"], len(traj["steps"]), True, 0)
     read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
     options = driver.options(final, driver.question(final))
+    evidence = driver.evidence(final)
     opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
     if trace is not None:
         # Dev-set text: for replaying the last choice offline (``candidates``), never committed.
         with trace.open("a") as f:
-            evidence = driver.evidence(final)
             f.write(
                 json.dumps(
                     {
@@ -102,7 +102,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
         "report_ratio": report["tokens"] / max(report["trajectory_tokens"], 1),
         "seconds": seconds,
         "gold_read": contains_gold(read, item.answers),
-        "gold_evidence": contains_gold(driver.evidence(final), item.answers),
+        "gold_evidence": contains_gold(evidence, item.answers),
         "gold_option": max((exact_match(o, item.answers) for o in options), default=0.0),
         "options": len(options),
         **score_answer(traj["answer"], item.answers),
