@@ -196,7 +196,7 @@ def test_choose_refuses_a_model_that_cannot_score():
         ("In what county is West Chicago?", "West Chicago is a city in DuPage County, Illinois.", "DuPage County"),
         # Half the words may be the question's: a sibling shares a surname.
         ("Who is the sibling of Neil Young?", "He is the father of Neil Young and Astrid Young.", "Astrid Young"),
-        # A quoted title is whole, its lower-case words and its closing comma inside the quotes or not.
+        # A quoted title is whole, its lower-case words in it and the comma before the closing quote out.
         (
             "What song debuted in the episode of South Park?",
             'Korn performed "Falling Away from Me," in the episode.',
