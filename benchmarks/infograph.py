@@ -4,15 +4,15 @@ Per question (distractor setting: the tools see only the question's ``context_do
 library's own code paths, all on the same sampled trajectories:
 
 1. ``schedule.run_schedule``: ParallelMuse's N = 8 trajectories (M=1, k=2, T=3, exploration): t0, six
-   branches, one fill f0.
+   branches and a fill f0 (a t0 with one fork step: three branches and four fills).
 2. Redundancy per trajectory (``infograph``; gold V_eff from ``eval.redundancy``): entities explored,
    effective (by its own answer, and by the gold supporting documents and answer), Γ.
 3. Reports: the three-section text report and the graph-shaped one of every answered trajectory
    (``stage2.write_report``), each aggregated over the 8 (``stage2.choose_answer``).
-4. Crossover: the same schedule with ``crossover=1`` (the rollout stage runs 7: t0 and the same six
-   branches, no f0), then ``crossover.crossover_stage`` (the pair, the crossover trajectory x0, or f0
-   again when no pair exists), its report, and the aggregation over the 8; against the plain
-   aggregation over the same 7 (extra tokens) and over the 8 with f0 (equal budget).
+4. Crossover: the same schedule with ``crossover=1`` (the rollout stage runs 7: the same
+   trajectories less the last fill), then ``crossover.crossover_stage`` (the pair, the crossover
+   trajectory x0, or that fill again when no pair exists), its report, and the aggregation over the
+   8; against the plain aggregation over the same 7 (extra tokens) and over the plain 8 (equal budget).
 
 One JSON line per question in ``--out-dir/{dataset}.jsonl``; a rerun skips finished questions. The
 trajectories are checkpointed in ``--out-dir/{dataset}.sqlite`` (the library's SQLite checkpointer):
@@ -117,9 +117,11 @@ async def run_question(model, index, item: QAItem, seed: int, checkpointer=None)
     guided = isinstance(runner.driver, GuidedDriver)
     run_id = f"{item.id}/ig"
     r8, _ = await run_schedule(runner, item.question, config=cfg["text"], run_id=run_id)
-    # The same schedule with one slot reserved: the same t0 and branches (same ids, reused), no f0.
+    # The same schedule with one slot reserved: the same trajectories (same ids, reused) less the
+    # last fill (f0 when t0 gives two fork steps; a short t0 gives fewer branches and more fills).
     r7, _ = await run_schedule(runner, item.question, config=cfg["crossed"], run_id=run_id)
-    assert [t["id"] for t in r7] == [t["id"] for t in r8 if t["id"] != "f0"], "the 7 must be the 8 without f0"
+    left_out = [t for t in r8 if t["id"] not in {s["id"] for s in r7}]
+    assert len(r7) == 7 and [t["origin"]["kind"] for t in left_out] == ["fill"], "the 7 must be the 8 less a fill"
     xs, pairs = await crossover_stage(runner, item.question, r7, config=cfg["crossed"], run_id=run_id)
     rolled = time.perf_counter() - started
     print(
@@ -309,7 +311,7 @@ def _crossover_line(records: list[dict]) -> str:
     return (
         f"\nCrossover ran on {len(crossed)}/{len(records)} questions ({reasons.count('disagree')} disagreeing "
         f"pairs, {reasons.count('evidence')} with complementary evidence; the others had no pair and filled the "
-        "slot with f0, i.e. the plain run); extra generated tokens per crossover (trajectory + text report): "
+        "slot with the plain run's last fill); extra generated tokens per crossover (trajectory + text report): "
         + (f"{mean(extra):.1f}" if extra else "—")
         + f"; mean seconds per question {mean(r['seconds'] for r in records):.0f}.\n"
     )
