@@ -14,15 +14,17 @@ library's own code paths, all on the same sampled trajectories:
    trajectory x0, or that fill again when no pair exists), its report, and the aggregation over the
    8; against the plain aggregation over the same 7 (extra tokens) and over the plain 8 (equal budget).
 
-One JSON line per question in ``--out-dir/{dataset}.jsonl``; a rerun skips finished questions. The
-trajectories are checkpointed in ``--out-dir/{dataset}.sqlite`` (the library's SQLite checkpointer):
-a question rerun after its line is deleted (or after a crash) reuses its finished trajectories and
-redoes only what is missing, e.g. the reports after a change of their format. At
-the end (or with ``--report-only``) the summary of every dataset file in ``--out-dir`` is written:
-``summary.md``, ``summary.json`` and ``redundancy.png`` (beside the paper's Figure 2).
+One JSON line per question in ``--out-dir/{dataset}.jsonl``: ids, counts, scores and the model's
+answers, no dev-set text (no question, gold answer or report text), so the rows are committed and a
+later session's rerun skips the questions they hold. The trajectories are checkpointed in
+``--work-dir/{dataset}.sqlite`` (the library's SQLite checkpointer, never committed): a question
+rerun after its line is deleted (or after a crash) reuses its finished trajectories and redoes only
+what is missing, e.g. the reports after a change of their format. At the end (or with
+``--report-only``) the summary of every dataset file in ``--out-dir`` is written: ``summary.md``,
+``summary.json`` and ``redundancy.png`` (beside the paper's Figure 2).
 
-    nice -n 10 .venv/bin/python benchmarks/infograph.py --dataset hotpotqa_train100 --limit 10
-    nice -n 10 .venv/bin/python benchmarks/infograph.py --dataset musique_train100 --limit 10
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/infograph.py --dataset hotpotqa_train100 --limit 100
+    OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/infograph.py --dataset musique_train100 --limit 100
     .venv/bin/python benchmarks/infograph.py --report-only
 """
 
@@ -62,7 +64,8 @@ METHODS = ("majority", "pm_text", "pm_graph", "pm7_text", "pm7_graph", "cross_te
 
 
 def options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--out-dir", default="bench-results/infograph", help="JSONL per dataset and the summary")
+    ap.add_argument("--out-dir", default="benchmarks/results/infograph", help="rows per dataset and the summary")
+    ap.add_argument("--work-dir", default="bench-results/infograph", help="the trajectories' checkpoints")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the summary from the JSONL files")
 
 
@@ -143,14 +146,11 @@ async def run_question(model, index, item: QAItem, seed: int, checkpointer=None)
             "tokens": r["tokens"],
             "text_tokens": len(model.get_token_ids(r["text"])),
             "trajectory_tokens": r["trajectory_tokens"],
-            "text": r["text"],
         }
 
     return {
         "id": item.id,
         "dataset": item.dataset,
-        "question": item.question,
-        "answers": item.answers,
         "seconds": time.perf_counter() - started,
         "rollout_seconds": rolled,
         "trajectories": {tid: _trajectory_record(item, t) for tid, t in everything.items()},
@@ -165,10 +165,12 @@ async def run(args: argparse.Namespace) -> None:
 
     items, index = dev_set(args.dataset, args.limit)
     out = Path(args.out_dir) / f"{args.dataset}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work_dir)
+    for folder in (out.parent, work):
+        folder.mkdir(parents=True, exist_ok=True)
     done = {json.loads(line)["id"] for line in out.read_text().splitlines() if line.strip()} if out.exists() else set()
     model = LocalChatModel.embedded()
-    async with open_checkpointer(str(out.with_suffix(".sqlite"))) as saver:
+    async with open_checkpointer(str(work / f"{args.dataset}.sqlite")) as saver:
         for n, item in enumerate(items, 1):
             if item.id in done:
                 continue
