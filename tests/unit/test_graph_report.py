@@ -7,7 +7,7 @@ from langgraph_parallelmuse.graph_report import graph_facts, write_graph_report
 from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 from langgraph_parallelmuse.stage2 import write_report
 from tests.unit.fakes import GRAPH_REPORT_MARKER, ScriptedChatModel
-from tests.unit.test_infograph import QUESTION, two_hop
+from tests.unit.test_infograph import QUESTION, answer, hits, search, two_hop
 
 
 async def test_the_report_holds_every_effective_entity_and_no_dead_end():
@@ -34,6 +34,29 @@ async def test_the_report_holds_every_effective_entity_and_no_dead_end():
     assert GRAPH_REPORT_MARKER in prompt[0].content
     assert graph_facts(QUESTION, traj) in prompt[1].content
     assert "Freud founded psychoanalysis" not in prompt[1].content
+
+
+def test_query_spans_with_the_same_hits_share_one_relation_line():
+    # Every span of a query relates to every title the search returned: one pair a relation made the
+    # graph report longer than the three-section one. Sources with the same targets are one group.
+    traj = {
+        "id": "t0",
+        "answer": "Carl Philipp Emanuel Bach",
+        "steps": [search(0, "Flute Sonata manuscript BWV 1033 Leipzig"), answer(1, "Carl Philipp Emanuel Bach")],
+        "observations": [
+            hits(
+                0,
+                ("d1", "Flute Sonata in C major, BWV 1033", "In the hand of Carl Philipp Emanuel Bach."),
+                ("d2", "Toccata in C major, BWV 564", "Copies by Carl Philipp Emanuel Bach survive."),
+                ("d3", "Leipzig", "A city."),
+            )
+        ],
+    }
+    assert graph_facts("Who wrote the manuscript of the Flute Sonata BWV 1033?", traj) == (
+        "Evidence:\n"
+        "s1 search: BWV 1033 Leipzig, Flute Sonata -> Flute Sonata in C major, BWV 1033, Toccata in C major, BWV 564; "
+        "Flute Sonata in C major, BWV 1033, Toccata in C major, BWV 564 -> final answer"
+    )
 
 
 async def test_the_guided_form_prefills_the_reasoning_label():
