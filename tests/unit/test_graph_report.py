@@ -36,9 +36,9 @@ async def test_the_report_holds_every_effective_entity_and_no_dead_end():
     assert "Freud founded psychoanalysis" not in prompt[1].content
 
 
-def test_query_spans_with_the_same_hits_share_one_relation_line():
-    # Every span of a query relates to every title the search returned: one pair a relation made the
-    # graph report longer than the three-section one. Sources with the same targets are one group.
+def test_query_spans_with_the_same_hits_share_one_relation_group():
+    # Every span of a query relates to every title the search returned: written one pair per relation,
+    # they made the graph report longer than the three-section one. Sources with the same targets are one group.
     traj = {
         "id": "t0",
         "answer": "Carl Philipp Emanuel Bach",
