@@ -16,12 +16,12 @@ joins them, one line, from a prompt that holds the question, these facts and the
 
 Each line ``sN tool: a, b -> c; …`` holds the relations tool call N established, every source of a
 group to every target of it (a search relates each span of its query to each title it returned, so
-sources with the same targets share a group). Every entity of the
-effective subgraph appears in the report (the answer on its last line; an answer nothing read
-supports is shown as such: "no document read leads to the answer"), and it ends in the canonical
-``Final answer:`` line, so the aggregator reads it like any report. The answer is the trajectory's own, as in the
-text form. A report whose reasoning line fails twice keeps its facts and says so (``status``
-``"fallback"``: no model-written part).
+sources with the same targets share a group). Every entity of the effective subgraph appears in the
+report (the answer on its last line; an answer nothing read supports is shown as such: "no document
+read leads to the answer"), and it ends in the canonical ``Final answer:`` line, so the aggregator
+reads it like any report. The answer is the trajectory's own, as in the text form. A report whose
+reasoning line fails twice keeps its facts and says so (``status`` ``"fallback"``: no model-written
+part).
 """
 
 from __future__ import annotations
@@ -76,13 +76,10 @@ def graph_facts(question: str, trajectory: Trajectory) -> str:
     # A search relates every span of its query to every title it returned: written one pair per
     # relation, that block made the graph report longer than the text report on the current agent's
     # trajectories (HotpotQA, 126 reports: 190 vs 186 tokens). Sources with the same targets share a group.
-    targets: dict[int, dict[str, list[str]]] = {}
+    targets: dict[int, dict[str, dict[str, None]]] = {}  # step -> source -> its targets, in order
     tools: dict[int, str] = {}
     for rel in effective["relations"]:
-        by_source = targets.setdefault(rel["step"], {})
-        names = by_source.setdefault(name(rel["source"]), [])
-        if name(rel["target"]) not in names:
-            names.append(name(rel["target"]))
+        targets.setdefault(rel["step"], {}).setdefault(name(rel["source"]), {})[name(rel["target"])] = None
         tools[rel["step"]] = rel["tool"]
     lines = ["Evidence:"]
     for step, by_source in targets.items():
