@@ -284,7 +284,7 @@ def _report_lines(records: list[dict]) -> list[str]:
 
 
 def _longer_line(records: list[dict]) -> str:
-    """Which graph reports are longer than their text report: by the size of the effective subgraph.
+    """Which graph reports are not shorter than their text report, by the size of the effective subgraph.
 
     The graph report names every effective entity and relation; the text report's facts are one
     line per tool call whatever the subgraph holds.
@@ -298,13 +298,14 @@ def _longer_line(records: list[dict]) -> str:
     longer = [e for e, gap in rows if gap >= 0]
     shorter = [e for e, gap in rows if gap < 0]
     if not longer or not shorter:
-        return "Graph reports not shorter than their text report: " + f"{len(longer)}/{len(rows)}."
+        return f"Graph reports not shorter than their text report: {len(longer)}/{len(rows)}."
     bands = []
     for lo, hi in ((0, 5), (6, 8), (9, None)):
         band = [gap for e, gap in rows if e >= lo and (hi is None or e <= hi)]
         if band:
             label = f"{lo}–{hi}" if hi is not None else f"{lo}+"
-            bands.append(f"{label}: {sum(g < 0 for g in band)}/{len(band)} shorter, mean {mean(band):+.0f} tokens")
+            shorter_in_band = sum(g < 0 for g in band)
+            bands.append(f"{label}: {shorter_in_band}/{len(band)} shorter, graph − text {mean(band):+.0f} tokens")
     return (
         f"Graph reports not shorter than their text report: {len(longer)}/{len(rows)}; their effective subgraph "
         f"holds {mean(longer):.1f} entities, the shorter ones' {mean(shorter):.1f}. By effective entities: "
