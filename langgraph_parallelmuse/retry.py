@@ -32,7 +32,9 @@ def is_transient(exc: BaseException) -> bool:
     status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(status, int):
         return status == 429 or status >= 500
-    return type(exc).__name__ in _TRANSIENT_NAMES
+    # By class name anywhere in the hierarchy: langchain-openai raises its own subclasses
+    # (OpenAIConnectionError, OpenAITimeoutError), which carry no status code.
+    return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
 
 
 async def with_retries(call: Callable[[], Awaitable[T]], *, retries: int = 2, base_delay: float = 0.5) -> T:

@@ -1,0 +1,31 @@
+"""Which failures the library retries: the ones a server recovers from, as the client libraries raise them."""
+
+from __future__ import annotations
+
+import httpx
+from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeoutError
+
+from langgraph_parallelmuse.retry import is_transient, with_retries
+
+
+def test_langchain_openais_own_connection_and_timeout_errors_are_transient():
+    # langchain-openai wraps openai's errors in subclasses with other names and no status code:
+    # a dropped keep-alive connection to llama.cpp's server failed a trajectory without a retry.
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    assert is_transient(OpenAIConnectionError(message="Connection error.", request=request))
+    assert is_transient(OpenAITimeoutError(request=request))
+    assert not is_transient(ValueError("malformed"))
+
+
+async def test_a_dropped_connection_is_retried_and_the_call_succeeds():
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    calls = []
+
+    async def call() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OpenAIConnectionError(message="Connection error.", request=request)
+        return "ok"
+
+    assert await with_retries(call, base_delay=0.0) == "ok"
+    assert len(calls) == 2
