@@ -16,6 +16,7 @@ from typing import Any
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import (
     ConfigError,
+    ContextOverflowError,
     InputError,
     MissingLogprobsError,
     ParallelMuseError,
@@ -39,6 +40,7 @@ _LAZY = {
 
 __all__ = [
     "ConfigError",
+    "ContextOverflowError",
     "InputError",
     "MissingLogprobsError",
     "ParallelMuseConfig",

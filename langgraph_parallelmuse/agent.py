@@ -26,7 +26,7 @@ from langgraph.runtime import Runtime
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
-from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.errors import ContextOverflowError, ParallelMuseError
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, describe_tools, parse_action, region_spans
@@ -74,7 +74,15 @@ _OVERFLOW_HINTS = (
 
 
 def is_context_overflow(exc: BaseException) -> bool:
-    """A backend's "prompt does not fit the context window" error (OpenAI, vLLM, llama.cpp wording)."""
+    """A backend's "prompt does not fit the context window" error (the in-process engine's
+    :class:`ContextOverflowError`; OpenAI, vLLM, llama.cpp wording).
+
+    Example:
+        >>> is_context_overflow(ContextOverflowError("the prompt has 9000 tokens")), is_context_overflow(ValueError())
+        (True, False)
+    """
+    if isinstance(exc, ContextOverflowError):
+        return True
     text = f"{getattr(exc, 'code', '')} {exc}".lower()
     return any(hint in text for hint in _OVERFLOW_HINTS)
 
@@ -222,13 +230,13 @@ class _StepNodes:
                 if cfg.mode != "none":  # fail on the first call, not after a whole wave
                     require_logprobs("".join(turn.segments.values()), turn.tokens)
                 break
-            except ParallelMuseError:
-                raise
             except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
                 if is_context_overflow(exc) and trim is None:
                     # Blind retries cannot fit the window: shrink old tool output and answer now.
                     exhausted, trim = True, 200
                     continue
+                if isinstance(exc, ParallelMuseError) and not is_context_overflow(exc):
+                    raise  # a setting or the input is wrong: every trajectory would fail the same way
                 error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
                 return {"status": "failed", "error": redact(error, secrets_of(self.model))}
         step = Step(
@@ -334,12 +342,14 @@ async def _run_tool(
     if name not in by_name:
         return f"Error: unknown tool {name!r}; available tools: {', '.join(sorted(by_name))}.", True, []
     call = {"type": "tool_call", "name": name, "args": args, "id": f"{trajectory_id}-{step['index']}"}
+    deadline = asyncio.timeout(cfg.tool_timeout)  # the whole call, retries of transient failures included
     try:
-        # The timeout bounds the whole call, retries of transient failures included.
-        result = await asyncio.wait_for(with_retries(lambda: by_name[name].ainvoke(call)), timeout=cfg.tool_timeout)
-    except TimeoutError:
-        return f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s.", True, []
+        async with deadline:
+            result = await with_retries(lambda: by_name[name].ainvoke(call))
     except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
+        if isinstance(exc, TimeoutError) and deadline.expired():
+            return f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s.", True, []
+        # Any other error, the tool's own timeout included (its message names the socket or API).
         return redact(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"), True, []
     artifact = getattr(result, "artifact", None)
     doc_ids = [str(d) for d in artifact.get("doc_ids", [])] if isinstance(artifact, dict) else []
@@ -399,9 +409,13 @@ class RolloutRunner:
         }
 
     async def existing(self, thread_id: str, config: ParallelMuseConfig | None = None) -> Trajectory | None:
-        """The finished trajectory of a thread, if it already ran (resume support)."""
+        """The finished trajectory of a thread, if it already ran (resume support).
+
+        A failed trajectory (its model could not be called) is not finished: running its job again
+        continues it from its last finished step.
+        """
         snap = await self.graph.aget_state(self._thread(thread_id))
-        if snap.values and not snap.next and snap.values.get("status") not in (None, "running"):
+        if snap.values and not snap.next and snap.values.get("status") not in (None, "running", "failed"):
             return await self._trajectory(thread_id, snap.values, 0.0, config)
         return None
 
@@ -413,7 +427,8 @@ class RolloutRunner:
         config: ParallelMuseConfig | None = None,
         on_step: Callable[[Trajectory], Awaitable[None]] | None = None,
     ) -> Trajectory:
-        """Run one job of the schedule in its thread (or return it if that thread already finished).
+        """Run one job of the schedule in its thread (or return it if that thread already finished;
+        a thread that failed continues from its last finished step).
 
         A from-scratch job needs the ``question``; a branch continues a new thread from the checkpoint its
         origin names (the shared prefix keeps its steps and tool responses; nothing of it is re-run).
@@ -436,7 +451,11 @@ class RolloutRunner:
         tc = self._thread(thread_id, metadata)
         current = await self.graph.aget_state(tc)
         payload: dict[str, Any] | None = None
-        if not current.values or not current.next:
+        if current.values and not current.next and current.values.get("status") == "failed":
+            # The failed call wrote no step: reopening the thread before it retries that call and
+            # keeps every step finished before the failure (a server that was down, now up).
+            await self.graph.aupdate_state(tc, {"status": "running", "error": None}, as_node="act")
+        elif not current.values or not current.next:
             if branch:
                 seed = await self._fork_values(origin)
             elif crossed:

@@ -293,6 +293,12 @@ async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) 
     return {"state": stored, "pending": list(snap.next)}
 
 
+def _all_failed(state: dict[str, Any]) -> bool:
+    """A stored run that stopped because every trajectory failed (see ``RolloutFailedError``)."""
+    trajectories = state.get("trajectories") or []
+    return bool(trajectories) and all(t.get("status") == "failed" for t in trajectories)
+
+
 async def _stream(graph: Any, payload: dict | None, run_config: dict, context: dict, n: int) -> dict[str, Any]:
     """Run (or continue) the graph with a live progress display; return the final state."""
     final: dict[str, Any] = {}
@@ -373,11 +379,20 @@ async def _ask(args: argparse.Namespace) -> int:
             console.print(f"Run {run_id!r} already finished: its stored result follows (nothing is run again)")
             final = resumed["state"]
         else:
-            if resumed is not None:
+            payload, context = None, _overrides(args)
+            if resumed is None:
+                payload = {"question": args.question}
+            elif _all_failed(resumed["state"]):
+                # Resuming at ``collect`` would only re-raise: ask again instead, with the stored
+                # settings; the same run id finds the same threads, and each failed one continues.
+                payload, context = {"question": args.question}, resumed["state"]["settings"]
+                console.print(
+                    f"Retrying run {run_id!r}: every trajectory had failed; each continues from its last step"
+                )
+            else:
                 console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}")
-            payload = None if resumed is not None else {"question": args.question}
             try:
-                final = await _stream(graph, payload, run_config, _overrides(args), settings.n)
+                final = await _stream(graph, payload, run_config, context, settings.n)
             except RolloutFailedError as exc:
                 _write_json(exc.result, args)  # nothing finished is lost
                 raise
@@ -483,6 +498,7 @@ async def _bench(args: argparse.Namespace) -> int:
         sibling = Path(args.questions.replace(".questions.jsonl", ".corpus.jsonl"))
         hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
+    already = len(finished_records(results, items, settings=settings))  # before loading anything
     model = _model(args)
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
@@ -498,7 +514,7 @@ async def _bench(args: argparse.Namespace) -> int:
                     f"({rec['seconds']:.0f}s)"
                 )
 
-            prog.advance(task, len(finished_records(results, items)))
+            prog.advance(task, already)
             records = await run_bench(
                 model,
                 index,

@@ -26,12 +26,12 @@ merged context are its own (tokens, tool calls).
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from langgraph_parallelmuse.answers import normalize_vote_key
+from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import call_key
 from langgraph_parallelmuse.infograph import build_graph, effective_steps, effective_subgraph, merge_context
@@ -172,6 +172,7 @@ async def crossover_stage(
     their trajectories (and the fills of untaken slots). Reports are the caller's.
 
     Example:
+        >>> import asyncio
         >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
         >>> from langgraph_parallelmuse.agent import RolloutRunner
         >>> runner = RolloutRunner(FakeListChatModel(responses=["<think>x</think><answer>4</answer>"]), [])
@@ -182,7 +183,7 @@ async def crossover_stage(
     """
     pairs = pick_pairs(question, trajectories, count=config.crossover)
     jobs = crossover_wave(trajectories, pairs, config, run_id=run_id)
-    done = await asyncio.gather(*(runner.run_job(job, question=question, config=config) for job in jobs))
+    done = await gather_all(*(runner.run_job(job, question=question, config=config) for job in jobs))
     return list(done), pairs
 
 

@@ -15,6 +15,10 @@ class InputError(ParallelMuseError, ValueError):
     """The graph input (question or messages) is unusable; the message says what to send."""
 
 
+class ContextOverflowError(InputError):
+    """The prompt does not fit the model's context window (the agent trims old tool output and answers)."""
+
+
 class MissingLogprobsError(ParallelMuseError):
     """The model returned no token logprobs but the chosen mode needs them."""
 

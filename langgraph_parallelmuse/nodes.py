@@ -138,7 +138,9 @@ def failure_message(model: BaseChatModel, trajectories: Sequence[Trajectory]) ->
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     return (
         f"every trajectory failed ({len(trajectories)} of {len(trajectories)}): {shown}. {describe_model(model)}: "
-        "check that the server is up, the base URL and the model name (CLI: --base-url, --model)"
+        "check that the server is up, the base URL and the model name (CLI: --base-url, --model); then ask "
+        "again on the same thread (CLI: the same command with --resume): the failed trajectories continue "
+        "from their last finished step"
     )
 
 

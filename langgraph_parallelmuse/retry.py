@@ -15,8 +15,11 @@ _TRANSIENT_NAMES = {
     "RateLimitError",
     "InternalServerError",
     "ServiceUnavailableError",
-    "ReadTimeout",
-    "ConnectTimeout",
+    # httpx's transport errors (any timeout, a refused or dropped connection, a connection closed
+    # mid-response), for tools that call a service with httpx directly.
+    "TimeoutException",
+    "NetworkError",
+    "RemoteProtocolError",
 }
 
 

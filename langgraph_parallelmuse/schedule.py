@@ -1,7 +1,7 @@
 """The partial-rollout schedule: which trajectories run, from where, in which wave.
 
 One plan serves every executor: the graph launches each wave with ``Send``, and
-:func:`partial_rollout` runs the same waves with ``asyncio.gather`` (benchmarks, scripts), so
+:func:`partial_rollout` runs the same waves with asyncio (benchmarks, scripts), so
 what a benchmark measures is exactly what the graph does.
 
 1. First wave: the M initial trajectories and, beside them, the from-scratch fill-ins that need
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.calibration import Calibration, quantile_of
+from langgraph_parallelmuse.concurrency import gather_all, settle
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job, scratch_job
 from langgraph_parallelmuse.state import Trajectory
@@ -200,14 +201,14 @@ async def partial_rollout(
             return sample
         return await runner.run_job(job, question=question, config=config)
 
-    trajectories += await asyncio.gather(*(run(job) for job in first_wave(config, run_id=run_id)))
+    trajectories += await gather_all(*(run(job) for job in first_wave(config, run_id=run_id)))
     picks: list[Pick] = []
     round = 0
     while len(trajectories) < config.rollout_n:
         round += 1
         chosen = pick_branches(trajectories, config, round=round)
         wave = next_wave(trajectories, chosen, config, round=round, run_id=run_id)
-        trajectories += await asyncio.gather(*(run(job) for job in wave))
+        trajectories += await gather_all(*(run(job) for job in wave))
         picks += chosen
     return trajectories, picks
 
@@ -325,9 +326,7 @@ class _Online:
 
     async def cancel_running(self) -> None:
         self.stopped = True
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await settle(self.tasks)
         for job in self.tasks.values():  # what they finished stays checkpointed; the record says why it ended
             traj = await self.runner.snapshot(job["thread_id"], self.config)
             if not traj["steps"]:
@@ -383,23 +382,27 @@ async def online_rollout(
         run.start(job)
     for i in range(fills):
         run.start(scratch_job("fill", i, run_id=run_id))
-    while run.tasks:
-        finished, _ = await asyncio.wait(run.tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in finished:
-            del run.tasks[task]
-            traj = task.result()
-            run.done.append(traj)
-            run.on_event("trajectory_finished", trajectory=traj)
-        if run.settled():
-            run.on_event("consensus_reached", answers=len(run.done))
-            await run.cancel_running()
-        elif run.room > 0 and not any(j["origin"]["kind"] == "initial" for j in run.tasks.values()):
-            # Once every initial trajectory has ended no fork can come, so the forks they did not take
-            # go to fills now, beside the running branches, rather than as a wave of their own.
-            top_up = run.room
-            for i in range(top_up):
-                run.start(scratch_job("fill", fills + i, run_id=run_id, round=1))
-            fills += top_up
+    try:
+        while run.tasks:
+            finished, _ = await asyncio.wait(run.tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                del run.tasks[task]
+                traj = task.result()
+                run.done.append(traj)
+                run.on_event("trajectory_finished", trajectory=traj)
+            if run.settled():
+                run.on_event("consensus_reached", answers=len(run.done))
+                await run.cancel_running()
+            elif run.room > 0 and not any(j["origin"]["kind"] == "initial" for j in run.tasks.values()):
+                # Once every initial trajectory has ended no fork can come, so the forks they did not take
+                # go to fills now, beside the running branches, rather than as a wave of their own.
+                top_up = run.room
+                for i in range(top_up):
+                    run.start(scratch_job("fill", fills + i, run_id=run_id, round=1))
+                fills += top_up
+    finally:
+        # An error or a cancellation of the node must not leave trajectories writing to their threads.
+        await settle(run.tasks)
     return run.done, run.picks
 
 

@@ -10,7 +10,6 @@ a ``Gen``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import random
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 
+from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.logprobs import normalize_logprobs, shift
 from langgraph_parallelmuse.retry import with_retries
 from langgraph_parallelmuse.state import TokenRecord
@@ -306,7 +306,7 @@ async def _choose(
     if not getattr(model, "supports_scoring", False):
         raise TypeError(f"{type(model).__name__} cannot score a given continuation (supports_scoring): use Gen")
     kwargs = {"logprobs": True, "top_logprobs": sampling.top_logprobs}
-    replies = await asyncio.gather(
+    replies = await gather_all(
         *(with_retries(lambda o=o: model.ainvoke(list(seg.messages), continuation=o, **kwargs)) for o in seg.options)
     )
     records = [normalize_logprobs(r.response_metadata["logprobs"], r.content) for r in replies]

@@ -26,6 +26,7 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.memory import InMemorySaver
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.driver import GuidedDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ConfigError
@@ -216,7 +217,7 @@ async def _reports(
     """One report per trajectory id, each distinct thread compressed once (a branch shared by several
     modes is one trajectory), by the graph's own map step."""
     unique = {t["thread_id"]: t for t in trajectories if t["answer"]}
-    done = await asyncio.gather(
+    done = await gather_all(
         *(write_report(model, item.question, t, config=config, guided=guided) for t in unique.values())
     )
     by_thread = dict(zip(unique, done, strict=True))
@@ -536,10 +537,27 @@ def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> s
     return "\n".join(lines)
 
 
-def finished_records(path: Path, items: Sequence[QAItem]) -> list[dict]:
-    """The records in ``path`` of the questions ``items`` asks, in the order of ``items``."""
+def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSettings | None = None) -> list[dict]:
+    """The records in ``path`` of the questions ``items`` asks, in the order of ``items``.
+
+    Raises:
+        ConfigError: ``settings`` is given and a record was run with other settings (continuing
+            would put two experiments in one table).
+    """
     done = load_done(path)
-    return [done[i.id] for i in items if i.id in done]
+    records = [done[i.id] for i in items if i.id in done]
+    if settings is not None:
+        # Through JSON, as stored: tuples become lists. A field an older record lacks is not compared.
+        wanted = json.loads(json.dumps(asdict(settings)))
+        for rec in records:
+            stored = rec.get("settings") or {}
+            clash = [f"{k} {stored[k]!r} (now {wanted[k]!r})" for k in wanted if k in stored and stored[k] != wanted[k]]
+            if clash:
+                raise ConfigError(
+                    f"{path} holds question {rec['id']!r} run with other settings: {', '.join(clash)}; "
+                    "run with those settings to continue it, or choose another output directory"
+                )
+    return records
 
 
 async def run_bench(
@@ -561,7 +579,7 @@ async def run_bench(
     if out.exists() and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
         with out.open("a") as fh:  # a crash cut the last line: keep new records off it
             fh.write("\n")
-    records = finished_records(out, items)
+    records = finished_records(out, items, settings=settings)
     finished = {r["id"] for r in records}
     todo = [i for i in items if i.id not in finished]
     sem = asyncio.Semaphore(concurrency)
@@ -580,7 +598,7 @@ async def run_bench(
                 if progress is not None:
                     progress(rec)
 
-    await asyncio.gather(*(one(i) for i in todo))
+    await gather_all(*(one(i) for i in todo))
     order = {i.id: n for n, i in enumerate(items)}
     return sorted(records, key=lambda r: order.get(r["id"], 0))
 

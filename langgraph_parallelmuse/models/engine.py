@@ -19,7 +19,7 @@ import weakref
 from concurrent.futures import Future
 from typing import Any
 
-from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.errors import ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
 from langgraph_parallelmuse.models.hardware import Precision, resolve_precision
@@ -118,15 +118,15 @@ class InferenceEngine:
         """Queue a request; the returned future resolves to a :class:`GenerationResult`.
 
         Raises:
-            InputError: The prompt is empty or fills the model's context window, or the seed is not
-                an unsigned 64-bit integer.
+            InputError: The prompt is empty or the seed is not an unsigned 64-bit integer.
+            ContextOverflowError: The prompt fills the model's context window.
         """
         if self._closed:
             raise RuntimeError("engine is closed")
         if not request.prompt_ids:
             raise InputError("the prompt is empty: send at least one message")
         if len(request.prompt_ids) + len(request.forced_ids) >= self.max_context_tokens:
-            raise InputError(
+            raise ContextOverflowError(
                 f"the prompt has {len(request.prompt_ids)} tokens (+ {len(request.forced_ids)} to score) but the "
                 f"model's context is {self.max_context_tokens}: shorten the messages"
             )

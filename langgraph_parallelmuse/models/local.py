@@ -19,7 +19,7 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr, field_validator
 
-from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.errors import ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 
 __all__ = ["LocalChatModel"]
@@ -248,7 +248,7 @@ class LocalChatModel(BaseChatModel):
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
         context = self.max_context_tokens or self.engine.max_context_tokens
         if len(prompt) >= context:
-            raise InputError(
+            raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens but max_context_tokens is {context}: shorten the messages"
             )
         if (continuation := kwargs.get("continuation")) is not None:

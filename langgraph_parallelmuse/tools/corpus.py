@@ -446,8 +446,12 @@ def _insert(conn: sqlite3.Connection, batch: list[tuple[str, str, str, str]]) ->
 
 def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
     for f in files:
-        with f.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+        with f.open("rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise CorpusError(f"{f}:{lineno}: not UTF-8 text ({exc.reason}): save the file as UTF-8") from None
                 if not line.strip():
                     continue
                 try:

@@ -215,7 +215,9 @@ class _Tavily:
 
 
 def _is_transient(exc: Exception) -> bool:
-    if isinstance(exc, UsageLimitExceededError | TavilyTimeoutError | httpx.TimeoutException):
+    # The client wraps only timeouts: a refused or dropped connection reaches us as httpx's own error.
+    transport = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+    if isinstance(exc, (UsageLimitExceededError, TavilyTimeoutError, *transport)):
         return True
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
 

@@ -22,7 +22,16 @@ from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, MissingLogprobsError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.tools import CorpusIndex
-from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder
+from tests.unit.fakes import (
+    Reply,
+    ScriptedChatModel,
+    agent_step,
+    answer_text,
+    call_text,
+    make_tools,
+    research_responder,
+    role_of,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -302,3 +311,31 @@ def test_the_engine_precision_reaches_the_local_model_and_a_bad_one_is_refused(m
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["ask", "Q", "--precision", "float16"])
     assert exc.value.code == 2 and "invalid choice: 'float16'" in capsys.readouterr().err
+
+
+def test_resume_after_every_trajectory_failed_continues_each_from_its_last_step(monkeypatch, tmp_path, capsys):
+    """Before the fix a run that failed (server down) could never be resumed: ``--resume`` re-raised at
+    ``collect`` and asking again found the failed threads "finished"."""
+    down = {"now": True}
+
+    def agent(index, messages):
+        if down["now"] and index == 1:
+            return ValueError("connection refused by http://127.0.0.1:9/v1")
+        return _agent(index, messages)
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    monkeypatch.setattr(cli, "_model", lambda args: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    db, out_json = str(tmp_path / "x.sqlite"), tmp_path / "r.json"
+    argv = (PARIS, "--db", db, "--run-id", "r", "--n", "2", "--mode", "none", "--aggregation", "majority")
+    assert _ask(*argv) == 1
+    assert "every trajectory failed (2 of 2)" in _err(capsys)
+
+    down["now"] = False
+    assert _ask(*argv, "--resume", "--json", str(out_json)) == 0
+    assert "Retrying run 'r'" in _err(capsys)
+    result = json.loads(out_json.read_text())
+    assert result["answer"] == "Paris"
+    assert [len(t["steps"]) for t in result["trajectories"]] == [2, 2]
+    agent_calls = [agent_step(c["messages"]) for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert agent_calls.count(0) == 2  # each trajectory's finished first step was not run again

@@ -11,11 +11,12 @@ bounded by ``max_turns``. Context-length errors are not retried blindly.
 from __future__ import annotations
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver
-from langgraph_parallelmuse.errors import MissingLogprobsError, RolloutFailedError
+from langgraph_parallelmuse.errors import ContextOverflowError, MissingLogprobsError, RolloutFailedError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE, neutralize
 from tests.reliability.helpers import KwargsModel, ServerError, seed_table
@@ -116,6 +117,29 @@ async def test_context_length_error_forces_a_final_answer(fast_retries):
     assert traj["status"] == "answered"
 
 
+async def test_the_in_process_engines_overflow_error_trims_and_answers_instead_of_ending_the_run():
+    """The in-process engine says ``ContextOverflowError`` (an ``InputError``): before the fix it
+    aborted the whole run ("shorten the messages") instead of trimming like a server's 400."""
+    overflow = ContextOverflowError("the prompt has 9000 tokens but max_context_tokens is 8192: shorten the messages")
+
+    def script_item(messages):
+        if FINAL_TURN_NOTE in messages[-1].content:
+            return answer_text("Paris")
+        return STEPS[0].text if agent_step(messages) == 0 else overflow
+
+    tools, _ = make_tools()
+    runner = RolloutRunner(ScriptedChatModel(responder=script_item), tools, driver=FreeDriver())
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="ctx-local/t0")
+    assert traj["status"] == "answered" and traj["answer"] == "Paris"
+
+
+async def test_an_overflow_that_trimming_cannot_fix_fails_the_trajectory_not_the_run():
+    overflow = ContextOverflowError("the prompt has 9000 tokens but max_context_tokens is 8192")
+    traj, model, _ = await _run([STEPS[0].text, overflow, overflow])
+    assert traj["status"] == "failed" and "ContextOverflowError" in traj["error"]
+    assert len(model.calls) == 3
+
+
 async def test_context_budget_forces_the_final_answer_before_the_backend_fails():
     """The library's own guard: an estimated prompt over budget makes the next step final."""
     tools, _ = make_tools(search=lambda q: "evidence " * 3000)  # ~9000 tokens of tool output
@@ -204,6 +228,42 @@ async def test_all_trajectories_failing_in_exploration_mode_raises():
     with pytest.raises(RolloutFailedError, match="ValueError: broken") as err:
         await graph.ainvoke({"question": QUESTION})
     assert len(err.value.result["trajectories"]) == 4
+
+
+async def test_asking_again_continues_failed_trajectories_from_their_last_step(fast_retries):
+    """A server that was down, then up: on the same checkpointed thread, the same question continues
+    each failed trajectory from the step that failed (before the fix a failed thread counted as
+    finished, so the run failed again without calling the model)."""
+    down = {"now": True}
+
+    def respond(messages):
+        role = role_of(messages)
+        if role == "aggregate":
+            return majority_from_prompt(messages)
+        if down["now"] and agent_step(messages) == 1:
+            return ServerError(503, "model not loaded yet")
+        return STEPS[agent_step(messages)]
+
+    model = ScriptedChatModel(responder=respond)
+    tools, calls = make_tools()
+    saver = InMemorySaver()
+    graph = create_parallelmuse(
+        model,
+        tools,
+        config={"n": 2, "mode": "none", "aggregation": "majority"},
+        checkpointer=saver,
+        trajectory_checkpointer=saver,
+    )
+    thread = {"configurable": {"thread_id": "chat-1"}}
+    with pytest.raises(RolloutFailedError, match="ask again on the same thread"):
+        await graph.ainvoke({"question": QUESTION}, thread)
+    down["now"] = False
+    out = await graph.ainvoke({"question": QUESTION}, thread)
+    assert out["answer"] == "Paris"
+    assert [t["status"] for t in out["trajectories"]] == ["answered", "answered"]
+    assert all(len(t["steps"]) == 3 for t in out["trajectories"])
+    first_steps = [c for c in model.calls if role_of(c["messages"]) == "agent" and agent_step(c["messages"]) == 0]
+    assert len(first_steps) == 2 and len(calls["search"]) == 2  # nothing finished ran twice
 
 
 # ----------------------------------------------------------------------------- malformed output

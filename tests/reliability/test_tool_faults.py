@@ -110,6 +110,15 @@ async def test_persistent_transient_error_gives_up_after_the_retry_budget(fast_r
     assert traj["status"] == "answered"
 
 
+async def test_a_tools_own_timeout_is_reported_with_its_message_not_as_the_deadline(fast_retries):
+    # Before the fix any TimeoutError read as the library's deadline: the tool's own message was lost.
+    traj, _, calls = await _run(_raise(TimeoutError("upstream search API: 5 s read timeout")))
+    assert len(calls["search"]) == 3  # a timeout is still transient: retried, then reported
+    obs = traj["observations"][0]
+    assert obs["error"] is True and "TimeoutError: upstream search API: 5 s read timeout" in obs["content"]
+    assert "timed out after" not in obs["content"]
+
+
 async def test_hanging_tool_is_abandoned_after_tool_timeout():
     async def hang(query):
         await asyncio.sleep(3600)

@@ -147,6 +147,17 @@ async def test_an_interrupted_bench_resumes_without_repeating_a_finished_questio
     assert summary["majority"]["questions"] == 3 and summary["majority"]["em"][0] == 1.0
 
 
+async def test_continuing_a_bench_with_other_settings_is_refused_not_mixed_into_one_table(index, tmp_path):
+    out = tmp_path / "results.jsonl"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), out)
+    model = _model()
+    with pytest.raises(ConfigError, match=r"question 'q1' run with other settings: n 4 \(now 8\)"):
+        await run_bench(model, index, ITEMS, BenchSettings(**{**SMALL, "n": 8}), out)
+    assert model.calls == []  # refused before anything ran
+    records = await run_bench(model, index, ITEMS[:2], BenchSettings(**SMALL), out)  # the same settings continue
+    assert [r["id"] for r in records] == ["q1", "q2"]
+
+
 async def test_rollout_table_puts_partial_rollout_beside_from_scratch_sampling(index, tmp_path):
     records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl")
     lines = rollout_table(records).splitlines()

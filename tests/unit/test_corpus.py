@@ -166,6 +166,10 @@ def test_bad_sources_give_clear_errors(tmp_path: Path, cache: Path) -> None:
     bad.write_text('{"id": 1, "title": "t"}\n', encoding="utf-8")
     with pytest.raises(CorpusError, match=r"bad\.jsonl:1: expected an object"):
         CorpusIndex.from_jsonl(bad, cache_dir=cache)
+    latin1 = '{"id": "x", "title": "t", "text": "ok"}\n{"id": "y", "title": "Café", "text": "latin-1"}\n'
+    bad.write_bytes(latin1.encode("latin-1"))
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: not UTF-8 text .*save the file as UTF-8"):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)
 
 
 def test_several_files_in_one_index(tmp_path: Path, cache: Path) -> None:

@@ -3,6 +3,7 @@ trajectories stop early, consensus cancels what is left, and a crashed online ru
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -15,7 +16,7 @@ from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError, MissingLogprobsError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from langgraph_parallelmuse.schedule import online_rollout
+from langgraph_parallelmuse.schedule import online_rollout, run_schedule
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
@@ -267,3 +268,41 @@ async def test_studio_sees_the_fork_when_it_happens(tmp_path):
     names = [(e["event"], e.get("id")) for e in events]
     assert names.index(("branch_picked", None)) < names.index(("trajectory_finished", "t0"))
     assert names[-1][0] == "answer"
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+class _FailingRunner:
+    """Trajectory t0 raises (a checkpointer write failed); the others take a while."""
+
+    def __init__(self, failing: str | None = "t0"):
+        self.failing, self.finished = failing, []
+
+    async def run_job(self, job, *, question=None, config=None, on_step=None):
+        if job["id"] == self.failing:
+            await asyncio.sleep(0.01)
+            raise RuntimeError("checkpointer write failed")
+        await asyncio.sleep(0.3)
+        self.finished.append(job["id"])
+        return {"id": job["id"], "origin": job["origin"], "uncertainty": [], "answer": "x", "status": "answered"}
+
+
+@pytest.mark.parametrize("branching", ["online", "post_hoc"])
+@pytest.mark.parametrize("how", ["a trajectory raises", "the node is cancelled"])
+async def test_the_rollout_leaves_no_trajectory_running_behind_it(how, branching):
+    # Before the fix the other trajectories went on calling the model and writing to their threads
+    # after the schedule had raised or been cancelled.
+    runner = _FailingRunner("t0" if how == "a trajectory raises" else None)
+    config = make_config(n=4, m=2, k=1, t=1, mode="exploration", branching=branching)
+    task = asyncio.ensure_future(run_schedule(runner, QUESTION, config=config, run_id="r"))
+    if how == "a trajectory raises":
+        with pytest.raises(RuntimeError, match="checkpointer write failed"):
+            await task
+    else:
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await asyncio.sleep(0.5)
+    assert runner.finished == []

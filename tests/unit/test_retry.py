@@ -29,3 +29,18 @@ async def test_a_dropped_connection_is_retried_and_the_call_succeeds():
 
     assert await with_retries(call, base_delay=0.0) == "ok"
     assert len(calls) == 2
+
+
+def test_httpx_transport_errors_are_transient():
+    # For tools that call a service with httpx directly: a refused or dropped connection, a
+    # connection closed mid-response, any timeout.
+    request = httpx.Request("GET", "http://127.0.0.1:1/")
+    for exc in (
+        httpx.ConnectError("refused", request=request),
+        httpx.ReadError("reset", request=request),
+        httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request),
+        httpx.WriteTimeout("slow", request=request),
+        httpx.PoolTimeout("pool", request=request),
+    ):
+        assert is_transient(exc), type(exc).__name__
+    assert not is_transient(httpx.UnsupportedProtocol("ftp://", request=request))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ class Reply:
     status: int = 200
     body: Any = None
     delay: float = 0.0
+    drop: bool = False  # close the connection without a response
 
 
 @dataclass
@@ -67,6 +69,9 @@ def fake() -> Iterator[FakeTavily]:
             state.requests.append((self.path, dict(self.headers), payload))
             reply = state.reply_for(self.path)
             time.sleep(reply.delay)
+            if reply.drop:
+                self.close_connection = True
+                return
             data = json.dumps(reply.body).encode()
             self.send_response(reply.status)
             self.send_header("Content-Type", "application/json")
@@ -86,6 +91,13 @@ def fake() -> Iterator[FakeTavily]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tools(fake: FakeTavily, **kwargs: Any):
@@ -176,6 +188,22 @@ async def test_timeout_is_retried(fake: FakeTavily) -> None:
     msg = await call(search, query="eiffel")
     assert len(msg.artifact["doc_ids"]) == 2
     assert fake.count("/search") == 2
+
+
+async def test_a_dropped_connection_is_retried(fake: FakeTavily) -> None:
+    # The client wraps only timeouts: before the fix httpx's RemoteProtocolError (and a refused
+    # connection's ConnectError) counted as permanent, and one dropped connection failed the search.
+    fake.script["/search"] = [Reply(drop=True), SEARCH_OK]
+    search, _ = tools(fake)
+    msg = await call(search, query="eiffel")
+    assert len(msg.artifact["doc_ids"]) == 2
+    assert fake.count("/search") == 2
+
+
+async def test_a_refused_connection_is_retried_then_reported(unused_port: int) -> None:
+    search, _ = make_tavily_tools(api_key=KEY, base_url=f"http://127.0.0.1:{unused_port}", retries=2, backoff=0.01)
+    msg = await call(search, query="eiffel")
+    assert msg.content.startswith("Error: web search failed after 3 attempts (ConnectError")
 
 
 async def test_persistent_server_error_becomes_error_text(fake: FakeTavily) -> None:
