@@ -181,14 +181,14 @@ class _StepNodes:
 
     model: BaseChatModel
     by_name: dict[str, BaseTool]
-    driver: StepDriver
+    driver_for: Callable[[DriverName], StepDriver]
     system: str
     taken_calls: TakenCalls | None
 
     async def think(self, state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
         """Generate step ``len(steps)``: a thought, then a tool call or the answer."""
         cfg = runtime.context or _DEFAULT_CONFIG
-        steps, observations = state.get("steps", []), state.get("observations", [])
+        driver, steps, observations = self.driver_for(cfg.driver), state.get("steps", []), state.get("observations", [])
         index = len(steps)
         origin = state.get("origin") or {}
         forking = cfg.diverse_branches and self.taken_calls is not None and _first_regenerated(origin, index)
@@ -214,13 +214,13 @@ class _StepNodes:
                 steps,
                 observations,
                 system=self.system,
-                final_turn=ctx.final and isinstance(self.driver, FreeDriver),
+                final_turn=ctx.final and isinstance(driver, FreeDriver),
                 max_observation_chars=trim,
             )
             try:
                 text, action, turn = await _sample_step(
                     self.model,
-                    self.driver,
+                    driver,
                     ctx,
                     messages,
                     sampling=sampling,
@@ -299,7 +299,7 @@ def build_rollout_graph(
     model: BaseChatModel,
     tools: Sequence[BaseTool],
     *,
-    driver: StepDriver,
+    driver_for: Callable[[DriverName], StepDriver],
     system_prompt: str | None = None,
     taken_calls: TakenCalls | None = None,
 ) -> StateGraph:
@@ -308,7 +308,8 @@ def build_rollout_graph(
     Args:
         model: Chat model returning token logprobs in ``response_metadata["logprobs"]``.
         tools: Tools by name (``search`` and usually ``visit``).
-        driver: How a think step is generated (:class:`FreeDriver` or :class:`GuidedDriver`).
+        driver_for: How a think step is generated (:class:`FreeDriver` or :class:`GuidedDriver`) for a
+            run's ``driver`` setting.
         system_prompt: Overrides the protocol's system prompt (``{tools}`` is filled in).
         taken_calls: With ``diverse_branches``, the tool calls a branch's first regenerated step
             must not repeat (its parent's and its siblings', read from their checkpoints).
@@ -316,7 +317,7 @@ def build_rollout_graph(
     system = (
         (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
     )
-    nodes = _StepNodes(model, {t.name: t for t in tools}, driver, system, taken_calls)
+    nodes = _StepNodes(model, {t.name: t for t in tools}, driver_for, system, taken_calls)
     graph = StateGraph(AgentState, context_schema=ParallelMuseConfig)
     graph.add_node("think", nodes.think)
     graph.add_node("act", nodes.act)
@@ -367,7 +368,9 @@ class RolloutRunner:
     Args:
         model: The agent model.
         tools: Agent tools (``search``, ``visit``).
-        driver: Step driver; default picks guided for the in-process model, free otherwise.
+        driver: Step driver of runs whose ``driver`` setting is ``auto``; default picks guided for a
+            model that continues a prefilled turn (the in-process model), free otherwise. A run whose
+            settings say ``free`` or ``guided`` gets that driver (:meth:`driver_for`).
         checkpointer: Where trajectory snapshots live (default: in memory).
         system_prompt: Optional system prompt override.
 
@@ -393,10 +396,27 @@ class RolloutRunner:
         self.model = model
         self.tools = list(tools)
         self.driver = driver if isinstance(driver, (FreeDriver, GuidedDriver)) else pick_driver(model, driver)
+        own = "guided" if isinstance(self.driver, GuidedDriver) else "free"
+        self._drivers: dict[str, StepDriver] = {"auto": self.driver, own: self.driver}
         self.checkpointer = checkpointer or InMemorySaver()
         self.graph: CompiledStateGraph = build_rollout_graph(
-            model, self.tools, driver=self.driver, system_prompt=system_prompt, taken_calls=self.taken_calls
+            model, self.tools, driver_for=self.driver_for, system_prompt=system_prompt, taken_calls=self.taken_calls
         ).compile(checkpointer=self.checkpointer, name="rollout")
+
+    def driver_for(self, setting: DriverName) -> StepDriver:
+        """The step driver of a run whose settings say ``setting`` (``auto``: the runner's own).
+
+        Raises:
+            ConfigError: ``guided`` for a model that cannot continue a prefilled turn.
+
+        Example:
+            >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+            >>> type(RolloutRunner(FakeListChatModel(responses=[]), []).driver_for("free")).__name__
+            'FreeDriver'
+        """
+        if setting not in self._drivers:
+            self._drivers[setting] = pick_driver(self.model, setting)
+        return self._drivers[setting]
 
     @staticmethod
     def _thread(thread_id: str, metadata: dict | None = None) -> dict:

@@ -370,6 +370,10 @@ async def _ask(args: argparse.Namespace) -> int:
         resumed = await _resume_point(graph, run_config, args) if args.db else None
         if resumed is not None:
             settings = make_config(resumed["state"]["settings"])
+            if args.base_url and settings.driver != _config_from(args).driver:
+                # The server model declares what the run's driver needs (a prefilled turn for guided).
+                model = _server_model(args, settings)
+                graph = create_parallelmuse(model, tools, checkpointer=saver, trajectory_checkpointer=saver)
         console.print(Panel(escape(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "

@@ -206,9 +206,13 @@ class ParallelMuseNodes:
         self.model = runner.model
         self.aggregator = aggregator
         self.config = config
-        self.guided_reports = isinstance(runner.driver, GuidedDriver)
-        self.guided_aggregate = self.guided_reports if guided_aggregate is None else guided_aggregate
+        self.guided_aggregate = guided_aggregate
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def guided(self, settings: ParallelMuseConfig) -> bool:
+        """Whether the run's reports (and, unless the factory said otherwise, its aggregation) are
+        guided: they are when its trajectories are (small local models)."""
+        return isinstance(self.runner.driver_for(settings.driver), GuidedDriver)
 
     def settings(self, stored: dict[str, Any] | None = None) -> ParallelMuseConfig:
         """The run's settings.
@@ -247,6 +251,7 @@ class ParallelMuseNodes:
         started = time.time()
         question = question_from_input(state)
         settings = self.settings()
+        self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
         parent_thread = (get_config().get("configurable") or {}).get("thread_id")
         digest = hashlib.sha256(question.encode()).hexdigest()[:10]
         # Deterministic ids under a checkpointed parent thread make a resumed run find its
@@ -395,7 +400,7 @@ class ParallelMuseNodes:
         with routing_scope(job["question"]):
             async with self.limit(settings):
                 report = await write_report(
-                    self.model, job["question"], traj, config=settings, guided=self.guided_reports
+                    self.model, job["question"], traj, config=settings, guided=self.guided(settings)
                 )
         emit(
             "report_written",
@@ -448,7 +453,7 @@ class ParallelMuseNodes:
                     trajectories,
                     reports,
                     config=settings,
-                    guided=self.guided_aggregate,
+                    guided=self.guided(settings) if self.guided_aggregate is None else self.guided_aggregate,
                 )
         stats["infograph"] = redundancy_summary(state["question"], trajectories)
         if settings.crossover:

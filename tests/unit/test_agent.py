@@ -7,12 +7,13 @@ import math
 import re
 
 import pytest
-from langchain_core.messages import HumanMessage, SystemMessage, messages_to_dict
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import QUERY_SYSTEM, FreeDriver, GuidedDriver, StepContext
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
+from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, tokenize
 
@@ -517,3 +518,24 @@ def test_the_guided_driver_on_a_model_that_cannot_continue_a_turn_is_a_clear_err
     tools, _ = make_tools()
     with pytest.raises(ConfigError, match="driver='guided' needs a model that continues"):
         RolloutRunner(ScriptedChatModel(), tools, driver="guided")
+
+
+async def test_a_runs_driver_setting_chooses_its_driver_not_the_factorys():
+    """Before the fix the driver was fixed when the graph was built: ``--driver free`` (a run's
+    context) still ran the guided driver on the in-process model, while its stats said free."""
+    tools, _ = make_tools()
+    model = _PrefillModel(script=[answer_text("Paris")])
+    graph = create_parallelmuse(model, tools, config={"n": 1, "mode": "none", "aggregation": "majority"})
+    out = await graph.ainvoke({"question": "What is the capital of France?"}, context={"driver": "free"})
+    assert out["answer"] == "Paris" and out["stats"]["config"]["driver"] == "free"
+    (call,) = model.calls
+    assert not isinstance(call["messages"][-1], AIMessage)  # free: no prefilled turn to continue
+
+
+async def test_a_guided_run_on_a_model_that_cannot_be_guided_fails_before_any_call():
+    tools, _ = make_tools()
+    model = ScriptedChatModel(script=[answer_text("Paris")])
+    graph = create_parallelmuse(model, tools, config={"n": 1, "mode": "none"})
+    with pytest.raises(ConfigError, match="driver='guided' needs a model that continues"):
+        await graph.ainvoke({"question": "What is the capital of France?"}, context={"driver": "guided"})
+    assert model.calls == []
