@@ -118,6 +118,7 @@ _FUNCTION_WORDS = frozenset(
 _CONNECTORS = frozenset("of the de da del der di du la le van von y".split())
 _WORD = re.compile(r"\d[\d,.]*\d|[^\W_](?:[\w'’&-]*[^\W_])?\.?")
 _QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
+_NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
 
@@ -137,21 +138,32 @@ def named_spans(text: str) -> list[str]:
         ['Sathish Kalathil', 'Christopher Nolan', '1970']
         >>> named_spans("g. stanley hall")
         []
+        >>> named_spans("born in Kerry, Ireland in the U.S. Army")
+        ['Kerry', 'Ireland', 'U.S. Army']
     """
     spans = [m.group(1).strip() for m in _QUOTED.finditer(text)]
-    words = [m.group(0) for m in _WORD.finditer(_QUOTED.sub(" ", text))]
-    run: list[str] = []
-    for word in [*words, ""]:
-        if word and (_is_name_word(word) or (run and (word in _CONNECTORS or word[0].isdigit()))):
-            run.append(word)
-            continue
-        while run and run[-1] in _CONNECTORS:
+    rest = _QUOTED.sub(" ", text)
+    run: list[re.Match[str]] = []
+
+    def close() -> None:
+        while run and run[-1].group(0) in _CONNECTORS:
             run.pop()
         if run:
-            spans.append(" ".join(run).rstrip("."))
-        run = []
-        if word and _NUMBER.match(word):
+            # The text as written ("U.S. Army" keys as its title does, "us army", not "u s army").
+            spans.append(rest[run[0].start() : run[-1].end()].rstrip("."))
+        run.clear()
+
+    for match in _WORD.finditer(rest):
+        word = match.group(0)
+        if run and _NAME_BREAK.search(rest, run[-1].end(), match.start()):
+            close()  # "Kerry, Ireland" names two places, "the Luftwaffe (German" one
+        if _is_name_word(word) or (run and (word in _CONNECTORS or word[0].isdigit())):
+            run.append(match)
+            continue
+        close()
+        if _NUMBER.match(word):
             spans.append(word.rstrip(".,"))
+    close()
     return list(dict.fromkeys(s for s in spans if entity_key(s)))
 
 
@@ -179,7 +191,8 @@ _HIT = re.compile(r"^\[\d+\] (.+?) \(id: ([^)\n]*)\)[ \t]*$", re.MULTILINE)
 
 def read_segments(observations: Sequence[Observation]) -> list[Segment]:
     """The documents a trajectory's tool outputs showed: one segment per search hit, one per opened
-    document (the first line of a visit's output is its title). Failed calls show nothing.
+    document (the first line of a visit's output is its title). Failed calls, and visits that name
+    no document they opened (``doc_ids``), show nothing.
 
     Example:
         >>> obs = [{"step": 0, "name": "search", "error": False, "doc_ids": ["d1"],
@@ -203,7 +216,7 @@ def read_segments(observations: Sequence[Observation]) -> list[Segment]:
                 title = hit.group(1).strip()
                 text = entity_key(title + " " + content[hit.end() : end])
                 segments.append(Segment(obs["step"], "search", title, hit.group(2).strip() or None, text))
-        elif obs["name"] == "visit" and content.strip():
+        elif obs["name"] == "visit" and content.strip() and ids:  # no id: it opened nothing ("No document …")
             title, _, body = content.strip().partition("\n")
             doc_id = ids[0] if ids else None
             segments.append(Segment(obs["step"], "visit", title.strip(), doc_id, entity_key(body)))
@@ -230,7 +243,7 @@ def bridges_of(step: Step, observation: Observation | None) -> list[str]:
 class _Builder:
     def __init__(self) -> None:
         self.entities: dict[str, Entity] = {}
-        self.relations: dict[tuple[str, str, str, int], Relation] = {}
+        self.relations: dict[tuple[str, str, str, int | str], Relation] = {}
 
     def entity(self, name: str, kind: EntityKind, step: int, doc_id: str | None = None) -> str | None:
         key = entity_key(name)
@@ -249,7 +262,10 @@ class _Builder:
     def relate(self, source: str | None, target: str | None, kind: RelationKind, step: int, tool: str) -> None:
         if source and target and source != target:
             rel = Relation(source=source, target=target, kind=kind, step=step, tool=tool)
-            self.relations.setdefault((source, target, kind, step), rel)
+            # A document shown again by a later search establishes nothing new: its relations keep
+            # the first step per tool (a visit reads what a hit only previewed), so that search is
+            # not made effective by a page the trajectory had already used.
+            self.relations.setdefault((source, target, kind, step if kind == "found" else tool), rel)
 
     def graph(self, answer: str | None) -> InfoGraph:
         ordered = sorted(self.relations.values(), key=lambda r: (r["step"], r["kind"], r["source"], r["target"]))

@@ -175,6 +175,65 @@ def test_failed_calls_and_unknown_tools_show_no_documents():
     assert set(build_graph("Where?", traj)["entities"]) == {"paris"}
 
 
+def test_a_document_a_later_search_shows_again_does_not_make_that_search_effective():
+    # Before the fix the re-found hit gave the answer a "supports" relation at step 1, so the dead-end
+    # search for Freud counted as effective (Γ 0.0 instead of 0.25).
+    hall = f"[1] Adolescence (id: d10)\n{HALL_SNIPPET}"
+    traj = {
+        "steps": [
+            search(0, "American Psychological Association president"),
+            search(1, "Sigmund Freud"),
+            answer(2, "G. Stanley Hall"),
+        ],
+        "observations": [
+            {"step": 0, "name": "search", "error": False, "doc_ids": ["d10"], "content": hall},
+            {
+                "step": 1,
+                "name": "search",
+                "error": False,
+                "doc_ids": ["d10", "d9"],
+                "content": f"{hall}\n\n[2] Sigmund Freud (id: d9)\nFreud founded psychoanalysis.",
+            },
+        ],
+        "answer": "G. Stanley Hall",
+    }
+    question = "Who was the first president of the American Psychological Association?"
+    graph = build_graph(question, traj)
+    assert sorted(effective_subgraph(graph)["entities"]) == [
+        "adolescence",
+        "american psychological association",
+        "g stanley hall",
+    ]
+    assert effective_steps(effective_subgraph(graph)) == [0]
+    assert graph_stats(question, traj)["redundancy"] == 0.25
+
+
+def test_a_visit_that_opened_nothing_is_no_document():
+    traj = {
+        "steps": [search(0, "Christopher Nolan"), visit(1, "nolan"), answer(2, "yes")],
+        "observations": [
+            {
+                "step": 0,
+                "name": "search",
+                "error": False,
+                "doc_ids": ["n1"],
+                "content": "[1] Christopher Nolan (id: n1)\nA director.",
+            },
+            # What the corpus visit tool returns for an unknown id: not an error, no document.
+            {
+                "step": 1,
+                "name": "visit",
+                "error": False,
+                "doc_ids": [],
+                "content": "No document 'nolan': that id or title is unknown. Use an id from the search results.",
+            },
+        ],
+        "answer": "yes",
+    }
+    graph = build_graph("Are Christopher Nolan and Sathish Kalathil both film directors?", traj)
+    assert sorted(graph["entities"]) == ["christopher nolan", "yes"]
+
+
 @pytest.mark.parametrize(
     ("text", "spans"),
     [
@@ -186,6 +245,10 @@ def test_failed_calls_and_unknown_tools_show_no_documents():
         ("Apollo 11 landed in 1969.", ["Apollo 11", "1969"]),
         ('the "sturm und drang" era', ["sturm und drang"]),
         ("first president of that association", []),
+        # Punctuation between two capitalised words ends a name; dots inside one keep it whole.
+        ("born in 1873 in Kerry, Ireland", ["1873", "Kerry", "Ireland"]),
+        ("the Luftwaffe (German air force)", ["Luftwaffe", "German"]),
+        ("a U.S. Army general", ["U.S. Army"]),
     ],
 )
 def test_named_spans(text, spans):
