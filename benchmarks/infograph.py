@@ -19,7 +19,8 @@ answers, no dev-set text (no question, gold answer or report text), so the rows 
 later session's rerun skips the questions they hold. The trajectories are checkpointed in
 ``--work-dir/{dataset}.sqlite`` (the library's SQLite checkpointer, never committed): a question
 rerun after its line is deleted (or after a crash) reuses its finished trajectories and redoes only
-what is missing, e.g. the reports after a change of their format. At the end (or with
+what is missing, e.g. the reports after a change of their format (its crossover trajectory is
+always redone: a single step that reads the parents' effective steps). At the end (or with
 ``--report-only``) the summary of every dataset file in ``--out-dir`` is written: ``summary.md``,
 ``summary.json`` and ``redundancy.png`` (beside the paper's Figure 2).
 
@@ -54,6 +55,7 @@ from langgraph_parallelmuse.eval import (
 )
 from langgraph_parallelmuse.eval.redundancy import PAPER_FIGURE_2, redundancy_record
 from langgraph_parallelmuse.infograph import graph_stats
+from langgraph_parallelmuse.lineage import thread_of
 from langgraph_parallelmuse.persistence import open_checkpointer
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.stage2 import choose_answer, write_report
@@ -125,6 +127,10 @@ async def run_question(model, index, item: QAItem, seed: int, checkpointer=None)
     r7, _ = await run_schedule(runner, item.question, config=cfg["crossed"], run_id=run_id)
     left_out = [t for t in r8 if t["id"] not in {s["id"] for s in r7}]
     assert len(r7) == 7 and [t["origin"]["kind"] for t in left_out] == ["fill"], "the 7 must be the 8 less a fill"
+    if checkpointer is not None:
+        # The crossover reads the parents' effective steps, which a change of the graph code moves:
+        # a rerun question crosses again (one step) rather than reuse a crossing of other steps.
+        await checkpointer.adelete_thread(thread_of(run_id, "x0"))
     xs, pairs = await crossover_stage(runner, item.question, r7, config=cfg["crossed"], run_id=run_id)
     rolled = time.perf_counter() - started
     print(
