@@ -77,8 +77,11 @@ def choose(logits: torch.Tensor, requests: Sequence[GenerationRequest], generato
             tokens[i] = int(torch.multinomial(probs[j], 1, generator=generators[i]))
             continue
         row_head, row_order = (head[j], order[j]) if covered[j] >= top_p else torch.sort(probs[j], descending=True)
-        # Keep the smallest head whose mass reaches top_p (the first token always survives).
-        row_head = row_head.masked_fill((torch.cumsum(row_head, dim=-1) - row_head) >= top_p, 0.0)
+        # Keep the smallest head whose mass reaches top_p, and always the first token (top_p = 0
+        # is greedy, as in vLLM: masking every token would fail the whole batch's step).
+        cut = (torch.cumsum(row_head, dim=-1) - row_head) >= top_p
+        cut[0] = False
+        row_head = row_head.masked_fill(cut, 0.0)
         tokens[i] = int(row_order[torch.multinomial(row_head, 1, generator=generators[i])])
     return tokens
 

@@ -24,7 +24,7 @@ from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
 from langgraph_parallelmuse.models.hardware import Precision, resolve_precision
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache
-from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
+from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult, sampling_problem
 from langgraph_parallelmuse.models.runner import ModelRunner
 from langgraph_parallelmuse.models.scheduler import Counters, Item, Scheduler
 
@@ -98,6 +98,7 @@ class InferenceEngine:
         self._queue: queue.Queue[Item] = queue.Queue()
         self._counters = Counters()
         self._closed = False
+        self._submit_lock = threading.Lock()
         #: The :class:`~.runner.ModelRunner` (its ``weight_bytes``, ``bytes_per_token``, ``score``).
         self.runner = ModelRunner(model, precision=precision)
         scheduler = Scheduler(
@@ -118,11 +119,10 @@ class InferenceEngine:
         """Queue a request; the returned future resolves to a :class:`GenerationResult`.
 
         Raises:
-            InputError: The prompt is empty or the seed is not an unsigned 64-bit integer.
+            InputError: The prompt is empty, the seed is not an unsigned 64-bit integer, or a sampling
+                setting is out of range (``temperature`` ≥ 0, ``0 ≤ top_p ≤ 1``, ``max_new_tokens`` ≥ 0).
             ContextOverflowError: The prompt fills the model's context window.
         """
-        if self._closed:
-            raise RuntimeError("engine is closed")
         if not request.prompt_ids:
             raise InputError("the prompt is empty: send at least one message")
         if len(request.prompt_ids) + len(request.forced_ids) >= self.max_context_tokens:
@@ -134,8 +134,13 @@ class InferenceEngine:
             raise InputError(problem)
         if request.seed is not None and not 0 <= request.seed < 2**64:
             raise InputError(f"seed={request.seed} is out of range: pass an integer in [0, 2**64)")
+        if (problem := sampling_problem(request)) is not None:
+            raise InputError(problem)
         future: Future[GenerationResult] = Future()
-        self._queue.put((request, future))
+        with self._submit_lock:  # a request put after close()'s sentinel would never be served
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._queue.put((request, future))
         return future
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -170,10 +175,12 @@ class InferenceEngine:
 
     def close(self) -> None:
         """Stop the worker after the queued requests are served."""
-        if not self._closed:
+        with self._submit_lock:
+            if self._closed:
+                return
             self._closed = True
             self._queue.put(None)
-            self._thread.join()
+        self._thread.join()
 
 
 _engines: dict[tuple, InferenceEngine] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["GenerationRequest", "GenerationResult", "RequestState"]
+__all__ = ["GenerationRequest", "GenerationResult", "RequestState", "sampling_problem"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,32 @@ class GenerationRequest:
     top_logprobs: int = 0
     ignore_eos: bool = False
     forced_ids: Sequence[int] = ()
+
+
+def sampling_problem(request: GenerationRequest) -> str | None:
+    """What is wrong with a request's sampling settings (``None``: nothing), checked before it is queued.
+
+    Example:
+        >>> sampling_problem(GenerationRequest([1], temperature=None))
+        'temperature=None: pass a number >= 0 (0 is greedy)'
+        >>> sampling_problem(GenerationRequest([1], top_p=0.0)) is None
+        True
+    """
+
+    def number(x: object) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not number(request.temperature) or request.temperature < 0:
+        return f"temperature={request.temperature!r}: pass a number >= 0 (0 is greedy)"
+    if not number(request.top_p) or not 0 <= request.top_p <= 1:
+        return f"top_p={request.top_p!r}: pass a number in [0, 1]"
+    if (
+        not isinstance(request.max_new_tokens, int)
+        or isinstance(request.max_new_tokens, bool)
+        or request.max_new_tokens < 0
+    ):
+        return f"max_new_tokens={request.max_new_tokens!r}: pass an integer >= 0"
+    return None
 
 
 @dataclass

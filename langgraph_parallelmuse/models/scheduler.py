@@ -232,23 +232,24 @@ class Scheduler:
     def _start(self, req: GenerationRequest, fut: Future) -> RequestState | None:
         if not fut.set_running_or_notify_cancel():
             return None
-        prompt = list(req.prompt_ids)
-        generator = None
-        if req.temperature > 0:
-            generator = torch.Generator()
-            try:
+        try:
+            prompt = list(req.prompt_ids)
+            generator = None
+            if req.temperature > 0:
+                generator = torch.Generator()
                 generator.manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
-            except (RuntimeError, OverflowError) as exc:  # only this request is wrong: the batch goes on
-                fut.set_exception(exc)
-                return None
-        return RequestState(
-            req=req,
-            future=fut,
-            prompt=prompt,
-            generator=generator,
-            max_new=len(req.forced_ids) or max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
-            context=prompt[-4:],
-        )
+            return RequestState(
+                req=req,
+                future=fut,
+                prompt=prompt,
+                generator=generator,
+                max_new=len(req.forced_ids) or max(0, min(req.max_new_tokens, self.max_context_tokens - len(prompt))),
+                context=prompt[-4:],
+            )
+        except Exception as exc:  # noqa: BLE001 - only this request is wrong: the batch goes on
+            # Raised out of _step, it would fail the running rows and strand the others admitted with it.
+            fut.set_exception(exc)
+            return None
 
     def _round(self, pending: list[RequestState]) -> tuple[list[RequestState], list[RequestState]]:
         """Which pending requests to prefill now; the rest wait for a sibling's prompt to be cached.
@@ -331,11 +332,15 @@ class Scheduler:
             return
         for i in done:
             seq = self.active[i]
-            # The last sampled token was never fed, so the KV covers prompt + gen[:-1].
+            # The KV covers prompt + gen when the row ended on EOS (the last kept token was fed to
+            # produce it), prompt + gen[:-1] otherwise (the last sampled token was never fed).
             if self.cache is not None:
-                tokens = seq.prompt + seq.gen[:-1]
+                tokens = seq.prompt + seq.gen
                 start, state = self.batch.row_state(i)
-                if start + state[0].shape[-2] == len(tokens):
+                covered = start + state[0].shape[-2]
+                if covered == len(tokens) - 1:
+                    tokens = tokens[:-1]
+                if covered == len(tokens):
                     self.cache.insert(tokens, state, start=start)
             self._resolve(seq)
         order = self.batch.remove(done)

@@ -234,6 +234,67 @@ def test_bad_requests_are_refused(engine, tokenizer) -> None:
         engine.submit(greedy(tokenizer, "hi", temperature=0.7, seed=2**64))
 
 
+def test_bad_sampling_settings_are_refused_before_they_reach_a_batch(engine, tokenizer) -> None:
+    # Before the fix temperature=None raised inside the worker's admission: the requests admitted
+    # with it, and the rows already decoding, never resolved.
+    for setting, value in [("temperature", None), ("temperature", -1.0), ("top_p", 1.5), ("max_new_tokens", None)]:
+        with pytest.raises(InputError, match=f"{setting}={value!r}"):
+            engine.submit(greedy(tokenizer, "hi", **{setting: value}))
+
+
+def test_top_p_zero_is_greedy_and_fails_no_other_row(engine, tokenizer) -> None:
+    # Before the fix top_p=0 masked every token: multinomial raised and failed the whole batch step.
+    alone = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=6))
+    futures = [
+        engine.submit(
+            GenerationRequest(ids(tokenizer, PROMPTS[0]), max_new_tokens=6, temperature=0.8, top_p=0.0, seed=3)
+        ),
+        engine.submit(greedy(tokenizer, PROMPTS[1], max_new_tokens=6)),
+    ]
+    nucleus, other = (f.result(timeout=60) for f in futures)
+    assert nucleus.token_ids == alone.token_ids and other.completion_tokens > 0
+
+
+def test_a_reply_that_ends_on_eos_is_kept_in_the_prefix_cache(plain, tokenizer) -> None:
+    # The next turn's prompt starts with this one and its reply: before the fix a reply ending on EOS
+    # (most chat turns) was never stored, so the next turn computed it again.
+    first = plain.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=8)).token_ids
+    k = next(i for i in range(2, len(first)) if first[i] not in first[:i])  # the first new token ends it
+    model = tiny_llama(tokenizer)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, first[k]]
+    engine = InferenceEngine(model, tokenizer)
+    try:
+        prompt = ids(tokenizer, PROMPTS[1])
+        reply = engine.generate(greedy(tokenizer, PROMPTS[1], max_new_tokens=10))
+        assert reply.finish_reason == "stop" and reply.token_ids == first[:k]
+        assert engine.cache.match(prompt + reply.token_ids).length == len(prompt) + k
+    finally:
+        engine.close()
+
+
+def test_a_request_that_cannot_start_fails_alone(model, tokenizer, monkeypatch) -> None:
+    # Before the fix any error but RuntimeError/OverflowError in _start escaped the admission:
+    # the requests admitted with it never resolved.
+    from langgraph_parallelmuse.models import scheduler
+
+    real = scheduler.RequestState
+
+    def state(**kwargs):
+        if kwargs["req"].max_new_tokens == 7:
+            raise TypeError("this request is malformed")
+        return real(**kwargs)
+
+    monkeypatch.setattr(scheduler, "RequestState", state)
+    engine = InferenceEngine(model, tokenizer, max_batch_size=4)
+    try:
+        good, bad, later = (engine.submit(greedy(tokenizer, PROMPTS[0], max_new_tokens=n)) for n in (5, 7, 6))
+        with pytest.raises(TypeError, match="malformed"):
+            bad.result(timeout=60)
+        assert good.result(timeout=60).completion_tokens == 5 and later.result(timeout=60).completion_tokens == 6
+    finally:
+        engine.close()
+
+
 def test_a_failure_while_admitting_fails_those_requests_and_the_engine_goes_on(model, tokenizer, monkeypatch) -> None:
     from langgraph_parallelmuse.models.scheduler import Scheduler
 
