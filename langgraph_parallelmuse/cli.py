@@ -18,7 +18,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from rich.console import Console
 from rich.markup import escape
@@ -82,6 +83,11 @@ def _add_config_args(p: argparse.ArgumentParser, *, only: tuple[str, ...] | None
             continue
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
+        if (
+            get_origin(kind) in (Union, UnionType)
+            and len(given := [a for a in get_args(kind) if a is not type(None)]) == 1
+        ):
+            kind = given[0]  # "float | None" reads a float: as text, 0.8 never equals the stored 0.8 on resume
         help_text = f"{field.description} (default: {field.default})"
         if kind is bool:
             g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -106,6 +112,10 @@ def _config_from(args: argparse.Namespace, **fixed: Any) -> ParallelMuseConfig:
 
 def _model(args: argparse.Namespace):
     """The agent model: a checked OpenAI-compatible server (``--base-url``) or the embedded SmolLM2."""
+    if args.base_url and args.model_path:
+        raise ConfigError("--model-path loads a local checkpoint, --base-url uses a server: pass one of them")
+    if args.model and not args.base_url:
+        raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
     if args.base_url:
         return _server_model(args, _config_from(args))
     from langgraph_parallelmuse.models import LocalChatModel
@@ -153,6 +163,8 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
 def _judge(args: argparse.Namespace):
     """The LLM judge of ``bench``: a deterministic ChatOpenAI on ``--judge-base-url``, or None."""
     if not args.judge_base_url:
+        if args.judge_model:
+            raise ConfigError(f"--judge-model {args.judge_model!r} names a model on a server: add --judge-base-url")
         return None
     from langchain_openai import ChatOpenAI
 
@@ -377,7 +389,7 @@ async def _ask(args: argparse.Namespace) -> int:
         console.print(Panel(escape(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
-            f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {args.db})" if args.db else "")
+            f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {redact(args.db)})" if args.db else "")
         )
         if resumed is not None and not resumed["pending"]:
             console.print(f"Run {run_id!r} already finished: its stored result follows (nothing is run again)")
@@ -470,8 +482,7 @@ async def _bench(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
-    items = load_questions(args.questions, limit=args.limit)
-    settings = BenchSettings(  # validated here, before any model is loaded
+    settings = BenchSettings(  # validated here, before any file is read or model loaded
         n=args.n,
         k=args.k,
         t=args.t,
@@ -483,6 +494,7 @@ async def _bench(args: argparse.Namespace) -> int:
         max_turns=args.max_turns,
         extra=dict(args.set),
     )
+    items = load_questions(args.questions, limit=args.limit)
     out_dir = Path(args.out)
     results = out_dir / "results.jsonl"
 
@@ -549,6 +561,16 @@ async def _export(args: argparse.Namespace) -> int:
         path = export_model(args.dir, dtype=args.dtype)
     console.print(f"Wrote a transformers checkpoint to {path}: serve it with vLLM (--model {path})")
     return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass a whole number >= 1")
+    return value
 
 
 def _setting(text: str) -> tuple[str, Any]:
@@ -657,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--estimator", default="nll", choices=["nll", "entropy"])
     bench.add_argument("--max-turns", type=int, default=ParallelMuseConfig.model_fields["max_turns"].default)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--concurrency", type=int, default=1, help="questions in flight at once")
+    bench.add_argument("--concurrency", type=_positive, default=1, help="questions in flight at once (>= 1)")
     bench.add_argument(
         "--methods",
         default=",".join(METHODS),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
 import time
 import uuid
 import weakref
@@ -253,7 +254,11 @@ class ParallelMuseNodes:
         settings = self.settings()
         self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
         parent_thread = (get_config().get("configurable") or {}).get("thread_id")
-        digest = hashlib.sha256(question.encode()).hexdigest()[:10]
+        # The question and the settings name the run: the same question asked again on the thread
+        # finds its finished trajectories, asked with other settings (temperature, N, the model's
+        # sampling) it samples anew instead of reusing trajectories those settings did not make.
+        key = json.dumps([question, settings.model_dump()], sort_keys=True, default=str)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         # Deterministic ids under a checkpointed parent thread make a resumed run find its
         # finished trajectories; otherwise every run gets fresh threads.
         run_id = f"{parent_thread}:{digest}" if parent_thread else f"run-{uuid.uuid4().hex[:12]}:{digest}"

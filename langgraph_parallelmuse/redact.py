@@ -31,6 +31,8 @@ _SHORTEST_SECRET = 6  # shorter values (e.g. "none", "EMPTY") are placeholders, 
 _PATTERNS = (
     re.compile(r"(?i)((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{8,}"),
     re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*["']?)[^\s"',}]{6,}"""),
+    # The password of a URL (postgresql://user:password@host/db, http://user:key@host).
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]+:)[^\s/@]+(?=@)"),
 )
 
 
@@ -72,6 +74,8 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
         '500: echo Authorization: Bearer ***'
         >>> redact("key tvly-abcdefgh leaked", ["tvly-abcdefgh"])
         'key *** leaked'
+        >>> redact("db postgresql://alice:S3cret@db.example/runs", [])
+        'db postgresql://alice:***@db.example/runs'
     """
     for secret in secrets_of() if secrets is None else secrets:
         if len(secret) >= _SHORTEST_SECRET:

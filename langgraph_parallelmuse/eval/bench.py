@@ -65,6 +65,19 @@ METHODS: dict[str, Method] = {
 }
 
 
+# The ParallelMuseConfig fields BenchSettings sets itself, and how to choose each.
+_OWN_FIELDS = {
+    "n": "use --n",
+    "m": "M is 1 in the bench",
+    "k": "use --k",
+    "t": "use --t",
+    "mode": "use --modes",
+    "estimator": "use --estimator",
+    "seed": "use --seed",
+    "max_turns": "use --max-turns",
+}
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """What to run per question (paper defaults: N=8, M=1, k=2, T=3).
@@ -92,6 +105,9 @@ class BenchSettings:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ConfigError(f"unknown bench method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
+        if fixed := [f for f in _OWN_FIELDS if f in self.extra]:
+            flags = "; ".join(f"{f}: {_OWN_FIELDS[f]}" for f in fixed)
+            raise ConfigError(f"--set {', '.join(fixed)}: the bench sets these itself ({flags})")
         if "none" in self.modes:
             raise ConfigError("modes: 'none' is from-scratch sampling, which the bench always runs; drop it")
         for mode in self.modes:

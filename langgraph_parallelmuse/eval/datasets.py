@@ -93,9 +93,8 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         The questions in file order. Blank lines are skipped.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        EvalDataError: A line is not valid JSON or lacks a required field; the message gives
-            ``file:line`` and what is missing.
+        EvalDataError: ``path`` is not a readable file, or a line is not valid JSON or lacks a
+            required field; the message gives ``file:line`` and what is missing.
 
     Example:
         >>> import json, os, tempfile
@@ -111,6 +110,8 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
     path = Path(path)
+    if not path.is_file():
+        raise EvalDataError(f"{path}: no such questions file (a JSONL of {{id, question, answers, ...}})")
     items: list[QAItem] = []
     with path.open(encoding="utf-8") as handle:
         for lineno, raw in enumerate(handle, start=1):

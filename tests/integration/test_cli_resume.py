@@ -12,7 +12,6 @@ select with ``pytest -m integration``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
@@ -108,12 +107,11 @@ async def _finished(db: str) -> dict[str, dict]:
     from langgraph_parallelmuse.persistence import open_checkpointer
     from tests.unit.fakes import ScriptedChatModel, make_tools
 
-    digest = hashlib.sha256(QUESTION.encode()).hexdigest()[:10]
     out = {}
     async with open_checkpointer(db) as saver:
         runner = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=saver)
         for thread in _trajectory_threads(db):
-            if thread.startswith(f"r1:{digest}/") and (traj := await runner.existing(thread)) is not None:
+            if (traj := await runner.existing(thread)) is not None:  # the db holds one question's run
                 out[traj["id"]] = traj
     return out
 

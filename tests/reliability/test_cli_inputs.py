@@ -146,6 +146,52 @@ def test_a_bad_db_is_one_line_before_anything_loads(target, message, tmp_path, m
     assert message in " ".join(raw.split()) and "Traceback" not in raw and len(raw.strip().splitlines()) <= 3
 
 
+def test_a_runs_consensus_setting_resumes_with_the_same_command(fake_cli, tmp_path, capsys):
+    # Before the fix "--consensus 0.8" was read as the text '0.8', which never equals the stored 0.8.
+    db = str(tmp_path / "x.sqlite")
+    argv = (
+        PARIS,
+        "--db",
+        db,
+        "--run-id",
+        "c",
+        "--n",
+        "4",
+        "--k",
+        "1",
+        "--t",
+        "2",
+        "--branching",
+        "online",
+        "--consensus",
+        "0.8",
+    )
+    assert _ask(*argv) == 0
+    assert _ask(*argv, "--resume") == 0
+    assert "already finished" in _err(capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--model", "gpt-4o"), "--model 'gpt-4o' names a model on a server: add --base-url"),
+        (("--base-url", "http://127.0.0.1:9/v1", "--model-path", "m"), "--model-path loads a local checkpoint"),
+    ],
+)
+def test_a_model_flag_that_would_be_ignored_is_an_error(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    assert _ask(PARIS, *argv) == 1
+    assert message in _err(capsys)
+
+
+def test_bench_refuses_a_concurrency_below_one_and_its_own_fields_in_set(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--questions", "q.jsonl", "--concurrency", "0"])
+    assert "'0': pass a whole number >= 1" in _err(capsys)
+    assert cli.main(["bench", "--questions", "q.jsonl", "--set", "n=4"]) == 1
+    assert "--set n: the bench sets these itself (n: use --n)" in _err(capsys)
+
+
 def test_a_postgres_url_is_a_valid_db():
     from langgraph_parallelmuse.persistence import check_db
 

@@ -11,10 +11,10 @@ the number of model calls in flight never exceeds ``max_concurrency``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,7 +26,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.graph import create_parallelmuse
-from tests.reliability.crash_worker import IDS, QUESTION
+from tests.reliability.crash_worker import IDS
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
@@ -71,10 +71,12 @@ def _calls(side: Path) -> list[tuple[str, str, int]]:
 
 
 async def _finished_in_db(db: Path) -> set[str]:
-    run_id = f"crash-1:{hashlib.sha256(QUESTION.encode()).hexdigest()[:10]}"
+    with sqlite3.connect(db) as conn:  # the run's id names its question and settings: read it back
+        rows = conn.execute("SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE 'crash-1:%/%'")
+        run_ids = {thread.rsplit("/", 1)[0] for (thread,) in rows}
     async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
         runner = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=saver)
-        return {tid for tid in IDS if await runner.existing(f"{run_id}/{tid}") is not None}
+        return {tid for run_id in run_ids for tid in IDS if await runner.existing(f"{run_id}/{tid}") is not None}
 
 
 @pytest.mark.timeout(90)

@@ -100,7 +100,8 @@ def test_bad_line_after_limit_is_not_read(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    # A library error naming the file: the CLI prints it as one line, not a traceback.
+    with pytest.raises(EvalDataError, match=r"absent\.jsonl: no such questions file"):
         load_questions(tmp_path / "absent.jsonl")
 
 

@@ -452,6 +452,25 @@ def test_compiled_graph_as_a_node_of_a_checkpointed_graph_sync():
     assert agent_calls == []
 
 
+async def test_the_same_question_asked_with_other_settings_samples_anew():
+    # Before the fix the run id named only the question: the second run reused the trajectories the
+    # first settings made while its stats reported the new ones.
+    model = ScriptedChatModel(responder=research_responder(lambda index, messages: answer_text("Paris")))
+    saver = InMemorySaver()
+    tools, _ = make_tools()
+    config = {"n": 2, "mode": "none", "aggregation": "majority"}
+    graph = create_parallelmuse(model, tools, config=config, checkpointer=saver, trajectory_checkpointer=saver)
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "chat-2"}}
+    await graph.ainvoke({"question": QUESTION}, cfg)
+    first = len(model.calls)
+    await graph.ainvoke({"question": QUESTION}, cfg)
+    assert len(model.calls) == first  # same settings: nothing sampled again
+    out = await graph.ainvoke({"question": QUESTION}, cfg, context={"temperature": 1.2})
+    resampled = [c for c in model.calls[first:] if role_of(c["messages"]) == "agent"]
+    assert len(resampled) == 2 and all(c["kwargs"].get("temperature") == 1.2 for c in resampled)
+    assert out["stats"]["config"]["temperature"] == 1.2
+
+
 def _chain(graph):
     return RunnableLambda(lambda q: {"question": q}) | graph | RunnableLambda(lambda s: s["answer"])
 
