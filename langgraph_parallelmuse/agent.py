@@ -373,6 +373,7 @@ class RolloutRunner:
             settings say ``free`` or ``guided`` gets that driver (:meth:`driver_for`).
         checkpointer: Where trajectory snapshots live (default: in memory).
         system_prompt: Optional system prompt override.
+        guided_driver: The guided driver's settings, for runs whose ``driver`` setting picks it.
 
     Example:
         >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
@@ -392,10 +393,12 @@ class RolloutRunner:
         driver: StepDriver | DriverName = "auto",
         checkpointer: BaseCheckpointSaver | None = None,
         system_prompt: str | None = None,
+        guided_driver: GuidedDriver | None = None,
     ) -> None:
         self.model = model
         self.tools = list(tools)
-        self.driver = driver if isinstance(driver, (FreeDriver, GuidedDriver)) else pick_driver(model, driver)
+        self._guided = guided_driver
+        self.driver = pick_driver(model, driver, guided_driver) if isinstance(driver, str) else driver
         own = "guided" if isinstance(self.driver, GuidedDriver) else "free"
         self._drivers: dict[str, StepDriver] = {"auto": self.driver, own: self.driver}
         self.checkpointer = checkpointer or InMemorySaver()
@@ -415,7 +418,7 @@ class RolloutRunner:
             'FreeDriver'
         """
         if setting not in self._drivers:
-            self._drivers[setting] = pick_driver(self.model, setting)
+            self._drivers[setting] = pick_driver(self.model, setting, self._guided)
         return self._drivers[setting]
 
     @staticmethod

@@ -234,7 +234,12 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
 
 
 def _snap(text: str, candidates: Sequence[str]) -> str | None:
-    scores = [token_f1(text, c) for c in candidates]
+    key = normalize_vote_key(text)
+    if same := [c for c in candidates if normalize_vote_key(c) == key]:
+        return same[0]
+    # Plain overlap: the evaluation's yes/no rule scored the pick "No" 0 against "No, they were
+    # not born in the same state", and the majority replaced the aggregator's choice.
+    scores = [token_f1(text, c, yes_no_rule=False) for c in candidates]
     best = max(range(len(candidates)), key=scores.__getitem__)
     return candidates[best] if scores[best] > 0 else None
 

@@ -68,19 +68,21 @@ def normalize_vote_key(answer: str | None) -> str:
     return normalize_answer(_ANSWER_PREFIX.sub("", answer.strip(), count=1))
 
 
-def token_f1(prediction: str | None, gold: str | None) -> float:
+def token_f1(prediction: str | None, gold: str | None, *, yes_no_rule: bool = True) -> float:
     """Token-level F1 of two answers after :func:`normalize_answer`, with HotpotQA's yes/no rule.
 
-    If either normalised side is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0.
+    If either normalised side is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0
+    (scoring; ``yes_no_rule=False`` measures plain overlap, for matching an answer to candidates).
 
     Example:
         >>> round(token_f1("Stanley Hall the psychologist", "G. Stanley Hall"), 3)
         0.667
-        >>> token_f1("no it is not", "no")
-        0.0
+        >>> token_f1("no it is not", "no"), token_f1("no it is not", "no", yes_no_rule=False)
+        (0.0, 0.4)
     """
     pred_norm, gold_norm = normalize_answer(prediction), normalize_answer(gold)
-    if pred_norm != gold_norm and (pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS):
+    special = pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS
+    if yes_no_rule and pred_norm != gold_norm and special:
         return 0.0
     pred_tokens, gold_tokens = pred_norm.split(), gold_norm.split()
     num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())

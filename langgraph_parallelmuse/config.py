@@ -303,19 +303,24 @@ ParallelMuseContext = _context_model()
 def context_overrides(context: object) -> dict[str, object]:
     """The settings a run's context sets explicitly (a full config sets them all).
 
+    As a node of another graph, the graph runs under that graph's context (a dict, a dataclass, a
+    model of its own): only the fields named like ours are read from it. At the top level LangGraph
+    builds a :data:`ParallelMuseContext`, which refuses unknown fields.
+
     Example:
         >>> context_overrides(ParallelMuseContext(n=4))
         {'n': 4}
+        >>> context_overrides({"user_id": "u1", "temperature": 0.2})
+        {'temperature': 0.2}
     """
     if context is None:
         return {}
     if isinstance(context, ParallelMuseConfig):
         return context.model_dump()
-    if isinstance(context, BaseModel):
+    if isinstance(context, _Context):
         return {k: getattr(context, k) for k in context.model_fields_set}
-    if isinstance(context, dict):
-        return dict(context)
-    raise ConfigError(f"context must be a dict or ParallelMuseContext, got {type(context).__name__}")
+    values = context if isinstance(context, dict) else getattr(context, "__dict__", {})
+    return {k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields}
 
 
 def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseConfig:

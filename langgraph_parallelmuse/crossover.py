@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal
+
+from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.concurrency import gather_all

@@ -87,6 +87,7 @@ def build_parallelmuse_graph(
         model,
         tools,
         driver=pick_driver(model, base_config.driver, guided_driver),
+        guided_driver=guided_driver,
         checkpointer=trajectory_checkpointer,
         system_prompt=system_prompt,
     )

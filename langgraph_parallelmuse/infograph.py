@@ -37,7 +37,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
+
+from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.answers import normalize_answer
 from langgraph_parallelmuse.driver import call_key

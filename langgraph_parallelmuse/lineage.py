@@ -10,7 +10,7 @@ parent.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.state import Origin, Trajectory

@@ -42,19 +42,24 @@ MAX_QUESTION_CHARS = 4000
 _ENGINE_COUNTERS = ("requests", "prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches")
 
 
-def question_from_input(state: dict) -> str:
-    """The question of a graph input: ``question``, else the last human message.
+def question_from_input(state: dict) -> tuple[str, str | None]:
+    """The question of a graph input, and the id of the last human message (``None``: none).
+
+    ``question``, else the last human message. On a checkpointed thread the state still holds the
+    previous run's question (``asked``: that question and the last human message it saw): a human
+    message that came after it is the new turn's question, unless the input set another ``question``.
 
     Raises:
         InputError: No usable question (empty, not text, or too long).
 
     Example:
-        >>> question_from_input({"messages": [HumanMessage("Who wrote Dune?")]})
-        'Who wrote Dune?'
+        >>> question_from_input({"messages": [HumanMessage("Who wrote Dune?", id="m1")]})
+        ('Who wrote Dune?', 'm1')
     """
-    question = state.get("question")
-    if question is None:
-        humans = [m for m in state.get("messages") or [] if isinstance(m, HumanMessage)]
+    question, asked = state.get("question"), state.get("asked") or {}
+    humans = [m for m in state.get("messages") or [] if isinstance(m, HumanMessage)]
+    message_id = humans[-1].id if humans else None
+    if question is None or (question == asked.get("question") and message_id != asked.get("message_id")):
         if not humans:
             raise InputError("no question: send {'question': '...'} or messages ending in a human message")
         question = humans[-1].content
@@ -67,7 +72,7 @@ def question_from_input(state: dict) -> str:
         raise InputError("the question is empty: send a non-empty 'question'")
     if len(question) > MAX_QUESTION_CHARS:
         raise InputError(f"the question has {len(question)} chars; the limit is {MAX_QUESTION_CHARS}: shorten it")
-    return question
+    return question, message_id
 
 
 def emit(event: str, **data: Any) -> None:
@@ -250,7 +255,7 @@ class ParallelMuseNodes:
 
     async def prepare(self, state: ParallelMuseState) -> dict[str, Any]:
         started = time.time()
-        question = question_from_input(state)
+        question, message_id = question_from_input(state)
         settings = self.settings()
         self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
         parent_thread = (get_config().get("configurable") or {}).get("thread_id")
@@ -271,6 +276,7 @@ class ParallelMuseNodes:
         # A checkpointed chat thread keeps the previous question's records: start this run clean.
         return {
             "question": question,
+            "asked": {"question": question, "message_id": message_id},
             "run_id": run_id,
             "settings": settings.model_dump(),
             "spans": Overwrite([["rollout", started, time.time()]]),

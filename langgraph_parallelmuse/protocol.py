@@ -92,20 +92,24 @@ def render_tool_call(name: str, arguments: dict) -> str:
 def region_spans(text: str) -> dict[str, list[int]]:
     """Char spans ``[start, end)`` of the *content* of each functional region in a step.
 
-    Only the first region of each kind counts. An opening tag without its closing tag spans to
-    the end of the text (a truncated step still has a region to score).
+    Only the first region of each kind counts. An opening tag without its closing tag spans to the
+    next region's opening tag, or to the end of the text (a truncated step still has a region to
+    score): a think block left open must not count the tool call after it as reasoning.
 
     Example:
         >>> region_spans('<think>a b</think>\\n<tool_call>{"q": 1}</tool_call>')
         {'reasoning': [7, 10], 'exploration': [30, 38]}
+        >>> region_spans('<think>a b<tool_call>{"q": 1}</tool_call>')
+        {'reasoning': [7, 10], 'exploration': [21, 29]}
     """
+    opens = {region: re.search(rf"<{tag}>", text) for region, tag in REGION_TAGS.items()}
     spans: dict[str, list[int]] = {}
     for region, tag in REGION_TAGS.items():
-        open_m = re.search(rf"<{tag}>", text)
-        if not open_m:
+        if (open_m := opens[region]) is None:
             continue
         close = text.find(f"</{tag}>", open_m.end())
-        spans[region] = [open_m.end(), close if close >= 0 else len(text)]
+        later = [m.start() for m in opens.values() if m is not None and m.start() >= open_m.end()]
+        spans[region] = [open_m.end(), close if close >= 0 else min(later, default=len(text))]
     return spans
 
 

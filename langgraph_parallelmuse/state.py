@@ -7,10 +7,13 @@ Postgres) can store them and results can be dumped as JSON unchanged.
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, Literal, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NotRequired
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+
+# typing_extensions: pydantic builds JSON schemas (Studio's input and output forms) from these only on 3.12+ otherwise.
+from typing_extensions import TypedDict
 
 
 class TokenRecord(TypedDict):
@@ -229,6 +232,9 @@ class ParallelMuseState(TypedDict, total=False):
     """Full state of the ParallelMuse graph."""
 
     question: str
+    # What the last run was asked: its question and the human message it came from (if any), so the
+    # next turn of a checkpointed chat tells a new message from the previous run's question.
+    asked: dict[str, str | None]
     run_id: str  # prefix of the trajectory thread ids of this run
     settings: dict[str, Any]  # the run's ParallelMuseConfig, fixed when it starts (a resume keeps it)
     spans: Annotated[list[list[Any]], operator.add]  # [stage, start, end] of every node run (active seconds)

@@ -539,3 +539,10 @@ async def test_a_guided_run_on_a_model_that_cannot_be_guided_fails_before_any_ca
     with pytest.raises(ConfigError, match="driver='guided' needs a model that continues"):
         await graph.ainvoke({"question": "What is the capital of France?"}, context={"driver": "guided"})
     assert model.calls == []
+
+
+def test_a_run_that_picks_the_guided_driver_gets_the_factorys_guided_settings():
+    tools, _ = make_tools()
+    mine = GuidedDriver(turns=3)
+    runner = RolloutRunner(_PrefillModel(), tools, driver="free", guided_driver=mine)
+    assert runner.driver_for("guided") is mine and isinstance(runner.driver_for("auto"), FreeDriver)

@@ -287,3 +287,12 @@ async def test_a_scoring_model_picks_among_the_reports_answers_by_its_likelihood
     result = await aggregate_reports(model, "Where?", reports, guided=True, temperature=0.0)
     assert (result.answer, result.source) == ("Lyon", "aggregator")
     assert sorted(text for _, text in model.scored) == ["Lyon", "Paris"] and not model.calls  # nothing written
+
+
+async def test_a_yes_no_pick_is_kept_when_a_report_words_it_as_a_sentence(fake_model):
+    # Before the fix the snap used the evaluation's yes/no rule: "No" scored 0 against "No, they were
+    # not born in the same state", so the majority ("Yes") replaced the aggregator's pick.
+    reports = [_report("a", "Yes"), _report("b", "Yes"), _report("c", "No, they were not born in the same state")]
+    model = fake_model(["Report 3 has the evidence.\n<answer>No</answer>"])
+    result = await aggregate_reports(model, QUESTION, reports, guided=False)
+    assert result.answer == "No, they were not born in the same state" and result.source == "aggregator"

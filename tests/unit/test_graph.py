@@ -10,13 +10,14 @@ import math
 import threading
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError
 from langgraph_parallelmuse.graph import create_parallelmuse, rollout_runner
@@ -595,3 +596,46 @@ async def test_every_call_of_one_question_carries_one_routing_key():
     out = await graph.ainvoke({"question": QUESTION})
     assert _roles(model)["compress"] == len(out["reports"]) and _roles(model)["aggregate"] == 1
     assert len(model.keys) == len(model.calls) and set(model.keys) == {QUESTION}
+
+
+def test_the_graphs_input_and_output_json_schemas_build():
+    # Studio's input and output forms: on Python < 3.12 pydantic refused typing.TypedDict, so both
+    # were None and `as_tool()` failed.
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    assert "question" in graph.get_input_jsonschema()["properties"]
+    assert "answer" in graph.get_output_jsonschema()["properties"]
+
+
+async def test_a_chat_threads_next_human_message_is_the_next_question():
+    # Before the fix the previous run's question stayed in the state and won over the new message:
+    # turn 2 answered turn 1's question again (Studio's chat mode, any checkpointed chat app).
+    model = ScriptedChatModel(responder=research_responder(lambda index, messages: answer_text("Paris")))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "chat-3"}}
+    first = await graph.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}, cfg)
+    second = await graph.ainvoke({"messages": [HumanMessage("Where is the Louvre?")]}, cfg)
+    assert (first["question"], second["question"]) == ("Where is the Eiffel Tower?", "Where is the Louvre?")
+    third = await graph.ainvoke({"question": "Where is the Colosseum?"}, cfg)  # a question key still wins
+    assert third["question"] == "Where is the Colosseum?"
+    again = await graph.ainvoke({"question": "Where is the Colosseum?"}, cfg)  # the same again: no old message
+    assert again["question"] == "Where is the Colosseum?"
+
+
+@dataclass
+class _AppContext:
+    user_id: str
+    temperature: float = 0.2
+
+
+async def test_as_a_node_of_a_graph_with_its_own_context_it_reads_only_its_fields():
+    # Before the fix the parent's context (here a dataclass with a field of ours) was an error.
+    model = ScriptedChatModel(responder=research_responder(lambda index, messages: answer_text("Paris")))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none"})
+    parent = StateGraph(MessagesState, context_schema=_AppContext)
+    parent.add_node("research", graph)
+    parent.add_edge(START, "research")
+    app = parent.compile()
+    out = await app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}, context=_AppContext("u1"))
+    assert out["messages"][-1].content == "Paris"
+    agent = [c for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert agent and all(c["kwargs"].get("temperature") == 0.2 for c in agent)
