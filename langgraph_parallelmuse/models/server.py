@@ -16,6 +16,7 @@ import os
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from langchain_core.messages import AIMessage, BaseMessage
@@ -122,7 +123,7 @@ class ServerChatModel(ChatOpenAI):
             return super()._generate(messages, stop, run_manager, **kwargs)
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
-        return _scored(super()._generate(sent, None, run_manager, **call), continuation, top)
+        return _scored(super()._generate(sent, None, run_manager, **call), continuation, top, self.openai_api_base)
 
     async def _agenerate(
         self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
@@ -131,10 +132,12 @@ class ServerChatModel(ChatOpenAI):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
-        return _scored(await super()._agenerate(sent, None, run_manager, **call), continuation, top)
+        return _scored(
+            await super()._agenerate(sent, None, run_manager, **call), continuation, top, self.openai_api_base
+        )
 
 
-def _scored(result: ChatResult, continuation: str, top: int) -> ChatResult:
+def _scored(result: ChatResult, continuation: str, top: int, server: str | None) -> ChatResult:
     """The reply of a scoring request: ``continuation`` with its prompt logprobs and the end's.
 
     vLLM's ``prompt_logprobs`` give, per prompt token, ``{token_id: {logprob, rank, decoded_token}}``:
@@ -147,25 +150,31 @@ def _scored(result: ChatResult, continuation: str, top: int) -> ChatResult:
     entries = [p[0] for p in positions]
     if not entries:
         raise ServerCheckError(
-            "the server returned no prompt_logprobs: scoring a continuation needs vLLM; for another server pass "
+            f"{server} returned no prompt_logprobs: scoring a continuation needs vLLM; for another server pass "
             "ServerChatModel(supports_scoring=False) and the guided driver lets the model write its answers"
         )
     pieces = [e.get("decoded_token") or "" for e in entries]
     span = _spelling(pieces, continuation)
     if span is None:
-        raise ServerCheckError(f"no run of prompt tokens spells the continuation {continuation!r}")
+        raise ServerCheckError(f"{server}: no run of prompt tokens spells the continuation {continuation!r}")
     start, end = span
     content = [
         {
             "token": piece,
             "logprob": float(own["logprob"]),
-            "bytes": list(piece.encode()),
+            "bytes": raw,
             "top_logprobs": [
                 {"token": alt.get("decoded_token") or "", "logprob": float(alt["logprob"])}
                 for alt in sorted(position, key=lambda a: a["rank"])[:top]
             ],
         }
-        for piece, own, position in zip(pieces[start:end], entries[start:end], positions[start:end], strict=True)
+        for piece, raw, own, position in zip(
+            pieces[start:end],
+            _piece_bytes(pieces[start:end], continuation),
+            entries[start:end],
+            positions[start:end],
+            strict=True,
+        )
     ]
     metadata = {
         "finish_reason": "stop",
@@ -177,28 +186,67 @@ def _scored(result: ChatResult, continuation: str, top: int) -> ChatResult:
     return ChatResult(generations=[ChatGeneration(message=reply)], llm_output=result.llm_output)
 
 
+_SPLIT = "\ufffd"  # what a token holding part of a multi-byte character decodes to
+
+
+def _pattern(run: Sequence[str]) -> str:
+    """A regex for the text ``run`` spells: n split-character tokens stand for 1 to n non-ASCII
+    characters (a character is 2-4 bytes, a token one or more of them), each run a group."""
+    parts = re.split(f"({_SPLIT}+)", "".join(run))
+    return "".join(f"([^\\x00-\\x7f]{{1,{len(p)}}})" if p.startswith(_SPLIT) else re.escape(p) for p in parts)
+
+
 def _spelling(pieces: list[str], text: str) -> tuple[int, int] | None:
     """The last run ``pieces[start:end]`` that spells ``text`` and has a token after it.
 
-    Tokens holding parts of a multi-byte character decode to U+FFFD: a run of them stands for
-    one character. The template's closing after the reply is a few tokens, so only runs near
-    the end are tried.
+    A run never starts or ends inside a character split over tokens (the scored end would be a
+    byte of it instead of the end of turn). The template's closing after the reply is a few
+    tokens, so only runs near the end are tried.
 
     Example:
         >>> pieces = ["<|im_start|>", "assistant", "\\n", "D", "\ufffd", "\ufffd", "sseldorf", "<|im_end|>", "\\n"]
         >>> _spelling(pieces, "Düsseldorf")
         (3, 7)
+        >>> _spelling(["\\n", *["\ufffd"] * 6, "<|im_end|>"], "東京")
+        (1, 7)
     """
 
-    def pattern(run: list[str]) -> str:
-        return ".".join(re.escape(part) for part in re.split("\ufffd+", "".join(run)))
+    def splits(left: str, right: str) -> bool:
+        return left.endswith(_SPLIT) and right.startswith(_SPLIT)
 
-    reach = 2 * len(text) + 8
+    reach = len(text.encode()) + 8  # a token per byte at most
     for start in range(len(pieces) - 2, max(-1, len(pieces) - 2 - reach), -1):
+        if start > 0 and splits(pieces[start - 1], pieces[start]):
+            continue
         for end in range(start + 1, min(len(pieces), start + reach)):
-            if re.fullmatch(pattern(pieces[start:end]), text, re.DOTALL):
+            if not splits(pieces[end - 1], pieces[end]) and re.fullmatch(_pattern(pieces[start:end]), text, re.DOTALL):
                 return start, end
     return None
+
+
+def _piece_bytes(run: Sequence[str], text: str) -> list[list[int]]:
+    """The UTF-8 bytes of each token of a run that spells ``text`` (see :func:`_spelling`): a split
+    character's bytes go to the first token of its run, so the bytes join to ``text``.
+
+    Example:
+        >>> [bytes(b) for b in _piece_bytes(["D", "\ufffd", "\ufffd", "sseldorf"], "Düsseldorf")]
+        [b'D', b'\\xc3\\xbc', b'', b'sseldorf']
+    """
+    match = re.fullmatch(_pattern(run), text, re.DOTALL)
+    if match is None:
+        return [list(p.encode()) for p in run]
+    owner = [i for i, piece in enumerate(run) for _ in piece]  # the token of each character of the run
+    out: list[bytes] = [b"" for _ in run]
+    at, group = 0, 0
+    for part in re.split(f"({_SPLIT}+)", "".join(run)):
+        if part.startswith(_SPLIT):
+            group += 1
+            out[owner[at]] += match.group(group).encode()
+        else:
+            for k, char in enumerate(part):
+                out[owner[at + k]] += char.encode()
+        at += len(part)
+    return [list(b) for b in out]
 
 
 def route_id(key: str) -> str:

@@ -8,6 +8,7 @@ default offline Wikipedia subset shipped by the optional ``ovos-skill-wiki-offli
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -143,6 +144,10 @@ class CorpusIndex:
         self.path = Path(db_path)
         if not self.path.is_file():
             raise CorpusError(f"no index file at {self.path}")
+        # Held while this object lives: readers open a connection per thread by path, so a rebuild
+        # for changed sources deletes an older index only when nothing holds it (_unlink_unused).
+        self._hold = self.path.open("rb")
+        fcntl.flock(self._hold, fcntl.LOCK_SH)
         self._local = threading.local()
         # Weak, so a connection dies with the thread that used it instead of piling up here.
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
@@ -225,12 +230,12 @@ class CorpusIndex:
                     f"cannot write the index cache in {directory} ({exc}); pass cache_dir= "
                     "or set PARALLELMUSE_CACHE_DIR to a writable directory"
                 ) from exc
-            # Older versions of the same sources are dead weight once the new index is in place.
-            for stale in directory.glob(f"{_safe_name(name)}-{source_key}-*.sqlite"):
-                if stale != target:
-                    with contextlib.suppress(OSError):
-                        stale.unlink()
         index = cls(target)
+        # Older versions of the same sources are dead weight once this one is open; one another
+        # process still reads stays until a later call finds it unused.
+        for stale in directory.glob(f"{_safe_name(name)}-{source_key}-*.sqlite"):
+            if stale != target:
+                _unlink_unused(stale)
         if not len(index):
             index.close()
             sources = ", ".join(str(f) for f in files)
@@ -357,6 +362,13 @@ class CorpusIndex:
 
 
 # ---------------------------------------------------------------------- building
+
+
+def _unlink_unused(path: Path) -> None:
+    """Delete an index file no :class:`CorpusIndex` holds (one in use stays until a later rebuild)."""
+    with contextlib.suppress(OSError), path.open("rb") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while a reader holds it
+        path.unlink()
 
 
 def _safe_name(name: str) -> str:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
-__all__ = ["SearchInput", "VisitInput", "goal_excerpt", "make_corpus_tools"]
+__all__ = ["SearchInput", "VisitInput", "goal_excerpt", "make_corpus_tools", "pasted_id"]
 
 ELLIPSIS = "[...]"
 SEARCH_DESCRIPTION = (
@@ -30,8 +30,22 @@ VISIT_DESCRIPTION = (
 
 _WORD_RE = re.compile(r"[^\W_]+")
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
-# Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean.
-_PASTED_ID_RE = re.compile(r"\(id:\s*([^)]+)\)")
+# Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
+# runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
+_PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
+
+
+def pasted_id(text: str) -> str | None:
+    """The id of a search line pasted back as a document name (``None``: not one).
+
+    Example:
+        >>> pasted_id("[1] Mercury (planet) - Wikipedia (id: https://en.wikipedia.org/wiki/Mercury_(planet))")
+        'https://en.wikipedia.org/wiki/Mercury_(planet)'
+    """
+    match = _PASTED_ID_RE.search(text)
+    return match.group(1).strip() if match else None
+
+
 _EXCERPT_STOPWORDS = frozenset(
     "a an and are as at be by for from has have in is it its of on or that the this to was were "
     "what when where which who with".split()
@@ -193,9 +207,8 @@ def make_corpus_tools(
 
 def _lookup(index: CorpusIndex, doc: str, subset: tuple[str, ...] | None) -> Doc | None:
     key = doc.strip().strip("\"'`")
-    pasted = _PASTED_ID_RE.search(key)
-    if pasted:
-        found = index.get(pasted.group(1).strip(), doc_ids=subset)
+    if (pasted := pasted_id(key)) is not None:
+        found = index.get(pasted, doc_ids=subset)
         if found is not None:
             return found
     return index.get(re.sub(r"^\[\d+\]\s*", "", key), doc_ids=subset)

@@ -27,6 +27,7 @@ from langgraph_parallelmuse.tools.local_tools import (
     SearchInput,
     VisitInput,
     goal_excerpt,
+    pasted_id,
 )
 
 __all__ = ["MissingTavilyKeyError", "make_tavily_tools"]
@@ -34,7 +35,6 @@ __all__ = ["MissingTavilyKeyError", "make_tavily_tools"]
 _MAX_BACKOFF = 30.0
 _URL_RE = re.compile(r"^https?://\S+$", re.IGNORECASE)
 _BARE_DOMAIN_RE = re.compile(r"^[\w.-]+\.[a-z]{2,}(/\S*)?$", re.IGNORECASE)
-_PASTED_ID_RE = re.compile(r"\(id:\s*([^)]+)\)")
 
 
 class MissingTavilyKeyError(ConfigError):
@@ -233,9 +233,7 @@ def _describe(exc: Exception) -> str:
 
 def _as_url(doc: str) -> str | None:
     text = doc.strip().strip("\"'`<>")
-    pasted = _PASTED_ID_RE.search(text)
-    if pasted:
-        text = pasted.group(1).strip()
+    text = pasted_id(text) or text
     if _URL_RE.match(text):
         return text
     if _BARE_DOMAIN_RE.match(text):

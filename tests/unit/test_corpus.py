@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import gc
 import importlib.util
 import json
 import os
@@ -133,7 +135,19 @@ def test_cache_rebuilt_when_source_changes(tmp_path: Path, cache: Path) -> None:
     assert new.path != old.path
     assert len(new) == 6
     assert new.search("Madrid")[0].id == "d6"
-    assert [p.name for p in cache.iterdir()] == [new.path.name]  # stale index removed
+    # The old index is still open here: before the fix it was deleted under it, and its next
+    # thread's connection failed ("unable to open database file").
+    assert sorted(p.name for p in cache.iterdir()) == sorted([old.path.name, new.path.name])
+    assert threading_search(old, "Paris")
+    del old
+    gc.collect()
+    again = CorpusIndex.from_jsonl(src, cache_dir=cache)  # unused now: removed
+    assert [p.name for p in cache.iterdir()] == [again.path.name]
+
+
+def threading_search(index: CorpusIndex, query: str) -> list:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(index.search, query).result()
 
 
 def test_env_var_sets_default_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -218,3 +218,31 @@ async def test_a_server_without_prompt_logprobs_is_named_when_asked_to_score() -
     with fake_http(fake_server()) as fake:
         with pytest.raises(ServerCheckError, match="no prompt_logprobs: scoring a continuation needs vLLM"):
             await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="Vienna")
+
+
+@pytest.mark.parametrize(
+    ("continuation", "pieces"),
+    [
+        ("São Tomé", ["S", "\ufffd", "\ufffd", "o", " T", "om", "\ufffd", "\ufffd"]),
+        ("Ærø", ["\ufffd", "\ufffd", "r", "\ufffd", "\ufffd"]),
+        ("東京", ["\ufffd"] * 6),
+    ],
+)
+async def test_a_continuation_with_characters_split_over_tokens_is_scored_to_its_end_of_turn(continuation, pieces):
+    # Before the fix the span dropped a byte token at a split edge (the "end" logprob was a byte of
+    # the last character, not the end of turn), and two adjacent split characters aborted the run.
+    prompt = [("<|im_start|>", None), ("assistant", -3.0), ("\n", -0.5)]
+    prompt += [(p, -1.0 - i) for i, p in enumerate(pieces)] + [("<|im_end|>", -0.7), ("\n", -0.01)]
+
+    def chat(body: dict) -> tuple[int, dict]:
+        logprobs = [
+            {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
+        ]
+        return 200, {**_completion(len(prompt), None), "prompt_logprobs": logprobs}
+
+    with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
+        reply = await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation=continuation)
+    content = reply.response_metadata["logprobs"]["content"]
+    assert reply.response_metadata["end_logprob"] == -0.7
+    assert [e["logprob"] for e in content] == [-1.0 - i for i in range(len(pieces))]
+    assert b"".join(bytes(e["bytes"]) for e in content).decode() == continuation

@@ -278,3 +278,12 @@ async def test_visit_needs_a_url(fake: FakeTavily) -> None:
     msg = await call(visit, doc="Eiffel Tower")
     assert msg.content.startswith("No document 'Eiffel Tower': visit needs a URL")
     assert fake.requests == []
+
+
+async def test_visit_of_a_pasted_search_line_opens_its_whole_url(fake: FakeTavily) -> None:
+    # Before the fix the id stopped at the URL's first ")": ".../Mercury_(planet" was fetched.
+    url = "https://en.wikipedia.org/wiki/Mercury_(planet)"
+    fake.script["/extract"] = [Reply(body={"results": [{"url": url, "raw_content": "Mercury is a planet."}]})]
+    _, visit = tools(fake)
+    msg = await call(visit, doc=f"[1] Mercury (planet) - Wikipedia (id: {url})")
+    assert fake.requests[-1][2]["urls"] == [url] and msg.artifact["doc_ids"] == [url]
