@@ -148,6 +148,7 @@ class CorpusIndex:
         # for changed sources deletes an older index only when nothing holds it (_unlink_unused).
         self._hold = self.path.open("rb")
         fcntl.flock(self._hold, fcntl.LOCK_SH)
+        weakref.finalize(self, self._hold.close)  # released with the object, without a ResourceWarning
         self._local = threading.local()
         # Weak, so a connection dies with the thread that used it instead of piling up here.
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
