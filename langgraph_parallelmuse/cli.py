@@ -130,7 +130,9 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
     """Check the server and the model name before the first wave, then build its chat model.
 
     Without ``--model`` the server's only model is used; the guided driver (``--driver guided``)
-    also needs the server to continue a trailing assistant message, which is checked too.
+    also needs the server to continue a trailing assistant message, which is checked too. A server
+    without ``prompt_logprobs`` (anything but vLLM) gets a model that does not score, so the guided
+    driver lets it write its answers instead of failing at the first answer step.
     """
     from langgraph_parallelmuse.models.server import ServerChatModel, check_server, served_models
 
@@ -143,7 +145,7 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
         name = served[0]
     guided = settings.driver == "guided"
     with console.status(f"Checking model {name!r} at {args.base_url}…"):
-        check_server(
+        support = check_server(
             args.base_url,
             name,
             top_logprobs=settings.top_logprobs,
@@ -151,12 +153,14 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
             prefill=guided,
             api_key=api_key,
         )
+    if guided and not support.scoring:
+        console.print(f"{args.base_url} returns no prompt_logprobs (vLLM does): the model writes its answers")
     return ServerChatModel(
         base_url=args.base_url,
         model=name,
         logprobs=True,
         top_logprobs=settings.top_logprobs,
-        supports_prefill=guided,
+        **support.model_flags(),
     )
 
 

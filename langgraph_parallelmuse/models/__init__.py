@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from langgraph_parallelmuse.models.prefix_cache import PrefixCache
     from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult
     from langgraph_parallelmuse.models.routing import routing_scope
-    from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
+    from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, ServerSupport, check_server
 
 _EXPORTS = {
     "GenerationRequest": "requests",
@@ -40,6 +40,7 @@ _EXPORTS = {
     "routing_scope": "routing",
     "ServerChatModel": "server",
     "ServerCheckError": "server",
+    "ServerSupport": "server",
     "check_server": "server",
 }
 
@@ -52,6 +53,7 @@ __all__ = [
     "PrefixCache",
     "ServerChatModel",
     "ServerCheckError",
+    "ServerSupport",
     "check_server",
     "routing_scope",
     "load_embedded_model_path",

@@ -17,6 +17,7 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from langchain_core.messages import AIMessage, BaseMessage
@@ -27,7 +28,14 @@ from pydantic import Field
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.routing import routing_key
 
-__all__ = ["CONTINUE_FINAL_MESSAGE", "ServerChatModel", "ServerCheckError", "check_server", "served_models"]
+__all__ = [
+    "CONTINUE_FINAL_MESSAGE",
+    "ServerChatModel",
+    "ServerCheckError",
+    "ServerSupport",
+    "check_server",
+    "served_models",
+]
 
 CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt": False}
 
@@ -268,6 +276,28 @@ def served_models(base_url: str, *, api_key: str | None = None, timeout: float =
     return _Client(base_url.rstrip("/"), "", api_key, timeout).models()
 
 
+@dataclass(frozen=True)
+class ServerSupport:
+    """What :func:`check_server` found a server can do, as :class:`ServerChatModel`'s flags.
+
+    Attributes:
+        prefill: It continues a trailing assistant message (``False`` when not checked).
+        scoring: It returns vLLM's ``prompt_logprobs``, so the guided driver can choose answers by
+            likelihood; without them it lets the model write its answers.
+
+    Example:
+        >>> ServerSupport(prefill=True, scoring=False).model_flags()
+        {'supports_prefill': True, 'supports_scoring': False}
+    """
+
+    prefill: bool
+    scoring: bool
+
+    def model_flags(self) -> dict[str, bool]:
+        """The keyword arguments of :class:`ServerChatModel` that declare this support."""
+        return {"supports_prefill": self.prefill, "supports_scoring": self.scoring}
+
+
 def check_server(
     base_url: str,
     model: str,
@@ -277,14 +307,16 @@ def check_server(
     prefill: bool = True,
     api_key: str | None = None,
     timeout: float = 60.0,
-) -> None:
+) -> ServerSupport:
     """Check that an OpenAI-compatible server can run the library; raise naming the fix if not.
 
     Checks in order: the URL answers ``GET /models``; it serves ``model``; a chat completion
     returns ``top_logprobs`` alternatives per token; and (``prefill``) a trailing assistant
     message is continued, not closed: with :data:`CONTINUE_FINAL_MESSAGE` the prompt of
     ``[user, assistant "A"]`` must be that of ``[user]`` plus the one token ``A`` (a server that
-    closes the turn adds its end-of-turn and a new assistant header).
+    closes the turn adds its end-of-turn and a new assistant header). Last it probes, without
+    failing, whether the server returns ``prompt_logprobs`` (vLLM does; llama.cpp and SGLang's
+    OpenAI API do not), which scoring a given continuation needs.
 
     Args:
         base_url: The OpenAI API root, as given to ``ChatOpenAI(base_url=...)`` (``.../v1``).
@@ -294,6 +326,9 @@ def check_server(
         prefill: Also check the continuation the guided driver needs.
         api_key: Sent as a bearer token when given.
         timeout: Seconds per request.
+
+    Returns:
+        What the server supports, to pass on as ``ServerChatModel(**support.model_flags())``.
 
     Raises:
         ServerCheckError: The first check that failed, naming the URL, the model and what to change.
@@ -317,6 +352,7 @@ def check_server(
         _check_logprobs(client, top_logprobs)
     if prefill:
         _check_continuation(client)
+    return ServerSupport(prefill=prefill, scoring=_returns_prompt_logprobs(client))
 
 
 class _Client:
@@ -407,6 +443,13 @@ def _check_logprobs(client: _Client, top_logprobs: int) -> None:
             f"{client.base} returned {got} top_logprobs per token for model {client.model!r}, "
             f"{top_logprobs} asked. {fix}"
         )
+
+
+def _returns_prompt_logprobs(client: _Client) -> bool:
+    """Whether the server fills vLLM's ``prompt_logprobs``; others ignore the field or refuse it."""
+    body = {"model": client.model, "messages": _PROMPT, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+    status, reply = client._request("/chat/completions", body)
+    return status == 200 and bool(reply.get("prompt_logprobs"))
 
 
 def _check_continuation(client: _Client) -> None:

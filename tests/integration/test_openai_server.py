@@ -227,7 +227,8 @@ async def test_check_server_says_this_server_cannot_continue_an_assistant_messag
     assert server in message and repr(MODEL_ALIAS) in message
     # Its chat formatter renders with add_generation_prompt=True (see the module docstring).
     assert "closed the trailing assistant message" in message and "driver='free'" in message
-    check_server(server, MODEL_ALIAS, top_logprobs=5, prefill=False)  # the name and the logprobs are fine
+    support = check_server(server, MODEL_ALIAS, top_logprobs=5, prefill=False)  # the name and logprobs are fine
+    assert not support.scoring  # llama.cpp returns no prompt_logprobs: its model must not be declared scoring
 
 
 def _first_request(model: RecordingChatOpenAI, trajectory_id: str, step: int) -> dict[str, Any]:

@@ -105,7 +105,8 @@ def test_trailing_assistant_message_is_continued(vllm) -> None:
 
 
 def test_check_server_accepts_vllm(vllm) -> None:
-    check_server(f"{vllm.url}/v1", SERVED_MODEL, top_logprobs=16)
+    support = check_server(f"{vllm.url}/v1", SERVED_MODEL, top_logprobs=16)
+    assert support.prefill and support.scoring  # vLLM continues a reply and returns prompt_logprobs
     check_server(f"{vllm.url}/v1", SERVED_MODEL, top_logprobs=20)  # --max-logprobs 20
 
 

@@ -340,6 +340,21 @@ def test_a_server_that_cannot_serve_is_named_before_the_first_wave(routes, argv,
     assert code == 1 and message in err and url in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(("prompt_logprobs", "scoring"), [("returned", True), ("ignored", False)])
+def test_a_server_model_scores_only_where_the_server_returns_prompt_logprobs(prompt_logprobs, scoring, capsys):
+    from tests.unit.http_fakes import fake_http
+    from tests.unit.test_server_model import fake_server
+
+    with fake_http(fake_server(prompt_logprobs=prompt_logprobs)) as server:
+        url = f"{server.url}/v1"
+        args = cli.build_parser().parse_args(
+            ["ask", PARIS, "--base-url", url, "--model", "smollm2", "--driver", "guided"]
+        )
+        model = cli._server_model(args, cli._config_from(args))
+    assert model.supports_scoring is scoring and model.supports_prefill is True
+    assert ("returns no prompt_logprobs" in _err(capsys)) is not scoring
+
+
 def test_the_engine_precision_reaches_the_local_model_and_a_bad_one_is_refused(monkeypatch, capsys):
     import langgraph_parallelmuse.models as models
 

@@ -15,6 +15,7 @@ from langgraph_parallelmuse.models.server import (
     CONTINUE_FINAL_MESSAGE,
     ServerChatModel,
     ServerCheckError,
+    ServerSupport,
     check_server,
     route_id,
 )
@@ -91,16 +92,28 @@ def _completion(prompt_tokens: int, logprobs: int | None = 16) -> dict:
     }
 
 
-def fake_server(*, closes_turn: bool = False, logprobs: int | None = 16, rejects_continue: bool = False) -> dict:
-    """A chat server whose prompt is 30 tokens + 1 per prefilled token (+ 5 if it closes the turn)."""
+def fake_server(
+    *,
+    closes_turn: bool = False,
+    logprobs: int | None = 16,
+    rejects_continue: bool = False,
+    prompt_logprobs: str = "ignored",
+) -> dict:
+    """A chat server whose prompt is 30 tokens + 1 per prefilled token (+ 5 if it closes the turn);
+    ``prompt_logprobs`` is "ignored" (llama.cpp), "refused" (HTTP 400) or "returned" (vLLM)."""
 
     def chat(body: dict) -> tuple[int, dict]:
         if rejects_continue and "continue_final_message" in body:
             return 400, {"error": {"message": "Unrecognized request argument: continue_final_message"}}
+        if prompt_logprobs == "refused" and "prompt_logprobs" in body:
+            return 400, {"error": {"message": "Unrecognized request argument: prompt_logprobs"}}
         tokens = 30
         if body["messages"][-1]["role"] == "assistant":
             tokens += 1 + (5 if closes_turn or not body.get("continue_final_message") else 0)
-        return 200, _completion(tokens, logprobs if body.get("logprobs") else None)
+        reply = _completion(tokens, logprobs if body.get("logprobs") else None)
+        if prompt_logprobs == "returned" and body.get("prompt_logprobs"):
+            reply["prompt_logprobs"] = [None] + [{"7": {"logprob": -1.0, "rank": 1, "decoded_token": "x"}}] * 29
+        return 200, reply
 
     return {
         "GET /v1/models": lambda _: (200, {"object": "list", "data": [{"id": "smollm2"}, {"id": "other"}]}),
@@ -113,9 +126,22 @@ def test_check_server_passes_a_capable_server_and_sends_what_it_checks() -> None
         check_server(f"{fake.url}/v1", "smollm2")
     chats = [r.body for r in fake.requests if r.path == "/v1/chat/completions"]
     assert chats[0]["logprobs"] is True and chats[0]["top_logprobs"] == 16
-    continued = chats[-1]
+    (continued,) = [c for c in chats if "continue_final_message" in c]
+    assert chats[-1]["prompt_logprobs"] == 1  # the scoring probe comes last
     assert continued["continue_final_message"] is True and continued["add_generation_prompt"] is False
     assert continued["messages"][-1] == {"role": "assistant", "content": "A"}
+
+
+@pytest.mark.parametrize(("prompt_logprobs", "scoring"), [("returned", True), ("ignored", False), ("refused", False)])
+def test_check_server_finds_whether_the_server_can_score(prompt_logprobs: str, scoring: bool) -> None:
+    """Only vLLM returns prompt_logprobs; a model declared scoring on another server failed at the
+    guided driver's first answer step. Not scoring is a finding, not an error."""
+    with fake_http(fake_server(prompt_logprobs=prompt_logprobs)) as fake:
+        support = check_server(f"{fake.url}/v1", "smollm2")
+        assert support == ServerSupport(prefill=True, scoring=scoring)
+        assert check_server(f"{fake.url}/v1", "smollm2", prefill=False).prefill is False
+    model = llm(**support.model_flags())
+    assert model.supports_scoring is scoring and model.supports_prefill is True
 
 
 def test_unreachable_url_is_named() -> None:
