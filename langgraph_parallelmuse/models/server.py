@@ -315,8 +315,8 @@ def check_server(
     message is continued, not closed: with :data:`CONTINUE_FINAL_MESSAGE` the prompt of
     ``[user, assistant "A"]`` must be that of ``[user]`` plus the one token ``A`` (a server that
     closes the turn adds its end-of-turn and a new assistant header). Last it probes, without
-    failing, whether the server returns ``prompt_logprobs`` (vLLM does; llama.cpp and SGLang's
-    OpenAI API do not), which scoring a given continuation needs.
+    failing, whether the server returns ``prompt_logprobs`` (vLLM does; llama.cpp's server
+    does not), which scoring a given continuation needs.
 
     Args:
         base_url: The OpenAI API root, as given to ``ChatOpenAI(base_url=...)`` (``.../v1``).
