@@ -37,7 +37,7 @@ from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import call_key
 from langgraph_parallelmuse.infograph import build_graph, effective_steps, effective_subgraph, merge_context
-from langgraph_parallelmuse.lineage import Job, scratch_job, thread_of
+from langgraph_parallelmuse.lineage import Job, next_fill_index, scratch_job, thread_of
 from langgraph_parallelmuse.state import Origin, Trajectory
 
 if TYPE_CHECKING:
@@ -157,8 +157,8 @@ def crossover_wave(
         ['f0']
     """
     jobs = [crossover_job(pair, trajectories, i, run_id=run_id) for i, pair in enumerate(pairs[: config.crossover])]
-    fills = sum(1 for t in trajectories if t["origin"].get("kind") == "fill")
-    jobs += [scratch_job("fill", fills + i, run_id=run_id) for i in range(config.crossover - len(jobs))]
+    start = next_fill_index(trajectories)
+    jobs += [scratch_job("fill", start + i, run_id=run_id) for i in range(config.crossover - len(jobs))]
     return jobs
 
 

@@ -10,6 +10,8 @@ parent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.errors import ParallelMuseError
@@ -53,6 +55,19 @@ def scratch_job(kind: str, index: int, *, run_id: str, round: int = 0) -> Job:
     """
     job_id = f"{'t' if kind == 'initial' else 'f'}{index}"
     return Job(id=job_id, thread_id=thread_of(run_id, job_id), origin=Origin(kind=kind, parent=None, round=round))
+
+
+def next_fill_index(trajectories: Sequence[Trajectory]) -> int:
+    """One past the highest fill index in use, so a new fill never takes the id (and the thread) of a
+    fill that ran: counting the fills is not enough once a stop drops a fill that never took a step
+    (``f1``) while keeping a later one (``f2``), whose thread a reused id would resume.
+
+    Example:
+        >>> next_fill_index([{"id": "t0", "origin": {"kind": "initial"}}, {"id": "f2", "origin": {"kind": "fill"}}])
+        3
+    """
+    used = [int(t["id"][1:]) for t in trajectories if t["origin"].get("kind") == "fill"]
+    return max(used, default=-1) + 1
 
 
 def branch_job(parent: Trajectory, pick: Pick, sibling: int, *, run_id: str) -> Job:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections import Counter
@@ -13,10 +14,12 @@ from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.crossover import crossover_stage, pick_pairs
 from langgraph_parallelmuse.driver import EVIDENCE_SYSTEM, QUERY_SYSTEM, GuidedDriver
 from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.lineage import scratch_job
 from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE, format_tool_response
 from langgraph_parallelmuse.schedule import partial_rollout
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.unit.fakes import (
+    Reply,
     ScriptedChatModel,
     agent_step,
     answer_text,
@@ -217,3 +220,31 @@ def test_a_crossover_is_never_a_parent():
     a, c = _traj("a", "Alpha", "Paris", "Alpha"), _traj("c", "Beta", "Lyon", "Beta")
     x = {**_traj("x0", "Beta", "Rome", "Beta"), "origin": {"kind": "crossover"}}
     assert [p["parents"] for p in pick_pairs(QUESTION, [a, c, x], count=5)] == [["a", "c"]]
+
+
+async def test_a_crossover_stage_fill_never_resumes_the_thread_of_a_cancelled_fill():
+    slow = {"on": True}
+
+    def responder(messages):
+        if agent_step(messages) == 0:
+            return call_text("search", query="Alpha")
+        return Reply(answer_text("Paris"), delay=30 if slow["on"] else 0)
+
+    tools, _ = make_tools(search=corpus_search)
+    runner = RolloutRunner(ScriptedChatModel(responder=responder), tools)
+    config = make_config({"n": 8, "mode": "none", "crossover": 1})
+    # What a consensus stop leaves: f2 cancelled after its first step, f1 dropped before any.
+    task = asyncio.ensure_future(runner.run_job(scratch_job("fill", 2, run_id="r"), question=QUESTION, config=config))
+    while not (await runner.snapshot("r/f2"))["steps"]:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    cancelled = {**await runner.snapshot("r/f2"), "status": "cancelled"}
+    rollout = [{"id": t, "origin": {"kind": k}, "answer": None} for t, k in (("t0", "initial"), ("f0", "fill"))]
+    rollout.append(cancelled)
+    slow["on"] = False
+    (fresh,), _ = await crossover_stage(runner, QUESTION, rollout, config=config, run_id="r")
+    # Before the fix the fill was numbered by counting fills: f2, which resumed the cancelled thread.
+    assert fresh["id"] == "f3" and fresh["thread_id"] == "r/f3"
+    assert fresh["origin"]["kind"] == "fill" and fresh["answer"] == "Paris"
+    assert (await runner.snapshot("r/f2"))["steps"] == cancelled["steps"]
