@@ -10,10 +10,11 @@ exactly one answer. Like compression, the free and guided forms are one prompt a
   ``</answer>`` or a newline.
 
 Either way the text is then *snapped* to the candidate answer of the reports with the highest
-normalised token F1 (nothing overlapping: the majority vote), so the result is always one of the
-reports' answers, which are the trajectories' own: a small model cannot be trusted to copy a
-candidate exactly, the method forbids inventing or merging answers, and no text that a trajectory
-did not answer (a page's injected ``<answer>``) can become the final answer.
+normalised token F1 (a tie: the candidate more reports gave; nothing overlapping: the majority
+vote), so the result is always one of the reports' answers, which are the trajectories' own: a
+small model cannot be trusted to copy a candidate exactly, the method forbids inventing or merging
+answers, and no text that a trajectory did not answer (a page's injected ``<answer>``) can become
+the final answer.
 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
 over the reports is returned with ``source="majority_fallback"``.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -233,15 +235,18 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
     return [SystemMessage(_SYSTEM), HumanMessage(body)]
 
 
-def _snap(text: str, candidates: Sequence[str]) -> str | None:
+def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str | None:
     key = normalize_vote_key(text)
     if same := [c for c in candidates if normalize_vote_key(c) == key]:
         return same[0]
     # Plain overlap: the evaluation's yes/no rule scored the pick "No" 0 against "No, they were
-    # not born in the same state", and the majority replaced the aggregator's choice.
-    scores = [token_f1(text, c, yes_no_rule=False) for c in candidates]
+    # not born in the same state", and the majority replaced the aggregator's choice. A pick that
+    # overlaps several candidates alike ("the river") says nothing between them: the reports' votes
+    # decide, and max() keeps the first-listed among candidates tied on both.
+    votes = Counter(normalize_vote_key(a) for a in answers)
+    scores = [(token_f1(text, c, yes_no_rule=False), votes[normalize_vote_key(c)]) for c in candidates]
     best = max(range(len(candidates)), key=scores.__getitem__)
-    return candidates[best] if scores[best] > 0 else None
+    return candidates[best] if scores[best][0] > 0 else None
 
 
 async def aggregate_reports(
@@ -317,7 +322,7 @@ async def aggregate_reports(
     if not guided and turn.finish_reason == "length":
         picked = ""
     if picked:  # the final answer is always one the trajectories gave
-        picked = _snap(picked, candidates) or ""
+        picked = _snap(picked, candidates, answers) or ""
     if picked:
         result.answer, result.source = picked, "aggregator"
     else:

@@ -146,6 +146,22 @@ async def test_guided_output_is_snapped_to_the_closest_candidate(fake_model):
     assert model.calls[0]["stop"] == ["</answer>", "\n\n"]
 
 
+@pytest.mark.parametrize("guided", [True, False])
+async def test_a_pick_overlapping_candidates_alike_snaps_to_the_best_supported(fake_model, guided):
+    answers = ["Mississippi River", "Amazon River", "Amazon River", "Amazon River"]
+    reports = [_report(str(i), a) for i, a in enumerate(answers)]
+    model = fake_model(["the river" if guided else "<answer>the river</answer>"])
+    result = await aggregate_reports(model, "Which river?", reports, guided=guided)
+    # Before the fix the tie on token F1 went to the first-listed candidate, the one report's answer.
+    assert (result.answer, result.source) == ("Amazon River", "aggregator")
+
+
+async def test_a_pick_tied_on_overlap_and_votes_keeps_the_first_listed_candidate(fake_model):
+    reports = [_report("a", "Mississippi River"), _report("b", "Amazon River")]
+    result = await aggregate_reports(fake_model(["the river"]), "Which river?", reports, guided=True)
+    assert (result.answer, result.source) == ("Mississippi River", "aggregator")
+
+
 async def test_guided_pick_after_a_line_break_is_its_first_line_with_text(fake_model):
     reports = [_report("a", "Lyon"), _report("b", "Lyon"), _report("c", "Eiffel Tower, Paris")]
     result = await aggregate_reports(
