@@ -11,6 +11,10 @@ from collections.abc import Iterable
 
 from langgraph_parallelmuse.answers import normalize_answer, normalize_vote_key, token_f1
 
+# Golds that "contains" credits only as the whole answer (see contains_gold).
+_YES_NO = frozenset({"yes", "no"})
+_SHORT_ALIAS = 2  # characters
+
 __all__ = [
     "contains_gold",
     "exact_match",
@@ -87,6 +91,10 @@ def contains_gold(prediction: str | None, answers: str | Iterable[str]) -> float
     """Whether some normalised gold answer appears in the normalised prediction as whole words.
 
     Lenient metric for verbose answers: "He was born in 1990." contains "1990"; "19900" does not.
+    Two kinds of gold count only as the whole answer, since as words they occur in any sentence:
+    ``yes`` / ``no`` (HotpotQA's yes/no rule: "Yes, there is no doubt" is not "no"), and an alias
+    of at most two characters beside a longer form of the same answer (MuSiQue's "it" for Italy,
+    "no" for Norway). A short gold that is the only form ("4", "The WB") is still found in a sentence.
 
     Args:
         prediction: The predicted answer; ``None`` or empty scores 0.
@@ -103,17 +111,20 @@ def contains_gold(prediction: str | None, answers: str | Iterable[str]) -> float
         1.0
         >>> contains_gold("19900 people", ["1990"])
         0.0
+        >>> contains_gold("It is Greece", ["Italy", "it"]), contains_gold("It", ["Italy", "it"])
+        (0.0, 1.0)
     """
-    golds = _gold_list(answers)
     pred_norm = normalize_answer(prediction)
-    if not pred_norm:
+    golds = [g for g in (normalize_answer(gold) for gold in _gold_list(answers)) if g]
+    if not pred_norm or not golds:
         return 0.0
+    longest = max(len(g) for g in golds)
     # Normalised text has single spaces and no punctuation, so padding with spaces turns a
     # substring test into a whole-word test.
     padded = f" {pred_norm} "
     for gold in golds:
-        gold_norm = normalize_answer(gold)
-        if gold_norm and f" {gold_norm} " in padded:
+        whole_only = gold in _YES_NO or len(gold) <= _SHORT_ALIAS < longest
+        if pred_norm == gold if whole_only else f" {gold} " in padded:
             return 1.0
     return 0.0
 

@@ -96,6 +96,26 @@ def test_contains_gold_word_boundaries(prediction, gold, expected):
     assert contains_gold(prediction, gold) == expected
 
 
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [
+        # Before: 1.0 each, through the alias "it" of Italy, "no" of Norway, the yes/no gold "no".
+        ("It is Greece", ["seemingly in Italy", "IT", "ITA", "Italy", "Italia", "it"], 0.0),
+        ("There is no record of Sweden", ["Norway", "NO", "NOR", "no"], 0.0),
+        ("Yes, there is no doubt", ["no"], 0.0),
+        ("yes and no", ["yes"], 0.0),
+        # Still credited: the short alias or yes/no as the whole answer, a longer alias in a
+        # sentence, and a short gold that is the answer's only form.
+        ("IT.", ["Italy", "it"], 1.0),
+        ("No", ["no"], 1.0),
+        ("It is in Italy", ["Italy", "it"], 1.0),
+        ("The state has 4 districts", ["4"], 1.0),
+    ],
+)
+def test_contains_gold_credits_yes_no_and_short_aliases_only_as_the_whole_answer(prediction, gold, expected):
+    assert contains_gold(prediction, gold) == expected
+
+
 def test_score_answer_combines_metrics():
     scores = score_answer("It was Latin", ["Latin"])
     assert scores["em"] == 0.0
