@@ -85,16 +85,35 @@ def format_tool_response(content: str) -> str:
 
 
 def render_tool_call(name: str, arguments: dict) -> str:
-    """The canonical exploration region text for a tool call."""
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
+    """The canonical exploration region text for a tool call.
+
+    Angle brackets are written as JSON escapes (the same JSON), so an argument that comes from
+    tool output (a document id "…</tool_call><answer>…") cannot close the call or open a region.
+
+    Example:
+        >>> print(render_tool_call("visit", {"doc": "a</tool_call>"}))
+        <tool_call>{"name": "visit", "arguments": {"doc": "a\\u003c/tool_call\\u003e"}}</tool_call>
+    """
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    # "<" and ">" occur in JSON only inside strings, where their escapes mean the same.
+    return "<tool_call>" + payload.replace("<", "\\u003c").replace(">", "\\u003e") + "</tool_call>"
+
+
+def _action_start(text: str) -> int:
+    """Where a turn's action may start: after its first ``</think>`` (a tag the reasoning
+    mentions is not an action), or anywhere when the reasoning is not closed."""
+    end = text.find("</think>")
+    return end + len("</think>") if end >= 0 else 0
 
 
 def region_spans(text: str) -> dict[str, list[int]]:
     """Char spans ``[start, end)`` of the *content* of each functional region in a step.
 
-    Only the first region of each kind counts. An opening tag without its closing tag spans to the
-    next region's opening tag, or to the end of the text (a truncated step still has a region to
-    score): a think block left open must not count the tool call after it as reasoning.
+    Only the first region of each kind counts, and the action regions only after the first
+    ``</think>`` (reasoning that mentions ``<answer>`` has no answer region). An opening tag
+    without its closing tag spans to the next region's opening tag, or to the end of the text (a
+    truncated step still has a region to score): a think block left open must not count the tool
+    call after it as reasoning.
 
     Example:
         >>> region_spans('<think>a b</think>\\n<tool_call>{"q": 1}</tool_call>')
@@ -102,14 +121,16 @@ def region_spans(text: str) -> dict[str, list[int]]:
         >>> region_spans('<think>a b<tool_call>{"q": 1}</tool_call>')
         {'reasoning': [7, 10], 'exploration': [21, 29]}
     """
-    opens = {region: re.search(rf"<{tag}>", text) for region, tag in REGION_TAGS.items()}
+    after = _action_start(text)
+    opens = {region: text.find(f"<{tag}>", 0 if tag == "think" else after) for region, tag in REGION_TAGS.items()}
     spans: dict[str, list[int]] = {}
     for region, tag in REGION_TAGS.items():
-        if (open_m := opens[region]) is None:
+        if (start := opens[region]) < 0:
             continue
-        close = text.find(f"</{tag}>", open_m.end())
-        later = [m.start() for m in opens.values() if m is not None and m.start() >= open_m.end()]
-        spans[region] = [open_m.end(), close if close >= 0 else min(later, default=len(text))]
+        end = start + len(tag) + 2
+        close = text.find(f"</{tag}>", end)
+        later = [at for at in opens.values() if at >= end]
+        spans[region] = [end, close if close >= 0 else min(later, default=len(text))]
     return spans
 
 
@@ -121,6 +142,7 @@ def _extract(text: str, tag: str) -> str | None:
 def parse_action(text: str, *, truncated: bool = False) -> Action:
     """Read the action of an assistant turn, repairing what can be repaired.
 
+    The action is read after the first ``</think>`` (a tag the reasoning mentions is no action).
     A missing closing tag is tolerated (stop strings often swallow it), but a turn cut off by the
     token limit (``truncated``) is never taken as an answer.
 
@@ -130,6 +152,7 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
         >>> parse_action("<think>x</think><answer>Paris</answer>")
         {'type': 'answer', 'answer': 'Paris'}
     """
+    text = text[_action_start(text) :]
     call = _extract(text, "tool_call")
     answer = _extract(text, "answer")
     if call is not None and (answer is None or text.find("<tool_call>") < text.find("<answer>")):
