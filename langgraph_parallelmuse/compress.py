@@ -109,6 +109,20 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def reasoning_line(text: str) -> str:
+    """A model-written reasoning line on one line, cut before a ``Final answer`` written inline.
+
+    A stop string cannot end a line at "Final" alone without cutting names ("2006 FIFA World Cup
+    Final", "Final Fantasy"), so the reasoning lines stop where "Final" starts a line and an inline
+    answer the model went on to write is cut here.
+
+    Example:
+        >>> reasoning_line(" the 2006 FIFA World Cup Final page\\n names Zidane. Final answer: Zidane")
+        'the 2006 FIFA World Cup Final page names Zidane.'
+    """
+    return _one_line(text).split("Final answer", 1)[0].strip()
+
+
 def build_compress_messages(
     question: str, trajectory: Trajectory, *, max_observation_chars: int = 600
 ) -> list[BaseMessage]:
@@ -183,8 +197,9 @@ def _guided_segments(methods: str, answer: str, *, line_tokens: int) -> list[Lit
         Lit(f"{planning}: {_STEMS[planning]}"),
         Gen(stop=("\n\n", *SECTIONS[1:], "Final answer"), max_tokens=line_tokens, name=planning),
         Lit(f"\n{SECTIONS[1]}: {methods}\n{reasoning}: {_STEMS[reasoning]}"),
-        # "Final" ends the line at "Final answer" and at a repeated "Final reasoning" (four stops at most).
-        Gen(stop=("\n\n", *SECTIONS[:2], "Final"), max_tokens=line_tokens, name=reasoning),
+        # "\nFinal" ends the line at a "Final answer" or a repeated "Final reasoning" line (four stops at
+        # most); a bare "Final" would cut names, see reasoning_line.
+        Gen(stop=("\n\n", *SECTIONS[:2], "\nFinal"), max_tokens=line_tokens, name=reasoning),
         Lit(f"\nFinal answer: {answer}"),
     ]
 
@@ -438,7 +453,7 @@ def _read_guided(turn: TurnResult, methods: str) -> tuple[dict[str, str], str | 
     """A guided report's sections (its facts, and the reasoning lines the model wrote), and what is wrong."""
     sections = {SECTIONS[1]: methods}
     for name, stem in _STEMS.items():
-        line = next((_one_line(x) for x in turn.segments.get(name, "").splitlines() if re.search(r"\w", x)), "")
+        line = next((reasoning_line(x) for x in turn.segments.get(name, "").splitlines() if re.search(r"\w", x)), "")
         if line:
             sections[name] = f"{stem} {neutralize(line)}"
     missing = [name for name in SECTIONS if name not in sections]

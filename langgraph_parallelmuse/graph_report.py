@@ -31,7 +31,7 @@ import time
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.compress import fallback_report, report_attempts, trajectory_token_count
+from langgraph_parallelmuse.compress import fallback_report, reasoning_line, report_attempts, trajectory_token_count
 from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 from langgraph_parallelmuse.protocol import neutralize, quote_untrusted
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, TurnResult
@@ -118,10 +118,10 @@ def build_reasoning_messages(question: str, facts: str, answer: str) -> list[Bas
 
 
 def _reasoning_line(text: str) -> str:
-    line = " ".join(text.split())
+    line = reasoning_line(text)
     for prefix in ("Reasoning:", "reasoning:"):
         line = line.removeprefix(prefix).strip()
-    return line.split("Final answer", 1)[0].strip()
+    return line
 
 
 async def write_graph_report(

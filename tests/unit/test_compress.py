@@ -169,6 +169,22 @@ async def test_guided_line_broken_after_the_stem_keeps_its_first_line_with_text(
     assert report["text"].startswith("Solution planning: The plan was to find the capital of France\nSolution methods:")
 
 
+async def test_guided_reasoning_keeps_a_name_with_final_and_ends_at_the_answer(fake_model):
+    reasoning = " the 2006 FIFA World Cup Final page names Zidane. Final answer: Zidane"
+    other = " Final Fantasy was made by Square\nFinal answer: x"
+    model = fake_model([" find who was sent off", reasoning, " find the maker", other])
+    first = await compress_trajectory(model, QUESTION, researched("Zidane"), guided=True)
+    second = await compress_trajectory(model, QUESTION, researched("Square"), guided=True)
+
+    # Before the fix the line stopped at any "Final": "... because the 2006 FIFA World Cup".
+    assert first["status"] == second["status"] == "ok"
+    lines = [report["text"].splitlines()[2] for report in (first, second)]
+    assert lines == [
+        "Final reasoning: The answer follows because the 2006 FIFA World Cup Final page names Zidane.",
+        "Final reasoning: The answer follows because Final Fantasy was made by Square",
+    ]
+
+
 async def test_guided_reasoning_empty_twice_keeps_the_facts_and_counts_as_a_fallback(fake_model):
     model = fake_model(["", " ...", RuntimeError("server down")])
     report = await compress_trajectory(model, QUESTION, researched(), guided=True)
