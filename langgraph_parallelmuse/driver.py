@@ -27,7 +27,8 @@ from langgraph_parallelmuse.references import Reference, inner_reference, refere
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
-_RESULT_MARKUP = re.compile(r"^\[\d+\] | \(id: [^)]*\)$", re.MULTILINE)
+# A search hit's line, "[2] Title (id: x)"; an id may hold parentheses ("Mercury_(planet)").
+_RESULT_MARKUP = re.compile(r"^\[\d+\] (.*) \(id: [^\n]*\)[ \t]*$", re.MULTILINE)
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 QUERY_SYSTEM = "Write a short web search query for the question."
 # The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot
@@ -114,6 +115,8 @@ class GuidedDriver:
     probability mass of the candidates, or no hop is left, it answers with it; otherwise the
     chosen span is the hop's bridge entity (recorded as ``step["bridge"]``) and the next query
     starts from it, as retrieval-interleaved reasoning (IRCoT) builds each query on the last hop.
+    An unsure pick of a yes/no or either-or question (``yes``, or one of the options it names) is
+    no entity to go on from: the next search is a plain one, and no bridge is recorded.
     A question that still names an entity it does not give ("the waterfall in *the country where
     the Bubye River is found*", :mod:`~.references`) is not answered before its hops run out: the
     model chooses that entity (the bridge) as the answer to the phrase naming it, and the next
@@ -209,7 +212,8 @@ class GuidedDriver:
         parts = compound_parts(ctx.question)
         first = parts[0] if parts else self.question(ctx)
         # A yes/no or either-or question is answered among its own options, whatever its hops.
-        direct = bool(parts) or action == "answer" or not ctx.scoring or answer_kind(first) in DIRECT_KINDS
+        own_options = answer_kind(first) in DIRECT_KINDS
+        direct = bool(parts) or action == "answer" or not ctx.scoring or own_options
         reference = None if direct else inner_reference(first)
         if reference is not None:
             return thought + self.hop(ctx, first, reference)
@@ -224,7 +228,9 @@ class GuidedDriver:
                 then=lambda pick: (
                     self.answer(ctx, pick)
                     if sure or pick.share >= self.answer_confidence
-                    else self.search(ctx, bridge=pick)
+                    # "yes" or one of the question's own options is no entity to go on from: as a
+                    # bridge it would open the query and replace a phrase of the question.
+                    else self.search(ctx, bridge=None if own_options else pick)
                 ),
             )
         ]
@@ -232,12 +238,15 @@ class GuidedDriver:
     def question(self, ctx: StepContext) -> str:
         """The question as the hops so far leave it: each bridge in place of the phrase it resolved.
 
+        A question answered part by part or among its own options (yes/no, either-or) takes no
+        hops of its phrases, so it is asked as it is.
+
         Example:
             >>> q = "What is the name of the waterfall in the country where the Bubye River is found?"
             >>> GuidedDriver().question(StepContext(q, [{"bridge": "Zimbabwe"}], [], 1, False, 64))
             'What is the name of the waterfall in Zimbabwe?'
         """
-        if compound_parts(ctx.question):
+        if compound_parts(ctx.question) or answer_kind(ctx.question) in DIRECT_KINDS:
             return ctx.question
         return resolved_question(ctx.question, _bridges(ctx))
 
@@ -350,10 +359,10 @@ class GuidedDriver:
 
         Only observations that returned documents count: a "No document …" reply is not
         evidence, and a small model would copy it. ``opened`` keeps the opened documents only
-        (when there are any).
+        (when a visit returned one: after failed visits only, the search snippets are all there is).
         """
         ranked = sorted(ctx.observations, key=lambda o: (o["name"] != "visit", -o["step"]))
-        if opened and any(o["name"] == "visit" for o in ranked):
+        if opened and any(o["name"] == "visit" and not o["error"] and o.get("doc_ids") for o in ranked):
             ranked = [o for o in ranked if o["name"] == "visit"]
         budget, parts = self.evidence_chars, []
         for obs in ranked:
@@ -361,7 +370,7 @@ class GuidedDriver:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.
-            text = _RESULT_MARKUP.sub("", obs["content"]).strip()
+            text = _RESULT_MARKUP.sub(r"\1", obs["content"]).strip()
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal").
                 text, budget = text[: max(text.rfind(" ", 0, budget + 1), 0)], 0
