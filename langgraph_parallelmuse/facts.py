@@ -13,7 +13,8 @@ observations. One fact per tool call, in order::
 ``search "q": titles`` lists the hits that lead to the answer (the trajectory's effective subgraph,
 :mod:`~langgraph_parallelmuse.infograph`), all of them, then the best other hits up to
 ``max_titles``; a query longer than ``max_query_words`` is cut, and the names of its cut part that
-lead to the answer follow it (``"where was the man …" (Stephen King)``); a search that repeats an earlier one
+lead to the answer follow it (``"where was the man …" (Stephen King)``), unless it names nothing
+and leads to the answer as a whole (then it is quoted whole); a search that repeats an earlier one
 (same query, same hits) says so (``s3 search as s1``); ``-> x`` names what the
 call's documents gave on the way: an entity written later (a sub-answer, a bridge) or ``the
 answer`` (named once, on the report's last line). Every entity of the effective subgraph appears
@@ -50,7 +51,8 @@ def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, ma
         trajectory: A trajectory (its ``steps``, ``observations`` and ``answer``).
         max_titles: Hits listed per search besides the ones that lead to the answer.
         max_query_words: A longer query is cut to this many words (a small model writes whole
-            sentences as queries); the names in the cut part that lead to the answer follow it.
+            sentences as queries); the names in the cut part that lead to the answer follow it. A
+            query that names nothing and leads to the answer as a whole is not cut.
 
     Example:
         >>> traj = {"answer": "a spirit", "steps": [
@@ -104,13 +106,17 @@ def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, ma
 
 
 def _query(query: str, effective: dict, max_words: int) -> str:
-    """The query quoted, cut to ``max_words`` words, then the names the cut dropped that lead to the answer."""
-    words = query.split()
-    if len(words) <= max_words:
+    """The query quoted, cut to ``max_words`` words, then the names the cut dropped that lead to the answer.
+
+    A query that names no span is an entity as a whole (see ``build_graph``): when it leads to the
+    answer it is quoted uncut, since no part of it could stand for it after a cut.
+    """
+    words, spans = query.split(), named_spans(query)
+    if len(words) <= max_words or (not spans and entity_key(query) in effective):
         return f'"{" ".join(words)}"'
     shown = " ".join(words[:max_words])
     kept = f" {entity_key(shown)} "
-    dropped = [s for s in named_spans(query) if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
+    dropped = [_one_line(s) for s in spans if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
     return f'"{shown} …"' + (f" ({', '.join(dropped)})" if dropped else "")
 
 

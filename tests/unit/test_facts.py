@@ -93,6 +93,33 @@ def test_a_long_query_is_cut_but_keeps_the_names_the_answer_rests_on():
     )
 
 
+def test_a_name_the_cut_dropped_is_named_on_one_line():
+    traj = two_hop()
+    traj["steps"][3]["action"]["arguments"]["query"] = "where was the man who wrote it born, the writer Stephen\nKing"
+    fact = step_facts(QUESTION, traj, max_query_words=4)[3]
+    # Before the fix the re-added span kept its line break and the fact ran over two lines.
+    assert "\n" not in fact
+    assert fact.startswith('s4 search "where was the man …" (Stephen King) (bridge Stephen King)')
+
+
+def test_a_long_query_that_names_nothing_is_quoted_whole_when_the_answer_rests_on_it():
+    effective, idle = "where was the writer of the film maximum overdrive born", "in which year did the film come out"
+    calls = [
+        _search(0, idle, [("d3", "Duel", "A 1971 film.")]),
+        _search(1, effective, [("d1", "Stephen King", "Stephen King was born in Portland.")]),
+    ]
+    steps = [s for s, _ in calls] + [{"index": 2, "action": {"type": "answer", "answer": "Portland"}}]
+    traj = {"answer": "Portland", "steps": steps, "observations": [o for _, o in calls]}
+    facts = step_facts(QUESTION, traj, max_query_words=4)
+    # Before the fix it was cut like any long query, and the report lost the entity the answer rests on.
+    assert facts == [
+        's1 search "in which year did …": Duel',
+        f's2 search "{effective}": Stephen King -> the answer',
+    ]
+    body = f" {entity_key(' '.join(facts) + ' Final answer: Portland')} "
+    assert all(f" {key} " in body for key in effective_subgraph(build_graph(QUESTION, traj))["entities"])
+
+
 async def test_a_guided_reports_facts_match_the_trajectorys_records(fake_model):
     traj = two_hop()
     report = await compress_trajectory(fake_model([" the writer", " King was born there"]), QUESTION, traj, guided=True)
