@@ -65,7 +65,7 @@ METHODS: dict[str, Method] = {
 }
 
 
-# The ParallelMuseConfig fields BenchSettings sets itself, and how to choose each.
+# The ParallelMuseConfig fields BenchSettings sets itself (crossover: off), and how to choose each.
 _OWN_FIELDS = {
     "n": "use --n",
     "m": "M is 1 in the bench",
@@ -75,6 +75,9 @@ _OWN_FIELDS = {
     "estimator": "use --estimator",
     "seed": "use --seed",
     "max_turns": "use --max-turns",
+    # Crossover trajectories follow the reports inside N; the bench's paired sets have no place for
+    # them (its baselines would reject the setting, its report methods would run N - crossover).
+    "crossover": "the bench runs none; crossover is measured by benchmarks/infograph.py",
 }
 
 
@@ -110,7 +113,9 @@ class BenchSettings:
             raise ConfigError(f"--set {', '.join(fixed)}: the bench sets these itself ({flags})")
         if "none" in self.modes:
             raise ConfigError("modes: 'none' is from-scratch sampling, which the bench always runs; drop it")
-        for mode in self.modes:
+        self.config()
+        # A mode's config holds the partial-rollout budget, which no other method spends.
+        for mode in self.modes if self.needs("partial") else ():
             self.config(mode)
 
     def config(self, mode: str = "none") -> ParallelMuseConfig:
@@ -146,9 +151,11 @@ def _seen(traj: Trajectory, kind: str | None = None) -> list[str]:
     return [d for o in traj["observations"] if kind is None or o["name"] == kind for d in o.get("doc_ids", [])]
 
 
+_COST_KEYS = ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "cached_prompt_tokens", "tool_calls")
+
+
 def _cost(trajs: Sequence[Trajectory], reports: dict[str, dict] | None = None) -> dict[str, float]:
-    keys = ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "cached_prompt_tokens", "tool_calls")
-    out = {k: float(sum(t["stats"][k] for t in trajs)) for k in keys}
+    out = {k: float(sum(t["stats"][k] for t in trajs)) for k in _COST_KEYS}
     if reports is not None:
         out["report_tokens"] = float(sum(reports[t["id"]]["tokens"] for t in trajs if t["id"] in reports))
     return out
@@ -408,6 +415,14 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
     return out
 
 
+def _thread_key(record: dict, trajectory_id: str) -> str:
+    """The trajectory's thread within its question: a branch's id without the mode prefix
+    :func:`_label_branch` gave it (every mode runs a branch at the same checkpoint in one thread)."""
+    if record["trajectories"][trajectory_id]["origin"].get("kind") == "branch":
+        return trajectory_id.split(".", 1)[1]
+    return trajectory_id
+
+
 def run_facts(records: Sequence[dict]) -> dict[str, float | int]:
     """Agent and compression figures of a bench run (from-scratch trajectories for the agent ones).
 
@@ -416,7 +431,8 @@ def run_facts(records: Sequence[dict]) -> dict[str, float | int]:
         0
     """
     scratch = [t for r in records for t in r["trajectories"].values() if t["origin"].get("kind") in ("initial", "fill")]
-    reports = [rep for r in records for rep in r["reports"].values()]
+    # One per thread: a branch two modes share was compressed once, though each mode's label keys it.
+    reports = [rep for r in records for rep in {_thread_key(r, tid): rep for tid, rep in r["reports"].items()}.values()]
     aggregated = [
         m for r in records for m in r["methods"].values() if m.get("source") in ("aggregator", "majority_fallback")
     ]
@@ -449,6 +465,11 @@ def run_facts(records: Sequence[dict]) -> dict[str, float | int]:
     }
 
 
+def _scratch_entry(record: dict) -> dict | None:
+    """A method entry of ``record`` that reads the from-scratch set (every one holds its cost), if any."""
+    return next((record["methods"][m] for m in METHODS if not METHODS[m].per_mode and m in record["methods"]), None)
+
+
 def rollout_table(records: Sequence[dict]) -> str:
     """Partial rollout vs from-scratch sampling, per mode, as a Markdown table (the paper's Table 3).
 
@@ -457,33 +478,39 @@ def rollout_table(records: Sequence[dict]) -> str:
     served from its cache, tool calls, rollout seconds (the branches only, for partial sets: their
     initial and fill trajectories are the from-scratch samples; a branch an earlier mode already
     ran is reused, so later modes' seconds leave it out) and the mean single-trajectory
-    F1 / contains-gold.
+    F1 / contains-gold. The from-scratch set is read from any method that runs on it alone.
     """
-    sets = [("from scratch", "no_scaling", "scratch_rollout")] + [
-        (f"partial: {name.removeprefix('single_partial_')}", name, f"branches_{name.removeprefix('single_partial_')}")
-        for name in sorted({m for r in records for m in r["methods"] if m.startswith("single_partial_")})
-    ]
+    # Each set: its label, its timing, and per question (record, the method entry of the set).
+    sets = [("from scratch", "scratch_rollout", [(r, e) for r in records if (e := _scratch_entry(r))])]
+    for name in sorted({m for r in records for m in r["methods"] if m.startswith("single_partial_")}):
+        mode = name.removeprefix("single_partial_")
+        rows = [(r, r["methods"][name]) for r in records if name in r["methods"]]
+        sets.append((f"partial: {mode}", f"branches_{mode}", rows))
     head = (
         "| set | gen. tokens/q | ratio to scratch | prompt: parent's prefix (computed) "
         "| prompt: served by cache (observed) | tool calls/q | rollout s/q | F1 | contains |\n"
         "|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
-    base = sum(r["methods"]["no_scaling"]["cost"]["generated_tokens"] for r in records if "no_scaling" in r["methods"])
-    for label, name, timing in sets:
-        rows = [r for r in records if name in r["methods"]]
+    base = sum(e["cost"]["generated_tokens"] for _, e in sets[0][2])
+
+    def single(rows: list[tuple[dict, dict]], metric: str) -> float:
+        """The mean single-trajectory score: per question over the set, then over the questions."""
+        per = [sum(r["trajectories"][t][metric] for t in e["trajectories"]) / len(e["trajectories"]) for r, e in rows]
+        return sum(per) / len(per)
+
+    for label, timing, rows in sets:
         if not rows:
             continue
-        cost = {k: sum(r["methods"][name]["cost"][k] for r in rows) for k in rows[0]["methods"][name]["cost"]}
+        cost = {k: sum(e["cost"][k] for _, e in rows) for k in _COST_KEYS}
         prompt = cost["prompt_tokens"] or 1.0
         lines.append(
             f"| {label} | {cost['generated_tokens'] / len(rows):.0f} | "
             f"{cost['generated_tokens'] / base if base else float('nan'):.3f} | "
             f"{cost['reused_prefix_tokens'] / prompt:.0%} | {cost['cached_prompt_tokens'] / prompt:.0%} | "
             f"{cost['tool_calls'] / len(rows):.1f} | "
-            f"{sum(r['timings'].get(timing, 0.0) for r in rows) / len(rows):.0f} | "
-            f"{sum(r['methods'][name]['f1'] for r in rows) / len(rows):.3f} | "
-            f"{sum(r['methods'][name]['contains'] for r in rows) / len(rows):.3f} |"
+            f"{sum(r['timings'].get(timing, 0.0) for r, _ in rows) / len(rows):.0f} | "
+            f"{single(rows, 'f1'):.3f} | {single(rows, 'contains'):.3f} |"
         )
     return "\n".join(lines)
 

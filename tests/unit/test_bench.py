@@ -124,6 +124,22 @@ def test_an_unknown_method_or_mode_is_a_config_error_naming_the_choices():
     assert set(METHODS) >= {"no_scaling", "majority", "weighted", "max_tool_calls", "aggregation_only"}
 
 
+def test_crossover_is_refused_up_front_naming_where_it_is_measured():
+    # Before: accepted, then a crash after the question's rollouts (majority with crossover is an
+    # invalid config), or with report methods only N - crossover trajectories and no crossover.
+    with pytest.raises(ConfigError, match=r"--set crossover: .*benchmarks/infograph\.py"):
+        BenchSettings(**{**SMALL, "extra": {"crossover": 1}})
+
+
+async def test_a_budget_only_partial_rollout_spends_is_checked_only_when_a_method_runs_it(index, tmp_path):
+    # N=2 is below partial rollout's M + k*T = 3, which majority and weighted never spend.
+    settings = BenchSettings(**{**SMALL, "n": 2, "methods": ("majority", "weighted")})
+    (rec,) = await run_bench(_model(), index, ITEMS[:1], settings, tmp_path / "r.jsonl")
+    assert rec["methods"]["majority"]["answer"] == "Paris" and len(rec["methods"]["majority"]["trajectories"]) == 2
+    with pytest.raises(ConfigError, match="n=2 < m"):
+        BenchSettings(**{**SMALL, "n": 2, "methods": ("majority", "partial")})
+
+
 async def test_an_interrupted_bench_resumes_without_repeating_a_finished_question(index, tmp_path):
     out = tmp_path / "results.jsonl"
     settings = BenchSettings(**SMALL)
@@ -167,6 +183,20 @@ async def test_rollout_table_puts_partial_rollout_beside_from_scratch_sampling(i
     # Two of the four partial trajectories are branches from step 0: same 2-step cost as from
     # scratch, so the ratio is exactly 1 here; their prompts start with the parent's prefix.
     assert partial[2] == "1.000" and partial[3] != "0%"
+
+
+async def test_rollout_table_reads_the_from_scratch_set_from_any_method_that_runs_on_it(index, tmp_path):
+    settings = BenchSettings(**{**SMALL, "methods": ("majority", "parallelmuse")})
+    records = await run_bench(_model(), index, ITEMS[:2], settings, tmp_path / "r.jsonl")
+    full = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "full.jsonl")
+    # Before: without no_scaling the from-scratch row was missing and every ratio was nan.
+    rows = rollout_table(records).splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| from scratch", "| partial: exploration"]
+    # The same samples as a run with no_scaling: the same row (but the seconds), with the mean
+    # single-trajectory scores.
+    without_seconds = [c for i, c in enumerate(rows[0].split(" | ")) if i != 6]
+    assert without_seconds == [c for i, c in enumerate(rollout_table(full).splitlines()[2].split(" | ")) if i != 6]
+    assert rows[0].split(" | ")[2] == "1.000" and "nan" not in rollout_table(records)
 
 
 async def test_fork_table_counts_each_modes_picks_and_what_their_branches_regenerated(index, tmp_path):
@@ -225,7 +255,7 @@ async def test_uncertainty_profile_averages_the_from_scratch_steps_only(index, t
     assert count == len(scratch) and mean == pytest.approx(sum(firsts) / len(firsts))
 
 
-async def test_a_branch_two_modes_share_is_run_and_compressed_once(index, tmp_path):
+async def test_a_branch_two_modes_share_is_run_compressed_and_counted_once(index, tmp_path):
     # With k=1, "mixed" picks ceil(1/2)=1 step by exploration: the same checkpoint as "exploration".
     model = _model()
     settings = BenchSettings(**{**SMALL, "modes": ("exploration", "mixed")})
@@ -238,6 +268,7 @@ async def test_a_branch_two_modes_share_is_run_and_compressed_once(index, tmp_pa
     assert roles.count("compress") == 6
     assert rec["reports"]["exp.t0.s0.b0"] == rec["reports"]["mix.t0.s0.b0"]
     assert rec["trajectories"]["mix.t0.s0.b0"]["origin"]["region"] == "exploration"
+    assert run_facts([rec])["reports"] == 6  # before: 8, the shared branches once per mode
 
 
 def _questions_file(path, items):
