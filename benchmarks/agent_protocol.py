@@ -2,10 +2,13 @@
 
 One trajectory per question, run one after another so seconds per trajectory are meaningful;
 each trajectory is then compressed (guided Stage 2 map step) to count reports that fall back.
-Rows go to ``--out`` as they finish (a rerun skips the questions already there). The library is
-whatever ``langgraph_parallelmuse`` imports, so the same script measures another revision when
+Rows go to ``--out`` as they finish, each with the settings it ran with (``--dataset``, ``--seed``,
+``--max-turns``, ``--guided``); a rerun with the same settings skips the questions already there,
+one with other settings is refused (so is a file whose rows record none). The library is whatever
+``langgraph_parallelmuse`` imports, so the same script measures another revision when
 ``PYTHONPATH`` points at its worktree; ``--pair BASE NEW`` then compares two row files question by
-question with paired bootstrap intervals. ``--start`` skips the first questions (two processes split a set),
+question with paired bootstrap intervals, the pairs in dev-set order whatever order the files hold
+them in. ``--start`` skips the first questions (two processes split a set),
 ``--kinds`` runs only questions of some answer kinds, and ``--trace`` writes each question's last
 evidence and options (dev-set text, for replaying the choice offline; never committed)::
 
@@ -26,14 +29,14 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from common import arguments, dev_set
+from common import DATASETS, arguments, dev_set, resumable_rows
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.candidates import answer_kind
 from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
-from langgraph_parallelmuse.eval import paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval import eval_data_dir, load_questions, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.tools import make_corpus_tools
@@ -129,11 +132,25 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def dev_order(ids: list[str]) -> list[str]:
+    """``ids`` in the order of the dev set that holds them all (sorted when none does)."""
+    for name in DATASETS:
+        path = eval_data_dir() / f"{name}.questions.jsonl"
+        position = {item.id: n for n, item in enumerate(load_questions(path))} if path.exists() else {}
+        if all(i in position for i in ids):
+            return sorted(ids, key=position.__getitem__)
+    return sorted(ids)
+
+
 def pair(base_file: Path, new_file: Path) -> str:
-    """New minus base on the questions both files hold, with 95 % paired bootstrap intervals."""
+    """New minus base on the questions both files hold, with 95 % paired bootstrap intervals.
+
+    The bootstrap resamples positions, so the pairs stand in one fixed order (the dev set's): a
+    resumed or partly rerun file, whose late rows stand at its end, gives the same intervals.
+    """
     base = {r["id"]: r for r in map(json.loads, base_file.read_text().splitlines())}
     new = {r["id"]: r for r in map(json.loads, new_file.read_text().splitlines())}
-    ids = [i for i in new if i in base]
+    ids = dev_order([i for i in new if i in base])
     lines = [
         f"paired on {len(ids)} questions: {new_file.name} - {base_file.name}",
         "",
@@ -151,7 +168,9 @@ def pair(base_file: Path, new_file: Path) -> str:
 
 async def main() -> None:
     def extra(ap):
-        ap.add_argument("--out", type=Path, help="JSONL of rows (appended; questions already there are skipped)")
+        ap.add_argument(
+            "--out", type=Path, help="JSONL of rows (appended; a rerun with the same settings skips questions there)"
+        )
         ap.add_argument("--pair", nargs=2, type=Path, metavar=("BASE", "NEW"), help="compare two row files")
         ap.add_argument(
             "--guided",
@@ -171,17 +190,18 @@ async def main() -> None:
         print(pair(*args.pair))
         return
     items, index = dev_set(args.dataset, args.limit)
-    rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out and args.out.exists() else []
-    done = {r["id"] for r in rows}
-    model = LocalChatModel.embedded()
     cfg = make_config(seed=args.seed, **({"max_turns": args.max_turns} if args.max_turns else {}))
     driver = GuidedDriver(**dict(args.guided))
+    settings = {"dataset": args.dataset, "seed": args.seed, "max_turns": cfg.max_turns, "guided": dict(args.guided)}
+    rows = resumable_rows(args.out, settings)
+    done = {r["id"] for r in rows}
+    model = LocalChatModel.embedded()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     for n, item in enumerate(items, 1):
         if item.id in done or n <= args.start or (args.kinds and answer_kind(item.question) not in args.kinds):
             continue
-        row = await _row(model, item, index, cfg, driver, args.trace)
+        row = {**await _row(model, item, index, cfg, driver, args.trace), "settings": settings}
         rows.append(row)
         if args.out:
             with args.out.open("a") as f:

@@ -1,8 +1,10 @@
-"""Setup shared by the benchmark scripts: a dev set of ``../shared/eval-data`` and its index."""
+"""Setup shared by the benchmark scripts: a dev set of ``../shared/eval-data`` and its index, and
+the settings every resumable results file records in its rows."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,3 +39,41 @@ def dev_set(name: str, limit: int) -> tuple[list[QAItem], CorpusIndex]:
     """The first ``limit`` questions of a dev set and the full-text index of its corpus."""
     items = load_questions(eval_data_dir() / f"{name}.questions.jsonl", limit=limit)
     return items, CorpusIndex.from_jsonl(corpus_file(name))
+
+
+def as_stored(settings: dict) -> dict:
+    """``settings`` as a JSON row holds them (tuples become lists), to compare with a stored row's."""
+    return json.loads(json.dumps(settings))
+
+
+def resumable_rows(path: Path | None, settings: dict) -> list[dict]:
+    """The rows of a resumable JSON-lines results file, all measured with ``settings``.
+
+    Each row records the settings it was measured with (``"settings"``); a rerun continues a file
+    only with the same ones, so one table never mixes two experiments.
+
+    Raises:
+        SystemExit: a row was measured with other settings, or records none (written before rows
+            carried them).
+    """
+    if path is None or not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    wanted = as_stored(settings)
+    for row in rows:
+        had = row.get("settings")
+        if had != wanted:
+            clash = (
+                ", ".join(
+                    f"{k} {had.get(k)!r} (now {wanted.get(k)!r})"
+                    for k in sorted(wanted.keys() | had.keys())
+                    if had.get(k) != wanted.get(k)
+                )
+                if had is not None
+                else "settings not recorded"
+            )
+            raise SystemExit(
+                f"{path} holds {row.get('id', 'a row')} measured with other settings: {clash}; "
+                "rerun with those settings to continue it, or choose another --out"
+            )
+    return rows

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import time
 from pathlib import Path
 
-from common import arguments, dev_set
+from common import arguments, dev_set, resumable_rows
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.aggregate import majority_vote
@@ -88,18 +89,29 @@ async def main() -> None:
     if {i.id for i in items} & {i.id for i in held_out}:
         raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
     model = LocalChatModel.embedded()
-    suffix = "" if args.quantile == DEFAULT_QUANTILE else f"-q{args.quantile:g}"
+    # The calibration is fitted with --seed: a file fitted with another seed is another calibration.
+    suffix = ("" if args.quantile == DEFAULT_QUANTILE else f"-q{args.quantile:g}") + (
+        f"-s{args.seed}" if args.seed else ""
+    )
     cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}{suffix}.json")
     cal_path.parent.mkdir(parents=True, exist_ok=True)
     cal = await calibrate(model, index, held_out, cal_path, args.seed, args.quantile)
     print(f"calibration {cal_path}: thresholds {cal.thresholds}, confidence floor {cal.confidence_floor}")
     runs = configs(str(cal_path), args.seed, args.consensus)
     out = Path(args.out or f"bench-results/online/{args.dataset}-{args.limit}{suffix}.jsonl")
-    done = {json.loads(line)["id"]: json.loads(line) for line in out.read_text().splitlines()} if out.exists() else {}
+    settings = {
+        "dataset": args.dataset,
+        "seed": args.seed,
+        "consensus": args.consensus,
+        "calibrate_on": [start, end],
+        # What the calibration holds, not only its file: a refitted file is another calibration.
+        "calibration": dataclasses.asdict(cal),
+    }
+    done = {r["id"]: r for r in resumable_rows(out, settings)}
     for n, item in enumerate(items, 1):
         if item.id in done:
             continue
-        rec = {"id": item.id}
+        rec = {"id": item.id, "settings": settings}
         order = VARIANTS if n % 2 else tuple(reversed(VARIANTS))  # alternate the order against drift
         for name in order:
             model.engine.clear_cache()  # every variant starts cold

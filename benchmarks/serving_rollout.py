@@ -17,12 +17,16 @@ emptied before each one):
     (``consistent_hash`` + ``routing_header``) vs the router's ``round_robin``, at the largest
     concurrency.
 
-Each chunk's figures are appended to ``--out`` (JSON lines) as soon as they are measured; a rerun
-with the same ``--out`` skips what is there and prints the tables over everything measured. Needs
-the serving venv (``make setup-serving``); hours on a loaded 2-core machine.
+Each chunk's figures are appended to ``--out`` (JSON lines) as soon as they are measured, with the
+settings they were measured with (``--dataset``, ``--seed``, ``--precision``, ``--eager``,
+``--block-size``); a rerun with the same ``--out`` skips what is there under its own settings and
+prints the tables over everything measured under them. Rows that record no settings (written
+before rows carried them, as the committed ``benchmarks/results/serving_rollout*.jsonl``) are never
+taken for a run's own; ``report`` shows them apart. Needs the serving venv
+(``make setup-serving``); hours on a loaded 2-core machine.
 
     python benchmarks/serving_rollout.py [--limit 10] [--concurrency 1,5] [--parts a,b,c (in this order)]
-        [--out benchmarks/results/serving_rollout.jsonl] [--venv .venv-serving] [--eager] [--precision float32]
+        [--out bench-results/serving_rollout.jsonl] [--venv .venv-serving] [--eager] [--precision float32]
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import arguments, dev_set
+from common import arguments, as_stored, dev_set
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
@@ -65,7 +69,7 @@ PARTS = ("a", "b", "c")
 def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency", default="1,5", help="questions in flight, comma-separated (default 1,5)")
     ap.add_argument("--parts", default=",".join(PARTS), help="which of a,b,c to run (default all)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serving_rollout.jsonl")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "serving_rollout.jsonl")
     ap.add_argument(
         "--venv", type=Path, default=Path(os.environ.get("PARALLELMUSE_SERVING_VENV", ROOT / ".venv-serving"))
     )
@@ -131,24 +135,43 @@ async def measure(model, chunk, index, cfg: ParallelMuseConfig, tag: str, reset:
     return {"seconds": seconds, "questions": [item.id for item in chunk], **sums}
 
 
-class Records:
-    """The JSON lines of ``--out``: what is measured, keyed by (part, backend, method, concurrency, chunk)."""
+def run_settings(args: argparse.Namespace) -> dict:
+    """What a row's figures depend on besides its key: the dev set, the seed, both backends' settings."""
+    return {
+        "dataset": args.dataset,
+        "seed": args.seed,
+        "precision": args.precision,
+        "eager": args.eager,
+        "block_size": args.block_size,
+    }
 
-    def __init__(self, path: Path) -> None:
+
+class Records:
+    """The JSON lines of ``--out``: what is measured, keyed by (settings, part, backend, method,
+    concurrency, chunk); ``settings`` are this run's, which every row it adds records."""
+
+    def __init__(self, path: Path, settings: dict) -> None:
         self.path = path
+        self.settings = as_stored(settings)
         self.rows = (
             [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         )
 
     @staticmethod
     def key(row: dict) -> tuple:
-        return row["part"], row["backend"], row["method"], row["concurrency"], row["chunk"]
+        # A row without settings (written before rows recorded them) matches no run's.
+        return row.get("settings"), row["part"], row["backend"], row["method"], row["concurrency"], row["chunk"]
 
     def has(self, **key: Any) -> bool:
-        wanted = self.key(key)
+        wanted = self.key({**key, "settings": self.settings})
         return any(self.key(r) == wanted for r in self.rows)
 
+    def measured(self) -> list[dict]:
+        """The rows measured with this run's settings."""
+        return [r for r in self.rows if r.get("settings") == self.settings]
+
     def add(self, row: dict) -> None:
+        row = {**row, "settings": self.settings}
         self.rows.append(row)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as fh:
@@ -318,18 +341,21 @@ def totals(rows: list[dict], chunks: set[int]) -> dict:
     return out
 
 
-def report(records: Records, n_questions: int) -> None:
-    """The tables: per part and concurrency, over the chunks every configuration compared has measured."""
+def report(rows: list[dict], n_questions: int) -> None:
+    """The tables: per settings, part and concurrency, over the chunks every configuration compared has measured."""
     groups: dict[tuple, dict[tuple, list[dict]]] = {}
-    for row in records.rows:
-        groups.setdefault((row["part"] if row["part"] == "c" else "ab", row["concurrency"]), {}).setdefault(
+    for row in rows:
+        settings = json.dumps(row["settings"], sort_keys=True) if "settings" in row else "not recorded"
+        part = row["part"] if row["part"] == "c" else "ab"
+        groups.setdefault((settings, part, row["concurrency"]), {}).setdefault(
             (row["backend"], row["method"]), []
         ).append(row)
-    for (part, c), configs in sorted(groups.items()):
+    for (settings, part, c), configs in sorted(groups.items()):
         common = set.intersection(*({r["chunk"] for r in rows} for rows in configs.values()))
         questions = sum(len(r["questions"]) for r in next(iter(configs.values())) if r["chunk"] in common)
         title = "(a) vLLM and (b) in-process engine" if part == "ab" else "(c) two vLLM replicas behind vllm-router"
         print(f"\n## {title}: {c} question(s) in flight, {questions} of {n_questions} questions measured\n")
+        print(f"settings: {settings}\n")
         print(
             "| backend | method | rollout s | s/question | generated tok/question | branch conversation cached "
             "| branch plain prompts cached | all conversation cached | all plain prompts cached |"
@@ -393,7 +419,7 @@ async def main() -> None:
     items, index = dev_set(args.dataset, args.limit)
     pm = make_config(n=8, m=1, k=2, t=3, mode="exploration", driver="guided", seed=args.seed)
     methods = {"pm": pm, "scratch": make_config(pm, mode="none")}
-    records = Records(args.out)
+    records = Records(args.out, run_settings(args))
     print(
         f"{len(items)} questions of {args.dataset}, concurrency {args.sizes}, parts {sorted(parts)}, "
         f"vLLM {'eager' if args.eager else 'compiled'} block {args.block_size}; records in {args.out}",
@@ -408,7 +434,7 @@ async def main() -> None:
     # machine that is busy for a while.
     for step in dict.fromkeys("c" if p == "c" else "ab" for p in args.parts.split(",") if p.strip()):
         await steps[step]()
-    report(records, len(items))
+    report(records.measured(), len(items))
 
 
 if __name__ == "__main__":

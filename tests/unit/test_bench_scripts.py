@@ -1,0 +1,159 @@
+"""The benchmark scripts' resumable results: a rerun never takes rows measured with other settings
+for its own, and paired intervals do not depend on the order a file holds its rows in."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.eval import QAItem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import agent_protocol  # noqa: E402
+import online_rollout  # noqa: E402
+import serving_rollout  # noqa: E402
+
+
+def items(n: int) -> list[QAItem]:
+    return [QAItem(f"q{i}", f"question {i}?", ["a"], [], [f"d{i}"], "toy") for i in range(n)]
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+SERVING = {"dataset": "hotpotqa_train100", "seed": 0, "precision": "float32", "eager": False, "block_size": 32}
+
+
+def serving_row(chunk: int, **extra) -> dict:
+    sums = {"conv_prompt": 10, "conv_cached": 5, "plain_prompt": 4, "plain_cached": 2}
+    return {
+        "part": "b",
+        "backend": "engine",
+        "method": "pm",
+        "concurrency": 1,
+        "chunk": chunk,
+        "seconds": 1.0,
+        "questions": [f"q{chunk}"],
+        "branch": sums,
+        "all": sums,
+        "generated": {"tokens": 7},
+        **extra,
+    }
+
+
+def test_serving_rollout_takes_only_chunks_measured_with_its_own_settings(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    bf16 = {**SERVING, "precision": "bfloat16"}
+    # Chunk 0: a row that records no settings (the committed files); chunk 1: measured in bfloat16.
+    write_rows(path, [serving_row(0), serving_row(1, settings=bf16)])
+    key = {"part": "b", "backend": "engine", "method": "pm", "concurrency": 1}
+    float32 = serving_rollout.Records(path, SERVING)
+    assert not float32.has(**key, chunk=0) and not float32.has(**key, chunk=1)
+    assert float32.measured() == []
+    assert serving_rollout.Records(path, bf16).has(**key, chunk=1)
+
+    float32.add(serving_row(0))
+    again = serving_rollout.Records(path, SERVING)
+    assert again.has(**key, chunk=0) and [r["chunk"] for r in again.measured()] == [0]
+    # The report over the whole file keeps the three apart: no table mixes two experiments.
+    serving_rollout.report(again.rows, 2)
+    printed = capsys.readouterr().out
+    assert printed.count("settings: ") == 3 and "settings: not recorded" in printed
+    assert printed.count("1 of 2 questions measured") == 3
+
+
+ONLINE_CAL = Calibration(
+    estimator="nll", quantile=0.8, thresholds={"exploration": 1.0}, samples={"exploration": 3}, confidence_floor=2.0
+)
+
+
+def online_row(qid: str, settings: dict | None) -> dict:
+    variant = {
+        "seconds": 1.0,
+        "generated": 10,
+        "trajectories": 8,
+        "stopped": 0,
+        "cancelled": 0,
+        "fork_steps": [0],
+        "fork_scores": [2.0],
+        "vote": {"em": 1.0, "f1": 1.0, "contains": 1.0},
+    }
+    row = {"id": qid, **{k: variant for k in online_rollout.VARIANTS}}
+    return row if settings is None else {**row, "settings": settings}
+
+
+def run_online(monkeypatch, tmp_path, argv: list[str]) -> None:
+    async def calibrate(model, index, held_out, path, seed, quantile):
+        ONLINE_CAL.save(path)  # the configs check that the file exists
+        return ONLINE_CAL
+
+    monkeypatch.setattr(online_rollout, "dev_set", lambda name, limit: (items(limit), None))
+    monkeypatch.setattr(online_rollout, "calibrate", calibrate)
+    monkeypatch.setattr(online_rollout.LocalChatModel, "embedded", staticmethod(lambda: None))
+    files = ["--calibration", str(tmp_path / "cal.json"), "--out", str(tmp_path / "rows.jsonl")]
+    monkeypatch.setattr(sys, "argv", ["online_rollout.py", "--limit", "2", "--calibrate-on", "2:4", *files, *argv])
+    asyncio.run(online_rollout.main())
+
+
+@pytest.mark.parametrize("argv", [["--seed", "3"], ["--consensus", "0.9"], ["--calibrate-on", "3:4"]])
+def test_online_rollout_refuses_to_continue_rows_measured_with_other_settings(monkeypatch, tmp_path, capsys, argv):
+    settings = {"dataset": "hotpotqa_train100", "seed": 0, "consensus": 0.75, "calibrate_on": [2, 4]}
+    settings["calibration"] = dataclasses.asdict(ONLINE_CAL)
+    write_rows(tmp_path / "rows.jsonl", [online_row("q0", settings), online_row("q1", settings)])
+    run_online(monkeypatch, tmp_path, [])  # the same settings: both questions resume, none runs
+    assert "2 questions, one in flight" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="measured with other settings"):
+        run_online(monkeypatch, tmp_path, argv)
+
+
+def test_online_rollout_refuses_rows_that_record_no_settings(monkeypatch, tmp_path):
+    write_rows(tmp_path / "rows.jsonl", [online_row("q0", None)])
+    with pytest.raises(SystemExit, match="settings not recorded"):
+        run_online(monkeypatch, tmp_path, [])
+
+
+def test_agent_protocol_refuses_before_loading_the_model(monkeypatch, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    default = {"dataset": "hotpotqa_train100", "seed": 0, "max_turns": 8, "guided": {}}
+    write_rows(out, [{"id": "q0", "f1": 1.0, "settings": default}])
+
+    def no_model():
+        raise AssertionError("the model was loaded before the rows were checked")
+
+    monkeypatch.setattr(agent_protocol, "dev_set", lambda name, limit: (items(limit), None))
+    monkeypatch.setattr(agent_protocol.LocalChatModel, "embedded", staticmethod(no_model))
+    argv = ["agent_protocol.py", "--limit", "1", "--out", str(out), "--guided", "candidate_limit=32"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"guided \{\} \(now \{'candidate_limit': 32\}\)"):
+        asyncio.run(agent_protocol.main())
+
+
+def test_agent_protocol_pairs_in_dev_set_order_whatever_order_the_file_holds(monkeypatch, tmp_path):
+    dev = items(40)
+    (tmp_path / "hotpotqa_train100.questions.jsonl").write_text(
+        "".join(json.dumps({**vars(i), "split": "dev"}) + "\n" for i in dev)
+    )
+    monkeypatch.setenv("PARALLELMUSE_EVAL_DATA", str(tmp_path))
+    rng = random.Random(1)
+    metrics = {m: 0.0 for m in agent_protocol.METRICS}
+
+    def rows() -> list[dict]:
+        return [{**metrics, "id": i.id, "f1": rng.random(), "steps": rng.randint(3, 9)} for i in dev]
+
+    base, new = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_rows(base, rows())
+    new_rows = rows()
+    write_rows(new, new_rows)
+    in_order = agent_protocol.pair(base, new)
+    # A resumed file: its first questions were rerun and stand at its end.
+    write_rows(new, new_rows[8:] + new_rows[:8])
+    assert agent_protocol.pair(base, new) == in_order
