@@ -6,7 +6,9 @@ answers) and the same method answers on the same seed. Each revision runs from i
 
     .venv/bin/python benchmarks/compare_revisions.py f617f1c HEAD --limit 4
 
-Output: ``OUT/<rev>/results.jsonl`` per revision and a report of every difference (none: identical).
+Output: ``OUT/<commit>-<dataset>-seed<seed>-<modes>/results.jsonl`` per revision (the revision
+resolved to its commit, so a moved ``HEAD`` or branch runs again, and another dataset, seed or modes
+never reuses a run) and a report of every difference (none: identical).
 """
 
 from __future__ import annotations
@@ -58,6 +60,22 @@ def _run(rev: str, out: Path, args: argparse.Namespace) -> float:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
 
 
+def commit_of(rev: str) -> str:
+    """The commit a revision name (``HEAD``, a branch, a tag, a short hash) stands for now."""
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True
+    )
+    if done.returncode:
+        raise SystemExit(f"{rev!r} is no commit of {ROOT}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def run_dir(out: Path, commit: str, args: argparse.Namespace) -> Path:
+    """Where the bench of ``commit`` with these arguments writes its results (``--limit`` aside: a
+    larger one continues the same run)."""
+    return out / f"{commit}-{args.dataset}-seed{args.seed}-{args.modes.replace(',', '+')}"
+
+
 def _records(path: Path) -> dict[str, dict]:
     return {r["id"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
 
@@ -98,16 +116,18 @@ def main() -> int:
     parser.add_argument("--modes", default="exploration", help="partial-rollout modes to run (bench --modes)")
     parser.add_argument("--out", default="bench-results/compare")
     args = parser.parse_args()
-    out = Path(args.out)
+    commits = {rev: commit_of(rev) for rev in (args.before, args.after)}
+    dirs = {rev: run_dir(Path(args.out), commit, args) for rev, commit in commits.items()}
     seconds = {}
-    for rev in (args.before, args.after):
-        target = out / rev
+    for rev, target in dirs.items():
         if not (target / "results.jsonl").exists() or len(_records(target / "results.jsonl")) < args.limit:
-            seconds[rev] = _run(rev, target.resolve(), args)
-    before, after = (_records(out / rev / "results.jsonl") for rev in (args.before, args.after))
+            # The commit, not the name: the worktree must hold what its folder is named after.
+            seconds[rev] = _run(commits[rev], target.resolve(), args)
+    before, after = (_records(dirs[rev] / "results.jsonl") for rev in (args.before, args.after))
     diffs = differences(before, after)
     trajectories = sum(len(r["trajectories"]) for r in before.values())
-    print(f"\n{args.before} vs {args.after}: {len(before)} questions, {trajectories} trajectories, seed {args.seed}")
+    names = " vs ".join(f"{rev} ({commits[rev][:10]})" for rev in (args.before, args.after))
+    print(f"\n{names}: {len(before)} questions, {trajectories} trajectories, seed {args.seed}")
     for rev, s in seconds.items():
         print(f"  {rev}: {s:.0f} s")
     tokens = [sum(t["stats"]["generated_tokens"] for t in r["trajectories"].values()) for r in before.values()]

@@ -18,6 +18,7 @@ from langgraph_parallelmuse.eval import QAItem
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import agent_protocol  # noqa: E402
+import compare_revisions  # noqa: E402
 import online_rollout  # noqa: E402
 import serving_rollout  # noqa: E402
 
@@ -157,3 +158,30 @@ def test_agent_protocol_pairs_in_dev_set_order_whatever_order_the_file_holds(mon
     # A resumed file: its first questions were rerun and stand at its end.
     write_rows(new, new_rows[8:] + new_rows[:8])
     assert agent_protocol.pair(base, new) == in_order
+
+
+def test_compare_revisions_runs_again_when_a_revision_moved_or_the_settings_changed(monkeypatch, tmp_path):
+    commits = {"old": "a" * 40, "HEAD": "b" * 40}
+    ran = []
+
+    def run(commit, target, args):
+        ran.append(commit[0])
+        target.mkdir(parents=True, exist_ok=True)
+        rec = {"id": "q", "trajectories": {"t0": {"stats": {"generated_tokens": 1, "tool_calls": 1}, "answer": "x"}}}
+        (target / "results.jsonl").write_text(json.dumps({**rec, "methods": {}}) + "\n")
+        return 0.0
+
+    def compare(*options: str) -> None:
+        argv = ["compare_revisions.py", "old", "HEAD", "--limit", "1", "--out", str(tmp_path), *options]
+        monkeypatch.setattr(sys, "argv", argv)
+        assert compare_revisions.main() == 0
+
+    monkeypatch.setattr(compare_revisions, "commit_of", commits.__getitem__)
+    monkeypatch.setattr(compare_revisions, "_run", run)
+    compare()
+    compare()  # nothing changed: both cached
+    compare("--seed", "7")
+    compare("--dataset", "musique_train100")
+    commits["HEAD"] = "c" * 40  # a commit since: HEAD names another revision now
+    compare()
+    assert ran == ["a", "b", "a", "b", "a", "b", "c"]
