@@ -1,7 +1,9 @@
 """Issue 21 item 3: the guided reports on fixed trajectories: fallbacks, length, entities kept (embedded SmolLM2).
 
 Stage 1 runs once: ``--n`` from-scratch trajectories per question (``mode="none"``, the guided
-driver, distractor setting), stored as JSON in ``--trajectories``; a rerun reads them back. Stage 2
+driver, distractor setting), stored as JSON in ``--trajectories`` with the dataset, ``--n`` and
+``--seed`` they were made with; a rerun with the same three reads them back (running only the
+questions a larger ``--limit`` adds), one with others runs Stage 1 again over the file. Stage 2
 is the library's own map step (``stage2.write_report``, guided) over those same trajectories, so
 two revisions of the library compare on identical input when the script runs under each::
 
@@ -46,19 +48,31 @@ def entity_share(question: str, trajectory: dict, text: str) -> float | None:
     return sum(f" {k} " in body for k in keys) / len(keys)
 
 
+def stored_rollouts(path: Path, settings: dict) -> dict[str, list[dict]]:
+    """The Stage 1 trajectories in ``path`` per question id, if they were made with ``settings``
+    (none otherwise, as from a file written before the cache recorded its settings)."""
+    if not path.exists():
+        return {}
+    cache = json.loads(path.read_text())
+    return cache["trajectories"] if cache.get("settings") == settings else {}
+
+
 async def rollouts(model, items, index, args) -> dict[str, list[dict]]:
+    """Stage 1 of ``items``: the cache's where it holds them, run (and added to it) otherwise."""
     path = Path(args.trajectories)
-    if path.exists():
-        return json.loads(path.read_text())
+    settings = {"dataset": args.dataset, "n": args.n, "seed": args.seed}
+    out = stored_rollouts(path, settings)
+    todo = [item for item in items if item.id not in out]
+    if not todo:
+        return out
     config = make_config(n=args.n, m=args.n, mode="none", seed=args.seed)
-    out: dict[str, list[dict]] = {}
-    for item in items:
+    for item in todo:
         runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
         trajectories, _ = await run_schedule(runner, item.question, config=config, run_id=f"{item.id}/s2")
         out[item.id] = trajectories
         print(f"  {item.id}: {len(trajectories)} trajectories", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, ensure_ascii=False))
+    path.write_text(json.dumps({"settings": settings, "trajectories": out}, ensure_ascii=False))
     return out
 
 

@@ -21,6 +21,7 @@ import agent_protocol  # noqa: E402
 import compare_revisions  # noqa: E402
 import online_rollout  # noqa: E402
 import serving_rollout  # noqa: E402
+import stage2_reports  # noqa: E402
 
 
 def items(n: int) -> list[QAItem]:
@@ -185,3 +186,28 @@ def test_compare_revisions_runs_again_when_a_revision_moved_or_the_settings_chan
     commits["HEAD"] = "c" * 40  # a commit since: HEAD names another revision now
     compare()
     assert ran == ["a", "b", "a", "b", "a", "b", "c"]
+
+
+def test_stage2_reports_reuses_stage1_only_when_made_with_the_same_settings(monkeypatch, tmp_path):
+    made = []
+
+    async def schedule(runner, question, *, config, run_id):
+        made.append((run_id, config.n, config.seed))
+        return [{"id": "t0", "answer": "x"}] * config.n, []
+
+    monkeypatch.setattr(stage2_reports, "run_schedule", schedule)
+    monkeypatch.setattr(stage2_reports, "RolloutRunner", lambda model, tools: None)
+    monkeypatch.setattr(stage2_reports, "make_corpus_tools", lambda index, doc_ids: [])
+    cache = tmp_path / "trajectories.json"
+
+    def stage1(limit: int, n: int = 2, seed: int = 0) -> dict:
+        args = type("Args", (), {"trajectories": str(cache), "dataset": "hotpotqa_train100", "n": n, "seed": seed})
+        return asyncio.run(stage2_reports.rollouts(None, items(limit), None, args))
+
+    cache.write_text(json.dumps({"q0": []}))  # a cache that records no settings
+    assert len(stage1(1)["q0"]) == 2
+    assert set(stage1(2)) == {"q0", "q1"}  # a larger --limit runs only the question it adds
+    assert made == [("q0/s2", 2, 0), ("q1/s2", 2, 0)]
+    made.clear()
+    assert len(stage1(2, n=3)["q1"]) == 3 and len(stage1(2, n=3, seed=4)["q0"]) == 3
+    assert made == [("q0/s2", 3, 0), ("q1/s2", 3, 0), ("q0/s2", 3, 4), ("q1/s2", 3, 4)]
