@@ -14,16 +14,28 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-__all__ = ["AnswerKind", "answer_kind", "answer_type", "candidates", "choice_options", "compound_parts", "follow_up"]
+__all__ = [
+    "CAPITAL",
+    "AnswerKind",
+    "answer_kind",
+    "answer_type",
+    "candidates",
+    "choice_options",
+    "compound_parts",
+    "follow_up",
+]
 
 AnswerKind = Literal["yesno", "choice", "date", "number", "person", "name"]
 
+# A capital letter of any script ("Ōsaka", "Émile Zola"), as a regex class: ``re`` has no Unicode
+# property classes, so it lists the capitals of the Basic Multilingual Plane.
+CAPITAL = "[" + "".join(c for c in map(chr, range(0x10000)) if c.isupper()) + "]"
 _MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
 # Lower-case words inside names ("Bank of America", "Ludwig van Beethoven"); not "in"/"at", which
 # would join neighbouring names.
 _CONNECT = r"(?:of|the|de|del|da|di|du|la|le|von|van|der|den|and|&|for)"
 # "6,960" is one number, not "6" and "960".
-_CAP_WORD = r"(?:[A-Z][\w'’.\-]*|[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+[A-Za-z]*)"
+_CAP_WORD = rf"(?:{CAPITAL}[\w'’.\-]*|[0-9]{{1,3}}(?:,[0-9]{{3}})+|[0-9]+[A-Za-z]*)"
 _NAMED = re.compile(rf"{_CAP_WORD}(?:\s+(?:{_CONNECT}\s+)?{_CAP_WORD})*")
 _DATE = re.compile(rf"\b(?:(?:\d{{1,2}}\s+)?(?:{_MONTHS})(?:\s+\d{{1,2}},?)?\s+\d{{3,4}}|\d{{3,4}}s?)\b")
 _NUMBER = re.compile(
@@ -42,7 +54,7 @@ _STOPWORDS = frozenset(
 _WH = re.compile(r"\b(which|what|who|whom|whose|when|where|how)\b", re.IGNORECASE)
 _YES_NO = re.compile(r"^\s*(are|is|was|were|do|does|did|can|could|has|have|had|will|would)\b", re.IGNORECASE)
 # A sentence ends at a stop that does not close an initial ("G. Stanley Hall" is one name).
-_SENTENCE = re.compile(r"(?<=[.!?])(?<!\b[A-Z]\.)\s+|\n+")
+_SENTENCE = re.compile(rf"(?<=[.!?])(?<!\b{CAPITAL}\.)\s+|\n+")
 
 
 def _words(text: str) -> set[str]:
@@ -223,7 +235,7 @@ def _described(sentence: str) -> list[str]:
     return out
 
 
-_QUOTED = re.compile(r'"([A-Z0-9][^"]{0,58}?)[,.]?"')
+_QUOTED = re.compile(rf'"((?:{CAPITAL}|[0-9])[^"]{{0,58}}?)[,.]?"')
 
 
 def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[str]:
@@ -296,10 +308,20 @@ def candidates(
         pool += [re.sub(r"\s*\([^)]*\)$", "", t).strip() for t in titles]
     seen = {e.lower() for e in exclude}
     out: list[str] = []
-    for span in pool:
+    for found in pool:
+        # A tab or a line break inside a span is a space ("12\tMay 1974" is "12 May 1974").
+        span = " ".join(found.split())
         words = _words(span)
-        # A quote or backslash would break the JSON of a query that starts from the span (a bridge).
-        if not span or span.lower() in seen or len(span) > 60 or '"' in span or "\\" in span:
+        # A quote, backslash or control character would break the JSON of a query that starts
+        # from the span (a bridge).
+        if (
+            not span
+            or span.lower() in seen
+            or len(span) > 60
+            or '"' in span
+            or "\\" in span
+            or any(c < " " for c in span)
+        ):
             continue
         seen.add(span.lower())
         # Half the words may be the question's ("Astrid Young", the sister of Neil Young).

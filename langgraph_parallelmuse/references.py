@@ -17,9 +17,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from langgraph_parallelmuse.candidates import CAPITAL
+
 __all__ = ["Reference", "inner_reference", "reference_depth", "resolve", "resolved_question"]
 
-_NAME = r"[A-Z0-9][\w.\-]*(?:\s+(?:(?:of|the|and|de|for|with|a)\s+)*[A-Z0-9][\w.\-]*)*"
+_NAME = rf"(?:{CAPITAL}|[0-9])[\w.\-]*(?:\s+(?:(?:of|the|and|de|for|with|a)\s+)*(?:{CAPITAL}|[0-9])[\w.\-]*)*"
 # "the country where …", "a German musician whose …": a head noun (up to two words before it)
 # and a relative clause, which runs to a comma or the end of the question, or ends after a
 # "located"/"born"-like participle ("the area where X is located became a state").

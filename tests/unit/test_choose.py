@@ -208,6 +208,29 @@ def test_candidates_hold_numbers_years_descriptions_and_names_whole(question, ev
     assert answer in candidates(question, evidence)
 
 
+@pytest.mark.parametrize(
+    ("question", "evidence", "answer"),
+    [
+        ("Which city was Ken Tanaka born in?", "Ken Tanaka was born in Ōsaka, Japan.", "Ōsaka"),
+        ("Who wrote Germinal?", "Germinal is a novel by Émile Zola, published in 1885.", "Émile Zola"),
+        ("Who scored the goal?", "The goal was scored by Ángel Di María in the final.", "Ángel Di María"),
+        ("Which region is Paris in?", "Paris is the capital of Île-de-France.", "Île-de-France"),
+        ("What song was it?", 'She sang "Ça plane pour moi" on the show.', "Ça plane pour moi"),
+    ],
+)
+def test_a_name_starting_with_an_accented_capital_is_whole(question, evidence, answer):
+    assert answer in candidates(question, evidence)
+
+
+def test_spans_hold_no_tab_line_break_or_control_character():
+    evidence = 'Hello Love was released on 12\tMay 1974. Her song "Blue\tMoon\x0bRising" and "Odd\x00Song" charted.'
+    options = candidates("What song made the singer famous?", evidence) + candidates(
+        "When was Hello Love released?", evidence
+    )
+    assert "Blue Moon Rising" in options and "12 May 1974" in options
+    assert not [o for o in options if any(c < " " for c in o)]
+
+
 def test_the_question_s_own_entity_is_not_a_candidate():
     options = candidates("Who is the sibling of Neil Young?", "He is the father of Neil Young and Astrid Young.")
     assert "Neil Young" not in options and "Astrid Young" in options

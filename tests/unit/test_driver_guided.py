@@ -10,7 +10,7 @@ from langgraph_parallelmuse.candidates import candidates
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.protocol import parse_action
-from langgraph_parallelmuse.segments import Choose, Sampling, generate_turn
+from langgraph_parallelmuse.segments import Choose, Pick, Sampling, generate_turn
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.unit.fakes import ScoringChatModel
 
@@ -115,3 +115,18 @@ def test_search_markup_is_dropped_from_the_evidence_even_around_an_id_with_paren
     assert evidence.splitlines()[0] == "Mercury (planet) - Wikipedia" and "Hello Love\n" in evidence
     assert "(id:" not in evidence and "[1]" not in evidence
     assert not [c for c in candidates("Which planet is smallest?", evidence) if "_" in c]
+
+
+def test_a_bridge_from_evidence_with_a_tab_still_makes_a_valid_tool_call():
+    evidence = 'Her best known song was "Blue\tMoon Rising", recorded on 12\tMay 1974 in Nashville.'
+    ctx = StepContext("What song made the singer famous?", [], [], 2, False, 64, TOOLS, scoring=True)
+    driver = GuidedDriver()
+    for option in candidates("What song made the singer famous?", evidence):
+        model = ScoringChatModel(script=[" lyrics"])
+        segments = driver.search(ctx, bridge=Pick(0, option, (), (0.0,), (1.0,)))
+        turn = asyncio.run(generate_turn(model, [], segments, sampling=Sampling(temperature=0)))
+        assert parse_action(turn.text) == {
+            "type": "tool_call",
+            "name": "search",
+            "arguments": {"query": option + " lyrics"},
+        }

@@ -29,6 +29,9 @@ from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick
             "performer",
         ),
         ("Who is the sibling of the performer of Decade?", "the performer of Decade", "performer"),
+        # A name may start with an accented capital.
+        ("Where was the composer of Ödipus born?", "the composer of Ödipus", "composer"),
+        ("Where was Émile Zola's publisher based?", "Émile Zola's publisher", "publisher"),
         ("What currency predated the Euro in the country Signmark is from?", "the country Signmark is from", "country"),
         # A clause ends at a comma and after "is located": the rest is the question's own.
         (
