@@ -118,20 +118,36 @@ def choice_options(question: str) -> list[str]:
     return options if all(options) and not any(re.fullmatch(r"[\d\s,.\-–]+", o) for o in options) else []
 
 
+# Words an asked wh-word follows in a question that starts like a yes/no one ("Do you know who
+# wrote Hamlet?", "Can you tell me which …").
+_ASKING = _STOPWORDS | {"know", "tell", "me", "us", "say", "remember"}
+
+
+def _asks(question: str) -> bool:
+    """True when a wh-word of ``question`` asks: one right after a noun starts a relative clause
+    ("the director who made Jaws"), one after a function word or first asks ("… born in what city?").
+    """
+    for m in _WH.finditer(question):
+        before = re.findall(r"\w+", question[: m.start()].lower())
+        if not before or before[-1] in _ASKING:
+            return True
+    return False
+
+
 def answer_kind(question: str) -> AnswerKind:
     """What a question asks for, which decides the kind of span its candidates are.
 
     Example:
         >>> [answer_kind(q) for q in ("Are both X and Y bands?", "When was X born?", "Who wrote X?",
-        ...                           "X has an OBE. Does Y have one?")]
-        ['yesno', 'date', 'person', 'yesno']
+        ...                           "X has an OBE. Does Y have one?", "Was the director who made Jaws born in Ohio?")]
+        ['yesno', 'date', 'person', 'yesno', 'yesno']
     """
     q = " ".join(question.lower().split())
     wh = _WH.search(q)
     # "The director X has an OBE. Does the director Y also have one?": the asking sentence is the
     # last, and starts with a capital ("… Harry Connick Jr. was released …" is one sentence).
     asked = _SENTENCE.split(" ".join(question.split()))[-1]
-    if (_YES_NO.match(q) and not wh) or (asked[:1].isupper() and _YES_NO.match(asked) and not _WH.search(asked)):
+    if (_YES_NO.match(q) and not _asks(q)) or (asked[:1].isupper() and _YES_NO.match(asked) and not _asks(asked)):
         return "yesno"
     if choice_options(question):
         return "choice"

@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from langgraph_parallelmuse.agent import RolloutRunner
-from langgraph_parallelmuse.candidates import candidates, choice_options
+from langgraph_parallelmuse.candidates import answer_kind, candidates, choice_options
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.logprobs import tokens_in_span
@@ -301,6 +301,23 @@ def test_a_comparison_is_answered_among_the_options_its_question_names(question,
 )
 def test_what_a_comparison_does_not_name_is_no_option(question, options):
     assert choice_options(question) == options
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        # A wh-word right after a noun starts a relative clause: the question is still yes/no.
+        ("Was the director who made Jaws born in Ohio?", "yesno"),
+        ("Did the band whose singer is Neil Young form in 1966?", "yesno"),
+        ("Is the city where Ken Tanaka was born in Japan?", "yesno"),
+        # One after a function word, or a verb of asking, is what the question asks.
+        ("Is Paris in what country?", "name"),
+        ("Was Jaws directed by whom?", "person"),
+        ("Do you know who wrote Hamlet?", "person"),
+    ],
+)
+def test_a_relative_wh_word_leaves_a_yes_no_question_yes_no(question, kind):
+    assert answer_kind(question) == kind
 
 
 @pytest.mark.parametrize(
