@@ -110,14 +110,20 @@ def _config_from(args: argparse.Namespace, **fixed: Any) -> ParallelMuseConfig:
     return make_config({**_overrides(args), **fixed})
 
 
-def _model(args: argparse.Namespace):
-    """The agent model: a checked OpenAI-compatible server (``--base-url``) or the embedded SmolLM2."""
+def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None):
+    """The agent model: a checked OpenAI-compatible server (``--base-url``) or the embedded SmolLM2.
+
+    Args:
+        args: The command line.
+        settings: The settings the run will use, which the server is checked for (its driver,
+            ``top_logprobs``, whether it branches); default: the command line's flags.
+    """
     if args.base_url and args.model_path:
         raise ConfigError("--model-path loads a local checkpoint, --base-url uses a server: pass one of them")
     if args.model and not args.base_url:
         raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
     if args.base_url:
-        return _server_model(args, _config_from(args))
+        return _server_model(args, settings or _config_from(args))
     from langgraph_parallelmuse.models import LocalChatModel
 
     with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
@@ -519,7 +525,9 @@ async def _bench(args: argparse.Namespace) -> int:
         hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
     already = len(finished_records(results, items, settings=settings))  # before loading anything
-    model = _model(args)
+    # The server is checked and built for the runs' own settings (--set driver=guided needs the
+    # prefilled turn): a partial-rollout mode's when a method runs one, else from-scratch sampling's.
+    model = _model(args, settings.config(settings.modes[0] if settings.needs("partial") else "none"))
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
     try:

@@ -355,6 +355,44 @@ def test_a_server_model_scores_only_where_the_server_returns_prompt_logprobs(pro
     assert ("returns no prompt_logprobs" in _err(capsys)) is not scoring
 
 
+def test_bench_checks_and_builds_the_server_model_for_its_set_driver(tmp_path, monkeypatch):
+    from langgraph_parallelmuse.eval import bench
+    from tests.unit.http_fakes import fake_http
+    from tests.unit.test_server_model import fake_server
+
+    built = {}
+
+    async def no_run(model, *args, **kwargs):  # the model is what matters; nothing is run
+        built["model"] = model
+        return []
+
+    monkeypatch.setattr(bench, "run_bench", no_run)
+    questions, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
+    questions.write_text(
+        json.dumps(
+            {
+                "id": "q1",
+                "question": PARIS,
+                "answers": ["Paris"],
+                "supporting_doc_ids": ["d1"],
+                "context_doc_ids": ["d1"],
+            }
+        )
+        + "\n"
+    )
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
+    with fake_http(fake_server(prompt_logprobs="returned")) as server:
+        argv = ["bench", "--questions", str(questions), "--corpus", str(corpus), "--out", str(tmp_path / "run")]
+        argv += ["--base-url", f"{server.url}/v1", "--model", "smollm2", "--set", "driver=guided"]
+        argv += ["--set", "top_logprobs=5", "--n", "3", "--k", "1", "--t", "1", "--modes", "exploration"]
+        assert cli.main(argv) == 0
+        probes = [r.body for r in server.requests if r.body and "messages" in r.body]
+    # Before: --set was ignored, so the guided driver got a model built without prefill (and the
+    # server was never checked for it): the first guided step would have been refused.
+    assert built["model"].supports_prefill is True and built["model"].top_logprobs == 5
+    assert any(body.get("continue_final_message") for body in probes)
+
+
 def test_the_engine_precision_reaches_the_local_model_and_a_bad_one_is_refused(monkeypatch, capsys):
     import langgraph_parallelmuse.models as models
 
