@@ -494,7 +494,10 @@ class RolloutRunner:
         if on_step is None:
             await self.graph.ainvoke(payload, tc, context=context)
         else:
-            async for update in self.graph.astream(payload, tc, context=context, stream_mode="updates"):
+            # Sync durability: the step's checkpoint is saved before its update is emitted, so the
+            # snapshot (and a fork from it) holds the step that just finished, not the one before.
+            updates = self.graph.astream(payload, tc, context=context, stream_mode="updates", durability="sync")
+            async for update in updates:
                 if "think" in update:
                     await on_step(await self.snapshot(thread_id, config))
         final = await self.graph.aget_state(tc)

@@ -72,6 +72,21 @@ async def test_a_trajectory_has_a_checkpoint_after_every_node():
     assert len(model.calls) == 3
 
 
+async def test_on_step_sees_the_step_that_just_finished():
+    """Online branching forks a step as soon as it finishes. Before the fix the snapshot handed to
+    ``on_step`` was read before LangGraph had saved the step's checkpoint (asynchronous durability),
+    so every fork waited for the parent's next model call and tool call."""
+    runner, _, _ = _runner(PARENT_SCRIPT)
+    seen = []
+
+    async def on_step(trajectory):
+        seen.append(len(trajectory["steps"]))
+
+    job = {"id": "t0", "thread_id": "r/t0", "origin": {"kind": "initial", "parent": None, "round": 0}}
+    await runner.run_job(job, question=QUESTION, on_step=on_step)
+    assert seen == [1, 2, 3]
+
+
 async def test_each_step_records_text_tokens_regions_action_and_usage():
     runner, model, calls = _runner(PARENT_SCRIPT)
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
