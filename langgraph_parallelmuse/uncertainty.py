@@ -48,6 +48,9 @@ def token_entropy(record: TokenRecord) -> float:
     return -sum(w / total * lp for w, (_, lp) in zip(weights, tops, strict=True))
 
 
+_MAX_EXPONENT = 700.0  # math.exp overflows a float above about 709.78
+
+
 def perplexity(records: Sequence[TokenRecord], estimator: Estimator = "nll") -> float | None:
     """Perplexity of a token sequence, ``None`` for an empty one.
 
@@ -59,10 +62,14 @@ def perplexity(records: Sequence[TokenRecord], estimator: Estimator = "nll") -> 
     if not records:
         return None
     if estimator == "nll":
-        return math.exp(-sum(r["logprob"] for r in records) / len(records))
-    if estimator == "entropy":
-        return math.exp(sum(token_entropy(r) for r in records) / len(records))
-    raise ValueError(f"unknown estimator {estimator!r}: use 'nll' or 'entropy'")
+        mean = -sum(r["logprob"] for r in records) / len(records)
+    elif estimator == "entropy":
+        mean = sum(token_entropy(r) for r in records) / len(records)
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}: use 'nll' or 'entropy'")
+    # A backend's missing or -inf logprob is floored at -9999 (logprobs.py); exp of its mean would
+    # overflow. Capped, such a region still ranks as the most uncertain, and stays finite for JSON.
+    return math.exp(min(mean, _MAX_EXPONENT))
 
 
 def token_confidence(record: TokenRecord, top_k: int = 16) -> float:

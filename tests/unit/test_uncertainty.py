@@ -60,6 +60,14 @@ def test_nll_perplexity_by_hand():
     assert perplexity([_tok(math.log(0.25))], "nll") == pytest.approx(4.0)
 
 
+def test_a_floored_logprob_ranks_highest_instead_of_overflowing():
+    """A backend's missing or -inf logprob is floored at -9999; before the fix exp of its region's
+    mean raised OverflowError, which failed the whole question."""
+    floored = perplexity([_tok(-0.1), _tok(-9999.0), _tok(-0.1)], "nll")
+    assert math.isfinite(floored) and floored > perplexity([_tok(-50.0)], "nll")
+    assert math.isfinite(perplexity([_tok(-9999.0, tops=(-9999.0, -9999.0))], "entropy"))
+
+
 def test_entropy_of_one_token_by_hand():
     # Two alternatives with p ∝ e^-0.5 and e^-1.5: p1 = 1/(1+e^-1).
     p1 = 1 / (1 + math.exp(-1.0))
