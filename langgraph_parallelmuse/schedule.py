@@ -25,7 +25,7 @@ from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.calibration import Calibration, quantile_of
 from langgraph_parallelmuse.concurrency import gather_all, settle
 from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.lineage import Job, Pick, branch_job, scratch_job
+from langgraph_parallelmuse.lineage import Job, Pick, branch_job, next_fill_index, scratch_job
 from langgraph_parallelmuse.state import Trajectory
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, require_logprobs, select_branch_steps
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def _fills(trajectories: Sequence[Trajectory], count: int, *, round: int, run_id: str) -> list[Job]:
-    start = sum(1 for t in trajectories if t["origin"].get("kind") == "fill")
+    start = next_fill_index(trajectories)
     return [scratch_job("fill", start + i, run_id=run_id, round=round) for i in range(count)]
 
 
@@ -329,8 +329,8 @@ class _Online:
         await settle(self.tasks)
         for job in self.tasks.values():  # what they finished stays checkpointed; the record says why it ended
             traj = await self.runner.snapshot(job["thread_id"], self.config)
-            if not traj["steps"]:
-                continue  # cancelled before its first step: it never ran
+            if len(traj["steps"]) <= (traj["origin"].get("step") or 0):
+                continue  # cancelled before its own first step (a branch holds only its parent's prefix)
             status = traj["status"] if traj["status"] != "running" else "cancelled"
             self.done.append({**traj, "status": status, "answer": traj["answer"] if status != "cancelled" else None})
         self.tasks.clear()

@@ -4,6 +4,7 @@ trajectories stop early, consensus cancels what is left, and a crashed online ru
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import re
@@ -216,6 +217,35 @@ async def test_consensus_cancels_running_work_without_losing_its_finished_steps(
     for t in cancelled:  # the finished step is in the trajectory's checkpoints
         snap = await runner.graph.aget_state(runner._thread(t["thread_id"]))
         assert snap.values["steps"][0] == t["steps"][0]
+
+
+async def test_a_branch_cancelled_before_its_own_first_step_is_not_a_trajectory(tmp_path):
+    """Its thread holds only the parent's prefix; before the fix it came back as a "cancelled"
+    trajectory with no step of its own, counted as a branch."""
+    step1_calls = collections.Counter()
+
+    def plan(me, step, thought):
+        if step == 1:
+            step1_calls[me] += 1
+            if step1_calls[me] > 1:  # a branch's first own step: still running at the consensus
+                return Reply(call_text("search", thought, query="c"), delay=5.0)
+            return Reply(call_text("search", thought, query="b"), regions={"tool_call": -2.5})  # forked at once
+        text = answer_text("Paris", thought) if step == 2 else call_text("search", thought, query="a")
+        return Reply(text, delay=0.3 if step == 2 else 0.0)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=6, k=1, t=2, branching="online", calibration=_calibration(tmp_path), consensus=0.75)
+    events = []
+    trajs, picks = await online_rollout(
+        RolloutRunner(model, make_tools()[0]),
+        QUESTION,
+        config=config,
+        run_id="c",
+        on_event=lambda e, **d: events.append(e),
+    )
+    assert "consensus_reached" in events and [(p["parent"], p["step"]) for p in picks] == [("t0", 1)]
+    assert events.count("trajectory_started") == 6  # both branches did start
+    assert sorted(t["id"] for t in trajs) == ["f0", "f1", "f2", "t0"]
 
 
 # ----------------------------------------------------------------------------- resume
