@@ -79,8 +79,9 @@ class Calibration:
             confidences: Per trajectory, its lowest group confidence (``stats["lowest_confidence"]``).
             stop_quantile: Share of such trajectories that ``early_stop`` would have stopped.
         """
-        if not 0.0 < quantile < 1.0:
-            raise ConfigError(f"quantile={quantile}: use a value strictly between 0 and 1")
+        for name, value in (("quantile", quantile), ("stop_quantile", stop_quantile)):
+            if not 0.0 < value < 1.0:
+                raise ConfigError(f"{name}={value}: use a value strictly between 0 and 1")
         values: dict[str, list[float]] = {r: [] for r in ("reasoning", "exploration", "all")}
         for steps in uncertainties:
             for step in steps:

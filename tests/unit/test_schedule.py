@@ -147,6 +147,15 @@ def test_calibration_fit_save_load_roundtrip(tmp_path):
     assert Calibration.load(cal.save(tmp_path / "c.json")) == cal
 
 
+@pytest.mark.parametrize("stop_quantile", [-0.5, 0.0, 1.0, 1.5])
+def test_calibration_refuses_a_stop_quantile_outside_zero_one(stop_quantile):
+    """Before the fix -0.5 gave a floor near the top (early stop would stop nearly everything) and
+    1.5 an IndexError."""
+    runs = [[{"reasoning": 1.0, "exploration": 2.0, "all": 1.5}]]
+    with pytest.raises(ConfigError, match=rf"stop_quantile={stop_quantile}: use a value strictly between 0 and 1"):
+        Calibration.fit(runs, confidences=[1.0, 2.0, 3.0, 4.0], stop_quantile=stop_quantile)
+
+
 @pytest.mark.parametrize(
     ("content", "config", "needle"),
     [
