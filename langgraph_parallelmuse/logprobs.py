@@ -10,6 +10,7 @@ so functional regions (char spans of protocol tags) can be mapped onto tokens.
 
 from __future__ import annotations
 
+import codecs
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -157,10 +158,15 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
     records: list[TokenRecord] = []
     if all(raw is not None for *_, raw in entries) and entries:
         # Byte-accurate offsets. A token starts where the complete characters before it end and
-        # ends after any character it touches, so each token of a split character covers it.
-        buf = b""
+        # ends after any character it touches, so each token of a split character covers it. An
+        # invalid byte counts as the U+FFFD the text holds for it, so later offsets stay aligned:
+        # the incremental decoder replaces it and holds back only the start of a character; a
+        # held-back start that this token does not continue is one U+FFFD before the token.
+        buf, decoder, done = b"", codecs.getincrementaldecoder("utf-8")(errors="replace"), 0
         for token, lp, tops, raw in entries:
-            start = len(buf.decode("utf-8", errors="ignore"))
+            held = decoder.getstate()[0]
+            start = done + (1 if held and not (raw and 0x80 <= raw[0] <= 0xBF) else 0)
+            done += len(decoder.decode(raw))
             buf += raw
             end = max(start, len(buf.decode("utf-8", errors="replace")))
             records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=start, end=end))

@@ -237,6 +237,22 @@ def test_multibyte_char_split_over_two_tokens_keeps_offsets_aligned_with_the_tex
     assert all(a["end"] <= b["start"] or a["start"] == b["start"] for a, b in zip(recs, recs[1:], strict=False))
 
 
+def test_an_invalid_byte_counts_as_its_replacement_character_for_every_later_token():
+    """A character the model never completed is one U+FFFD in the text; before the fix every later
+    token started one character early, so the reasoning region took in the tag before it."""
+    toks = [
+        ("\ufffd", [0xE4, 0xBD]),
+        ("<think>", list(b"<think>")),
+        ("abc", list(b"abc")),
+        ("</think>", list(b"</think>")),
+    ]
+    payload = {"content": [{"token": t, "logprob": -0.1, "bytes": b, "top_logprobs": []} for t, b in toks]}
+    text = "\ufffd<think>abc</think>"
+    recs = normalize_logprobs(payload, text)
+    assert [text[r["start"] : r["end"]] for r in recs] == ["\ufffd", "<think>", "abc", "</think>"]
+    assert [r["token"] for r in tokens_in_span(recs, (text.index("abc"), text.index("abc") + 3))] == ["abc"]
+
+
 def test_both_tokens_of_a_split_char_at_a_region_start_are_in_the_region():
     recs = normalize_logprobs(_split_e_acute_payload(), "Café!")
     assert [r["token"] for r in tokens_in_span(recs, [3, 5])] == ["bytes:\\xc3", "bytes:\\xa9", "!"]
