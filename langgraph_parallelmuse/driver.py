@@ -28,7 +28,7 @@ from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
 # A search hit's line, "[2] Title (id: x)"; an id may hold parentheses ("Mercury_(planet)").
-_RESULT_MARKUP = re.compile(r"^\[\d+\] (.*) \(id: [^\n]*\)[ \t]*$", re.MULTILINE)
+SEARCH_HIT = re.compile(r"^\[\d+\] (.*) \(id: ([^\n]*)\)[ \t]*$", re.MULTILINE)
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 QUERY_SYSTEM = "Write a short web search query for the question."
 # The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot
@@ -370,7 +370,7 @@ class GuidedDriver:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.
-            text = _RESULT_MARKUP.sub(r"\1", obs["content"]).strip()
+            text = SEARCH_HIT.sub(r"\1", obs["content"]).strip()
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal").
                 text, budget = text[: max(text.rfind(" ", 0, budget + 1), 0)], 0

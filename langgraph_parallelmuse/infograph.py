@@ -42,7 +42,7 @@ from typing import Any, Literal
 from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.answers import normalize_answer
-from langgraph_parallelmuse.driver import call_key
+from langgraph_parallelmuse.driver import SEARCH_HIT, call_key
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
 
 __all__ = [
@@ -188,7 +188,6 @@ def _mentions(text: str, key: str) -> bool:
 
 # ----------------------------------------------------------------------------- reading the records
 
-_HIT = re.compile(r"^\[\d+\] (.+?) \(id: ([^)\n]*)\)[ \t]*$", re.MULTILINE)
 
 
 def read_segments(observations: Sequence[Observation]) -> list[Segment]:
@@ -212,7 +211,7 @@ def read_segments(observations: Sequence[Observation]) -> list[Segment]:
             continue
         content, ids = obs["content"], obs.get("doc_ids") or []
         if obs["name"] == "search":
-            hits = list(_HIT.finditer(content))
+            hits = list(SEARCH_HIT.finditer(content))
             for i, hit in enumerate(hits):
                 end = hits[i + 1].start() if i + 1 < len(hits) else len(content)
                 title = hit.group(1).strip()

@@ -10,6 +10,7 @@ from langgraph_parallelmuse.infograph import (
     effective_subgraph,
     graph_stats,
     named_spans,
+    read_segments,
     redundancy,
     redundancy_summary,
 )
@@ -262,3 +263,13 @@ def test_the_run_summary_separates_from_scratch_trajectories_from_branches():
     assert summary["by_kind"]["initial"]["entities"] == 8
     assert summary["by_kind"]["branch"]["effective_entities"] == 5
     assert summary["per_trajectory"]["t0.s1.b0"]["redundancy"] == pytest.approx(1 - 5 / 7)
+
+
+def test_a_hit_whose_id_holds_parentheses_is_read_whole():
+    """Web ids such as ``.../Mercury_(planet)`` made the hit line unmatched: its title and text were
+    missing from the graph (the driver's evidence had the same bug)."""
+    url = "https://en.wikipedia.org/wiki/Mercury_(planet)"
+    obs = hits(0, (url, "Mercury (planet)", "Mercury is the smallest planet."), ("d2", "Venus", "Venus is second."))
+    segments = read_segments([obs])
+    assert [(s.title, s.doc_id) for s in segments] == [("Mercury (planet)", url), ("Venus", "d2")]
+    assert segments[0].text == "mercury planet mercury is smallest planet"
