@@ -189,7 +189,6 @@ def _mentions(text: str, key: str) -> bool:
 # ----------------------------------------------------------------------------- reading the records
 
 
-
 def read_segments(observations: Sequence[Observation]) -> list[Segment]:
     """The documents a trajectory's tool outputs showed: one segment per search hit, one per opened
     document (the first line of a visit's output is its title). Failed calls, and visits that name
