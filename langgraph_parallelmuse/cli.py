@@ -526,8 +526,10 @@ async def _bench(args: argparse.Namespace) -> int:
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
     already = len(finished_records(results, items, settings=settings))  # before loading anything
     # The server is checked and built for the runs' own settings (--set driver=guided needs the
-    # prefilled turn): a partial-rollout mode's when a method runs one, else from-scratch sampling's.
-    model = _model(args, settings.config(settings.modes[0] if settings.needs("partial") else "none"))
+    # prefilled turn): a partial-rollout mode's (logprobs checked) when a method runs one or weighs
+    # votes by confidence, else from-scratch sampling's.
+    scored = settings.needs("partial") or "weighted" in settings.methods
+    model = _model(args, settings.config(settings.modes[0] if scored else "none"))
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
     try:

@@ -355,6 +355,32 @@ def test_a_server_model_scores_only_where_the_server_returns_prompt_logprobs(pro
     assert ("returns no prompt_logprobs" in _err(capsys)) is not scoring
 
 
+def _bench_files(tmp_path) -> list[str]:
+    """``bench`` over one question and its one-document corpus, written under ``tmp_path``."""
+    questions, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
+    item = {
+        "id": "q1",
+        "question": PARIS,
+        "answers": ["Paris"],
+        "supporting_doc_ids": ["d1"],
+        "context_doc_ids": ["d1"],
+    }
+    questions.write_text(json.dumps(item) + "\n")
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
+    return ["bench", "--questions", str(questions), "--corpus", str(corpus), "--out", str(tmp_path / "run")]
+
+
+def test_a_bench_weighing_votes_by_confidence_checks_the_servers_logprobs(tmp_path, capsys):
+    """The weighted vote reads the trajectories' logprobs: a server without them is named up front."""
+    from tests.unit.http_fakes import fake_http
+    from tests.unit.test_server_model import fake_server
+
+    with fake_http(fake_server(logprobs=None)) as server:
+        argv = [*_bench_files(tmp_path), "--base-url", f"{server.url}/v1", "--model", "smollm2"]
+        assert cli.main([*argv, "--methods", "majority,weighted"]) == 1
+    assert "returned no logprobs for model 'smollm2'" in _err(capsys)
+
+
 def test_bench_checks_and_builds_the_server_model_for_its_set_driver(tmp_path, monkeypatch):
     from langgraph_parallelmuse.eval import bench
     from tests.unit.http_fakes import fake_http
@@ -367,23 +393,16 @@ def test_bench_checks_and_builds_the_server_model_for_its_set_driver(tmp_path, m
         return []
 
     monkeypatch.setattr(bench, "run_bench", no_run)
-    questions, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
-    questions.write_text(
-        json.dumps(
-            {
-                "id": "q1",
-                "question": PARIS,
-                "answers": ["Paris"],
-                "supporting_doc_ids": ["d1"],
-                "context_doc_ids": ["d1"],
-            }
-        )
-        + "\n"
-    )
-    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
     with fake_http(fake_server(prompt_logprobs="returned")) as server:
-        argv = ["bench", "--questions", str(questions), "--corpus", str(corpus), "--out", str(tmp_path / "run")]
-        argv += ["--base-url", f"{server.url}/v1", "--model", "smollm2", "--set", "driver=guided"]
+        argv = [
+            *_bench_files(tmp_path),
+            "--base-url",
+            f"{server.url}/v1",
+            "--model",
+            "smollm2",
+            "--set",
+            "driver=guided",
+        ]
         argv += ["--set", "top_logprobs=5", "--n", "3", "--k", "1", "--t", "1", "--modes", "exploration"]
         assert cli.main(argv) == 0
         probes = [r.body for r in server.requests if r.body and "messages" in r.body]
