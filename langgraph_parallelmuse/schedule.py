@@ -157,7 +157,9 @@ def budget_stats(trajectories: Sequence[Trajectory], config: ParallelMuseConfig)
         "branches_planned": planned,
         "branches": branches,
         "branches_by_round": by_round,
-        "shortfall_filled": planned - branches,
+        # Fills beyond the plan's stand for branches that could not be made; after a consensus
+        # stop the missing branches were never replaced, so the gap alone is not a count of fills.
+        "shortfall_filled": max(0, min(planned - branches, kinds.count("fill") - config.fill_budget)),
         "fill": kinds.count("fill"),
         "crossover_reserved": config.crossover,  # slots kept for after the reports (stats["crossover"])
     }

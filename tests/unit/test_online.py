@@ -17,7 +17,7 @@ from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError, MissingLogprobsError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from langgraph_parallelmuse.schedule import online_rollout, run_schedule
+from langgraph_parallelmuse.schedule import budget_stats, online_rollout, run_schedule
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
@@ -246,6 +246,8 @@ async def test_a_branch_cancelled_before_its_own_first_step_is_not_a_trajectory(
     assert "consensus_reached" in events and [(p["parent"], p["step"]) for p in picks] == [("t0", 1)]
     assert events.count("trajectory_started") == 6  # both branches did start
     assert sorted(t["id"] for t in trajs) == ["f0", "f1", "f2", "t0"]
+    budget = budget_stats(trajs, config)  # the two branches were stopped, not replaced by fills
+    assert (budget["branches_planned"], budget["branches"], budget["shortfall_filled"]) == (2, 0, 0)
 
 
 # ----------------------------------------------------------------------------- resume
