@@ -132,6 +132,11 @@ def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None)
         return LocalChatModel.embedded(precision=args.precision)
 
 
+def _local_name(args: argparse.Namespace) -> str:
+    """The in-process model a command line loads, as results record it."""
+    return f"{args.model_path or 'embedded'} {args.precision}"
+
+
 def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
     """Check the server and the model name before the first wave, then build its chat model.
 
@@ -503,6 +508,8 @@ async def _bench(args: argparse.Namespace) -> int:
         setting=args.setting,
         max_turns=args.max_turns,
         extra=dict(args.set),
+        model=redact(f"{args.base_url} {args.model or 'its only model'}" if args.base_url else _local_name(args)),
+        judge=redact(f"{args.judge_base_url} {args.judge_model or 'default'}") if args.judge_base_url else None,
     )
     items = load_questions(args.questions, limit=args.limit)
     out_dir = Path(args.out)

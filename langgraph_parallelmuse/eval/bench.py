@@ -102,6 +102,10 @@ class BenchSettings:
     seed: int = 0
     setting: str = "distractor"  # or "open": the whole corpus
     max_turns: int = ParallelMuseConfig.model_fields["max_turns"].default
+    # Which model answered and which judged: a rerun with another model or judge must not continue
+    # a table measured with the first (the CLI writes its flags here, credentials redacted).
+    model: str = "embedded"
+    judge: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more ParallelMuseConfig fields
 
     def __post_init__(self) -> None:

@@ -381,6 +381,21 @@ def test_a_bench_weighing_votes_by_confidence_checks_the_servers_logprobs(tmp_pa
     assert "returned no logprobs for model 'smollm2'" in _err(capsys)
 
 
+def test_a_bench_continued_with_another_model_is_refused_before_it_loads(tmp_path, capsys):
+    """Only the run's settings were compared, so a rerun on a server continued a table the
+    embedded model had begun."""
+    from dataclasses import asdict
+
+    from langgraph_parallelmuse.eval.bench import BenchSettings
+
+    argv = _bench_files(tmp_path)
+    (tmp_path / "run").mkdir()
+    began = asdict(BenchSettings(model="embedded float32"))
+    (tmp_path / "run" / "results.jsonl").write_text(json.dumps({"id": "q1", "settings": began}) + "\n")
+    assert cli.main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--model", "smollm2"]) == 1
+    assert "model 'embedded float32' (now 'http://127.0.0.1:9/v1 smollm2')" in _err(capsys)
+
+
 def test_bench_checks_and_builds_the_server_model_for_its_set_driver(tmp_path, monkeypatch):
     from langgraph_parallelmuse.eval import bench
     from tests.unit.http_fakes import fake_http
