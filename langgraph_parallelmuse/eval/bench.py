@@ -394,7 +394,9 @@ def _metrics(rows: Sequence[dict], name: str) -> tuple[str, ...]:
 
 
 def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int = 0) -> dict[str, dict]:
-    """Mean and bootstrap 95% interval per method and metric, paired differences vs ``baseline``."""
+    """Mean and bootstrap 95% interval per method and metric, paired differences vs ``baseline``,
+    and what one answer cost per question (a single-trajectory mean: one trajectory of its set; an
+    aggregation: also ``aggregate_tokens``, the aggregator's own)."""
     names = sorted({m for r in records for m in r["methods"]})
     out: dict[str, dict] = {}
     for name in names:
@@ -412,11 +414,22 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
                 )
                 entry[f"{metric}_vs_{baseline}"] = diff + (within_noise(diff[1], diff[2]),)
         for key in ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "report_tokens", "tool_calls"):
-            vals = [r["methods"][name]["cost"].get(key) for r in rows]
+            vals = [_answer_cost(name, r["methods"][name], key) for r in rows]
             if all(v is not None for v in vals):
                 entry[key] = sum(vals) / len(vals)
+        if all("aggregate_tokens" in r["methods"][name] for r in rows):
+            entry["aggregate_tokens"] = sum(r["methods"][name]["aggregate_tokens"] for r in rows) / len(rows)
         out[name] = entry
     return out
+
+
+def _answer_cost(name: str, entry: dict, key: str) -> float | None:
+    """What one answer of a method cost: its set's cost, except that a single-trajectory mean
+    (``no_scaling``, ``single_partial_*``) answers from one trajectory of the set it records."""
+    value = entry["cost"].get(key)
+    if value is not None and (name == "no_scaling" or name.startswith("single_partial_")):
+        return value / len(entry["trajectories"])
+    return value
 
 
 def _thread_key(record: dict, trajectory_id: str) -> str:

@@ -82,10 +82,10 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
     entries = [(name, e) for name, e in summary.items() if "generated_tokens" in e]
     for i, (name, entry) in enumerate(entries):
         mean, lo, hi = entry[metric]
-        x = entry["generated_tokens"] + (entry.get("report_tokens") or 0)
+        x = entry["generated_tokens"] + (entry.get("report_tokens") or 0) + entry.get("aggregate_tokens", 0)
         ax.errorbar([x], [mean], yerr=[[mean - lo], [hi - mean]], fmt=markers[i % len(markers)], capsize=3, label=name)
     questions = max((e.get("questions", 0) for _, e in entries), default=0)
-    ax.set_xlabel("generated tokens per question (rollout + reports)")
+    ax.set_xlabel("generated tokens per answer (rollout + reports + aggregation)")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs cost ({questions} questions, 95% intervals)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))

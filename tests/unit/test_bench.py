@@ -226,6 +226,19 @@ async def test_an_llm_judge_adds_a_judge_score_to_every_method_and_the_table(ind
     assert "| judge |" in table.splitlines()[0]
 
 
+async def test_a_single_trajectory_mean_costs_one_trajectory_and_an_aggregation_its_aggregator(index, tmp_path):
+    """Before, no_scaling was plotted at the cost of all N trajectories, and the aggregator's own
+    tokens were counted nowhere."""
+    (rec,) = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    summary = summarize([rec])
+    scratch = rec["methods"]["majority"]["cost"]["generated_tokens"]
+    assert summary["majority"]["generated_tokens"] == scratch
+    assert summary["no_scaling"]["generated_tokens"] == scratch / 4  # n=4 from-scratch trajectories
+    aggregated = rec["methods"]["aggregation_only"]["aggregate_tokens"]
+    assert aggregated > 0 and summary["aggregation_only"]["aggregate_tokens"] == aggregated
+    assert "aggregate_tokens" not in summary["majority"]
+
+
 async def test_run_facts_report_the_agent_and_compression_figures(index, tmp_path):
     records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl")
     facts = run_facts(records)
