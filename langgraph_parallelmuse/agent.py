@@ -29,7 +29,14 @@ from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext,
 from langgraph_parallelmuse.errors import ContextOverflowError, ParallelMuseError
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
-from langgraph_parallelmuse.protocol import SYSTEM_PROMPT, build_messages, describe_tools, parse_action, region_spans
+from langgraph_parallelmuse.protocol import (
+    SYSTEM_PROMPT,
+    action_start,
+    build_messages,
+    describe_tools,
+    parse_action,
+    region_spans,
+)
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import with_retries
 from langgraph_parallelmuse.segments import Sampling, TurnResult, derive_seed, generate_turn
@@ -45,9 +52,18 @@ _DEFAULT_CONFIG = ParallelMuseConfig()
 
 
 def close_open_tag(text: str) -> str:
-    """Re-append the closing tag a stop string swallowed (``</tool_call>`` / ``</answer>``)."""
+    """Re-append the closing tag a stop string swallowed (``</tool_call>`` / ``</answer>``).
+
+    Only the action part counts, as :func:`~.protocol.parse_action` reads it: a tag the
+    reasoning mentions must not be the one closed.
+
+    Example:
+        >>> close_open_tag("<think>no <tool_call> needed</think><answer>Paris")
+        '<think>no <tool_call> needed</think><answer>Paris</answer>'
+    """
+    action = text[action_start(text) :]
     for tag in ("tool_call", "answer"):
-        if text.rfind(f"<{tag}>") > text.rfind(f"</{tag}>"):
+        if action.rfind(f"<{tag}>") > action.rfind(f"</{tag}>"):
             return text + f"</{tag}>"
     return text
 

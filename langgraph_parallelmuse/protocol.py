@@ -99,9 +99,15 @@ def render_tool_call(name: str, arguments: dict) -> str:
     return "<tool_call>" + payload.replace("<", "\\u003c").replace(">", "\\u003e") + "</tool_call>"
 
 
-def _action_start(text: str) -> int:
+def action_start(text: str) -> int:
     """Where a turn's action may start: after its first ``</think>`` (a tag the reasoning
-    mentions is not an action), or anywhere when the reasoning is not closed."""
+    mentions is not an action), or anywhere when the reasoning is not closed.
+
+    Example:
+        >>> text = "<think>no <answer> yet</think><answer>Paris"
+        >>> text[action_start(text):]
+        '<answer>Paris'
+    """
     end = text.find("</think>")
     return end + len("</think>") if end >= 0 else 0
 
@@ -121,7 +127,7 @@ def region_spans(text: str) -> dict[str, list[int]]:
         >>> region_spans('<think>a b<tool_call>{"q": 1}</tool_call>')
         {'reasoning': [7, 10], 'exploration': [21, 29]}
     """
-    after = _action_start(text)
+    after = action_start(text)
     opens = {region: text.find(f"<{tag}>", 0 if tag == "think" else after) for region, tag in REGION_TAGS.items()}
     spans: dict[str, list[int]] = {}
     for region, tag in REGION_TAGS.items():
@@ -152,7 +158,7 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
         >>> parse_action("<think>x</think><answer>Paris</answer>")
         {'type': 'answer', 'answer': 'Paris'}
     """
-    text = text[_action_start(text) :]
+    text = text[action_start(text) :]
     call = _extract(text, "tool_call")
     answer = _extract(text, "answer")
     if call is not None and (answer is None or text.find("<tool_call>") < text.find("<answer>")):

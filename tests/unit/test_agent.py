@@ -9,12 +9,12 @@ import re
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
 
-from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.agent import RolloutRunner, close_open_tag
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import QUERY_SYSTEM, FreeDriver, GuidedDriver, StepContext
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE
+from langgraph_parallelmuse.protocol import FINAL_TURN_NOTE, parse_action
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, tokenize
 
 QUESTION = "What is the capital of France?"
@@ -70,6 +70,13 @@ async def test_a_trajectory_has_a_checkpoint_after_every_node():
     fork_points = [steps for nxt, steps, _ in history if nxt == ("think",)]
     assert fork_points == [0, 1, 2]  # exactly one fork point per step
     assert len(model.calls) == 3
+
+
+def test_the_closing_tag_restored_is_the_actions_not_one_the_reasoning_mentions():
+    """A stop string swallowed ``</answer>``; before the fix ``</tool_call>`` was appended (the
+    reasoning named that tag), and the answer read as ``Paris</tool_call>``."""
+    text = close_open_tag("<think>No further <tool_call> is needed.</think>\n<answer>Paris")
+    assert text.endswith("<answer>Paris</answer>") and parse_action(text) == {"type": "answer", "answer": "Paris"}
 
 
 async def test_on_step_sees_the_step_that_just_finished():
