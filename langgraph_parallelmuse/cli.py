@@ -110,20 +110,21 @@ def _config_from(args: argparse.Namespace, **fixed: Any) -> ParallelMuseConfig:
     return make_config({**_overrides(args), **fixed})
 
 
-def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None):
+def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None, *, logprobs: bool | None = None):
     """The agent model: a checked OpenAI-compatible server (``--base-url``) or the embedded SmolLM2.
 
     Args:
         args: The command line.
         settings: The settings the run will use, which the server is checked for (its driver,
             ``top_logprobs``, whether it branches); default: the command line's flags.
+        logprobs: Whether the server must return logprobs; default: when ``settings`` branch.
     """
     if args.base_url and args.model_path:
         raise ConfigError("--model-path loads a local checkpoint, --base-url uses a server: pass one of them")
     if args.model and not args.base_url:
         raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
     if args.base_url:
-        return _server_model(args, settings or _config_from(args))
+        return _server_model(args, settings or _config_from(args), logprobs=logprobs)
     from langgraph_parallelmuse.models import LocalChatModel
 
     with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
@@ -137,7 +138,17 @@ def _local_name(args: argparse.Namespace) -> str:
     return f"{args.model_path or 'embedded'} {args.precision}"
 
 
-def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
+def _only_served_model(args: argparse.Namespace) -> str:
+    """The name of the one model ``--base-url`` serves (without ``--model``)."""
+    from langgraph_parallelmuse.models.server import served_models
+
+    served = served_models(args.base_url, api_key=os.environ.get("OPENAI_API_KEY"))
+    if len(served) != 1:
+        raise ConfigError(f"{args.base_url} serves {served}: pass --model with one of those names")
+    return served[0]
+
+
+def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, logprobs: bool | None = None):
     """Check the server and the model name before the first wave, then build its chat model.
 
     Without ``--model`` the server's only model is used; the guided driver (``--driver guided``)
@@ -145,22 +156,17 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig):
     without ``prompt_logprobs`` (anything but vLLM) gets a model that does not score, so the guided
     driver lets it write its answers instead of failing at the first answer step.
     """
-    from langgraph_parallelmuse.models.server import ServerChatModel, check_server, served_models
+    from langgraph_parallelmuse.models.server import ServerChatModel, check_server
 
     api_key = os.environ.get("OPENAI_API_KEY")
-    name = args.model
-    if name is None:
-        served = served_models(args.base_url, api_key=api_key)
-        if len(served) != 1:
-            raise ConfigError(f"{args.base_url} serves {served}: pass --model with one of those names")
-        name = served[0]
+    name = args.model or _only_served_model(args)
     guided = settings.driver == "guided"
     with console.status(f"Checking model {name!r} at {args.base_url}…"):
         support = check_server(
             args.base_url,
             name,
             top_logprobs=settings.top_logprobs,
-            logprobs=settings.mode != "none",
+            logprobs=settings.mode != "none" if logprobs is None else logprobs,
             prefill=guided,
             api_key=api_key,
         )
@@ -497,6 +503,9 @@ async def _bench(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
+    if args.base_url and args.model is None and not args.report_only:
+        # Results record the model by name, so the server's only model is looked up first.
+        args = argparse.Namespace(**{**vars(args), "model": _only_served_model(args)})
     settings = BenchSettings(  # validated here, before any file is read or model loaded
         n=args.n,
         k=args.k,
@@ -508,7 +517,7 @@ async def _bench(args: argparse.Namespace) -> int:
         setting=args.setting,
         max_turns=args.max_turns,
         extra=dict(args.set),
-        model=redact(f"{args.base_url} {args.model or 'its only model'}" if args.base_url else _local_name(args)),
+        model=redact(f"{args.base_url} {args.model}" if args.base_url else _local_name(args)),
         judge=redact(f"{args.judge_base_url} {args.judge_model or 'default'}") if args.judge_base_url else None,
     )
     items = load_questions(args.questions, limit=args.limit)
@@ -533,10 +542,14 @@ async def _bench(args: argparse.Namespace) -> int:
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
     already = len(finished_records(results, items, settings=settings))  # before loading anything
     # The server is checked and built for the runs' own settings (--set driver=guided needs the
-    # prefilled turn): a partial-rollout mode's (logprobs checked) when a method runs one or weighs
-    # votes by confidence, else from-scratch sampling's.
-    scored = settings.needs("partial") or "weighted" in settings.methods
-    model = _model(args, settings.config(settings.modes[0] if scored else "none"))
+    # prefilled turn): a partial-rollout mode's when a method runs one, else from-scratch
+    # sampling's; its logprobs are checked when a method branches or weighs votes by confidence.
+    partial = settings.needs("partial")
+    model = _model(
+        args,
+        settings.config(settings.modes[0] if partial else "none"),
+        logprobs=partial or "weighted" in settings.methods,
+    )
     index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
     try:

@@ -377,7 +377,8 @@ def test_a_bench_weighing_votes_by_confidence_checks_the_servers_logprobs(tmp_pa
 
     with fake_http(fake_server(logprobs=None)) as server:
         argv = [*_bench_files(tmp_path), "--base-url", f"{server.url}/v1", "--model", "smollm2"]
-        assert cli.main([*argv, "--methods", "majority,weighted"]) == 1
+        # n=4 has no room for partial rollout, which these methods do not run (it was refused).
+        assert cli.main([*argv, "--methods", "majority,weighted", "--n", "4"]) == 1
     assert "returned no logprobs for model 'smollm2'" in _err(capsys)
 
 
@@ -394,6 +395,24 @@ def test_a_bench_continued_with_another_model_is_refused_before_it_loads(tmp_pat
     (tmp_path / "run" / "results.jsonl").write_text(json.dumps({"id": "q1", "settings": began}) + "\n")
     assert cli.main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--model", "smollm2"]) == 1
     assert "model 'embedded float32' (now 'http://127.0.0.1:9/v1 smollm2')" in _err(capsys)
+
+
+def test_a_bench_records_the_model_a_server_serves_when_no_model_is_named(tmp_path, capsys):
+    """Without --model the record said only "its only model": another model on the same URL
+    would have continued the table."""
+    from dataclasses import asdict
+
+    from langgraph_parallelmuse.eval.bench import BenchSettings
+    from tests.unit.http_fakes import fake_http
+
+    argv = _bench_files(tmp_path)
+    (tmp_path / "run").mkdir()
+    with fake_http(_models("qwen")) as server:
+        url = f"{server.url}/v1"
+        began = asdict(BenchSettings(model=f"{url} smollm2"))
+        (tmp_path / "run" / "results.jsonl").write_text(json.dumps({"id": "q1", "settings": began}) + "\n")
+        assert cli.main([*argv, "--base-url", url]) == 1
+    assert f"model '{url} smollm2' (now '{url} qwen')" in _err(capsys)
 
 
 def test_bench_checks_and_builds_the_server_model_for_its_set_driver(tmp_path, monkeypatch):
