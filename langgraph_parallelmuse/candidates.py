@@ -134,20 +134,30 @@ def _asks(question: str) -> bool:
     return False
 
 
+def _is_yes_no(question: str) -> bool:
+    """Starts like a yes/no question and asks nothing else. A relative wh-word keeps it yes/no,
+    unless it also names two options ("Was Mozart or Beethoven the composer who wrote Fidelio?"
+    asks for one of them)."""
+    if not _YES_NO.match(question) or _asks(question):
+        return False
+    return not (" or " in question and _WH.search(question))
+
+
 def answer_kind(question: str) -> AnswerKind:
     """What a question asks for, which decides the kind of span its candidates are.
 
     Example:
         >>> [answer_kind(q) for q in ("Are both X and Y bands?", "When was X born?", "Who wrote X?",
-        ...                           "X has an OBE. Does Y have one?", "Was the director who made Jaws born in Ohio?")]
-        ['yesno', 'date', 'person', 'yesno', 'yesno']
+        ...                           "X has an OBE. Does Y have one?", "Was the director who made Jaws born in Ohio?",
+        ...                           "Was Mozart or Beethoven the composer who wrote Fidelio?")]
+        ['yesno', 'date', 'person', 'yesno', 'yesno', 'person']
     """
     q = " ".join(question.lower().split())
     wh = _WH.search(q)
     # "The director X has an OBE. Does the director Y also have one?": the asking sentence is the
     # last, and starts with a capital ("… Harry Connick Jr. was released …" is one sentence).
     asked = _SENTENCE.split(" ".join(question.split()))[-1]
-    if (_YES_NO.match(q) and not _asks(q)) or (asked[:1].isupper() and _YES_NO.match(asked) and not _asks(asked)):
+    if _is_yes_no(q) or (asked[:1].isupper() and _is_yes_no(asked)):
         return "yesno"
     if choice_options(question):
         return "choice"
