@@ -10,7 +10,6 @@ so functional regions (char spans of protocol tags) can be mapped onto tokens.
 
 from __future__ import annotations
 
-import codecs
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -158,17 +157,12 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
     records: list[TokenRecord] = []
     if all(raw is not None for *_, raw in entries) and entries:
         # Byte-accurate offsets. A token starts where the complete characters before it end and
-        # ends after any character it touches, so each token of a split character covers it. An
-        # invalid byte counts as the U+FFFD the text holds for it, so later offsets stay aligned:
-        # the incremental decoder replaces it and holds back only the start of a character; a
-        # held-back start that this token does not continue is one U+FFFD before the token.
-        buf, decoder, done = b"", codecs.getincrementaldecoder("utf-8")(errors="replace"), 0
+        # ends after any character it touches, so each token of a split character covers it.
+        whole, at = b"".join(raw for *_, raw in entries), 0
         for token, lp, tops, raw in entries:
-            held = decoder.getstate()[0]
-            start = done + (1 if held and not (raw and 0x80 <= raw[0] <= 0xBF) else 0)
-            done += len(decoder.decode(raw))
-            buf += raw
-            end = max(start, len(buf.decode("utf-8", errors="replace")))
+            start = _chars_before(whole, at)
+            at += len(raw)
+            end = max(start, len(whole[:at].decode("utf-8", errors="replace")))
             records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=start, end=end))
     else:
         pos = 0
@@ -181,6 +175,43 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
             rec["start"] = min(rec["start"], limit)
             rec["end"] = min(rec["end"], limit)
     return records
+
+
+def _chars_before(data: bytes, at: int) -> int:
+    """How many characters of ``data`` (decoded as the text is, an invalid byte sequence as one
+    U+FFFD) end at or before byte ``at``: the characters of ``data[:at]``, less the last when it
+    is the valid start of a character that the byte at ``at`` goes on with. Each lead byte allows
+    its own range next (after E0 only A0-BF, after ED only 80-9F), so ``decode`` decides.
+    """
+    before = data[:at]
+    count = len(before.decode("utf-8", errors="replace"))
+    # A valid but incomplete character is at most 3 bytes: its lead byte and up to 2 more.
+    lead = next((p for p in range(at - 1, max(at - 3, 0) - 1, -1) if not 0x80 <= before[p] < 0xC0), None)
+    if (
+        lead is None
+        or at == len(data)
+        or not (_incomplete(before[lead:]) and _valid_start(before[lead:] + data[at : at + 1]))
+    ):
+        return count
+    return count - 1
+
+
+def _incomplete(data: bytes) -> bool:
+    """``data`` is the valid start of one character, not all of it."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data"
+    return False
+
+
+def _valid_start(data: bytes) -> bool:
+    """``data`` is one whole character or the valid start of one."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data"
+    return True
 
 
 def shift(records: list[TokenRecord], offset: int) -> list[TokenRecord]:

@@ -251,6 +251,10 @@ def test_an_invalid_byte_counts_as_its_replacement_character_for_every_later_tok
     recs = normalize_logprobs(payload, text)
     assert [text[r["start"] : r["end"]] for r in recs] == ["\ufffd", "<think>", "abc", "</think>"]
     assert [r["token"] for r in tokens_in_span(recs, (text.index("abc"), text.index("abc") + 3))] == ["abc"]
+    # A continuation byte outside the range its lead byte allows (E0 takes A0-BF) is one more U+FFFD.
+    lead = [("\ufffd", [0xE0]), ("\ufffd", [0x82]), ("a", [0x61])]
+    payload = {"content": [{"token": t, "logprob": -0.1, "bytes": b, "top_logprobs": []} for t, b in lead]}
+    assert [(r["start"], r["end"]) for r in normalize_logprobs(payload, "\ufffd\ufffda")] == [(0, 1), (1, 2), (2, 3)]
 
 
 def test_both_tokens_of_a_split_char_at_a_region_start_are_in_the_region():
