@@ -187,31 +187,18 @@ def _chars_before(data: bytes, at: int) -> int:
     count = len(before.decode("utf-8", errors="replace"))
     # A valid but incomplete character is at most 3 bytes: its lead byte and up to 2 more.
     lead = next((p for p in range(at - 1, max(at - 3, 0) - 1, -1) if not 0x80 <= before[p] < 0xC0), None)
-    if (
-        lead is None
-        or at == len(data)
-        or not (_incomplete(before[lead:]) and _valid_start(before[lead:] + data[at : at + 1]))
-    ):
+    if lead is None or at == len(data) or _utf8(before[lead:]) != "start":
         return count
-    return count - 1
+    return count - (_utf8(before[lead:] + data[at : at + 1]) != "invalid")
 
 
-def _incomplete(data: bytes) -> bool:
-    """``data`` is the valid start of one character, not all of it."""
+def _utf8(data: bytes) -> str:
+    """What ``data`` is as UTF-8: ``whole`` characters, the valid ``start`` of one, or ``invalid``."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return exc.reason == "unexpected end of data"
-    return False
-
-
-def _valid_start(data: bytes) -> bool:
-    """``data`` is one whole character or the valid start of one."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.reason == "unexpected end of data"
-    return True
+        return "start" if exc.reason == "unexpected end of data" else "invalid"
+    return "whole"
 
 
 def shift(records: list[TokenRecord], offset: int) -> list[TokenRecord]:
