@@ -309,7 +309,7 @@ async def test_report_only_summarises_the_finished_questions_without_loading_a_m
     out_dir = tmp_path / "run"
     await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), out_dir / "results.jsonl")
 
-    def no_model(args, settings=None):
+    def no_model(*args, **kwargs):
         raise AssertionError("--report-only loaded a model")
 
     monkeypatch.setattr(cli, "_model", no_model)
@@ -326,7 +326,7 @@ def test_an_interrupted_bench_command_summarises_what_finished(index, tmp_path, 
 
     run = {}
 
-    def scripted(args, settings=None):
+    def scripted(args, settings=None, **kwargs):
         run["loop"], run["task"] = asyncio.get_running_loop(), asyncio.current_task()
         return _model(on=ITEMS[1].question, hook=lambda: run["loop"].call_soon_threadsafe(run["task"].cancel))
 
@@ -379,7 +379,7 @@ def test_a_bench_without_a_corpus_is_refused_before_a_model_loads_naming_the_cor
 ):
     from langgraph_parallelmuse import cli
 
-    monkeypatch.setattr(cli, "_model", lambda args, settings=None: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: pytest.fail("a model was loaded"))
     questions = _questions_file(tmp_path / "dev.questions.jsonl", ITEMS)
     (tmp_path / "dev.corpus.jsonl").write_text("")
     with pytest.raises(ConfigError, match=r"bench needs --corpus.*--corpus .*dev\.corpus\.jsonl"):
