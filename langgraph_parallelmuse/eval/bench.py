@@ -78,6 +78,10 @@ _OWN_FIELDS = {
     # Crossover trajectories follow the reports inside N; the bench's paired sets have no place for
     # them (its baselines would reject the setting, its report methods would run N - crossover).
     "crossover": "the bench runs none; crossover is measured by benchmarks/infograph.py",
+    # A partial mode's initial and fill trajectories are the bench's from-scratch samples, run
+    # without stops, so a stop setting would reach only the branches and its figures would mislead.
+    "early_stop": "the partial modes reuse the from-scratch samples; stops are measured by benchmarks/online_rollout.py",
+    "consensus": "the partial modes reuse the from-scratch samples; stops are measured by benchmarks/online_rollout.py",
 }
 
 
@@ -114,7 +118,7 @@ class BenchSettings:
             raise ConfigError(f"unknown bench method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}")
         if fixed := [f for f in _OWN_FIELDS if f in self.extra]:
             flags = "; ".join(f"{f}: {_OWN_FIELDS[f]}" for f in fixed)
-            raise ConfigError(f"--set {', '.join(fixed)}: the bench sets these itself ({flags})")
+            raise ConfigError(f"--set {', '.join(fixed)}: not taken from --set ({flags})")
         if "none" in self.modes:
             raise ConfigError("modes: 'none' is from-scratch sampling, which the bench always runs; drop it")
         self.config()

@@ -189,7 +189,7 @@ def test_bench_refuses_a_concurrency_below_one_and_its_own_fields_in_set(capsys)
         cli.main(["bench", "--questions", "q.jsonl", "--concurrency", "0"])
     assert "'0': pass a whole number >= 1" in _err(capsys)
     assert cli.main(["bench", "--questions", "q.jsonl", "--set", "n=4"]) == 1
-    assert "--set n: the bench sets these itself (n: use --n)" in _err(capsys)
+    assert "--set n: not taken from --set (n: use --n)" in _err(capsys)
 
 
 def test_a_postgres_url_is_a_valid_db():

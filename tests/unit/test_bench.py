@@ -131,6 +131,14 @@ def test_crossover_is_refused_up_front_naming_where_it_is_measured():
         BenchSettings(**{**SMALL, "extra": {"crossover": 1}})
 
 
+@pytest.mark.parametrize("stop", [{"early_stop": True}, {"consensus": 0.75}])
+def test_stop_settings_are_refused_up_front_naming_where_they_are_measured(stop):
+    # Before: accepted, and the partial modes reused the from-scratch samples, which run without
+    # stops, so the stop reached only the branches while the table reported it as the setting.
+    with pytest.raises(ConfigError, match=rf"--set {next(iter(stop))}: .*reuse the from-scratch samples.*online_rollout\.py"):
+        BenchSettings(**{**SMALL, "extra": stop})
+
+
 async def test_a_budget_only_partial_rollout_spends_is_checked_only_when_a_method_runs_it(index, tmp_path):
     # N=2 is below partial rollout's M + k*T = 3, which majority and weighted never spend.
     settings = BenchSettings(**{**SMALL, "n": 2, "methods": ("majority", "weighted")})
