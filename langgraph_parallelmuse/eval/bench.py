@@ -80,8 +80,10 @@ _OWN_FIELDS = {
     "crossover": "the bench runs none; crossover is measured by benchmarks/infograph.py",
     # A partial mode's initial and fill trajectories are the bench's from-scratch samples, run
     # without stops, so a stop setting would reach only the branches and its figures would mislead.
-    "early_stop": "the partial modes reuse the from-scratch samples; stops are measured by benchmarks/online_rollout.py",
-    "consensus": "the partial modes reuse the from-scratch samples; stops are measured by benchmarks/online_rollout.py",
+    **dict.fromkeys(
+        ("early_stop", "consensus"),
+        "the partial modes reuse the from-scratch samples; stops are measured by benchmarks/online_rollout.py",
+    ),
 }
 
 

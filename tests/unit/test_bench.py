@@ -135,7 +135,9 @@ def test_crossover_is_refused_up_front_naming_where_it_is_measured():
 def test_stop_settings_are_refused_up_front_naming_where_they_are_measured(stop):
     # Before: accepted, and the partial modes reused the from-scratch samples, which run without
     # stops, so the stop reached only the branches while the table reported it as the setting.
-    with pytest.raises(ConfigError, match=rf"--set {next(iter(stop))}: .*reuse the from-scratch samples.*online_rollout\.py"):
+    with pytest.raises(
+        ConfigError, match=rf"--set {next(iter(stop))}: .*reuse the from-scratch samples.*online_rollout\.py"
+    ):
         BenchSettings(**{**SMALL, "extra": stop})
 
 
