@@ -38,6 +38,15 @@ from langgraph_parallelmuse.tools import make_corpus_tools
 
 VARIANTS = ("scratch", "post_hoc", "online", "online_stop")
 METRICS = ("em", "f1", "contains")
+ENGINE_FIGURES = (
+    "prefill_tokens_computed",
+    "prefill_tokens_reused",
+    "decode_tokens",
+    "batches",
+    "batch_rows",
+    "prefill_seconds",
+    "decode_seconds",
+)
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -115,11 +124,13 @@ async def main() -> None:
         order = VARIANTS if n % 2 else tuple(reversed(VARIANTS))  # alternate the order against drift
         for name in order:
             model.engine.clear_cache()  # every variant starts cold
+            model.engine.reset_stats()
             runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
             t0 = time.perf_counter()
             trajs, picks = await run_schedule(runner, item.question, config=runs[name], run_id=f"{item.id}/{name}")
+            seconds, stats = time.perf_counter() - t0, model.engine.stats()
             rec[name] = {
-                "seconds": time.perf_counter() - t0,
+                "seconds": seconds,
                 "generated": sum(t["stats"]["generated_tokens"] for t in trajs),
                 "trajectories": len(trajs),
                 "stopped": sum(t["status"] == "stopped" for t in trajs),
@@ -129,6 +140,8 @@ async def main() -> None:
                 "fork_scores": [p["score"] for p in picks],
                 # stopped and cancelled trajectories carry no answer, so they do not vote
                 "vote": score_answer(majority_vote(trajs), item.answers),
+                # where the time went: the engine's worker admitting prompts vs decoding the batch
+                "engine": {k: stats[k] for k in ENGINE_FIGURES},
             }
         with out.open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
@@ -167,6 +180,31 @@ def report(records: list[dict]) -> None:
     print(f"online fork steps (0-based): {dict(sorted((s, forks.count(s)) for s in set(forks)))}")
     median = statistics.median(r["scratch"]["seconds"] / r["online"]["seconds"] for r in records)
     print(f"per-question seconds, scratch / online, median: {median:.2f}")
+    split(records)
+
+
+def split(records: list[dict]) -> None:
+    """Where the rollout's time went, per variant: the engine's worker admitting prompts (prefill)
+    vs decoding the running batch, over the questions whose rows record it."""
+    timed = [r for r in records if all("engine" in r[k] for k in VARIANTS)]
+    if not timed:
+        return
+    print(f"\nwhere the time went ({len(timed)} questions with engine figures; per question):")
+    print(
+        "| variant | s | prefill s | decode s | other s | prompt tokens computed | reused | "
+        "decode steps | rows per step | ms per decode step |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k in VARIANTS:
+        e = {f: sum(r[k]["engine"][f] for r in timed) / len(timed) for f in ENGINE_FIGURES}
+        wall = sum(r[k]["seconds"] for r in timed) / len(timed)
+        steps = e["batches"]
+        print(
+            f"| {k} | {wall:.1f} | {e['prefill_seconds']:.1f} | {e['decode_seconds']:.1f} "
+            f"| {wall - e['prefill_seconds'] - e['decode_seconds']:.1f} | {e['prefill_tokens_computed']:.0f} "
+            f"| {e['prefill_tokens_reused']:.0f} | {steps:.0f} | {e['batch_rows'] / max(steps, 1):.2f} "
+            f"| {1000 * e['decode_seconds'] / max(steps, 1):.0f} |"
+        )
 
 
 if __name__ == "__main__":

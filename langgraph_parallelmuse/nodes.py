@@ -39,7 +39,15 @@ from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
 
 MAX_QUESTION_CHARS = 4000
 
-_ENGINE_COUNTERS = ("requests", "prefill_tokens_computed", "prefill_tokens_reused", "decode_tokens", "batches")
+_ENGINE_COUNTERS = (
+    "requests",
+    "prefill_tokens_computed",
+    "prefill_tokens_reused",
+    "decode_tokens",
+    "batches",
+    "prefill_seconds",
+    "decode_seconds",
+)
 
 
 def question_from_input(state: dict) -> tuple[str, str | None]:

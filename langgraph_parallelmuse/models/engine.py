@@ -154,13 +154,17 @@ class InferenceEngine:
         ``decode_tokens``, ``batches`` (joint decode steps), ``batch_rows`` (sequences summed
         over those steps), ``mean_batch_size``,
         ``cache_hit_rate`` (share of requests that reused a prefix), ``cache_token_reuse``
-        (share of prompt tokens reused), ``cache_bytes``.
+        (share of prompt tokens reused), ``cache_bytes``, ``prefill_seconds`` (the worker admitting
+        requests: prefill, cache insert, joining the batch) and ``decode_seconds`` (the worker
+        decoding the running batch).
         """
         s: dict[str, float | int] = dict(self._counters.snapshot())
         prompt = s["prefill_tokens_computed"] + s["prefill_tokens_reused"]
         s["mean_batch_size"] = s["batch_rows"] / s["batches"] if s["batches"] else 0.0
         s["cache_hit_rate"] = s.pop("_hits") / s["requests"] if s["requests"] else 0.0
         s["cache_token_reuse"] = s["prefill_tokens_reused"] / prompt if prompt else 0.0
+        s["prefill_seconds"] = s.pop("_prefill_ns") / 1e9
+        s["decode_seconds"] = s.pop("_decode_ns") / 1e9
         s["cache_bytes"] = self.cache.nbytes if self.cache is not None else 0
         return s
 

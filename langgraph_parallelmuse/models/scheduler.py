@@ -41,6 +41,10 @@ COUNTERS = (
     "batches",
     "batch_rows",
     "_hits",
+    # Worker time in nanoseconds: admitting requests (prefill, cache insert, joining the batch) and
+    # decoding the running batch (forward pass, sampling, retiring finished rows).
+    "_prefill_ns",
+    "_decode_ns",
 )
 
 Item = tuple[GenerationRequest, Future] | None
@@ -210,6 +214,7 @@ class Scheduler:
                 item[1].set_exception(RuntimeError("engine is closed"))
 
     def _step(self, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+        started = time.perf_counter_ns()
         pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
         self.admitting = list(pending)
         live = []
@@ -225,9 +230,12 @@ class Scheduler:
             # what they share.
             self._join(live)
         self.admitting = []
+        admitted = time.perf_counter_ns()
+        self.counters.add(_prefill_ns=admitted - started)
         if self.active:
             self._decode()
             self._retire()
+            self.counters.add(_decode_ns=time.perf_counter_ns() - admitted)
 
     def _start(self, req: GenerationRequest, fut: Future) -> RequestState | None:
         if not fut.set_running_or_notify_cancel():

@@ -211,3 +211,22 @@ def test_stage2_reports_reuses_stage1_only_when_made_with_the_same_settings(monk
     made.clear()
     assert len(stage1(2, n=3)["q1"]) == 3 and len(stage1(2, n=3, seed=4)["q0"]) == 3
     assert made == [("q0/s2", 3, 0), ("q1/s2", 3, 0), ("q0/s2", 3, 4), ("q1/s2", 3, 4)]
+
+
+def test_online_rollout_splits_time_only_over_rows_that_record_the_engine(capsys):
+    # Rows measured before the engine's time split have no "engine" figures: averaging them in
+    # as zeros would understate where the time went.
+    engine = {f: 0 for f in online_rollout.ENGINE_FIGURES} | {
+        "prefill_seconds": 6.0,
+        "decode_seconds": 3.0,
+        "batches": 30,
+        "batch_rows": 120,
+    }
+    timed = {"id": "b", **{k: {"seconds": 10.0, "engine": engine} for k in online_rollout.VARIANTS}}
+    online_rollout.split([online_row("a", None), timed])
+    lines = capsys.readouterr().out.splitlines()
+    assert "1 questions with engine figures" in lines[1]
+    # wall 10 s = prefill 6 + decode 3 + 1 other; 4 rows per step, 100 ms a step
+    assert "| scratch | 10.0 | 6.0 | 3.0 | 1.0 | 0 | 0 | 30 | 4.00 | 100 |" in lines
+    online_rollout.split([online_row("a", None)])
+    assert capsys.readouterr().out == ""

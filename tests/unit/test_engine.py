@@ -157,6 +157,26 @@ def test_a_shared_prompt_is_served_from_the_prefix_cache(engine, plain, model, t
     assert stats["prefill_tokens_reused"] >= len(shared) and stats["cache_bytes"] > 0
 
 
+def test_stats_split_the_worker_time_between_admitting_and_decoding(model, tokenizer) -> None:
+    # The split says where a rollout's time goes (prompt work vs batched decoding), so each side
+    # must count only its own work and neither may exceed the time the requests took.
+    engine = InferenceEngine(model, tokenizer)
+    try:
+        prompt = ids(tokenizer, " ".join(PROMPTS * 3))
+        t0 = time.perf_counter()
+        engine.generate(GenerationRequest(prompt, max_new_tokens=0))
+        only_prompt = engine.stats()
+        engine.reset_stats()
+        engine.generate(GenerationRequest(prompt + ids(tokenizer, " next"), max_new_tokens=8, ignore_eos=True))
+        wall = time.perf_counter() - t0
+        both = engine.stats()
+    finally:
+        engine.close()
+    assert only_prompt["prefill_seconds"] > 0 and only_prompt["decode_seconds"] == 0
+    assert both["decode_tokens"] == 8 and both["batches"] == 7 and both["decode_seconds"] > 0
+    assert only_prompt["prefill_seconds"] + both["prefill_seconds"] + both["decode_seconds"] <= wall
+
+
 def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:
     shared = ids(tokenizer, " ".join(PROMPTS * 3))  # longer than the scheduler's sharing threshold
     branches = [shared + ids(tokenizer, f" branch {i} says") for i in range(4)]
