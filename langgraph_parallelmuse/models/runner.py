@@ -308,7 +308,7 @@ class ModelRunner:
         return self.head(self._rms(x, self.norm))
 
     def prefill(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[Piece]]], *, every: bool = False
+        self, requests: Sequence[tuple[Sequence[int], Sequence[Piece]]], *, tails: Sequence[int] | None = None
     ) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
         """Compute each request's prompt KV after its cached prefix, packed into shared forward passes.
 
@@ -320,13 +320,16 @@ class ModelRunner:
             requests: ``(prompt, prefix)`` each: the whole prompt and the ``(state, n)`` pieces of a
                 prefix-cache match covering its first positions (``state`` holds ``[k0, v0, ...]``,
                 of which the first ``n`` positions count). At least one position must be new.
-            every: Return the logits after every new position, not only after the last.
+            tails: Per request, how many of its last positions to return logits after (default 1;
+                at most its new positions): a scored continuation gets the logits of all its
+                tokens from this one pass instead of one decode step each.
 
         Returns:
             Per request: the new positions' state ``(k0, v0, k1, v1, ...)`` (each ``[1, Hkv, S, D]``,
-            owned by the caller) and the float32 logits after its last token (``[1, vocab]``), or
-            after each new one (``[S, vocab]``) with ``every``.
+            owned by the caller) and the float32 logits after each of its last ``tail`` tokens
+            (``[tail, vocab]``).
         """
+        tails = list(tails) if tails is not None else [1] * len(requests)
         parts = [
             [
                 [(state[2 * i][..., :n, :], state[2 * i + 1][..., :n, :]) for state, n in prefix]
@@ -339,7 +342,7 @@ class ModelRunner:
         ]
         logits: list[list[torch.Tensor]] = [[] for _ in requests]
         for passing in _passes([(len(p), sum(n for _, n in pre)) for p, pre in requests]):
-            self._prefill_pass([(requests[r][0], r, b, e) for r, b, e in passing], parts, own, logits, every)
+            self._prefill_pass([(requests[r][0], r, b, e) for r, b, e in passing], parts, own, logits, tails)
         out = []
         for pieces, rows in zip(own, logits, strict=True):
             state = []
@@ -351,7 +354,7 @@ class ModelRunner:
             out.append((tuple(state), torch.cat(rows)))
         return out
 
-    def _prefill_pass(self, items, parts, own, logits, every: bool) -> None:
+    def _prefill_pass(self, items, parts, own, logits, tails: Sequence[int]) -> None:
         """One forward pass over ``items`` = ``(prompt, request, begin, end)`` token ranges."""
         sizes = [end - begin for _, _, begin, end in items]
         tokens = torch.tensor([[t for prompt, _, begin, end in items for t in prompt[begin:end]]])
@@ -368,14 +371,20 @@ class ModelRunner:
                 own[r][layer].append((ki, vi))
             return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
-        ends = torch.tensor(sizes).cumsum(0)
-        last = [i for i, (prompt, _, _, end) in enumerate(items) if end == len(prompt)]
-        keep = None if every else ends[last] - 1
+        # Each item's wanted positions: those of its request's tail that fall in this pass (a long
+        # prompt is split over passes, and its tail may straddle two).
+        wanted, offset = [], 0
+        for (prompt, r, begin, end), size in zip(items, sizes, strict=True):
+            first = min(max(begin, len(prompt) - tails[r]), end)
+            wanted.append((r, offset + first - begin, offset + size))
+            offset += size
+        keep = torch.cat([torch.arange(lo, hi) for _, lo, hi in wanted])
         out = self.forward(tokens, positions, attend, keep=keep)[0]
-        starts = ends - torch.tensor(sizes)
-        for j, i in enumerate(range(len(items)) if every else last):
-            r = items[i][1]
-            logits[r].append(out[starts[i] : ends[i]] if every else out[j : j + 1])
+        at = 0
+        for r, lo, hi in wanted:
+            if hi > lo:
+                logits[r].append(out[at : at + hi - lo])
+                at += hi - lo
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         """Raw log-probabilities of every next token of ``tokens`` (teacher forcing): ``[len, vocab]``.
@@ -386,7 +395,7 @@ class ModelRunner:
             3
         """
         with torch.inference_mode():
-            ((_, logits),) = self.prefill([(tokens, ())], every=True)
+            ((_, logits),) = self.prefill([(tokens, ())], tails=[len(tokens)])
         return torch.log_softmax(logits, dim=-1)
 
     def decode(self, batch: BatchKV, tokens: Sequence[int]) -> torch.Tensor:

@@ -280,15 +280,25 @@ class Scheduler:
         return ready, later
 
     def _prefill(self, ready: list[RequestState]) -> list[RequestState]:
-        """Prefill the requests together after their cached prefixes and choose their first tokens."""
+        """Prefill the requests together after their cached prefixes and choose their first tokens.
+
+        A scored request (``forced_ids``) is prefilled with its continuation, whose every token's
+        logits come from this one pass: it is finished here and never takes decode steps.
+        """
+        # All forced tokens but the last are fed: the logits after the prompt and after each of
+        # them are the distributions the forced tokens are scored under.
+        tokens = [seq.prompt + list(seq.req.forced_ids[:-1]) for seq in ready]
         try:
-            done = self.runner.prefill([(seq.prompt, seq.pieces) for seq in ready])
+            done = self.runner.prefill(
+                [(t, seq.pieces) for t, seq in zip(tokens, ready, strict=True)],
+                tails=[len(seq.req.forced_ids) or 1 for seq in ready],
+            )
         except Exception as exc:  # noqa: BLE001 - reported to the callers through their futures
             for seq in ready:
                 seq.future.set_exception(exc)
             return []
         logits = []
-        for seq, (state, row) in zip(ready, done, strict=True):
+        for seq, fed, (state, rows) in zip(ready, tokens, done, strict=True):
             self.counters.add(
                 requests=1,
                 prefill_tokens_computed=len(seq.prompt) - seq.cached,
@@ -296,11 +306,15 @@ class Scheduler:
                 _hits=int(seq.cached > 0),
             )
             if self.cache is not None:
-                self.cache.insert(seq.prompt, state, start=seq.cached, adopt=True)
-            seq.pieces.append((state, len(seq.prompt) - seq.cached))
-            logits.append(row)
+                self.cache.insert(fed, state, start=seq.cached, adopt=True)
+            seq.pieces.append((state, len(fed) - seq.cached))
+            logits.append(rows)
             if seq.max_new == 0:
                 seq.finish = "length"
+        for seq, rows in zip(ready, logits, strict=True):
+            if seq.req.forced_ids:
+                for i in range(len(rows)):  # the decoder scores a row's tokens in order
+                    self._consume([seq], rows[i : i + 1])
         sampled = [i for i, seq in enumerate(ready) if seq.finish is None]
         if sampled:
             self._consume([ready[i] for i in sampled], torch.cat([logits[i] for i in sampled]))

@@ -108,10 +108,33 @@ def test_forced_continuations_score_exactly_those_tokens_with_the_models_logprob
     requests = [GenerationRequest(prompt, temperature=0.9, top_logprobs=4, forced_ids=o, stop=("e",)) for o in options]
     engine.reset_stats()
     results = [f.result() for f in [engine.submit(r) for r in requests]]
-    assert engine.stats()["prefill_tokens_computed"] < 2 * len(prompt)  # the shared prompt is computed once
+    stats = engine.stats()
+    assert stats["prefill_tokens_computed"] < 2 * len(prompt)  # the shared prompt is computed once
+    # Scored in the prefill pass: before, each forced token took a decode step of its own.
+    assert stats["batches"] == 0 and stats["decode_tokens"] == sum(map(len, options))
     for option, result in zip(options, results, strict=True):
         assert result.token_ids == option and result.finish_reason == "length"
         assert_matches_teacher(model, prompt, result)
+
+
+def test_a_scored_continuation_split_over_passes_keeps_every_tokens_logprobs(model, tokenizer, monkeypatch) -> None:
+    # Prompt and continuation fed in passes of 16: the continuation's logits straddle the second
+    # and third pass, while a generating request shares the passes.
+    from langgraph_parallelmuse.models import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_PREFILL_CHUNK", 16)
+    prompt = ids(tokenizer, " ".join(PROMPTS))[:30]
+    option = prompt[3:7] + [tokenizer.eos_token_id]  # fed: 30 + 4 tokens, logits after positions 29..33
+    engine = InferenceEngine(model, tokenizer)
+    try:
+        scored = engine.submit(GenerationRequest(prompt, temperature=0.0, top_logprobs=3, forced_ids=option))
+        sampled = engine.submit(greedy(tokenizer, PROMPTS[2], max_new_tokens=4, top_logprobs=3, ignore_eos=True))
+        results = [scored.result(), sampled.result()]
+    finally:
+        engine.close()
+    assert results[0].token_ids == option and results[0].prompt_tokens == len(prompt)
+    assert_matches_teacher(model, prompt, results[0])
+    assert_matches_teacher(model, ids(tokenizer, PROMPTS[2]), results[1])
 
 
 def test_sampled_rows_keep_their_own_seed_and_settings_in_a_batch(engine, plain, model, tokenizer) -> None:
