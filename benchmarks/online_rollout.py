@@ -42,6 +42,7 @@ ENGINE_FIGURES = (
     "prefill_tokens_computed",
     "prefill_tokens_reused",
     "decode_tokens",
+    "scored_tokens",
     "batches",
     "batch_rows",
     "prefill_seconds",
@@ -196,7 +197,8 @@ def split(records: list[dict]) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for k in VARIANTS:
-        e = {f: sum(r[k]["engine"][f] for r in timed) / len(timed) for f in ENGINE_FIGURES}
+        # scored_tokens came a commit after the split: rows between the two lack it
+        e = {f: sum(r[k]["engine"].get(f, 0) for r in timed) / len(timed) for f in ENGINE_FIGURES}
         wall = sum(r[k]["seconds"] for r in timed) / len(timed)
         steps = e["batches"]
         print(

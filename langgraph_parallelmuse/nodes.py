@@ -44,6 +44,7 @@ _ENGINE_COUNTERS = (
     "prefill_tokens_computed",
     "prefill_tokens_reused",
     "decode_tokens",
+    "scored_tokens",
     "batches",
     "prefill_seconds",
     "decode_seconds",

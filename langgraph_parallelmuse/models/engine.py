@@ -151,7 +151,8 @@ class InferenceEngine:
         """Counters since the last :meth:`reset_stats`.
 
         Keys: ``requests``, ``prefill_tokens_computed``, ``prefill_tokens_reused``,
-        ``decode_tokens``, ``batches`` (joint decode steps), ``batch_rows`` (sequences summed
+        ``decode_tokens`` (sampled), ``scored_tokens`` (teacher-forced ``forced_ids``, scored in
+        their prefill pass), ``batches`` (joint decode steps), ``batch_rows`` (sequences summed
         over those steps), ``mean_batch_size``,
         ``cache_hit_rate`` (share of requests that reused a prefix), ``cache_token_reuse``
         (share of prompt tokens reused), ``cache_bytes``, ``prefill_seconds`` (the worker admitting

@@ -38,6 +38,7 @@ COUNTERS = (
     "prefill_tokens_computed",
     "prefill_tokens_reused",
     "decode_tokens",
+    "scored_tokens",
     "batches",
     "batch_rows",
     "_hits",
@@ -314,7 +315,8 @@ class Scheduler:
         for seq, rows in zip(ready, logits, strict=True):
             if seq.req.forced_ids:
                 for i in range(len(rows)):  # the decoder scores a row's tokens in order
-                    self._consume([seq], rows[i : i + 1])
+                    self.decoder.step([seq], rows[i : i + 1])
+                self.counters.add(scored_tokens=len(rows))
         sampled = [i for i, seq in enumerate(ready) if seq.finish is None]
         if sampled:
             self._consume([ready[i] for i in sampled], torch.cat([logits[i] for i in sampled]))

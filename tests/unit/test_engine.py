@@ -111,7 +111,8 @@ def test_forced_continuations_score_exactly_those_tokens_with_the_models_logprob
     stats = engine.stats()
     assert stats["prefill_tokens_computed"] < 2 * len(prompt)  # the shared prompt is computed once
     # Scored in the prefill pass: before, each forced token took a decode step of its own.
-    assert stats["batches"] == 0 and stats["decode_tokens"] == sum(map(len, options))
+    assert stats["batches"] == 0 and stats["decode_tokens"] == 0
+    assert stats["scored_tokens"] == sum(map(len, options))
     for option, result in zip(options, results, strict=True):
         assert result.token_ids == option and result.finish_reason == "length"
         assert_matches_teacher(model, prompt, result)
