@@ -58,6 +58,7 @@ def options(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--consensus", type=float, default=0.75, help="consensus share of online_stop")
     ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
+    ap.add_argument("--report-only", action="store_true", help="only print the report of the rows in --out")
 
 
 async def calibrate(model, index, items, path: Path, seed: int, quantile: float) -> Calibration:
@@ -93,6 +94,14 @@ def configs(calibration: str, seed: int, consensus: float) -> dict:
 
 async def main() -> None:
     args = arguments(__doc__, limit=20, extra=options)
+    if args.report_only:  # a run stopped part-way: the report of the questions it finished
+        if args.out is None or not Path(args.out).exists():
+            raise SystemExit("--report-only reads the rows of --out: name an existing file")
+        rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+        if len({json.dumps(r.get("settings"), sort_keys=True) for r in rows}) > 1:
+            raise SystemExit(f"{args.out} mixes rows measured with different settings: report them apart")
+        report(rows)
+        return
     start, end = (int(x) for x in args.calibrate_on.split(":"))
     everything, index = dev_set(args.dataset, max(end, args.limit))
     items, held_out = everything[: args.limit], everything[start:end]

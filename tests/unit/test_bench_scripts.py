@@ -230,3 +230,17 @@ def test_online_rollout_splits_time_only_over_rows_that_record_the_engine(capsys
     assert "| scratch | 10.0 | 6.0 | 3.0 | 1.0 | 0 | 0 | 30 | 4.00 | 100 |" in lines
     online_rollout.split([online_row("a", None)])
     assert capsys.readouterr().out == ""
+
+
+def test_online_rollout_reports_a_stopped_run_without_loading_a_model(monkeypatch, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(online_row(q, {"seed": 0})) + "\n" for q in ("a", "b")))
+    monkeypatch.setattr(online_rollout, "dev_set", lambda *a: pytest.fail("no dev set is read"))
+    monkeypatch.setattr(online_rollout.LocalChatModel, "embedded", staticmethod(lambda: pytest.fail("no model")))
+    monkeypatch.setattr(sys, "argv", ["online_rollout.py", "--out", str(rows), "--report-only"])
+    asyncio.run(online_rollout.main())
+    assert "2 questions, one in flight" in capsys.readouterr().out
+    with rows.open("a") as fh:
+        fh.write(json.dumps(online_row("c", {"seed": 1})) + "\n")
+    with pytest.raises(SystemExit, match="mixes rows measured with different settings"):
+        asyncio.run(online_rollout.main())
