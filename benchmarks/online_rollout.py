@@ -33,21 +33,12 @@ from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE, Calibration
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.eval import format_diff, paired_bootstrap_diff, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
+from langgraph_parallelmuse.nodes import engine_delta
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.tools import make_corpus_tools
 
 VARIANTS = ("scratch", "post_hoc", "online", "online_stop")
 METRICS = ("em", "f1", "contains")
-ENGINE_FIGURES = (
-    "prefill_tokens_computed",
-    "prefill_tokens_reused",
-    "decode_tokens",
-    "scored_tokens",
-    "batches",
-    "batch_rows",
-    "prefill_seconds",
-    "decode_seconds",
-)
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -151,7 +142,7 @@ async def main() -> None:
                 # stopped and cancelled trajectories carry no answer, so they do not vote
                 "vote": score_answer(majority_vote(trajs), item.answers),
                 # where the time went: the engine's worker admitting prompts vs decoding the batch
-                "engine": {k: stats[k] for k in ENGINE_FIGURES},
+                "engine": engine_delta({}, stats),
             }
         with out.open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
@@ -193,6 +184,12 @@ def report(records: list[dict]) -> None:
     split(records)
 
 
+# the engine figures the split reads (rows written before the engine counted scored tokens lack that one)
+SPLIT_FIGURES = (
+    "prefill_seconds decode_seconds prefill_tokens_computed prefill_tokens_reused batches batch_rows".split()
+)
+
+
 def split(records: list[dict]) -> None:
     """Where the rollout's time went, per variant: the engine's worker admitting prompts (prefill)
     vs decoding the running batch, over the questions whose rows record it."""
@@ -206,8 +203,7 @@ def split(records: list[dict]) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for k in VARIANTS:
-        # scored_tokens came a commit after the split: rows between the two lack it
-        e = {f: sum(r[k]["engine"].get(f, 0) for r in timed) / len(timed) for f in ENGINE_FIGURES}
+        e = {f: sum(r[k]["engine"][f] for r in timed) / len(timed) for f in SPLIT_FIGURES}
         wall = sum(r[k]["seconds"] for r in timed) / len(timed)
         steps = e["batches"]
         print(

@@ -46,6 +46,7 @@ _ENGINE_COUNTERS = (
     "decode_tokens",
     "scored_tokens",
     "batches",
+    "batch_rows",
     "prefill_seconds",
     "decode_seconds",
 )

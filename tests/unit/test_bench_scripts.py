@@ -216,7 +216,7 @@ def test_stage2_reports_reuses_stage1_only_when_made_with_the_same_settings(monk
 def test_online_rollout_splits_time_only_over_rows_that_record_the_engine(capsys):
     # Rows measured before the engine's time split have no "engine" figures: averaging them in
     # as zeros would understate where the time went.
-    engine = {f: 0 for f in online_rollout.ENGINE_FIGURES} | {
+    engine = {f: 0 for f in online_rollout.SPLIT_FIGURES} | {
         "prefill_seconds": 6.0,
         "decode_seconds": 3.0,
         "batches": 30,
