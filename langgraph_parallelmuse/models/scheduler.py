@@ -43,7 +43,7 @@ COUNTERS = (
     "batch_rows",
     "_hits",
     # Worker time in nanoseconds: admitting requests (prefill, cache insert, joining the batch) and
-    # decoding the running batch (forward pass, sampling, retiring finished rows).
+    # decoding the running batch (forward pass and sampling).
     "_prefill_ns",
     "_decode_ns",
 )
@@ -218,25 +218,28 @@ class Scheduler:
         started = time.perf_counter_ns()
         pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
         self.admitting = list(pending)
-        live = []
+        live, finished = [], []
         while pending:
             ready, pending = self._round(pending)
             for seq in self._prefill(ready):
-                if seq.finish is None:
-                    live.append(seq)
-                else:
-                    self._resolve(seq)
-        if live:
-            # After every round: the cache now holds all their prompts, so they join by one view of
-            # what they share.
-            self._join(live)
+                (live if seq.finish is None else finished).append(seq)
+        try:
+            if live:
+                # After every round: the cache now holds all their prompts, so they join by one view
+                # of what they share.
+                self._join(live)
+        finally:
+            admitted = time.perf_counter_ns()
+            # Counted before any result is visible: a caller reading stats() after its result sees
+            # its work. Resolved even if the join failed: their results do not depend on it.
+            self.counters.add(_prefill_ns=admitted - started)
+            for seq in finished:
+                self._resolve(seq)
         self.admitting = []
-        admitted = time.perf_counter_ns()
-        self.counters.add(_prefill_ns=admitted - started)
         if self.active:
             self._decode()
-            self._retire()
             self.counters.add(_decode_ns=time.perf_counter_ns() - admitted)
+            self._retire()
 
     def _start(self, req: GenerationRequest, fut: Future) -> RequestState | None:
         if not fut.set_running_or_notify_cancel():
