@@ -219,11 +219,11 @@ class Scheduler:
         pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
         self.admitting = list(pending)
         live, finished = [], []
-        while pending:
-            ready, pending = self._round(pending)
-            for seq in self._prefill(ready):
-                (live if seq.finish is None else finished).append(seq)
         try:
+            while pending:
+                ready, pending = self._round(pending)
+                for seq in self._prefill(ready):
+                    (live if seq.finish is None else finished).append(seq)
             if live:
                 # After every round: the cache now holds all their prompts, so they join by one view
                 # of what they share.
@@ -231,7 +231,7 @@ class Scheduler:
         finally:
             admitted = time.perf_counter_ns()
             # Counted before any result is visible: a caller reading stats() after its result sees
-            # its work. Resolved even if the join failed: their results do not depend on it.
+            # its work. Resolved even if a later round or the join failed: their results are done.
             self.counters.add(_prefill_ns=admitted - started)
             for seq in finished:
                 self._resolve(seq)

@@ -349,10 +349,15 @@ def test_a_failure_while_admitting_fails_those_requests_and_the_engine_goes_on(m
             raise RuntimeError("joining the batch broke")
 
         monkeypatch.setattr(Scheduler, "_join", broken)
+        # Admitted with them, a scored option is finished by its prefill: it never joins the batch,
+        # so it keeps its result.
+        option = ids(tokenizer, " the bees") + [tokenizer.eos_token_id]
+        scored = engine.submit(GenerationRequest(ids(tokenizer, PROMPTS[0]), temperature=0.0, forced_ids=option))
         futures = [engine.submit(greedy(tokenizer, f"question {i}")) for i in range(2)]
         for future in futures:  # before the fix these stayed running forever (a timeout here)
             with pytest.raises(RuntimeError, match="joining the batch broke"):
                 future.result(timeout=60)
+        assert scored.result(timeout=60).token_ids == option
         monkeypatch.undo()
         assert engine.submit(greedy(tokenizer, "hello")).result(timeout=60).completion_tokens > 0
     finally:
