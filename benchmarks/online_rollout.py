@@ -184,7 +184,7 @@ def report(records: list[dict]) -> None:
     split(records)
 
 
-# the engine figures the split reads (rows written before the engine counted scored tokens lack that one)
+# the engine figures the split reads (every row that has an "engine" entry holds them)
 SPLIT_FIGURES = (
     "prefill_seconds decode_seconds prefill_tokens_computed prefill_tokens_reused batches batch_rows".split()
 )
