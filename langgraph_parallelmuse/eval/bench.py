@@ -132,7 +132,7 @@ class BenchSettings:
         """The ParallelMuse config of one partial-rollout mode (``none``: from-scratch sampling)."""
         extra = dict(self.extra)
         if mode == "none":  # branching-only settings do not apply to from-scratch sampling
-            extra.update(rounds=1, calibration=None, branching="post_hoc", early_stop=False, consensus=None)
+            extra.update(rounds=1, calibration=None, branching="post_hoc")
         return make_config(
             n=self.n,
             m=1,
