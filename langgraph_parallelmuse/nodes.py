@@ -47,6 +47,7 @@ _ENGINE_COUNTERS = (
     "scored_tokens",
     "batches",
     "batch_rows",
+    "cancelled",
     "prefill_seconds",
     "decode_seconds",
 )

@@ -24,7 +24,12 @@ from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.decoding import Decoder, eos_ids
 from langgraph_parallelmuse.models.hardware import Precision, resolve_precision
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache
-from langgraph_parallelmuse.models.requests import GenerationRequest, GenerationResult, sampling_problem
+from langgraph_parallelmuse.models.requests import (
+    GenerationRequest,
+    GenerationResult,
+    RequestFuture,
+    sampling_problem,
+)
 from langgraph_parallelmuse.models.runner import ModelRunner
 from langgraph_parallelmuse.models.scheduler import Counters, Item, Scheduler
 
@@ -95,6 +100,7 @@ class InferenceEngine:
         self.batch_window = batch_window if batching else 0.0
         self.cache = PrefixCache(cache_max_bytes) if prefix_cache else None
         self.max_context_tokens = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         self._queue: queue.Queue[Item] = queue.Queue()
         self._counters = Counters()
         self._closed = False
@@ -118,9 +124,13 @@ class InferenceEngine:
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Queue a request; the returned future resolves to a :class:`GenerationResult`.
 
+        Cancelling the future (directly, or by cancelling the asyncio task awaiting it through
+        ``asyncio.wrap_future``) also stops a request already being decoded (:class:`RequestFuture`).
+
         Raises:
-            InputError: The prompt is empty, the seed is not an unsigned 64-bit integer, or a sampling
-                setting is out of range (``temperature`` ≥ 0, ``0 ≤ top_p ≤ 1``, ``max_new_tokens`` ≥ 0).
+            InputError: The prompt is empty, a token id is outside the vocabulary, the seed is not an
+                unsigned 64-bit integer, or a sampling setting is out of range (``temperature`` ≥ 0,
+                ``0 ≤ top_p ≤ 1``, ``max_new_tokens`` ≥ 0).
             ContextOverflowError: The prompt fills the model's context window.
         """
         if not request.prompt_ids:
@@ -130,13 +140,16 @@ class InferenceEngine:
                 f"the prompt has {len(request.prompt_ids)} tokens (+ {len(request.forced_ids)} to score) but the "
                 f"model's context is {self.max_context_tokens}: shorten the messages"
             )
+        if bad := [t for t in (*request.prompt_ids, *request.forced_ids) if not 0 <= t < self.vocab_size]:
+            # Found in the worker, it would fail every request of the batch, not this one.
+            raise InputError(f"token id {bad[0]} is not in the model's vocabulary of {self.vocab_size}")
         if (problem := top_logprobs_problem(request.top_logprobs)) is not None:
             raise InputError(problem)
         if request.seed is not None and not 0 <= request.seed < 2**64:
             raise InputError(f"seed={request.seed} is out of range: pass an integer in [0, 2**64)")
         if (problem := sampling_problem(request)) is not None:
             raise InputError(problem)
-        future: Future[GenerationResult] = Future()
+        future: Future[GenerationResult] = RequestFuture()
         with self._submit_lock:  # a request put after close()'s sentinel would never be served
             if self._closed:
                 raise RuntimeError("engine is closed")
@@ -153,7 +166,8 @@ class InferenceEngine:
         Keys: ``requests``, ``prefill_tokens_computed``, ``prefill_tokens_reused``,
         ``decode_tokens`` (sampled), ``scored_tokens`` (teacher-forced ``forced_ids``, scored in
         their prefill pass), ``batches`` (joint decode steps), ``batch_rows`` (sequences summed
-        over those steps), ``mean_batch_size``,
+        over those steps), ``cancelled`` (requests dropped while served because their caller
+        cancelled them), ``mean_batch_size``,
         ``cache_hit_rate`` (share of requests that reused a prefix), ``cache_token_reuse``
         (share of prompt tokens reused), ``cache_bytes``, ``prefill_seconds`` (the worker admitting
         requests: prefill, cache insert, joining the batch) and ``decode_seconds`` (the worker

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["GenerationRequest", "GenerationResult", "RequestState", "sampling_problem"]
+__all__ = ["GenerationRequest", "GenerationResult", "RequestFuture", "RequestState", "sampling_problem"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class GenerationRequest:
         ignore_eos: Keep generating past end-of-sequence tokens (benchmarks).
         forced_ids: Score exactly these tokens instead of sampling (teacher forcing): the result's
             logprobs are the model's for this continuation, so choosing among candidate answers by
-            likelihood costs one batched decode per candidate after one shared prefill. Sampling
+            likelihood costs one prefill pass per candidate after the shared (cached) prompt. Sampling
             settings, stop strings, EOS and ``max_new_tokens`` do not apply.
 
     Example:
@@ -47,6 +47,28 @@ class GenerationRequest:
     top_logprobs: int = 0
     ignore_eos: bool = False
     forced_ids: Sequence[int] = ()
+
+
+class RequestFuture(Future):
+    """The future of a submitted request: cancelling it also stops a request already being served.
+
+    A ``concurrent.futures`` future cannot be cancelled once it runs, so a caller that gave up (an
+    asyncio task cancelled while awaiting ``asyncio.wrap_future``, e.g. a trajectory cancelled by a
+    consensus stop) would leave its row decoding to ``max_new_tokens``, taking compute and a batch
+    row from the requests still wanted. ``cancel()`` therefore also marks the request abandoned;
+    the worker drops it before its next decode step and resolves it with ``CancelledError``.
+
+    Example:
+        >>> future = RequestFuture()
+        >>> future.set_running_or_notify_cancel(), future.cancel(), future.abandoned
+        (True, False, True)
+    """
+
+    abandoned = False
+
+    def cancel(self) -> bool:
+        self.abandoned = True
+        return super().cancel()
 
 
 def sampling_problem(request: GenerationRequest) -> str | None:
@@ -129,7 +151,7 @@ class RequestState:
     """
 
     req: GenerationRequest
-    future: Future
+    future: RequestFuture
     prompt: list[int]
     max_new: int
     generator: torch.Generator | None

@@ -20,14 +20,14 @@ import queue
 import random
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError
 
 import torch
 
 from langgraph_parallelmuse.models.decoding import Decoder
 from langgraph_parallelmuse.models.kv_batch import BatchKV
 from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixMatch
-from langgraph_parallelmuse.models.requests import GenerationRequest, RequestState
+from langgraph_parallelmuse.models.requests import GenerationRequest, RequestFuture, RequestState
 from langgraph_parallelmuse.models.runner import ModelRunner
 
 __all__ = ["COUNTERS", "Counters", "Scheduler", "release_freed_memory"]
@@ -42,13 +42,14 @@ COUNTERS = (
     "batches",
     "batch_rows",
     "_hits",
+    "cancelled",  # requests dropped because their caller cancelled them while they were served
     # Worker time in nanoseconds: admitting requests (prefill, cache insert, joining the batch) and
     # decoding the running batch (forward pass and sampling).
     "_prefill_ns",
     "_decode_ns",
 )
 
-Item = tuple[GenerationRequest, Future] | None
+Item = tuple[GenerationRequest, RequestFuture] | None
 
 # Seconds between two returns of freed heap memory to the system (see release_freed_memory).
 _TRIM_EVERY = 5.0
@@ -172,9 +173,9 @@ class Scheduler:
             self.admitting = []
         self._refuse_leftovers()
 
-    def _collect(self) -> list[tuple[GenerationRequest, Future]]:
+    def _collect(self) -> list[tuple[GenerationRequest, RequestFuture]]:
         """New requests for the free rows: block (then wait ``batch_window``) only when idle."""
-        incoming: list[tuple[GenerationRequest, Future]] = []
+        incoming: list[tuple[GenerationRequest, RequestFuture]] = []
         room = self.max_batch_size - len(self.active)
         if self.active:
             while len(incoming) < room and not self.stopping:
@@ -198,7 +199,7 @@ class Scheduler:
             self._take(item, incoming)
         return incoming
 
-    def _take(self, item: Item, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+    def _take(self, item: Item, incoming: list[tuple[GenerationRequest, RequestFuture]]) -> None:
         if item is None:
             self.stopping = True
         else:
@@ -214,7 +215,7 @@ class Scheduler:
             if item is not None and item[1].set_running_or_notify_cancel():
                 item[1].set_exception(RuntimeError("engine is closed"))
 
-    def _step(self, incoming: list[tuple[GenerationRequest, Future]]) -> None:
+    def _step(self, incoming: list[tuple[GenerationRequest, RequestFuture]]) -> None:
         started = time.perf_counter_ns()
         pending = [seq for req, fut in incoming if (seq := self._start(req, fut)) is not None]
         self.admitting = list(pending)
@@ -237,11 +238,13 @@ class Scheduler:
                 self._resolve(seq)
         self.admitting = []
         if self.active:
+            self._retire()  # rows whose caller has gone leave before a step is spent on them
+        if self.active:
             self._decode()
             self.counters.add(_decode_ns=time.perf_counter_ns() - admitted)
             self._retire()
 
-    def _start(self, req: GenerationRequest, fut: Future) -> RequestState | None:
+    def _start(self, req: GenerationRequest, fut: RequestFuture) -> RequestState | None:
         if not fut.set_running_or_notify_cancel():
             return None
         try:
@@ -353,12 +356,17 @@ class Scheduler:
         self.counters.add(decode_tokens=sum(len(s.gen) for s in seqs) - before)
 
     def _retire(self) -> None:
-        """Resolve finished rows, store their KV and drop them from the batch."""
-        done = [i for i, s in enumerate(self.active) if s.finish is not None]
+        """Resolve finished rows, store their KV and drop them from the batch, with the rows whose
+        caller cancelled them (:class:`~.requests.RequestFuture`)."""
+        done = [i for i, s in enumerate(self.active) if s.finish is not None or s.future.abandoned]
         if not done:
             return
         for i in done:
             seq = self.active[i]
+            if seq.finish is None:  # nobody waits for it: neither its result nor its KV is kept
+                seq.future.set_exception(CancelledError("the request was cancelled by its caller"))
+                self.counters.add(cancelled=1)
+                continue
             # The KV covers prompt + gen when the row ended on EOS (the last kept token was fed to
             # produce it), prompt + gen[:-1] otherwise (the last sampled token was never fed).
             if self.cache is not None:

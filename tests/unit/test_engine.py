@@ -6,9 +6,11 @@ served from the prefix cache, stop strings cut text and logprob entries consiste
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import warnings
+from concurrent.futures import CancelledError
 
 import pytest
 import torch
@@ -201,6 +203,37 @@ def test_stats_split_the_worker_time_between_admitting_and_decoding(model, token
     assert only_prompt["prefill_seconds"] + both["prefill_seconds"] + both["decode_seconds"] <= wall
 
 
+async def test_a_request_cancelled_while_decoding_leaves_the_batch(model, tokenizer, plain, monkeypatch) -> None:
+    # A trajectory cancelled by a consensus stop gives up its step's request through
+    # asyncio.wrap_future; a running concurrent future cannot be cancelled, so its row went on
+    # decoding to max_new_tokens beside the requests still wanted.
+    engine = InferenceEngine(model, tokenizer)
+    decode = engine.runner.decode
+
+    def slow_decode(*args, **kwargs):  # a step long enough that the row is surely cancelled mid-way
+        time.sleep(0.01)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "decode", slow_decode)
+    try:
+        future = engine.submit(GenerationRequest(ids(tokenizer, PROMPTS[1]), max_new_tokens=240, ignore_eos=True))
+        waiting = asyncio.ensure_future(asyncio.wrap_future(future))
+        while engine.stats()["decode_tokens"] < 3:
+            await asyncio.sleep(0.005)
+        waiting.cancel()
+        # Waited for off the loop, which meanwhile passes the cancellation on to the engine's future.
+        error = await asyncio.to_thread(future.exception, 30)
+        assert isinstance(error, CancelledError) and "cancelled by its caller" in str(error)
+        dropped = engine.stats()
+        kept = await asyncio.wrap_future(engine.submit(greedy(tokenizer, PROMPTS[0])))
+        after = engine.stats()
+    finally:
+        engine.close()
+    assert dropped["cancelled"] == 1 and dropped["decode_tokens"] < 100
+    assert after["decode_tokens"] - dropped["decode_tokens"] == len(kept.token_ids)  # nothing else decodes
+    assert kept.token_ids == plain.generate(greedy(tokenizer, PROMPTS[0])).token_ids
+
+
 def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:
     shared = ids(tokenizer, " ".join(PROMPTS * 3))  # longer than the scheduler's sharing threshold
     branches = [shared + ids(tokenizer, f" branch {i} says") for i in range(4)]
@@ -276,6 +309,12 @@ def test_bad_requests_are_refused(engine, tokenizer) -> None:
         engine.submit(GenerationRequest(list(range(5)) * 60))
     with pytest.raises(InputError, match=r"seed=18446744073709551616 is out of range"):
         engine.submit(greedy(tokenizer, "hi", temperature=0.7, seed=2**64))
+    # Out-of-vocabulary ids found in the worker would fail every request of the running batch.
+    vocab = engine.vocab_size
+    with pytest.raises(InputError, match=f"token id {vocab} is not in the model's vocabulary of {vocab}"):
+        engine.submit(GenerationRequest(ids(tokenizer, "hi"), forced_ids=[5, vocab]))
+    with pytest.raises(InputError, match="token id -1 is not"):
+        engine.submit(GenerationRequest([-1, 5]))
 
 
 def test_bad_sampling_settings_are_refused_before_they_reach_a_batch(engine, tokenizer) -> None:
