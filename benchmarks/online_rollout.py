@@ -89,6 +89,8 @@ async def main() -> None:
         if args.out is None or not Path(args.out).exists():
             raise SystemExit("--report-only reads the rows of --out: name an existing file")
         rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+        if not rows:
+            raise SystemExit(f"{args.out} holds no rows yet: nothing to report")
         if len({json.dumps(r.get("settings"), sort_keys=True) for r in rows}) > 1:
             raise SystemExit(f"{args.out} mixes rows measured with different settings: report them apart")
         report(rows)

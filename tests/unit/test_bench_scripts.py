@@ -244,3 +244,6 @@ def test_online_rollout_reports_a_stopped_run_without_loading_a_model(monkeypatc
         fh.write(json.dumps(online_row("c", {"seed": 1})) + "\n")
     with pytest.raises(SystemExit, match="mixes rows measured with different settings"):
         asyncio.run(online_rollout.main())
+    rows.write_text("")  # a run stopped before its first question
+    with pytest.raises(SystemExit, match="holds no rows yet"):
+        asyncio.run(online_rollout.main())
