@@ -507,6 +507,11 @@ class RolloutRunner:
             else:
                 payload = {**seed, **fresh}
         context = config or _DEFAULT_CONFIG
+        # A step is two supersteps (think, act). Inside a parent run this graph inherits the parent's
+        # recursion limit, LangChain's default 25, which ended every trajectory past 12 turns with
+        # GraphRecursionError; max_turns is the bound. (Even, so never equal to that default, which
+        # LangChain's config merge skips as unset.)
+        tc["recursion_limit"] = 2 * context.max_turns + 6
         if on_step is None:
             await self.graph.ainvoke(payload, tc, context=context)
         else:

@@ -164,6 +164,19 @@ async def test_fewer_pickable_steps_than_k_are_filled_from_scratch_and_reported(
     assert budget["shortfall_filled"] == 3 and budget["fill"] == 3
 
 
+async def test_a_trajectory_runs_to_max_turns_past_langchains_default_recursion_limit():
+    # Inside the graph the rollout subgraph inherited LangChain's recursion limit of 25 (two
+    # supersteps a step): max_turns >= 13 failed the whole run with GraphRecursionError.
+    model = ScriptedChatModel(
+        responder=research_responder(lambda i, m: Reply(call_text("search", f"s{i}", query=f"q{i}")))
+    )
+    graph = create_parallelmuse(
+        model, make_tools()[0], config={"n": 1, "mode": "none", "max_turns": 14, "max_context_tokens": 10**6}
+    )
+    (traj,) = (await graph.ainvoke({"question": QUESTION}))["trajectories"]
+    assert traj["status"] == "max_turns" and len(traj["steps"]) == 14
+
+
 async def test_missing_logprobs_fail_fast_unless_mode_is_none():
     no_lp = lambda i, msgs: Reply(answer_text("Paris"), logprobs=False)  # noqa: E731
     graph, model, _ = _graph({"n": 3, "k": 1, "t": 2}, agent=no_lp)
