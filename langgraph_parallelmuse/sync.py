@@ -11,7 +11,7 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any
 
 from langchain_core.runnables import RunnableLambda
@@ -20,6 +20,8 @@ __all__ = ["async_node"]
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
+# How long an abandoned sync call waits for its cancelled coroutine to wind down before it re-raises.
+_STOP_SECONDS = 30.0
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
@@ -48,9 +50,11 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
         loop = _background_loop()
         context = contextvars.copy_context()
         done: Future = Future()
+        tasks: list[asyncio.Task] = []
 
         def start() -> None:
             task = loop.create_task(afunc(arg), context=context)
+            tasks.append(task)
 
             def finish(t: asyncio.Task) -> None:
                 if t.cancelled():
@@ -63,6 +67,16 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
             task.add_done_callback(finish)
 
         loop.call_soon_threadsafe(start)
-        return done.result()
+        try:
+            return done.result()
+        except BaseException:
+            if not done.done():
+                # The caller gave up (Ctrl-C): the coroutine must stop too, or its trajectories go on
+                # calling the model, writing checkpoints and holding this shared loop's
+                # max_concurrency slots, which the next run would wait for. Waiting lets it cancel
+                # its trajectories (start runs before this: the loop's callbacks are FIFO).
+                loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+                wait([done], timeout=_STOP_SECONDS)
+            raise
 
     return RunnableLambda(sync, afunc=afunc, name=name)
