@@ -157,8 +157,13 @@ class InferenceEngine:
         return future
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Submit and wait (convenience for scripts)."""
-        return self.submit(request).result()
+        """Submit and wait; a wait given up (Ctrl-C) cancels the request, so the worker stops it."""
+        future = self.submit(request)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # a request that failed or finished is unaffected
+            raise
 
     def stats(self) -> dict[str, float | int]:
         """Counters since the last :meth:`reset_stats`.

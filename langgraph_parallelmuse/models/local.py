@@ -297,7 +297,7 @@ class LocalChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         request = self._request(messages, stop, kwargs)
-        return self._result(self.engine.submit(request).result(), bool(request.forced_ids))
+        return self._result(self.engine.generate(request), bool(request.forced_ids))
 
     async def _agenerate(
         self,

@@ -364,8 +364,8 @@ class Scheduler:
         for i in done:
             seq = self.active[i]
             if seq.finish is None:  # nobody waits for it: neither its result nor its KV is kept
+                self.counters.add(cancelled=1)  # counted before the result is visible, as every counter
                 seq.future.set_exception(CancelledError("the request was cancelled by its caller"))
-                self.counters.add(cancelled=1)
                 continue
             # The KV covers prompt + gen when the row ended on EOS (the last kept token was fed to
             # produce it), prompt + gen[:-1] otherwise (the last sampled token was never fed).

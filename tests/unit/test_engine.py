@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import time
 import warnings
 from concurrent.futures import CancelledError
@@ -232,6 +234,30 @@ async def test_a_request_cancelled_while_decoding_leaves_the_batch(model, tokeni
     assert dropped["cancelled"] == 1 and dropped["decode_tokens"] < 100
     assert after["decode_tokens"] - dropped["decode_tokens"] == len(kept.token_ids)  # nothing else decodes
     assert kept.token_ids == plain.generate(greedy(tokenizer, PROMPTS[0])).token_ids
+
+
+def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokenizer, monkeypatch) -> None:
+    # The sync path (LocalChatModel.invoke, a sync chain) waits in generate(): after Ctrl-C the row
+    # went on to max_new_tokens, and the exit hook that closes the engine waited for it.
+    engine = InferenceEngine(model, tokenizer)
+    decode = engine.runner.decode
+
+    def slow_decode(*args, **kwargs):
+        time.sleep(0.01)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "decode", slow_decode)
+    try:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(GenerationRequest(ids(tokenizer, PROMPTS[1]), max_new_tokens=240, ignore_eos=True))
+        deadline = time.monotonic() + 10
+        while engine.stats()["cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert stats["cancelled"] == 1 and stats["decode_tokens"] < 200
 
 
 def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:
