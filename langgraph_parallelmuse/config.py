@@ -96,7 +96,11 @@ class ParallelMuseConfig(BaseModel):
     max_step_tokens: int = Field(256, description="Maximum generated tokens per think step.")
     max_context_tokens: int = Field(8192, description="Prompt budget; when exceeded the agent is forced to answer.")
     max_observation_chars: int = Field(1200, description="Tool output longer than this is truncated.")
-    tool_timeout: float = Field(30.0, description="Seconds before a tool call is abandoned.")
+    tool_timeout: float = Field(
+        30.0,
+        description="Seconds before a tool call is abandoned (the agent gets an error; a sync tool's thread "
+        "cannot be stopped and runs on).",
+    )
     driver: DriverName = Field(
         "auto",
         description="'free' = model writes whole steps; 'guided' = tags prefilled (small local models).",

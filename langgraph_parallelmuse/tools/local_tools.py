@@ -8,8 +8,11 @@ an evaluation can score retrieval recall of the supporting documents.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
@@ -33,6 +36,16 @@ _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
 # Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
 # runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
 _PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
+
+# Index lookups get threads of their own: a sync tool that hangs past tool_timeout keeps its thread
+# of the loop's default executor (a timeout cannot stop a thread), and a few of those made every
+# corpus search wait behind them and time out too.
+_LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="parallelmuse-corpus")
+_T = TypeVar("_T")
+
+
+async def _lookup_thread(func: Callable[..., _T], *args, **kwargs) -> _T:
+    return await asyncio.get_running_loop().run_in_executor(_LOOKUPS, functools.partial(func, *args, **kwargs))
 
 
 def pasted_id(text: str) -> str | None:
@@ -170,14 +183,14 @@ def make_corpus_tools(
     async def search(query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
             return "empty query: give search some words to look for.", {"doc_ids": []}
-        hits = await asyncio.to_thread(index.search, query, k=k, doc_ids=subset)
+        hits = await _lookup_thread(index.search, query, k=k, doc_ids=subset)
         if not hits:
             return f"No results for {query!r}. Try other words.", {"doc_ids": []}
         lines = [f"[{n}] {h.title} (id: {h.id})\n{h.snippet}" for n, h in enumerate(hits, 1)]
         return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}
 
     async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
-        found = await asyncio.to_thread(_lookup, index, doc, subset)
+        found = await _lookup_thread(_lookup, index, doc, subset)
         if found is None:
             return (
                 f"No document {doc.strip()!r}: that id or title is unknown. Use an id from the search results.",

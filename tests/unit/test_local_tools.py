@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,23 @@ def test_goal_excerpt_cuts_one_huge_sentence() -> None:
     excerpt = goal_excerpt("word " * 500, "word", max_chars=100)
     assert len(excerpt) <= 100
     assert excerpt.endswith("[...]")
+
+
+async def test_sync_tools_hung_past_their_timeout_do_not_starve_the_corpus_tools(index: CorpusIndex) -> None:
+    # A timed-out sync tool keeps its thread of the loop's default executor; once those were all
+    # taken, every corpus lookup waited behind them and timed out too.
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    crowded = ThreadPoolExecutor(max_workers=2)
+    loop.set_default_executor(crowded)
+    try:
+        for _ in range(2):
+            loop.run_in_executor(None, release.wait, 20)  # the hung tools' threads
+        search, visit = make_corpus_tools(index)
+        async with asyncio.timeout(5):
+            found = await call(search, query="River Sample")
+            opened = await call(visit, doc="l1")
+    finally:
+        release.set()
+        crowded.shutdown(wait=True)
+    assert found.artifact["doc_ids"][0] == "r1" and opened.artifact["doc_ids"] == ["l1"]
