@@ -413,6 +413,7 @@ class RolloutRunner:
     ) -> None:
         self.model = model
         self.tools = list(tools)
+        self.system_prompt = system_prompt
         self._guided = guided_driver
         self.driver = pick_driver(model, driver, guided_driver) if isinstance(driver, str) else driver
         own = "guided" if isinstance(self.driver, GuidedDriver) else "free"

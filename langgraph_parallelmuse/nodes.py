@@ -38,6 +38,8 @@ from langgraph_parallelmuse.stage2 import choose_answer, compression_stats, writ
 from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
 
 MAX_QUESTION_CHARS = 4000
+# The engine's counters are this process's: a run resumed elsewhere cannot subtract its start from them.
+_PROCESS = uuid.uuid4().hex
 
 _ENGINE_COUNTERS = (
     "requests",
@@ -254,6 +256,19 @@ class ParallelMuseNodes:
             )
         return settings
 
+    def runner_identity(self) -> list[Any]:
+        """What makes this graph's trajectories, beside the question and the settings (stable across
+        processes, so a resumed run finds its threads)."""
+        runner = self.runner
+        return [
+            type(self.model).__name__,
+            describe_model(self.model),
+            self.model.name,
+            sorted(t.name for t in runner.tools),
+            runner.system_prompt,
+            repr(runner.driver),  # a frozen dataclass: its settings, no address
+        ]
+
     def limit(self, settings: ParallelMuseConfig) -> asyncio.Semaphore:
         """Trajectories/reports in flight: one bound per event loop and ``max_concurrency``, shared by the
         runs on that loop that use the same value (``batch`` too)."""
@@ -270,10 +285,12 @@ class ParallelMuseNodes:
         settings = self.settings()
         self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
         parent_thread = (get_config().get("configurable") or {}).get("thread_id")
-        # The question and the settings name the run: the same question asked again on the thread
-        # finds its finished trajectories, asked with other settings (temperature, N, the model's
-        # sampling) it samples anew instead of reusing trajectories those settings did not make.
-        key = json.dumps([question, settings.model_dump()], sort_keys=True, default=str)
+        # The question, the settings and what else makes a trajectory (the model, the tools, the system
+        # prompt, the driver) name the run: the same question asked again on the thread finds its
+        # finished trajectories; asked with other settings, or by another graph sharing the
+        # trajectory checkpointer (a small and a strong model side by side), it samples anew instead
+        # of reusing trajectories it did not make.
+        key = json.dumps([question, settings.model_dump(), self.runner_identity()], sort_keys=True, default=str)
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         # Deterministic ids under a checkpointed parent thread make a resumed run find its
         # finished trajectories; otherwise every run gets fresh threads.
@@ -283,7 +300,7 @@ class ParallelMuseNodes:
         engine_start: dict[str, Any] = {}
         if callable(engine_stats := getattr(self.model, "engine_stats", None)):
             # The first access loads the model: keep that off the event loop.
-            engine_start = await asyncio.to_thread(engine_stats)
+            engine_start = {**await asyncio.to_thread(engine_stats), "process": _PROCESS}
         # A checkpointed chat thread keeps the previous question's records: start this run clean.
         return {
             "question": question,
@@ -494,7 +511,11 @@ class ParallelMuseNodes:
             "total": active_seconds(spans),
         }
         if callable(engine_stats := getattr(self.model, "engine_stats", None)):
-            stats["engine"] = engine_delta(state.get("engine_start") or {}, await asyncio.to_thread(engine_stats))
+            start, now = state.get("engine_start") or {}, await asyncio.to_thread(engine_stats)
+            if start.get("process") == _PROCESS:
+                stats["engine"] = engine_delta(start, now)
+            else:  # resumed in another process: its counters began at zero, without the first part
+                stats["engine"] = {**engine_delta({}, now), "partial": "the run resumed in another process"}
         emit("answer", answer=choice.answer, source=choice.source)
         text = choice.answer if choice.answer is not None else "No answer: every trajectory failed to produce one."
         return {

@@ -244,7 +244,7 @@ class ParallelMuseState(TypedDict, total=False):
     picks: Annotated[list[dict[str, Any]], operator.add]  # every round's picks (lineage.Pick records)
     crossovers: Annotated[list[dict[str, Any]], operator.add]  # the pairs crossed (crossover.CrossPair records)
     round: int  # the branching round in progress (0 before the first)
-    engine_start: dict[str, Any]  # in-process engine counters at run start (stats.engine is the delta)
+    engine_start: dict[str, Any]  # in-process engine counters at run start, and the process (stats.engine: the delta)
     answer: str | None
     answer_source: str  # "aggregator" | "majority_fallback" | baseline name | "none"
     stats: Annotated[dict[str, Any], merge_stats]

@@ -19,7 +19,8 @@ from langchain_core.runnables import RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError
+from langgraph_parallelmuse import nodes as nodes_module
+from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError, ParallelMuseError
 from langgraph_parallelmuse.graph import create_parallelmuse, rollout_runner
 from tests.unit.fakes import (
     Reply,
@@ -483,6 +484,54 @@ async def test_the_same_question_asked_with_other_settings_samples_anew():
     resampled = [c for c in model.calls[first:] if role_of(c["messages"]) == "agent"]
     assert len(resampled) == 2 and all(c["kwargs"].get("temperature") == 1.2 for c in resampled)
     assert out["stats"]["config"]["temperature"] == 1.2
+
+
+async def test_another_graph_sharing_the_trajectory_checkpointer_samples_its_own_trajectories():
+    # A small and a strong model side by side on one thread and one trajectory database: the run id
+    # named only the question and the settings, so the second graph returned the first's answers.
+    saver, tools = InMemorySaver(), make_tools()[0]
+    small = ScriptedChatModel(name="small", responder=research_responder(lambda i, m: answer_text("Lyon")))
+    strong = ScriptedChatModel(name="strong", responder=research_responder(lambda i, m: answer_text("Paris")))
+    config = {"n": 2, "mode": "none", "aggregation": "majority"}
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "compare-1"}}
+    for model, answer in ((small, "Lyon"), (strong, "Paris")):
+        graph = create_parallelmuse(model, tools, config=config, trajectory_checkpointer=saver)
+        out = await graph.ainvoke({"question": QUESTION}, cfg)
+        assert [t["answer"] for t in out["trajectories"]] == [answer, answer]
+    assert sum(role_of(c["messages"]) == "agent" for c in strong.calls) == 2
+
+
+class _EngineModel(ScriptedChatModel):
+    """A model with in-process engine counters (requests served), like LocalChatModel."""
+
+    served: int = 0
+    dies: bool = False
+
+    def engine_stats(self) -> dict[str, int]:
+        return {"requests": self.served, "decode_tokens": 5 * self.served}
+
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        if self.dies:
+            raise ParallelMuseError("the process dies here")
+        self.served += 1
+        return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+async def test_engine_stats_of_a_run_resumed_in_another_process_count_that_process_only(monkeypatch):
+    # The counters at the run's start were subtracted from a fresh process's: -4,995 requests.
+    outer, saver, tools = InMemorySaver(), InMemorySaver(), make_tools()[0]
+    responder = research_responder(lambda i, m: answer_text("Paris"))
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "job-51"}}
+    config = {"n": 2, "mode": "none", "aggregation": "majority"}
+    first = _EngineModel(responder=responder, served=5000, dies=True)
+    graph = create_parallelmuse(first, tools, config=config, checkpointer=outer, trajectory_checkpointer=saver)
+    with pytest.raises(ParallelMuseError):
+        await graph.ainvoke({"question": QUESTION}, cfg)
+    monkeypatch.setattr(nodes_module, "_PROCESS", "another process")
+    second = _EngineModel(responder=responder)
+    graph = create_parallelmuse(second, tools, config=config, checkpointer=outer, trajectory_checkpointer=saver)
+    engine = (await graph.ainvoke(None, cfg))["stats"]["engine"]
+    assert engine["requests"] == second.served > 0 and engine["partial"] == "the run resumed in another process"
 
 
 def _chain(graph):
