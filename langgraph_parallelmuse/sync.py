@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
@@ -22,6 +23,15 @@ _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
 # How long an abandoned sync call waits for its cancelled coroutine to wind down before it re-raises.
 _STOP_SECONDS = 30.0
+
+
+def _forget_loop() -> None:
+    # A forked child has no copy of the loop's thread: it starts its own loop on first use.
+    global _LOOP, _LOOP_LOCK
+    _LOOP, _LOOP_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop)
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:

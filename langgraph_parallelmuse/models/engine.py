@@ -13,6 +13,7 @@ Log-probabilities are *raw*: ``log_softmax`` of the unwarped logits, before temp
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import weakref
@@ -153,6 +154,8 @@ class InferenceEngine:
         with self._submit_lock:  # a request put after close()'s sentinel would never be served
             if self._closed:
                 raise RuntimeError("engine is closed")
+            if not self._thread.is_alive():  # queued, the request would wait forever
+                raise RuntimeError("the engine's worker is not running in this process (forked after it started)")
             self._queue.put((request, future))
         return future
 
@@ -197,6 +200,12 @@ class InferenceEngine:
         if self.cache is not None:
             self.cache.clear()
 
+    @property
+    def serving(self) -> bool:
+        """Whether the engine takes requests: not closed, and its worker runs in this process (a
+        process forked after the engine started has no copy of the worker's thread)."""
+        return not self._closed and self._thread.is_alive()
+
     def close(self) -> None:
         """Stop the worker after the queued requests are served."""
         with self._submit_lock:
@@ -209,6 +218,16 @@ class InferenceEngine:
 
 _engines: dict[tuple, InferenceEngine] = {}
 _engines_lock = threading.Lock()
+
+
+def _forget_engines() -> None:
+    # A forked child has no copy of the workers' threads: its engines are started anew on first use.
+    global _engines_lock
+    _engines.clear()
+    _engines_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_engines)
 
 
 def shared_engine(
@@ -239,7 +258,7 @@ def shared_engine(
     key = (loaded.path, loaded.gguf_file, precision, prefix_cache, batching, cache_max_bytes, max_batch_size)
     with _engines_lock:
         engine = _engines.get(key)
-        if engine is None:
+        if engine is None or not engine.serving:
             engine = InferenceEngine(
                 loaded.model,
                 loaded.tokenizer,

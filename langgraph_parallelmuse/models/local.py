@@ -151,8 +151,9 @@ class LocalChatModel(BaseChatModel):
 
     @property
     def engine(self) -> Any:
-        """The shared :class:`~.engine.InferenceEngine` (loads the model on first access)."""
-        if self._engine is None:
+        """The shared :class:`~.engine.InferenceEngine` (loads the model on first access; another
+        one once this one stopped serving: closed, or this process was forked after it started)."""
+        if self._engine is None or not self._engine.serving:
             from langgraph_parallelmuse.models.engine import shared_engine
 
             self._engine = shared_engine(

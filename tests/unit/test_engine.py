@@ -13,6 +13,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import CancelledError
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -258,6 +259,33 @@ def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokeni
     finally:
         engine.close()
     assert stats["cancelled"] == 1 and stats["decode_tokens"] < 200
+
+
+def test_a_closed_or_forked_engine_is_replaced_or_refuses_rather_than_hanging(model, tokenizer, monkeypatch) -> None:
+    # shared_engine handed out a closed engine ("engine is closed" for every later model), and in a
+    # forked child an engine whose worker thread did not exist there: its requests waited forever.
+    from langgraph_parallelmuse.models import engine as engine_module
+    from langgraph_parallelmuse.models import loading
+    from tests.unit.test_sync import in_forked_child
+
+    loaded = SimpleNamespace(path="tiny", gguf_file=None, model=model, tokenizer=tokenizer, name="tiny")
+    monkeypatch.setattr(loading, "load_model", lambda *args: loaded)
+    before = dict(engine_module._engines)
+    first = engine_module.shared_engine()
+    try:
+        assert in_forked_child(lambda: first.submit(greedy(tokenizer, "hi"))) == (
+            "RuntimeError: the engine's worker is not running in this process (forked after it started)"
+        )
+        first.close()
+        second = engine_module.shared_engine()
+        assert second is not first and second.serving
+        assert second.generate(greedy(tokenizer, PROMPTS[0])).token_ids
+    finally:
+        for key, engine in list(engine_module._engines.items()):
+            if before.get(key) is not engine:
+                engine.close()
+                del engine_module._engines[key]
+        first.close()
 
 
 def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:

@@ -43,3 +43,36 @@ def test_a_failing_coroutine_raises_its_own_error_under_the_sync_api():
 
     with pytest.raises(ValueError, match="bad input"):
         async_node("fail", fail).invoke(None)
+
+
+def in_forked_child(action) -> str:
+    """``action()``'s result (or error) in a forked child, as text; a child stuck for 20 s is killed."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            text = str(action())
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            text = f"{type(exc).__name__}: {exc}"
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "stuck"
+        time.sleep(0.05)
+    with os.fdopen(read) as f:
+        return f.read()
+
+
+def test_a_forked_child_runs_sync_calls_on_a_loop_of_its_own():
+    # The child inherited the parent's loop object but not its thread: its first sync call hung.
+    async def double(x):
+        return 2 * x
+
+    node = async_node("double", double)
+    assert node.invoke(1) == 2  # the parent's background loop is running now
+    assert in_forked_child(lambda: node.invoke(21)) == "42"
