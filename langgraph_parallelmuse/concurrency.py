@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
-__all__ = ["gather_all", "settle"]
+__all__ = ["Bounds", "gather_all", "settle"]
 
 T = TypeVar("T")
 
@@ -54,3 +54,34 @@ async def gather_all(*aws: Awaitable[T]) -> list[T]:
         return list(await asyncio.gather(*tasks))
     finally:
         await settle(tasks)
+
+
+class Bounds:
+    """Several semaphores held together: a slot is taken only when each of them has one.
+
+    Example:
+        >>> async def demo():
+        ...     wide, narrow = asyncio.Semaphore(8), asyncio.Semaphore(1)
+        ...     async with Bounds(narrow, wide):
+        ...         return wide._value, narrow._value
+        >>> asyncio.run(demo())
+        (7, 0)
+    """
+
+    def __init__(self, *semaphores: asyncio.Semaphore) -> None:
+        self.semaphores = semaphores
+
+    async def __aenter__(self) -> None:
+        held: list[asyncio.Semaphore] = []
+        try:
+            for semaphore in self.semaphores:
+                await semaphore.acquire()
+                held.append(semaphore)
+        except BaseException:  # cancelled while waiting: give back what it held
+            for semaphore in held:
+                semaphore.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        for semaphore in self.semaphores:
+            semaphore.release()

@@ -26,6 +26,7 @@ from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.concurrency import Bounds
 from langgraph_parallelmuse.config import ParallelMuseConfig, context_overrides, make_config, resolve_config
 from langgraph_parallelmuse.crossover import crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
@@ -269,13 +270,18 @@ class ParallelMuseNodes:
             repr(runner.driver),  # a frozen dataclass: its settings, no address
         ]
 
-    def limit(self, settings: ParallelMuseConfig) -> asyncio.Semaphore:
-        """Trajectories/reports in flight: one bound per event loop and ``max_concurrency``, shared by the
-        runs on that loop that use the same value (``batch`` too)."""
+    def limit(self, settings: ParallelMuseConfig) -> Bounds:
+        """Trajectories/reports in flight: the factory's ``max_concurrency`` bounds every run on an event
+        loop together (``batch`` too); a run whose context sets a lower value also keeps within that,
+        shared by the runs that set the same value. A higher value cannot lift the factory's bound."""
         per_loop = self._limits.setdefault(asyncio.get_running_loop(), {})
-        if settings.max_concurrency not in per_loop:
-            per_loop[settings.max_concurrency] = asyncio.Semaphore(settings.max_concurrency)
-        return per_loop[settings.max_concurrency]
+        widest = self.config.max_concurrency
+        values = sorted({min(settings.max_concurrency, widest), widest})
+        for value in values:
+            if value not in per_loop:
+                per_loop[value] = asyncio.Semaphore(value)
+        # The narrower first: a run waiting for its own bound holds no slot of the shared one.
+        return Bounds(*(per_loop[v] for v in values))
 
     # ------------------------------------------------------------------ Stage 1
 

@@ -230,7 +230,7 @@ class _Online:
         *,
         reuse: Sequence[Trajectory],
         on_event: OnEvent,
-        limit: asyncio.Semaphore | None,
+        limit: contextlib.AbstractAsyncContextManager | None,
     ) -> None:
         self.runner, self.question, self.config, self.run_id = runner, question, config, run_id
         self.pool, self.on_event, self.limit = iter(reuse), on_event, limit
@@ -350,7 +350,7 @@ async def online_rollout(
     run_id: str,
     reuse: Sequence[Trajectory] = (),
     on_event: OnEvent | None = None,
-    limit: asyncio.Semaphore | None = None,
+    limit: contextlib.AbstractAsyncContextManager | None = None,
 ) -> tuple[list[Trajectory], list[Pick]]:
     """Online partial rollout (``branching="online"``): branch while the parent runs.
 

@@ -426,6 +426,23 @@ async def test_max_concurrency_bounds_model_calls_in_flight():
     assert model.peak_in_flight == 1
 
 
+async def test_a_runs_context_lowers_max_concurrency_within_the_factorys_bound_and_cannot_lift_it():
+    # Each value had a bound of its own: a run lowering it to 1 beside one at the factory's 2 had 3
+    # calls in flight, and a context of 64 lifted the operator's bound.
+    slow = lambda i, msgs: Reply(answer_text("Paris"), delay=0.05)  # noqa: E731
+    graph, model, _ = _graph({"n": 4, "mode": "none", "max_concurrency": 2}, agent=slow)
+    await asyncio.gather(
+        graph.ainvoke({"question": QUESTION}), graph.ainvoke({"question": QUESTION}, context={"max_concurrency": 1})
+    )
+    assert model.peak_in_flight == 2
+    graph, model, _ = _graph({"n": 4, "mode": "none", "max_concurrency": 2}, agent=slow)
+    await graph.ainvoke({"question": QUESTION}, context={"max_concurrency": 64})
+    assert model.peak_in_flight == 2
+    graph, model, _ = _graph({"n": 4, "mode": "none", "max_concurrency": 8}, agent=slow)
+    await graph.ainvoke({"question": QUESTION}, context={"max_concurrency": 1})
+    assert model.peak_in_flight == 1
+
+
 # ----------------------------------------------------------------------------- composition
 
 
