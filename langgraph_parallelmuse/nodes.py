@@ -259,12 +259,12 @@ class ParallelMuseNodes:
 
     def runner_identity(self) -> list[Any]:
         """What makes this graph's trajectories, beside the question and the settings (stable across
-        processes, so a resumed run finds its threads)."""
-        runner = self.runner
+        processes, so a resumed run finds its threads; not the server's URL, which may move)."""
+        runner, model = self.runner, self.model
         return [
-            type(self.model).__name__,
-            describe_model(self.model),
-            self.model.name,
+            type(model).__name__,
+            getattr(model, "model_name", None) or getattr(model, "model", None),
+            model.name,
             sorted(t.name for t in runner.tools),
             runner.system_prompt,
             repr(runner.driver),  # a frozen dataclass: its settings, no address
