@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,11 +41,23 @@ _PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
 # Index lookups get threads of their own: a sync tool that hangs past tool_timeout keeps its thread
 # of the loop's default executor (a timeout cannot stop a thread), and a few of those made every
 # corpus search wait behind them and time out too.
-_LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="parallelmuse-corpus")
+_LOOKUPS: ThreadPoolExecutor | None = None
 _T = TypeVar("_T")
 
 
+def _forget_lookups() -> None:
+    # A forked child has none of the pool's threads, and the pool would count the parent's idle ones.
+    global _LOOKUPS
+    _LOOKUPS = None
+
+
+os.register_at_fork(after_in_child=_forget_lookups)
+
+
 async def _lookup_thread(func: Callable[..., _T], *args, **kwargs) -> _T:
+    global _LOOKUPS
+    if _LOOKUPS is None:
+        _LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="parallelmuse-corpus")
     return await asyncio.get_running_loop().run_in_executor(_LOOKUPS, functools.partial(func, *args, **kwargs))
 
 

@@ -173,3 +173,14 @@ async def test_sync_tools_hung_past_their_timeout_do_not_starve_the_corpus_tools
         release.set()
         crowded.shutdown(wait=True)
     assert found.artifact["doc_ids"][0] == "r1" and opened.artifact["doc_ids"] == ["l1"]
+
+
+async def test_a_forked_child_searches_the_corpus_on_threads_of_its_own(index: CorpusIndex) -> None:
+    # The lookup pool counted the parent's idle threads, which a forked child does not have.
+    from tests.unit.test_sync import in_forked_child
+
+    search, _ = make_corpus_tools(index)
+    assert (await call(search, query="River Sample")).artifact["doc_ids"][0] == "r1"  # the pool has threads now
+    await asyncio.sleep(0.2)  # and the thread is idle again: a pool with an idle thread starts no other
+    found = in_forked_child(lambda: asyncio.run(call(search, query="Lake Demo")).artifact["doc_ids"][0])
+    assert found == "l1"
