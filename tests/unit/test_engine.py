@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import threading
 import time
 import warnings
 from concurrent.futures import CancelledError
@@ -21,6 +19,7 @@ import torch
 from langgraph_parallelmuse.errors import ConfigError, InputError
 from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
 from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
+from tests.unit.test_sync import ctrl_c_after
 from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
 
 # float32 batched (shared segments, private rows) vs unbatched attention reorders sums: ~1e-6 here.
@@ -249,8 +248,7 @@ def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokeni
 
     monkeypatch.setattr(engine.runner, "decode", slow_decode)
     try:
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-        with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
             engine.generate(GenerationRequest(ids(tokenizer, PROMPTS[1]), max_new_tokens=240, ignore_eos=True))
         deadline = time.monotonic() + 10
         while engine.stats()["cancelled"] == 0 and time.monotonic() < deadline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -13,6 +14,20 @@ import pytest
 from langgraph_parallelmuse.sync import async_node
 
 
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float):
+    """Send this process SIGINT after ``seconds``, raised as KeyboardInterrupt even where the suite
+    was started with SIGINT ignored (a background job: Python then installs no handler)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_sync_call_interrupted_by_ctrl_c_cancels_its_coroutine():
     # The coroutine runs on a shared background loop: left running after Ctrl-C, a rollout went on
     # calling the model and held the loop's concurrency slots that the next run waited for.
@@ -20,7 +35,7 @@ def test_a_sync_call_interrupted_by_ctrl_c_cancels_its_coroutine():
 
     async def work(_):
         try:
-            while True:
+            while len(ticks) < 500:  # ten seconds at most, should the interrupt never come
                 await asyncio.sleep(0.02)
                 ticks.append(1)
         except asyncio.CancelledError:
@@ -28,8 +43,7 @@ def test_a_sync_call_interrupted_by_ctrl_c_cancels_its_coroutine():
             raise
 
     node = async_node("work", work)
-    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after(0.2), pytest.raises(KeyboardInterrupt):
         node.invoke(None)
     assert cancelled.is_set()  # already when the interrupt reaches the caller
     seen = len(ticks)
