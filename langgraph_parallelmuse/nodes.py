@@ -139,6 +139,10 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     return out
 
 
+def _model_name(model: BaseChatModel) -> str | None:
+    return getattr(model, "model_name", None) or getattr(model, "model", None)
+
+
 def describe_model(model: BaseChatModel) -> str:
     """Which model a message is about: its name and, for a server, its base URL.
 
@@ -147,7 +151,7 @@ def describe_model(model: BaseChatModel) -> str:
         >>> describe_model(ChatOpenAI(model="smollm2", base_url="http://127.0.0.1:8000/v1", api_key="x"))
         "model 'smollm2' at http://127.0.0.1:8000/v1"
     """
-    name = getattr(model, "model_name", None) or getattr(model, "model", None) or type(model).__name__
+    name = _model_name(model) or type(model).__name__
     url = getattr(model, "openai_api_base", None) or getattr(model, "base_url", None)
     return f"model {name!r}" + (f" at {url}" if url else "")
 
@@ -263,7 +267,7 @@ class ParallelMuseNodes:
         runner, model = self.runner, self.model
         return [
             type(model).__name__,
-            getattr(model, "model_name", None) or getattr(model, "model", None),
+            _model_name(model),
             model.name,
             sorted(t.name for t in runner.tools),
             runner.system_prompt,

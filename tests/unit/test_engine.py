@@ -19,7 +19,7 @@ import torch
 from langgraph_parallelmuse.errors import ConfigError, InputError
 from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
 from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
-from tests.unit.test_sync import ctrl_c_after
+from tests.unit.processes import ctrl_c_after, in_forked_child
 from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
 
 # float32 batched (shared segments, private rows) vs unbatched attention reorders sums: ~1e-6 here.
@@ -264,7 +264,6 @@ def test_a_closed_or_forked_engine_is_replaced_or_refuses_rather_than_hanging(mo
     # forked child an engine whose worker thread did not exist there: its requests waited forever.
     from langgraph_parallelmuse.models import engine as engine_module
     from langgraph_parallelmuse.models import loading
-    from tests.unit.test_sync import in_forked_child
 
     loaded = SimpleNamespace(path="tiny", gguf_file=None, model=model, tokenizer=tokenizer, name="tiny")
     monkeypatch.setattr(loading, "load_model", lambda *args: loaded)

@@ -12,6 +12,7 @@ import pytest
 from langchain_core.messages import ToolMessage
 
 from langgraph_parallelmuse.tools import CorpusIndex, goal_excerpt, make_corpus_tools
+from tests.unit.processes import in_forked_child
 
 FILLER = "Bread is baked in ovens every morning in the old town. "
 LONG_TEXT = (
@@ -177,8 +178,6 @@ async def test_sync_tools_hung_past_their_timeout_do_not_starve_the_corpus_tools
 
 async def test_a_forked_child_searches_the_corpus_on_threads_of_its_own(index: CorpusIndex) -> None:
     # The lookup pool counted the parent's idle threads, which a forked child does not have.
-    from tests.unit.test_sync import in_forked_child
-
     search, _ = make_corpus_tools(index)
     assert (await call(search, query="River Sample")).artifact["doc_ids"][0] == "r1"  # the pool has threads now
     await asyncio.sleep(0.2)  # and the thread is idle again: a pool with an idle thread starts no other

@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import threading
 import time
 
 import pytest
 
 from langgraph_parallelmuse.sync import async_node
-
-
-@contextlib.contextmanager
-def ctrl_c_after(seconds: float):
-    """Send this process SIGINT after ``seconds``, raised as KeyboardInterrupt even where the suite
-    was started with SIGINT ignored (a background job: Python then installs no handler)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
+from tests.unit.processes import ctrl_c_after, in_forked_child
 
 
 def test_a_sync_call_interrupted_by_ctrl_c_cancels_its_coroutine():
@@ -57,29 +41,6 @@ def test_a_failing_coroutine_raises_its_own_error_under_the_sync_api():
 
     with pytest.raises(ValueError, match="bad input"):
         async_node("fail", fail).invoke(None)
-
-
-def in_forked_child(action) -> str:
-    """``action()``'s result (or error) in a forked child, as text; a child stuck for 20 s is killed."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            text = str(action())
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            text = f"{type(exc).__name__}: {exc}"
-        os.write(write, text.encode())
-        os._exit(0)
-    os.close(write)
-    deadline = time.monotonic() + 20
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "stuck"
-        time.sleep(0.05)
-    with os.fdopen(read) as f:
-        return f.read()
 
 
 def test_a_forked_child_runs_sync_calls_on_a_loop_of_its_own():
