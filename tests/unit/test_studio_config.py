@@ -1,0 +1,30 @@
+"""The LangGraph server configs: what `langgraph dev` loads from this repository."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted(ROOT.glob("langgraph*.json"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_the_env_file_a_server_config_loads_is_never_a_committed_file(config):
+    # `langgraph dev` writes the env file's values over the shell's variables: a committed file of
+    # placeholders (TAVILY_API_KEY=, OPENAI_API_KEY=not-needed) would replace a user's real keys.
+    env = json.loads(config.read_text()).get("env")
+    if not isinstance(env, str):
+        return
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", env], cwd=ROOT, capture_output=True)
+    assert tracked.returncode != 0, f"{config.name} loads {env}, a file in the repository"
+    ignored = subprocess.run(["git", "check-ignore", "-q", env], cwd=ROOT)
+    assert ignored.returncode == 0, f"{env} (a user's keys) must be git-ignored"
+
+
+def test_there_are_server_configs():
+    assert [p.name for p in CONFIGS] == ["langgraph.json", "langgraph.postgres.json"]
