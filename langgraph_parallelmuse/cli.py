@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -398,7 +399,15 @@ async def _ask(args: argparse.Namespace) -> int:
     model, tools = _model(args), _tools(args)
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
     async with open_checkpointer(args.db) if args.db else contextlib.nullcontext() as saver:
-        graph = create_parallelmuse(model, tools, checkpointer=saver, trajectory_checkpointer=saver)
+        # The factory's max_concurrency is the bound a run's context cannot lift: it is the flag's.
+        build = functools.partial(
+            create_parallelmuse,
+            tools=tools,
+            config={"max_concurrency": settings.max_concurrency},
+            checkpointer=saver,
+            trajectory_checkpointer=saver,
+        )
+        graph = build(model)
         run_config = {"configurable": {"thread_id": run_id}, "max_concurrency": settings.max_concurrency}
         resumed = await _resume_point(graph, run_config, args) if args.db else None
         if resumed is not None:
@@ -406,7 +415,7 @@ async def _ask(args: argparse.Namespace) -> int:
             if args.base_url and settings.driver != _config_from(args).driver:
                 # The server model declares what the run's driver needs (a prefilled turn for guided).
                 model = _server_model(args, settings)
-                graph = create_parallelmuse(model, tools, checkpointer=saver, trajectory_checkpointer=saver)
+                graph = build(model)
         console.print(Panel(escape(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "

@@ -95,6 +95,17 @@ def test_resume_must_be_the_same_run(fake_cli, tmp_path, capsys):
     assert result["answer"] == "Paris" and result["stats"]["config"]["n"] == 4
 
 
+def test_max_concurrency_above_the_default_takes_effect(monkeypatch):
+    # The flag went only into the run's context, which may lower the factory's bound (8) but not
+    # lift it: --max-concurrency 12 ran 8 trajectories at a time.
+    model = ScriptedChatModel(responder=lambda msgs: Reply(answer_text("Paris"), delay=0.1))
+    monkeypatch.setattr(cli, "_model", lambda args: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    argv = (PARIS, "--n", "12", "--mode", "none", "--aggregation", "majority", "--max-concurrency", "12")
+    assert _ask(*argv) == 0
+    assert model.peak_in_flight == 12
+
+
 async def test_a_resumed_runs_seconds_do_not_count_the_time_the_process_was_dead(tmp_path):
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
