@@ -14,20 +14,89 @@ from langgraph_parallelmuse.tools import CorpusIndex
 DATASETS = ("hotpotqa_train100", "musique_train100")
 
 
+def integer(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``; argparse names the flag in its refusal."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer: give one >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: give an integer >= {minimum}")
+        return value
+
+    return parse
+
+
+def integers(minimum: int) -> Callable[[str], list[int]]:
+    """An argparse ``type``: comma-separated integers >= ``minimum`` (``"1,5"``), sorted, each once."""
+    one = integer(minimum)
+
+    def parse(text: str) -> list[int]:
+        parts = [x.strip() for x in text.split(",") if x.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"{text!r}: give integers >= {minimum}, comma-separated, e.g. 1,5")
+        return sorted({one(x) for x in parts})
+
+    return parse
+
+
+def share(low: float, high: float, *, high_included: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a number in (``low``, ``high``), or (``low``, ``high``] with ``high_included``."""
+    span = f"({low:g}, {high:g}{']' if high_included else ')'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give one in {span}") from None
+        if not (low < value < high or (high_included and value == high)):
+            raise argparse.ArgumentTypeError(f"{value:g}: give a number in {span}")
+        return value
+
+    return parse
+
+
+def question_range(text: str) -> tuple[int, int]:
+    """An argparse ``type``: ``START:END``, a non-empty slice of a dev set's questions (0 <= START < END)."""
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        first, last = int(start), int(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give START:END, two integers, e.g. 20:50") from None
+    if not 0 <= first < last:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 <= START < END, e.g. 20:50 (questions 21..50)")
+    return first, last
+
+
 def arguments(
-    doc: str, *, limit: int, extra: Callable[[argparse.ArgumentParser], None] | None = None
+    doc: str,
+    *,
+    limit: int,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+    check: Callable[[argparse.Namespace], str | None] | None = None,
+    limit_minimum: int = 1,
 ) -> argparse.Namespace:
     """``--dataset``, ``--limit`` and ``--seed``, the options every benchmark script takes.
 
-    ``extra`` adds a script's own options to the parser.
+    ``extra`` adds a script's own options to the parser; ``check`` looks at the parsed options
+    together and returns what to change, if anything, which the parser refuses like a bad option.
+    ``--limit`` is refused below ``limit_minimum``: 1 unless a script gives 0 a meaning.
     """
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--dataset", choices=DATASETS, default=DATASETS[0])
-    ap.add_argument("--limit", type=int, default=limit)
+    ap.add_argument("--limit", type=integer(limit_minimum), default=limit, help="the first LIMIT dev-set questions")
     ap.add_argument("--seed", type=int, default=0)
     if extra is not None:
         extra(ap)
-    return ap.parse_args()
+    args = ap.parse_args()
+    problem = check(args) if check is not None else None
+    if problem:
+        ap.error(problem)
+    return args
 
 
 def corpus_file(name: str) -> Path:

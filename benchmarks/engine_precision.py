@@ -187,8 +187,9 @@ def main() -> None:
         ap.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
         ap.add_argument("--k", type=int, default=2, help="branch points picked per trajectory")
 
-    # --limit N: also compare the branch picks on the first N questions of --dataset.
-    args = arguments(__doc__, limit=0, extra=extra)
+    # --limit N: also compare the branch picks on the first N questions of --dataset; 0 (the
+    # default) compares only the scored sequences, so 0 stays allowed here.
+    args = arguments(__doc__, limit=0, extra=extra, limit_minimum=0)
     others = [p for p in args.precisions if p != "float32"]
     if args.limit and others:
         items, index = dev_set(args.dataset, args.limit)

@@ -17,7 +17,7 @@ import asyncio
 import statistics
 import time
 
-from common import arguments, dev_set
+from common import arguments, dev_set, integer
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import make_config
@@ -37,7 +37,7 @@ def options(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--concurrency",
-        type=int,
+        type=integer(1),
         default=1,
         help="questions in flight per configuration; above 1 the waves of different questions share "
         "the engine's batches, so it measures throughput rather than one question's latency",
@@ -67,8 +67,6 @@ async def main() -> None:
     unknown = sorted(set(names) - set(CONFIGS))
     if unknown or not names:
         raise SystemExit(f"--configs: got {args.configs!r}; choose one or more of {', '.join(CONFIGS)}")
-    if args.concurrency < 1:
-        raise SystemExit(f"--concurrency must be >= 1, got {args.concurrency}")
     items, index = dev_set(args.dataset, args.limit)
     partial = make_config(n=8, m=1, k=2, t=3, seed=args.seed)
     scratch = make_config(partial, mode="none")

@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import arguments, dev_set, resumable_rows
+from common import arguments, dev_set, question_range, resumable_rows, share
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.aggregate import majority_vote
@@ -42,12 +42,26 @@ METRICS = ("em", "f1", "contains")
 
 
 def options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--calibrate-on", default="20:50", help="START:END slice of the dev set fitting the thresholds")
-    ap.add_argument("--calibration", default=None, help="calibration file (made from --calibrate-on if missing)")
     ap.add_argument(
-        "--quantile", type=float, default=DEFAULT_QUANTILE, help="share of calibration steps below the threshold"
+        "--calibrate-on",
+        type=question_range,
+        default="20:50",
+        help="START:END slice of the dev set fitting the thresholds (START >= --limit: other questions)",
     )
-    ap.add_argument("--consensus", type=float, default=0.75, help="consensus share of online_stop")
+    ap.add_argument("--calibration", default=None, help="calibration file (made from --calibrate-on if missing)")
+    # The bounds Calibration.fit and the config check enforce, refused here before any trajectory runs.
+    ap.add_argument(
+        "--quantile",
+        type=share(0, 1),
+        default=DEFAULT_QUANTILE,
+        help="share of calibration steps below the threshold, in (0, 1)",
+    )
+    ap.add_argument(
+        "--consensus",
+        type=share(0.5, 1, high_included=True),
+        default=0.75,
+        help="consensus share of online_stop, in (0.5, 1]",
+    )
     ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
     ap.add_argument("--report-only", action="store_true", help="only print the report of the rows in --out")
 
@@ -72,6 +86,17 @@ async def calibrate(model, index, items, path: Path, seed: int, quantile: float)
     return cal
 
 
+def overlap(args: argparse.Namespace) -> str | None:
+    """What to change when ``--calibrate-on`` takes some of the first ``--limit`` questions, which are measured."""
+    start, end = args.calibrate_on
+    if not args.report_only and start < args.limit:
+        return (
+            f"--calibrate-on {start}:{end} overlaps the measured questions (the first --limit {args.limit}): "
+            f"calibrate on other questions (START >= {args.limit}) or lower --limit"
+        )
+    return None
+
+
 def configs(calibration: str, seed: int, consensus: float) -> dict:
     post_hoc = make_config(n=8, m=1, k=2, t=3, mode="exploration", seed=seed)
     online = make_config(post_hoc, branching="online", calibration=calibration)
@@ -84,7 +109,7 @@ def configs(calibration: str, seed: int, consensus: float) -> dict:
 
 
 async def main() -> None:
-    args = arguments(__doc__, limit=20, extra=options)
+    args = arguments(__doc__, limit=20, extra=options, check=overlap)
     if args.report_only:  # a run stopped part-way: the report of the questions it finished
         if args.out is None or not Path(args.out).exists():
             raise SystemExit("--report-only reads the rows of --out: name an existing file")
@@ -95,10 +120,14 @@ async def main() -> None:
             raise SystemExit(f"{args.out} mixes rows measured with different settings: report them apart")
         report(rows)
         return
-    start, end = (int(x) for x in args.calibrate_on.split(":"))
+    start, end = args.calibrate_on
     everything, index = dev_set(args.dataset, max(end, args.limit))
     items, held_out = everything[: args.limit], everything[start:end]
-    if {i.id for i in items} & {i.id for i in held_out}:
+    if len(held_out) < end - start:
+        raise SystemExit(
+            f"--calibrate-on {start}:{end}: {args.dataset} holds {len(everything)} questions; lower END to fit"
+        )
+    if {i.id for i in items} & {i.id for i in held_out}:  # the same question twice in the dev set
         raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
     model = LocalChatModel.embedded()
     # The calibration is fitted with --seed: a file fitted with another seed is another calibration.

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import arguments, as_stored, dev_set
+from common import arguments, as_stored, dev_set, integers
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
@@ -67,7 +67,9 @@ PARTS = ("a", "b", "c")
 
 
 def options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--concurrency", default="1,5", help="questions in flight, comma-separated (default 1,5)")
+    ap.add_argument(
+        "--concurrency", type=integers(1), default="1,5", help="questions in flight, comma-separated (default 1,5)"
+    )
     ap.add_argument("--parts", default=",".join(PARTS), help="which of a,b,c to run (default all)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "serving_rollout.jsonl")
     ap.add_argument(
@@ -410,10 +412,8 @@ def ratios(sums: dict, part: str, configs: dict, common: set[int]) -> None:
 
 async def main() -> None:
     args = arguments(__doc__, limit=10, extra=options)
-    args.sizes = sorted({int(x) for x in args.concurrency.split(",") if x.strip()})
+    args.sizes = args.concurrency  # sorted, each once
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    if not args.sizes or min(args.sizes) < 1:
-        raise SystemExit(f"--concurrency: give positive integers, e.g. 1,5 (got {args.concurrency!r})")
     if not parts or parts - set(PARTS):
         raise SystemExit(f"--parts: choose from {', '.join(PARTS)} (got {args.parts!r})")
     items, index = dev_set(args.dataset, args.limit)

@@ -1,5 +1,6 @@
 """The benchmark scripts' resumable results: a rerun never takes rows measured with other settings
-for its own, and paired intervals do not depend on the order a file holds its rows in."""
+for its own, and paired intervals do not depend on the order a file holds its rows in. Their bad
+arguments are refused by the parser, naming the flag, before a model loads or a question is read."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import agent_protocol  # noqa: E402
 import compare_revisions  # noqa: E402
+import engine_precision  # noqa: E402
+import engine_rollout  # noqa: E402
+import infograph  # noqa: E402
 import online_rollout  # noqa: E402
 import serving_rollout  # noqa: E402
 import stage2_reports  # noqa: E402
+
+from langgraph_parallelmuse.models import LocalChatModel  # noqa: E402
 
 
 def items(n: int) -> list[QAItem]:
@@ -247,3 +253,90 @@ def test_online_rollout_reports_a_stopped_run_without_loading_a_model(monkeypatc
     rows.write_text("")  # a run stopped before its first question
     with pytest.raises(SystemExit, match="holds no rows yet"):
         asyncio.run(online_rollout.main())
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Every way the scripts load a model or read the dev set fails the test: a bad argument is
+    refused before either."""
+
+    def loaded(*args, **kwargs):
+        pytest.fail("the model was loaded or the dev set read before the arguments were checked")
+
+    monkeypatch.setattr(LocalChatModel, "embedded", staticmethod(loaded))
+    for script in (online_rollout, serving_rollout, infograph, engine_rollout, engine_precision):
+        monkeypatch.setattr(script, "dev_set", loaded)
+    monkeypatch.setattr(serving_rollout, "export_model", loaded)
+    monkeypatch.setattr(engine_precision, "load_model", loaded)
+
+
+def refused(monkeypatch, capsys, script, argv: list[str]) -> str:
+    """What the parser of ``script`` says refusing ``argv``, after checking it exited as argparse does."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *argv])
+    with pytest.raises(SystemExit) as stop:
+        ran = script.main()
+        if asyncio.iscoroutine(ran):
+            asyncio.run(ran)
+    assert stop.value.code == 2  # parser.error's exit, not a message from a later check
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ")
+    return err
+
+
+@pytest.mark.parametrize(
+    "flag, value, wanted",
+    [("--quantile", "1.5", "(0, 1)"), ("--quantile", "0", "(0, 1)"), ("--consensus", "0.3", "(0.5, 1]")],
+)
+def test_online_rollout_refuses_a_share_out_of_range(monkeypatch, capsys, nothing_loads, flag, value, wanted):
+    # Before: --quantile was refused by Calibration.fit after every calibration trajectory ran,
+    # --consensus by the config check after the calibration.
+    err = refused(monkeypatch, capsys, online_rollout, [flag, value, "--calibration", "missing.json"])
+    assert f"argument {flag}: {float(value):g}: give a number in {wanted}" in err
+
+
+@pytest.mark.parametrize("value", ["a:b", "20", "35:20", "20:20"])
+def test_online_rollout_refuses_a_calibration_range_that_is_not_start_end(monkeypatch, capsys, nothing_loads, value):
+    err = refused(monkeypatch, capsys, online_rollout, ["--calibrate-on", value])
+    assert f"argument --calibrate-on: {value!r}: give " in err and "START" in err
+
+
+@pytest.mark.parametrize("argv", [["--limit", "30"], ["--limit", "25", "--calibrate-on", "10:20"]])
+def test_online_rollout_refuses_calibrating_on_the_measured_questions(monkeypatch, capsys, nothing_loads, argv):
+    err = refused(monkeypatch, capsys, online_rollout, argv)
+    assert "--calibrate-on" in err and "overlaps the measured questions (the first --limit" in err
+
+
+@pytest.mark.parametrize(
+    "script, limit",
+    [
+        *((s, v) for s in (online_rollout, serving_rollout, infograph, engine_rollout) for v in ("-1", "0")),
+        (engine_precision, "-1"),  # its --limit 0 means: no branch-pick comparison
+    ],
+)
+def test_scripts_refuse_a_limit_below_1(monkeypatch, capsys, nothing_loads, script, limit):
+    # Before: a negative --limit failed in load_questions without naming --limit; 0 loaded the model.
+    err = refused(monkeypatch, capsys, script, ["--limit", limit])
+    assert "argument --limit: " in err and "give an integer >= " in err
+
+
+def test_engine_precision_keeps_limit_0_for_the_sequences_alone(monkeypatch):
+    class Loaded(Exception):
+        pass
+
+    def load_model():
+        raise Loaded
+
+    monkeypatch.setattr(engine_precision, "dev_set", lambda *a: pytest.fail("--limit 0 reads no questions"))
+    monkeypatch.setattr(engine_precision, "load_model", load_model)
+    monkeypatch.setattr(sys, "argv", ["engine_precision.py", "--limit", "0"])
+    with pytest.raises(Loaded):
+        engine_precision.main()
+
+
+@pytest.mark.parametrize(
+    "script, value",
+    [(serving_rollout, "a"), (serving_rollout, "1,0"), (serving_rollout, ","), (engine_rollout, "0")],
+)
+def test_scripts_refuse_a_concurrency_that_is_not_positive(monkeypatch, capsys, nothing_loads, script, value):
+    err = refused(monkeypatch, capsys, script, ["--concurrency", value])
+    assert "argument --concurrency: " in err and "give " in err
