@@ -8,40 +8,51 @@ model and the index are loaded.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.redact import redact
 
 __all__ = ["check_db", "open_checkpointer"]
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+_POSTGRES_SCHEMES = ("postgresql", "postgres")  # the two libpq accepts, lower case only
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_PERSIST = "pip install 'langgraph-parallelmuse[persist]'"
+_EXAMPLE_URL = "postgresql://USER[:PASSWORD]@HOST:5432/DBNAME"
 
 
 def check_db(target: str) -> Literal["sqlite", "postgres"]:
     """Which kind of store ``target`` names, or a :class:`ConfigError` saying what to change.
 
+    Nothing is opened or connected to: a PostgreSQL URL is parsed (scheme, port, query
+    parameters), the server is reached only by :func:`open_checkpointer`.
+
     Example:
         >>> check_db("postgresql://user@127.0.0.1:5432/runs")
         'postgres'
+        >>> check_db("postgresql://user@127.0.0.1:99999/runs")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: --db 'postgresql://user@127.0.0.1:99999/runs': port '99999' ...
         >>> check_db("/no/such/runs.sqlite")
         Traceback (most recent call last):
         ...
         langgraph_parallelmuse.errors.ConfigError: --db '/no/such/runs.sqlite': the folder /no/such does not exist: ...
     """
-    if target.startswith(_POSTGRES_SCHEMES):
-        try:
-            import langgraph.checkpoint.postgres.aio  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                f"--db {target!r} needs the Postgres checkpointer: pip install 'langgraph-parallelmuse[persist]'"
-            ) from None
+    if (url := _URL.match(target)) is not None:
+        _check_postgres_url(target, url[1].lower())
         return "postgres"
+    try:
+        import langgraph.checkpoint.sqlite.aio  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--db {target!r} needs the SQLite checkpointer: {_PERSIST}") from None
     path = Path(target).expanduser()
     if path.is_dir():
         raise ConfigError(f"--db {target!r} is a directory: give a file in it, e.g. {path / 'runs.sqlite'}")
@@ -59,6 +70,50 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
     return "sqlite"
 
 
+def _check_postgres_url(target: str, scheme: str) -> None:
+    """Refuse a ``SCHEME://`` target that libpq would not take, without connecting."""
+    shown = repr(redact(target))
+    if scheme not in _POSTGRES_SCHEMES:
+        base = scheme.partition("+")[0]
+        if base in _POSTGRES_SCHEMES:  # SQLAlchemy's dialect+driver form
+            raise ConfigError(
+                f"--db {shown}: {scheme}:// is SQLAlchemy's form: drop {scheme[len(base) :]!r} and write {base}://..."
+            )
+        if base == "sqlite":
+            raise ConfigError(f"--db {shown}: give the SQLite file's path itself, without {scheme}://")
+        raise ConfigError(
+            f"--db {shown}: {scheme}:// is not a store this takes: give a SQLite file path or a URL like {_EXAMPLE_URL}"
+        )
+    try:
+        import langgraph.checkpoint.postgres.aio  # noqa: F401
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise ConfigError(f"--db {shown} needs the Postgres checkpointer: {_PERSIST}") from None
+    try:
+        params = conninfo_to_dict(_postgres_url(target))
+    except ProgrammingError as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(
+            f"--db {shown} is not a valid PostgreSQL URL ({redact(reason)}): write {_EXAMPLE_URL}"
+        ) from None
+    if not any(params.get(key) for key in ("host", "hostaddr", "dbname")):
+        raise ConfigError(f"--db {shown} names no host and no database: write {_EXAMPLE_URL}")
+    for port in str(params.get("port") or "").split(","):
+        port = port.strip()
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError(
+                f"--db {shown}: port {port!r} is not a TCP port: use a number from 1 to 65535 "
+                "(PostgreSQL's default is 5432)"
+            )
+
+
+def _postgres_url(target: str) -> str:
+    """``target`` with its scheme in lower case (libpq does not take ``POSTGRESQL://``)."""
+    scheme, sep, rest = target.partition("://")
+    return f"{scheme.lower()}{sep}{rest}"
+
+
 @asynccontextmanager
 async def open_checkpointer(target: str) -> AsyncIterator[BaseCheckpointSaver]:
     """An async checkpointer on ``target`` (SQLite path or ``postgresql://`` URL), set up and closed.
@@ -73,9 +128,18 @@ async def open_checkpointer(target: str) -> AsyncIterator[BaseCheckpointSaver]:
     """
     if check_db(target) == "postgres":
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg import OperationalError
 
-        async with AsyncPostgresSaver.from_conn_string(target) as saver:
-            await saver.setup()
+        async with AsyncExitStack() as stack:
+            try:  # only the connection and the table set-up: errors of the run itself pass unchanged
+                saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(_postgres_url(target)))
+                await saver.setup()
+            except OperationalError as exc:
+                reason = " ".join(str(exc).split())
+                raise ConfigError(
+                    f"--db {redact(target)!r}: cannot open the PostgreSQL database ({redact(reason)}): check that "
+                    "the server runs and that the URL's host, port, user, password and database name are right"
+                ) from exc
             yield saver
     else:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
@@ -26,22 +27,37 @@ class RouterKind:
         argv: The launch command (its first item is in the serving venv's ``bin``).
         sticky_policy: The ``--policy`` that routes by ``routing_header``.
         routing_header: The request header that ``sticky_policy`` reads.
+        policies: The ``--policy`` values the pinned release takes (its argparse ``choices``);
+            empty: not checked here.
     """
 
     argv: tuple[str, ...]
     sticky_policy: str
     routing_header: str
+    policies: tuple[str, ...] = ()
 
 
 ROUTERS = {
     # --policy consistent_hash: a hash ring over X-Session-ID (then X-User-ID, ..., then the body).
     # Forwards the request body as sent.
-    "vllm-router": RouterKind(("vllm-router",), "consistent_hash", "x-session-id"),
+    "vllm-router": RouterKind(
+        ("vllm-router",),
+        "consistent_hash",
+        "x-session-id",
+        # vllm-router 0.1.17 (scripts/setup-serving.sh), vllm_router/router_args.py --policy choices.
+        ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash", "sticky_least_loaded"),
+    ),
     # --policy manual: a key is assigned a worker on first sight, then always goes there. 0.3.2
     # re-serialises the body in SGLang's schema: it drops add_generation_prompt (so a vLLM worker
     # refuses continue_final_message with HTTP 400) and renames max_tokens to max_completion_tokens.
     # Fine for SGLang workers; in front of vLLM only for new turns (the free driver).
-    "sglang-router": RouterKind(("sglang-router", "launch"), "manual", "x-smg-routing-key"),
+    "sglang-router": RouterKind(
+        ("sglang-router", "launch"),
+        "manual",
+        "x-smg-routing-key",
+        # sglang-router 0.3.2, sglang_router/router_args.py --policy choices.
+        ("random", "round_robin", "cache_aware", "power_of_two", "manual"),
+    ),
 }
 
 
@@ -55,6 +71,11 @@ def router_spec(
 ) -> ServerSpec:
     """A router in front of OpenAI-compatible workers, on a free port (see :func:`router_server`).
 
+    Raises:
+        ConfigError: ``worker_urls`` is empty, a string, or holds a URL that is not
+            ``http(s)://HOST:PORT`` (port 1-65535, no path) or is listed twice; ``kind`` is
+            unknown; ``policy`` is not one the router takes; ``extra_args`` is a string.
+
     Example:
         >>> router_spec([], venv=".venv-serving")
         Traceback (most recent call last):
@@ -63,9 +84,22 @@ def router_spec(
     """
     if kind not in ROUTERS:
         raise ConfigError(f"router kind={kind!r}: use one of {', '.join(ROUTERS)}")
+    if isinstance(worker_urls, str):
+        raise ConfigError(
+            f"router worker_urls={worker_urls!r} is one string: pass a list of URLs, e.g. [{worker_urls!r}]"
+        )
     if not worker_urls:
         raise ConfigError("router: pass at least one worker URL (worker_urls=)")
+    for worker in worker_urls:
+        _check_worker_url(worker)
+    if len(set(worker_urls)) != len(worker_urls):
+        twice = sorted({w for w in worker_urls if list(worker_urls).count(w) > 1})
+        raise ConfigError(f"router worker_urls lists {', '.join(twice)} more than once: list each worker once")
     router = ROUTERS[kind]
+    if policy is not None and router.policies and policy not in router.policies:
+        raise ConfigError(f"router policy={policy!r}: {kind} takes one of {', '.join(router.policies)}")
+    if isinstance(extra_args, str):
+        raise ConfigError(f"router extra_args={extra_args!r}: one string, not a list: pass a list of arguments")
     port, metrics_port = free_port(), free_port()
     argv = (
         venv_bin(venv, router.argv[0]),
@@ -83,6 +117,28 @@ def router_spec(
     # /readiness answers 200 once the router is up; ready means every worker is registered healthy.
     ready = http_ready(f"{url}/readiness", lambda body: json.loads(body).get("healthy_workers") == len(worker_urls))
     return ServerSpec(kind, argv, port, url, ready, {"NO_COLOR": "1"}, routing_header=router.routing_header)
+
+
+def _check_worker_url(worker: object) -> None:
+    """Refuse a worker URL the router could never reach: it would wait for it until the startup timeout."""
+    example = "e.g. http://127.0.0.1:8001 (a Server.url)"
+    if not isinstance(worker, str):
+        raise ConfigError(f"router worker URL {worker!r} is not a string: give each as {example}")
+    parts = urlsplit(worker)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"router worker URL {worker!r} has no http:// scheme or host: write it as {example}")
+    try:
+        parts.port  # noqa: B018 - raises on a port outside 0-65535 or not a number
+    except ValueError:
+        raise ConfigError(
+            f"router worker URL {worker!r}: its port is not a TCP port: use a number from 1 to 65535, {example}"
+        ) from None
+    if parts.port == 0:
+        raise ConfigError(f"router worker URL {worker!r}: port 0 is not a TCP port: use 1 to 65535, {example}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(
+            f"router worker URL {worker!r}: give the worker's root URL, without a path such as /v1: {example}"
+        )
 
 
 @contextmanager

