@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.driver import GuidedDriver, call_key, pick_driver
-from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
@@ -626,6 +627,58 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
     return records
 
 
+def check_doc_ids(index: Any, items: Sequence[QAItem], *, setting: str = "distractor") -> None:
+    """Check that the documents the questions name are in the corpus, in one index query.
+
+    The distractor setting needs every question's ``context_doc_ids`` (the tools see only those),
+    and recall needs its ``supporting_doc_ids``: ids from another corpus would make every search
+    find nothing and every recall 0, in tables that look normal.
+
+    Args:
+        index: The :class:`~langgraph_parallelmuse.tools.CorpusIndex` the bench searches.
+        items: The questions to run.
+        setting: ``"distractor"`` (``context_doc_ids`` are checked too) or ``"open"``.
+
+    Raises:
+        CorpusError: A question has no ``context_doc_ids`` in the distractor setting, or names
+            documents the index lacks; the message gives those questions, the unknown ids and the corpus.
+
+    Example:
+        >>> import json, tempfile
+        >>> from pathlib import Path
+        >>> from langgraph_parallelmuse.tools import CorpusIndex
+        >>> tmp = Path(tempfile.mkdtemp())
+        >>> _ = (tmp / "docs.jsonl").write_text(json.dumps({"id": "d1", "title": "A", "text": "a"}) + "\\n")
+        >>> index = CorpusIndex.from_jsonl(tmp / "docs.jsonl", cache_dir=tmp / "cache")
+        >>> check_doc_ids(index, [QAItem("q1", "A?", ["a"], ["d1"], ["d1"], "toy")])
+        >>> check_doc_ids(index, [QAItem("q2", "B?", ["b"], ["x7"], ["d1", "x7"], "toy")])
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.CorpusError: question(s) 'q2' name 1 document(s) not in the corpus ...
+    """
+    from langgraph_parallelmuse.tools.local_tools import describe_ids
+
+    distractor = setting == "distractor"
+    if distractor and (bare := [i.id for i in items if not i.context_doc_ids]):
+        raise CorpusError(
+            f"question(s) {describe_ids(bare)} have no context_doc_ids, which the distractor setting needs "
+            "(the tools see only those documents): add them to the questions file, or use --setting open"
+        )
+
+    def named(item: QAItem) -> list[str]:
+        return [*item.supporting_doc_ids, *(item.context_doc_ids if distractor else ())]
+
+    unknown = set(index.missing(d for i in items for d in named(i)))
+    if unknown:
+        bad = [i.id for i in items if unknown.intersection(named(i))]
+        ids = list(dict.fromkeys(d for i in items for d in named(i) if d in unknown))
+        raise CorpusError(
+            f"question(s) {describe_ids(bad)} name {len(ids)} document(s) not in the corpus "
+            f"{getattr(index, 'source', index)}: {describe_ids(ids)}; the questions file and the corpus do not "
+            "match: give the corpus its questions come from (e.g. x.questions.jsonl with x.corpus.jsonl)"
+        )
+
+
 async def run_bench(
     model: BaseChatModel,
     index: Any,
@@ -648,6 +701,7 @@ async def run_bench(
     records = finished_records(out, items, settings=settings)
     finished = {r["id"] for r in records}
     todo = [i for i in items if i.id not in finished]
+    check_doc_ids(index, todo, setting=settings.setting)  # before any model call
     sem = asyncio.Semaphore(concurrency)
     lock = asyncio.Lock()
 
@@ -669,6 +723,15 @@ async def run_bench(
     return sorted(records, key=lambda r: order.get(r["id"], 0))
 
 
+def _fact(name: str, value: float | int) -> str:
+    if not isinstance(value, float):
+        return str(value)
+    if math.isnan(value):
+        # Recall is undefined, not 0, when no question lists the documents that hold its answer.
+        return "n/a (no question lists supporting_doc_ids)" if name.startswith("recall_") else "n/a"
+    return f"{value:.3f}"
+
+
 def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> tuple[str, bool]:
     """Write ``summary.md`` (methods table, rollout table, fork table, run facts), ``summary.json``,
     ``profile.json`` and, with matplotlib, the plots of a bench run.
@@ -679,9 +742,7 @@ def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> t
     from langgraph_parallelmuse.eval.plots import uncertainty_profile
 
     summary = summarize(records, seed=seed)
-    facts = "\n".join(
-        f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in run_facts(records).items()
-    )
+    facts = "\n".join(f"- {k}: {_fact(k, v)}" for k, v in run_facts(records).items())
     table = f"{markdown_table(summary)}\n\n{rollout_table(records)}\n\n{fork_table(records)}\n\n{facts}"
     (out_dir / "summary.md").write_text(table + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -2,7 +2,9 @@
 
 The files live in ``../shared/eval-data`` next to the project root (see its README); each
 ``*.questions.jsonl`` line is ``{id, question, answers, supporting_doc_ids, context_doc_ids,
-dataset, split, meta}``.
+dataset, split, meta}``. Only ``id``, ``question`` and ``answers`` are required: without
+``supporting_doc_ids`` retrieval recall is not reported, and without ``context_doc_ids`` only the
+open setting (the whole corpus) can run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ __all__ = ["EVAL_DATA_ENV", "EvalDataError", "QAItem", "eval_data_dir", "load_qu
 
 EVAL_DATA_ENV = "PARALLELMUSE_EVAL_DATA"
 
-_REQUIRED_LISTS = ("answers", "supporting_doc_ids", "context_doc_ids")
+# Gold documents are optional (``[]`` when absent): recall needs supporting_doc_ids, the
+# distractor setting context_doc_ids, and each says so when they are missing.
+_DOC_LISTS = ("supporting_doc_ids", "context_doc_ids")
 
 
 class EvalDataError(ParallelMuseError, ValueError):
@@ -34,8 +38,10 @@ class QAItem:
         id: Dataset question id.
         question: The question text.
         answers: The gold answer followed by its aliases.
-        supporting_doc_ids: Corpus ids of the documents that hold the answer.
-        context_doc_ids: The question's own pool of documents (distractor setting).
+        supporting_doc_ids: Corpus ids of the documents that hold the answer (``[]``: not given,
+            so retrieval recall is not reported).
+        context_doc_ids: The question's own pool of documents (distractor setting; ``[]``: not
+            given, so only the open setting can run).
         dataset: Source dataset, e.g. ``"hotpotqa"`` or ``"musique"``.
         meta: Dataset-specific extras (split, level, MuSiQue's question decomposition, ...).
     """
@@ -59,8 +65,8 @@ def _parse_line(raw: str, where: str) -> QAItem:
     for key in ("id", "question"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise EvalDataError(f"{where}: missing or empty string field {key!r}")
-    for key in _REQUIRED_LISTS:
-        value = obj.get(key)
+    for key in ("answers", *_DOC_LISTS):
+        value = obj.get(key, [] if key in _DOC_LISTS else None)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r}")
     if not obj["answers"]:
@@ -75,8 +81,8 @@ def _parse_line(raw: str, where: str) -> QAItem:
         id=obj["id"],
         question=obj["question"],
         answers=list(obj["answers"]),
-        supporting_doc_ids=list(obj["supporting_doc_ids"]),
-        context_doc_ids=list(obj["context_doc_ids"]),
+        supporting_doc_ids=list(obj.get("supporting_doc_ids", [])),
+        context_doc_ids=list(obj.get("context_doc_ids", [])),
         dataset=str(obj.get("dataset", "")),
         meta=meta,
     )
@@ -90,11 +96,13 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         limit: Keep only the first ``limit`` questions (``None`` reads all).
 
     Returns:
-        The questions in file order. Blank lines are skipped.
+        The questions in file order. Blank lines are skipped. ``supporting_doc_ids`` and
+        ``context_doc_ids`` a line lacks are ``[]``.
 
     Raises:
-        EvalDataError: ``path`` is not a readable file, or a line is not valid JSON or lacks a
-            required field; the message gives ``file:line`` and what is missing.
+        EvalDataError: ``path`` is not a readable file, or a line is not valid JSON, lacks a
+            required field (``id``, ``question``, a non-empty ``answers``) or has one of the wrong
+            type; the message gives ``file:line`` and the problem.
 
     Example:
         >>> import json, os, tempfile
@@ -125,8 +133,9 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
 def eval_data_dir() -> Path:
     """Locate the shared evaluation data directory.
 
-    The environment variable ``PARALLELMUSE_EVAL_DATA`` wins when set; otherwise the directory is
-    ``../shared/eval-data`` relative to the project root (the folder holding the package).
+    The environment variable ``PARALLELMUSE_EVAL_DATA`` wins when set; otherwise, in a checkout
+    of the project (the folder holding the package has a ``pyproject.toml``), the directory is
+    ``../shared/eval-data`` next to it. An installed package has no such folder: set the variable.
 
     Returns:
         The directory holding the ``*.questions.jsonl`` and ``*.corpus.jsonl`` files.
@@ -152,11 +161,13 @@ def eval_data_dir() -> Path:
             )
         return candidate
     repo_root = Path(__file__).resolve().parents[2]
+    fix = f"set {EVAL_DATA_ENV} to the folder holding the *.questions.jsonl files"
+    if not (repo_root / "pyproject.toml").is_file():
+        raise FileNotFoundError(f"no evaluation data folder given: {fix}")
     candidate = (repo_root / ".." / "shared" / "eval-data").resolve()
     if not candidate.is_dir():
         raise FileNotFoundError(
             f"evaluation data not found at {candidate} (../shared/eval-data next to the project "
-            f"root {repo_root}); set {EVAL_DATA_ENV} to the folder holding the *.questions.jsonl "
-            "files"
+            f"root {repo_root}); {fix}"
         )
     return candidate

@@ -83,7 +83,14 @@ class Doc:
 
 
 def default_cache_dir() -> Path:
-    """Return where indexes are cached: ``$PARALLELMUSE_CACHE_DIR`` or the user cache directory.
+    """Return where indexes are cached when no ``cache_dir`` is passed.
+
+    The first that is set (and not empty) wins:
+
+    1. ``$PARALLELMUSE_CACHE_DIR``, used as is;
+    2. ``$XDG_CACHE_HOME/langgraph-parallelmuse/index`` (an absolute ``XDG_CACHE_HOME`` only, as the
+       XDG spec says a relative one is to be ignored);
+    3. ``~/.cache/langgraph-parallelmuse/index``.
 
     Example:
         >>> default_cache_dir().name
@@ -92,7 +99,9 @@ def default_cache_dir() -> Path:
     env = os.environ.get("PARALLELMUSE_CACHE_DIR")
     if env:
         return Path(env).expanduser()
-    return Path.home() / ".cache" / "langgraph-parallelmuse" / "index"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "langgraph-parallelmuse" / "index"
 
 
 def slugify(title: str) -> str:
@@ -142,6 +151,8 @@ class CorpusIndex:
             db_path: Path of the SQLite index file.
         """
         self.path = Path(db_path)
+        # What error messages call the corpus: its source files when a ``from_*`` constructor opened it.
+        self.source = str(self.path)
         if not self.path.is_file():
             raise CorpusError(f"no index file at {self.path}")
         # Held while this object lives: readers open a connection per thread by path, so a rebuild
@@ -232,6 +243,7 @@ class CorpusIndex:
                     "or set PARALLELMUSE_CACHE_DIR to a writable directory"
                 ) from exc
         index = cls(target)
+        index.source = ", ".join(str(f) for f in files)
         # Older versions of the same sources are dead weight once this one is open; one another
         # process still reads stays until a later call finds it unused.
         for stale in directory.glob(f"{_safe_name(name)}-{source_key}-*.sqlite"):
@@ -319,6 +331,34 @@ class CorpusIndex:
             [match, *extra],
         ).fetchone()
         return Doc(*row) if row else None
+
+    def missing(self, ids: Iterable[str]) -> list[str]:
+        """The ids among ``ids`` that name no document of this index (exact match, as ``doc_ids=``).
+
+        One query, whatever the number of ids: checks a question set's documents before a run.
+
+        Args:
+            ids: Document ids to check.
+
+        Returns:
+            The unknown ids, each once, in the order given (``[]``: all are in the index).
+
+        Example:
+            >>> import json, tempfile
+            >>> from pathlib import Path
+            >>> tmp = Path(tempfile.mkdtemp())
+            >>> _ = (tmp / "docs.jsonl").write_text(json.dumps({"id": "d1", "title": "A", "text": "a"}) + "\\n")
+            >>> CorpusIndex.from_jsonl(tmp / "docs.jsonl", cache_dir=tmp / "cache").missing(["d1", "d9", "", "d9"])
+            ['d9', '']
+        """
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return []
+        rows = self._conn().execute(
+            "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM docs)", [json.dumps(wanted)]
+        )
+        absent = {r[0] for r in rows}
+        return [i for i in wanted if i in absent]
 
     def __len__(self) -> int:
         return self._size

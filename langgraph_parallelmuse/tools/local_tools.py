@@ -11,13 +11,14 @@ import asyncio
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
+from langgraph_parallelmuse.errors import CorpusError
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
 __all__ = ["SearchInput", "VisitInput", "goal_excerpt", "make_corpus_tools", "pasted_id"]
@@ -174,13 +175,19 @@ def make_corpus_tools(
 
     Args:
         index: The corpus to search.
-        doc_ids: If given, both tools only see these documents (the distractor setting).
+        doc_ids: If given, both tools only see these documents (the distractor setting); every id
+            must be a document of ``index``.
         k: Number of search hits shown.
         max_chars: Longest ``visit`` output; longer documents become a goal-focused excerpt.
 
     Returns:
         ``[search, visit]``, async tools returning ``(text, {"doc_ids": [...]})`` as content and
         artifact: the ids shown by ``search`` or the id opened by ``visit`` (``[]`` if none).
+
+    Raises:
+        CorpusError: ``doc_ids`` is given but empty, holds an empty id, or names documents the index
+            does not have (the message gives some of them, their count and the index), since such a
+            subset would answer every search with "No results".
 
     Example:
         >>> from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
@@ -192,6 +199,8 @@ def make_corpus_tools(
         'eiffel-tower'
     """
     subset = None if doc_ids is None else tuple(dict.fromkeys(doc_ids))
+    if subset is not None:
+        _check_subset(index, subset)
 
     async def search(query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
@@ -229,6 +238,31 @@ def make_corpus_tools(
             response_format="content_and_artifact",
         ),
     ]
+
+
+def _check_subset(index: CorpusIndex, subset: tuple[str, ...]) -> None:
+    fix = "give the ids of the documents the tools may see (e.g. --doc-ids d1,d2), or none to search the whole corpus"
+    if not subset:
+        raise CorpusError(f"doc_ids is empty, so every search would find nothing: {fix}")
+    if any(not i.strip() for i in subset):
+        raise CorpusError(f"doc_ids {list(subset)!r} holds an empty id: {fix}")
+    unknown = index.missing(subset)
+    if unknown:
+        raise CorpusError(
+            f"{len(unknown)} of {len(subset)} doc_ids are not in the corpus {index.source}: {describe_ids(unknown)}; "
+            "use ids of that corpus's documents, or open the corpus these ids come from"
+        )
+
+
+def describe_ids(ids: Sequence[str], *, shown: int = 5) -> str:
+    """A short, quoted list of ids for an error message: the first ``shown``, then how many more.
+
+    Example:
+        >>> describe_ids(["a", "b", "c"], shown=2)
+        "'a', 'b' and 1 more"
+    """
+    head = ", ".join(repr(i) for i in ids[:shown])
+    return head if len(ids) <= shown else f"{head} and {len(ids) - shown} more"
 
 
 def _lookup(index: CorpusIndex, doc: str, subset: tuple[str, ...] | None) -> Doc | None:

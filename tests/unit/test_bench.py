@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError
 from langgraph_parallelmuse.eval.bench import (
     METHODS,
     BenchSettings,
@@ -394,3 +394,36 @@ def test_a_bench_without_a_corpus_is_refused_before_a_model_loads_naming_the_cor
     (tmp_path / "dev.corpus.jsonl").write_text("")
     with pytest.raises(ConfigError, match=r"bench needs --corpus.*--corpus .*dev\.corpus\.jsonl"):
         asyncio.run(cli._bench(cli.build_parser().parse_args(["bench", "--questions", questions])))
+
+
+@pytest.mark.parametrize("setting", ["distractor", "open"])
+async def test_questions_naming_documents_not_in_the_corpus_are_refused_before_any_model_call(index, tmp_path, setting):
+    # A questions file beside the wrong corpus used to run: every search found nothing, recall was 0.
+    other = [
+        QAItem("h1", "Who?", ["x"], ["5a8b57f25542995d1e6f1371"], ["5a8b57f25542995d1e6f1371", "d1"], "hotpotqa"),
+        QAItem("h2", "Where?", ["y"], ["5ab3b0bf5542992ade7c6e39"], ["d2"], "hotpotqa"),
+    ]
+    model = _model()
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(CorpusError) as excinfo:
+        await run_bench(model, index, [ITEMS[0], *other], BenchSettings(**SMALL, setting=setting), out)
+    message = str(excinfo.value)
+    for name in ("'h1'", "'h2'", "'5a8b57f25542995d1e6f1371'", "'5ab3b0bf5542992ade7c6e39'", "corpus.jsonl"):
+        assert name in message
+    assert "'q1'" not in message and "'d1'" not in message
+    assert model.calls == []
+    assert not out.exists()
+
+
+async def test_the_distractor_setting_refuses_questions_without_context_doc_ids(index, tmp_path):
+    model = _model()
+    bare = QAItem("q9", "What is the capital of France?", ["Paris"], [], [], "toy")
+    with pytest.raises(CorpusError, match=r"'q9'.*no context_doc_ids.*--setting open"):
+        await run_bench(model, index, [bare], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    assert model.calls == []
+    # The open setting runs it; with no supporting documents recall is unavailable, not 0.
+    settings = BenchSettings(**SMALL, setting="open", methods=("majority",))
+    records = await run_bench(model, index, [bare], settings, tmp_path / "r.jsonl")
+    assert {t["recall_seen"] for t in records[0]["trajectories"].values()} == {None}
+    table, _ = write_outputs(records, tmp_path)
+    assert "- recall_seen: n/a (no question lists supporting_doc_ids)" in table

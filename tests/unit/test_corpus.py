@@ -156,6 +156,30 @@ def test_env_var_sets_default_cache_dir(tmp_path: Path, monkeypatch: pytest.Monk
     assert built.path.parent == tmp_path / "envcache"
 
 
+def test_default_cache_dir_prefers_parallelmuse_cache_dir_then_xdg_cache_home_then_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langgraph_parallelmuse.tools.corpus import default_cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "own"))
+    assert default_cache_dir() == tmp_path / "own"
+    monkeypatch.delenv("PARALLELMUSE_CACHE_DIR")
+    assert default_cache_dir() == tmp_path / "xdg" / "langgraph-parallelmuse" / "index"
+    built = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "x.jsonl", DOCS))
+    assert built.path.parent == tmp_path / "xdg" / "langgraph-parallelmuse" / "index"
+    for unusable in ("", "relative/cache"):  # the XDG spec says to ignore a relative path
+        monkeypatch.setenv("XDG_CACHE_HOME", unusable)
+        assert default_cache_dir() == tmp_path / "home" / ".cache" / "langgraph-parallelmuse" / "index"
+
+
+def test_missing_lists_the_ids_not_in_the_index_once_in_order(index: CorpusIndex) -> None:
+    assert index.missing(["d2", "x9", "d1", "", "x9", "D1"]) == ["x9", "", "D1"]
+    assert index.missing(iter(["d1", "d5"])) == []
+    assert index.missing([]) == []
+
+
 def test_corrupt_cache_file_is_rebuilt(tmp_path: Path, cache: Path) -> None:
     src = write_jsonl(tmp_path / "c.jsonl", DOCS)
     path = CorpusIndex.from_jsonl(src, cache_dir=cache).path

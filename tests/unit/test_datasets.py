@@ -81,7 +81,8 @@ def test_load_round_trip(tmp_path):
         ("[1, 2]", "expected a JSON object"),
         ({k: v for k, v in ROW.items() if k != "question"}, "'question'"),
         ({**ROW, "answers": []}, "'answers' is empty"),
-        ({k: v for k, v in ROW.items() if k != "supporting_doc_ids"}, "'supporting_doc_ids'"),
+        ({**ROW, "supporting_doc_ids": "d1"}, "'supporting_doc_ids' must be a list"),
+        ({k: v for k, v in ROW.items() if k != "answers"}, "'answers' must be a list"),
         ({**ROW, "context_doc_ids": "d1"}, "'context_doc_ids' must be a list"),
         ({**ROW, "meta": [1]}, "'meta' must be an object"),
     ],
@@ -125,3 +126,24 @@ def test_default_is_shared_folder_next_to_repo(monkeypatch):
     else:
         with pytest.raises(FileNotFoundError, match="shared/eval-data"):
             eval_data_dir()
+
+
+def test_a_plain_qa_set_without_gold_documents_loads_with_empty_lists(tmp_path):
+    # README: bench takes any {id, question, answers} QA set (the open setting; recall then n/a).
+    path = _write(tmp_path, [{"id": "q1", "question": "Capital of France?", "answers": ["Paris"]}])
+    (item,) = load_questions(path)
+    assert (item.answers, item.supporting_doc_ids, item.context_doc_ids) == (["Paris"], [], [])
+
+
+def test_outside_a_checkout_the_error_says_to_set_the_env_var(tmp_path, monkeypatch):
+    from langgraph_parallelmuse.eval import datasets
+
+    monkeypatch.delenv(EVAL_DATA_ENV, raising=False)
+    installed = tmp_path / "site-packages" / "langgraph_parallelmuse" / "eval" / "datasets.py"
+    (tmp_path / "shared" / "eval-data").mkdir(parents=True)  # not a checkout's sibling: not used
+    monkeypatch.setattr(datasets, "__file__", str(installed))
+    with pytest.raises(FileNotFoundError) as excinfo:
+        eval_data_dir()
+    message = str(excinfo.value)
+    assert f"set {EVAL_DATA_ENV}" in message
+    assert "project root" not in message and "site-packages" not in message

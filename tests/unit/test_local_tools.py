@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import ToolMessage
 
+from langgraph_parallelmuse.errors import CorpusError
 from langgraph_parallelmuse.tools import CorpusIndex, goal_excerpt, make_corpus_tools
 from tests.unit.processes import in_forked_child
 
@@ -183,3 +184,24 @@ async def test_a_forked_child_searches_the_corpus_on_threads_of_its_own(index: C
     await asyncio.sleep(0.2)  # and the thread is idle again: a pool with an idle thread starts no other
     found = in_forked_child(lambda: asyncio.run(call(search, query="Lake Demo")).artifact["doc_ids"][0])
     assert found == "l1"
+
+
+@pytest.mark.parametrize(
+    ("doc_ids", "names"),
+    [
+        (["nope"], ["'nope'", "1 of 1"]),
+        (["r1", *(f"x{n}" for n in range(7))], ["'x0'", "'x4'", "and 2 more", "7 of 8"]),
+        (["", ""], ["empty id"]),  # what `ask --doc-ids ","` gives
+        ([], ["empty"]),
+    ],
+)
+def test_doc_ids_the_corpus_lacks_are_refused_naming_them_and_the_corpus(
+    index: CorpusIndex, tmp_path: Path, doc_ids: list[str], names: list[str]
+) -> None:
+    # They used to make every search answer "No results", with no error.
+    with pytest.raises(CorpusError) as excinfo:
+        make_corpus_tools(index, doc_ids=doc_ids)
+    message = str(excinfo.value)
+    assert all(name in message for name in names), message
+    if any(doc_ids):
+        assert str(tmp_path / "docs.jsonl") in message
