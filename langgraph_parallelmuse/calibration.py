@@ -90,7 +90,16 @@ class Calibration:
                         vals.append(float(step[region]))
         if not any(values.values()):
             raise ConfigError("no scored steps to calibrate from: run some trajectories with logprobs first")
+        # A perplexity is at least 1: anything else is a damaged record, and a threshold fitted on it
+        # would be refused by load() (the file this wrote could never be used).
+        bad = [v for vals in values.values() for v in vals if not (math.isfinite(v) and v >= 1.0)]
         floors = [float(c) for c in confidences if c is not None]
+        bad += [c for c in floors if not math.isfinite(c)]
+        if bad:
+            raise ConfigError(
+                f"{len(bad)} step scores or confidences are not finite perplexities >= 1 (e.g. {bad[0]}): "
+                "the runs are damaged; calibrate from other runs"
+            )
         return cls(
             estimator=estimator,
             quantile=quantile,

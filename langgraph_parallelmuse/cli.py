@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -139,13 +140,13 @@ def _local_name(args: argparse.Namespace) -> str:
     return f"{args.model_path or 'embedded'} {args.precision}"
 
 
-def _only_served_model(args: argparse.Namespace) -> str:
-    """The name of the one model ``--base-url`` serves (without ``--model``)."""
+def _only_served_model(base_url: str, flag: str = "--model") -> str:
+    """The name of the one model a server serves (when ``flag`` names none)."""
     from langgraph_parallelmuse.models.server import served_models
 
-    served = served_models(args.base_url, api_key=os.environ.get("OPENAI_API_KEY"))
+    served = served_models(base_url, api_key=os.environ.get("OPENAI_API_KEY"))
     if len(served) != 1:
-        raise ConfigError(f"{args.base_url} serves {served}: pass --model with one of those names")
+        raise ConfigError(f"{base_url} serves {served}: pass {flag} with one of those names")
     return served[0]
 
 
@@ -160,7 +161,7 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
     from langgraph_parallelmuse.models.server import ServerChatModel, check_server
 
     api_key = os.environ.get("OPENAI_API_KEY")
-    name = args.model or _only_served_model(args)
+    name = args.model or _only_served_model(args.base_url)
     guided = settings.driver == "guided"
     with console.status(f"Checking model {name!r} at {args.base_url}…"):
         support = check_server(
@@ -183,16 +184,28 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
 
 
 def _judge(args: argparse.Namespace):
-    """The LLM judge of ``bench``: a deterministic ChatOpenAI on ``--judge-base-url``, or None."""
+    """The LLM judge of ``bench``: a deterministic ChatOpenAI on ``--judge-base-url``, or None.
+
+    The server is checked here, before any question runs: found only at the first grading, a dead
+    judge failed after a whole question's rollout, and nothing of it was kept.
+    """
     if not args.judge_base_url:
-        if args.judge_model:
-            raise ConfigError(f"--judge-model {args.judge_model!r} names a model on a server: add --judge-base-url")
         return None
     from langchain_openai import ChatOpenAI
 
+    from langgraph_parallelmuse.models.server import check_server
+
+    with console.status(f"Checking judge {args.judge_model!r} at {args.judge_base_url}…"):
+        check_server(
+            args.judge_base_url,
+            args.judge_model,
+            logprobs=False,
+            prefill=False,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+        )
     return ChatOpenAI(
         base_url=args.judge_base_url,
-        model=args.judge_model or "default",
+        model=args.judge_model,
         api_key=os.environ.get("OPENAI_API_KEY", "none"),
         temperature=0.0,
     )
@@ -378,10 +391,31 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     _write_json(final, args)
 
 
+def _writable_file(path: str, flag: str) -> None:
+    """Refuse an output file that cannot be written, before any work whose result it would hold."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory: pass a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it or pick another path")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"{flag} {path} is not writable: pick another path")
+
+
 def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
-    if args.json:
-        Path(args.json).write_text(redact(json.dumps(_jsonable(result), indent=2, ensure_ascii=False)))
-        console.print(f"Full result written to {args.json}")
+    if not args.json:
+        return
+    text = redact(json.dumps(_jsonable(result), indent=2, ensure_ascii=False))
+    try:
+        Path(args.json).write_text(text)
+    except OSError as exc:
+        # Checked up front, but the disk can still fill or the folder go: the result is kept anyway.
+        fd, kept = tempfile.mkstemp(prefix="parallelmuse-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        raise ParallelMuseError(f"could not write --json {args.json} ({exc}); the result is in {kept}") from exc
+    console.print(f"Full result written to {args.json}")
 
 
 async def _ask(args: argparse.Namespace) -> int:
@@ -396,7 +430,10 @@ async def _ask(args: argparse.Namespace) -> int:
         check_db(args.db)
     elif args.run_id:
         raise ConfigError("--run-id names a run inside --db: add --db FILE (or a postgresql:// URL)")
-    model, tools = _model(args), _tools(args)
+    if args.json:
+        _writable_file(args.json, "--json")
+    tools = _tools(args)  # a missing corpus or search key is found before the model loads
+    model = _model(args)
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
     async with open_checkpointer(args.db) if args.db else contextlib.nullcontext() as saver:
         # The factory's max_concurrency is the bound a run's context cannot lift: it is the flag's.
@@ -465,7 +502,8 @@ async def _agent(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.agent import RolloutRunner
 
     settings = _config_from(args, mode="none")  # one trajectory: no budget, no branching
-    model, tools = _model(args), _tools(args)
+    tools = _tools(args)
+    model = _model(args, settings)
     runner = RolloutRunner(model, tools, driver=settings.driver)
     thread = {"configurable": {"thread_id": f"agent-{uuid.uuid4().hex[:8]}"}}
     console.print(Panel(args.question, title="Question"))
@@ -497,24 +535,37 @@ async def _agent(args: argparse.Namespace) -> int:
                     status.update("thinking…")
                 if node == "think" and delta and delta.get("status") not in (None, "running"):
                     final = delta
+    answered = bool(final.get("answer"))
     out.print(
         Panel(
-            str(final.get("answer")),
+            escape(str(final.get("answer") if answered or not final.get("error") else final["error"])),
             title=f"{final.get('status')} after {time.perf_counter() - started:.1f}s",
-            border_style="bold green",
+            border_style="bold green" if answered else "bold red",
         )
     )
-    return 0 if final.get("answer") else 2
+    return 0 if answered else 2
 
 
 async def _bench(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.eval.bench import BenchSettings, finished_records, run_bench, write_outputs
+    from langgraph_parallelmuse.eval.bench import (
+        BenchSettings,
+        check_doc_ids,
+        finished_records,
+        run_bench,
+        write_outputs,
+    )
     from langgraph_parallelmuse.eval.datasets import load_questions
     from langgraph_parallelmuse.tools import CorpusIndex
 
-    if args.base_url and args.model is None and not args.report_only:
-        # Results record the model by name, so the server's only model is looked up first.
-        args = argparse.Namespace(**{**vars(args), "model": _only_served_model(args)})
+    if args.judge_model and not args.judge_base_url:
+        raise ConfigError(f"--judge-model {args.judge_model!r} names a model on a server: add --judge-base-url")
+    if not args.report_only:
+        # Results record the models by name, so a server's only model is looked up first.
+        if args.base_url and args.model is None:
+            args = argparse.Namespace(**{**vars(args), "model": _only_served_model(args.base_url)})
+        if args.judge_base_url and args.judge_model is None:
+            judge_model = _only_served_model(args.judge_base_url, "--judge-model")
+            args = argparse.Namespace(**{**vars(args), "judge_model": judge_model})
     settings = BenchSettings(  # validated here, before any file is read or model loaded
         n=args.n,
         k=args.k,
@@ -527,7 +578,7 @@ async def _bench(args: argparse.Namespace) -> int:
         max_turns=args.max_turns,
         extra=dict(args.set),
         model=redact(f"{args.base_url} {args.model}" if args.base_url else _local_name(args)),
-        judge=redact(f"{args.judge_base_url} {args.judge_model or 'default'}") if args.judge_base_url else None,
+        judge=redact(f"{args.judge_base_url} {args.judge_model}") if args.judge_base_url else None,
     )
     items = load_questions(args.questions, limit=args.limit)
     out_dir = Path(args.out)
@@ -550,6 +601,14 @@ async def _bench(args: argparse.Namespace) -> int:
         hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
     already = len(finished_records(results, items, settings=settings))  # before loading anything
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file: bench writes a directory (results.jsonl, summary, plots)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(out_dir, os.W_OK):
+        raise ConfigError(f"--out {out_dir} is not writable: pick another directory")
+    judge = _judge(args)
+    index = CorpusIndex.from_jsonl(*args.corpus)
+    check_doc_ids(index, items, setting=settings.setting)
     # The server is checked and built for the runs' own settings (--set driver=guided needs the
     # prefilled turn): a partial-rollout mode's when a method runs one, else from-scratch
     # sampling's; its logprobs are checked when a method branches or weighs votes by confidence.
@@ -559,7 +618,6 @@ async def _bench(args: argparse.Namespace) -> int:
         settings.config(settings.modes[0] if partial else "none"),
         logprobs=partial or "weighted" in settings.methods,
     )
-    index = CorpusIndex.from_jsonl(*args.corpus)
     started = time.perf_counter()
     try:
         with _progress(eta=True) as prog:
@@ -581,7 +639,7 @@ async def _bench(args: argparse.Namespace) -> int:
                 settings,
                 results,
                 concurrency=args.concurrency,
-                judge=_judge(args),
+                judge=judge,
                 progress=tick,
                 log=prog.console.print,
             )
@@ -604,6 +662,17 @@ async def _export(args: argparse.Namespace) -> int:
         path = export_model(args.dir, dtype=args.dtype)
     console.print(f"Wrote a transformers checkpoint to {path}: serve it with vLLM (--model {path})")
     return 0
+
+
+def _question(text: str) -> str:
+    """The question argument, refused as the graph would refuse it (empty, too long) before anything loads."""
+    from langgraph_parallelmuse.errors import InputError
+    from langgraph_parallelmuse.nodes import question_from_input
+
+    try:
+        return question_from_input({"question": text})[0]
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _positive(text: str) -> int:
@@ -636,26 +705,42 @@ def _scored_runs(paths: list[str]) -> tuple[list[list[dict]], list[float | None]
     confidences: list[float | None] = []
     estimators: set[str] = set()
     for path in paths:
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            hint = "pass bench results.jsonl or `ask --json` files"
+            raise ConfigError(f"cannot read {path} ({exc.strerror}): {hint}") from exc
         try:
             records = [json.loads(text)]
         except json.JSONDecodeError:  # JSONL of bench records
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+            records = []
+            for line_no, line in enumerate(text.splitlines(), 1):
+                try:
+                    records += [json.loads(line)] if line.strip() else []
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path} line {line_no} is not JSON ({exc.msg}): is it a run's output?") from exc
         for rec in records:
-            trajs = rec.get("trajectories") or []
-            trajs = trajs.values() if isinstance(trajs, dict) else trajs
-            config = rec.get("settings") or (rec.get("stats") or {}).get("config") or {}
-            estimators.add(config.get("estimator", "nll"))
-            # From-scratch trajectories only: branches over-represent the uncertain steps.
-            scratch = [t for t in trajs if (t.get("origin") or {}).get("kind") in ("initial", "fill")]
-            runs += [t["uncertainty"] for t in scratch]
-            confidences += [(t.get("stats") or {}).get("lowest_confidence") for t in scratch]
+            try:
+                trajs = rec.get("trajectories") or []
+                trajs = trajs.values() if isinstance(trajs, dict) else trajs
+                config = rec.get("settings") or (rec.get("stats") or {}).get("config") or {}
+                estimators.add(config.get("estimator", "nll"))
+                # From-scratch trajectories only: branches over-represent the uncertain steps.
+                scratch = [t for t in trajs if (t.get("origin") or {}).get("kind") in ("initial", "fill")]
+                runs += [t["uncertainty"] for t in scratch]
+                confidences += [(t.get("stats") or {}).get("lowest_confidence") for t in scratch]
+            except (AttributeError, KeyError, TypeError) as exc:
+                raise ConfigError(
+                    f"{path} holds a record without per-step uncertainty ({exc!r}): pass bench results.jsonl "
+                    "or `ask --json` outputs"
+                ) from exc
     return runs, confidences, estimators
 
 
 async def _calibrate(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.calibration import Calibration
 
+    _writable_file(args.out, "--out")
     runs, confidences, estimators = _scored_runs(args.runs)
     if len(estimators) > 1:
         raise ConfigError(f"the runs mix estimators {sorted(estimators)}: calibrate from one estimator's runs")
@@ -685,7 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="answer a question with the full ParallelMuse pipeline")
-    ask.add_argument("question")
+    ask.add_argument("question", type=_question)
     _add_model_args(ask)
     _add_config_args(ask)
     ask.add_argument("--json", "--out", dest="json", help="write the full result (trajectories, reports) here")
@@ -698,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ask.set_defaults(func=_ask, on_interrupt="rerun with --db/--run-id/--resume to continue a checkpointed run")
     agent = sub.add_parser("agent", help="run one agent trajectory and show every step")
-    agent.add_argument("question")
+    agent.add_argument("question", type=_question)
     _add_model_args(agent)
     _add_config_args(agent, only=TRAJECTORY_FIELDS)
     agent.set_defaults(func=_agent)
@@ -710,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="distractor",
         help="distractor: tools see only each question's context_doc_ids",
     )
-    bench.add_argument("--limit", type=int, default=None, help="first N questions only")
+    bench.add_argument("--limit", type=_positive, default=None, help="first N questions only (>= 1)")
     bench.add_argument("--n", type=int, default=8)
     bench.add_argument("--k", type=int, default=2)
     bench.add_argument("--t", type=int, default=3)
@@ -734,8 +819,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         type=_setting,
         metavar="FIELD=VALUE",
-        help="any other ParallelMuseConfig field for the partial-rollout runs, e.g. --set rounds=2 "
-        "--set diverse_branches=true (repeatable)",
+        help="any other ParallelMuseConfig field, for every method's runs, e.g. --set rounds=2 "
+        "--set diverse_branches=true (repeatable; refused: the fields with a flag of their own, and "
+        "m, crossover, early_stop, consensus)",
     )
     bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
     bench.add_argument(
@@ -747,7 +833,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--judge-base-url",
         help="OpenAI-compatible server of an LLM judge (BrowseComp grading prompt); adds a 'judge' score",
     )
-    bench.add_argument("--judge-model", default=None, help="judge model name on that server")
+    bench.add_argument(
+        "--judge-model", default=None, help="judge model name on that server (default: the one it serves)"
+    )
     _add_model_args(bench)
     bench.set_defaults(func=_bench, on_interrupt="rerun the same command to continue; finished questions are kept")
     cal = sub.add_parser(

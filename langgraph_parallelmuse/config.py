@@ -6,6 +6,8 @@ message that names the setting and the fix.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -323,7 +325,19 @@ def context_overrides(context: object) -> dict[str, object]:
         return context.model_dump()
     if isinstance(context, _Context):
         return {k: getattr(context, k) for k in context.model_fields_set}
-    values = context if isinstance(context, dict) else getattr(context, "__dict__", {})
+    if isinstance(context, Mapping):
+        values = context
+    elif dataclasses.is_dataclass(context):  # slotted dataclasses have no __dict__
+        values = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
+    elif hasattr(context, "__dict__") and not isinstance(context, type):
+        values = vars(context)
+    else:
+        # A string, a list or a number carries no named settings: read as none, the run would
+        # silently use the defaults.
+        raise ConfigError(
+            f"context must be a mapping of settings or an object with them as attributes, got "
+            f"{type(context).__name__}: pass e.g. context={{'n': 4, 'k': 1}}"
+        )
     return {k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields}
 
 

@@ -19,7 +19,7 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr, field_validator
 
-from langgraph_parallelmuse.errors import ContextOverflowError, InputError
+from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 
 __all__ = ["LocalChatModel"]
@@ -27,6 +27,9 @@ __all__ = ["LocalChatModel"]
 _CALL_KWARGS = frozenset(
     {"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos", "continuation"}
 )
+# The import names of the `local` extra's packages (a test keeps this in step with pyproject.toml):
+# missing, the embedded model cannot load, and the error names the extra to install.
+_LOCAL_EXTRA = frozenset({"torch", "transformers", "gguf", "accelerate", "numpy", "threadpoolctl"})
 _ROLES: dict[type, str] = {
     SystemMessage: "system",
     HumanMessage: "user",
@@ -154,7 +157,16 @@ class LocalChatModel(BaseChatModel):
         """The shared :class:`~.engine.InferenceEngine` (loads the model on first access; another
         one once this one stopped serving: closed, or this process was forked after it started)."""
         if self._engine is None or not self._engine.serving:
-            from langgraph_parallelmuse.models.engine import shared_engine
+            try:
+                from langgraph_parallelmuse.models.engine import shared_engine
+            except ImportError as exc:
+                if exc.name not in _LOCAL_EXTRA:
+                    raise
+                raise ConfigError(
+                    f"the in-process model needs {exc.name}, which is not installed: "
+                    "pip install 'langgraph-parallelmuse[local]' (torch from the CPU index on a machine "
+                    "without a GPU: --extra-index-url https://download.pytorch.org/whl/cpu)"
+                ) from exc
 
             self._engine = shared_engine(
                 self.model_path,

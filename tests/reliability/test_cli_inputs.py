@@ -49,7 +49,7 @@ def _agent(index, messages):
 def fake_cli(monkeypatch):
     """``cli.main`` on a scripted model; returns the model (its ``calls`` count every request)."""
     model = ScriptedChatModel(responder=research_responder(_agent))
-    monkeypatch.setattr(cli, "_model", lambda args: model)
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
     monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
     return model
 
@@ -215,6 +215,13 @@ async def test_an_unknown_or_bad_context_value_raises_config_error():
         await graph.ainvoke({"question": PARIS}, context={"bogus": 1})
     with pytest.raises(ConfigError, match="n: Input should be a valid integer"):
         await graph.ainvoke({"question": PARIS}, context={"n": "eight"})
+    # A context that is not a mapping or an object of settings was read as no settings at all.
+    model = ScriptedChatModel(responder=research_responder(_agent))
+    graph = create_parallelmuse(model, make_tools()[0])
+    for context in ("n=4", ["n", 4]):
+        with pytest.raises(ConfigError, match="context must be a mapping"):
+            await graph.ainvoke({"question": PARIS}, context=context)
+    assert model.calls == []
 
 
 def test_a_calibration_that_is_a_directory_or_holds_nan_or_negative_thresholds_is_refused(tmp_path):
@@ -502,3 +509,118 @@ def test_resume_after_every_trajectory_failed_continues_each_from_its_last_step(
     assert [len(t["steps"]) for t in result["trajectories"]] == [2, 2]
     agent_calls = [agent_step(c["messages"]) for c in model.calls if role_of(c["messages"]) == "agent"]
     assert agent_calls.count(0) == 2  # each trajectory's finished first step was not run again
+
+
+# ----------------------------------------------------------------------------- checked before anything runs
+
+
+def _refuse_model(monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before a bad argument was refused")
+
+    monkeypatch.setattr(cli, "_model", no_model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+
+
+@pytest.mark.parametrize(("target", "message"), [("missing/r.json", "does not exist"), (".", "is a directory")])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(target, message, tmp_path, monkeypatch, capsys):
+    # Before: the whole run finished, then a FileNotFoundError traceback, and the result was lost.
+    monkeypatch.chdir(tmp_path)
+    _refuse_model(monkeypatch)
+    assert _ask(PARIS, "--json", target) == 1
+    assert message in _err(capsys)
+
+
+def test_a_result_whose_json_write_fails_at_the_end_is_kept_elsewhere(fake_cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_writable_file", lambda path, flag: None)  # the folder went during the run
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    assert _ask(PARIS, "--n", "2", "--mode", "none", "--aggregation", "majority", "--json", str(tmp_path)) == 1
+    err = _err(capsys)
+    assert f"could not write --json {tmp_path}" in err
+    (kept,) = tmp_path.glob("parallelmuse-*.json")
+    assert json.loads(kept.read_text())["answer"] == "Paris" and str(kept) in err.replace(" ", "")
+
+
+@pytest.mark.parametrize("command", ["ask", "agent"])
+@pytest.mark.parametrize("question", ["   ", "x" * 5000])
+def test_an_empty_or_oversized_question_is_refused_by_the_parser(command, question, monkeypatch, capsys):
+    _refuse_model(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, question])
+    assert exit_.value.code == 2
+    err = _err(capsys)
+    assert "argument question: the question" in err and ("is empty" in err or "the limit is" in err)
+
+
+def test_agent_shows_why_its_trajectory_failed(monkeypatch, capsys):
+    def dead(messages):
+        raise ConnectionError("server went away")
+
+    model = ScriptedChatModel(responder=dead)
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    assert cli.main(["agent", PARIS]) == 2
+    assert "server went away" in " ".join(capsys.readouterr().out.split())  # it printed "None"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--limit", "0"], "argument --limit"),
+        (["--judge-model", "j"], "add --judge-base-url"),
+        (["--judge-base-url", "http://127.0.0.1:9/v1", "--judge-model", "j"], "http://127.0.0.1:9/v1"),
+    ],
+)
+def test_bench_refuses_a_bad_limit_or_judge_before_the_model_loads(extra, message, tmp_path, monkeypatch, capsys):
+    # A dead judge was found at the first grading, after a whole question's rollout, which was lost.
+    _refuse_model(monkeypatch)
+    try:
+        code = cli.main([*_bench_files(tmp_path), *extra])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code in (1, 2)
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_bench_refuses_an_out_that_is_a_file_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    _refuse_model(monkeypatch)
+    argv = _bench_files(tmp_path)
+    (tmp_path / "run").write_text("not a directory")
+    assert cli.main(argv) == 1
+    assert "is a file" in _err(capsys)
+
+
+def test_bench_refuses_questions_whose_documents_are_not_in_the_corpus_before_the_model_loads(
+    tmp_path, monkeypatch, capsys
+):
+    _refuse_model(monkeypatch)
+    argv = _bench_files(tmp_path)
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "x1", "title": "Other", "text": "Unrelated."}) + "\n")
+    assert cli.main(argv) == 1
+    assert "d1" in _err(capsys)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read"),
+        ('{"trajectories": [\n', "line 1 is not JSON"),
+        ('{"trajectories": [{"origin": {"kind": "initial"}}]}\n', "without per-step uncertainty"),
+        (
+            json.dumps({"trajectories": [{"origin": {"kind": "initial"}, "uncertainty": [{"all": float("nan")}]}]}),
+            "not finite perplexities",
+        ),
+    ],
+)
+def test_calibrate_names_a_bad_runs_file_in_one_line(content, message, tmp_path, capsys):
+    runs = tmp_path / "runs.json"
+    if content is not None:
+        runs.write_text(content)
+    assert cli.main(["calibrate", str(runs), "--out", str(tmp_path / "cal.json")]) == 1
+    assert message in _err(capsys)
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_calibrate_refuses_an_out_it_cannot_write_before_reading_the_runs(tmp_path, capsys):
+    assert cli.main(["calibrate", str(tmp_path / "never-read.json"), "--out", str(tmp_path)]) == 1
+    assert "is a directory" in _err(capsys)

@@ -167,3 +167,34 @@ async def test_model_without_logprobs_runs_with_mode_none():
     out = await graph.ainvoke({"question": QUESTION})
     assert out["answer"] == "Paris" and len(out["trajectories"]) == 3
     assert all(s["tokens"] == [] for t in out["trajectories"] for s in t["steps"])
+
+
+def test_without_the_local_extra_the_embedded_model_names_the_extra_to_install():
+    # Without torch the engine's import failed deep in a node (the CLI's agent printed "None").
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from langgraph_parallelmuse.models import LocalChatModel\n"
+        "from langgraph_parallelmuse.errors import ConfigError\n"
+        "try:\n"
+        "    LocalChatModel.embedded().engine\n"
+        "except ConfigError as exc:\n"
+        "    print('ConfigError:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "ConfigError: the in-process model needs torch" in done.stdout, done.stderr[-2000:]
+    assert "langgraph-parallelmuse[local]" in done.stdout
+
+
+def test_the_local_extra_list_the_model_checks_is_pyprojects():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from langgraph_parallelmuse.models.local import _LOCAL_EXTRA
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    names = {re.split(r"[<>=\[ ]", req)[0] for req in pyproject["project"]["optional-dependencies"]["local"]}
+    assert _LOCAL_EXTRA == names
