@@ -21,11 +21,13 @@ from langgraph_parallelmuse.errors import (
     MissingLogprobsError,
     ParallelMuseError,
     ProtocolError,
+    RolloutFailedError,
 )
 
 _LAZY = {
     "create_parallelmuse": "langgraph_parallelmuse.graph",
     "build_parallelmuse_graph": "langgraph_parallelmuse.graph",
+    "rollout_runner": "langgraph_parallelmuse.graph",
     "RolloutRunner": "langgraph_parallelmuse.agent",
     "GuidedDriver": "langgraph_parallelmuse.driver",
     "FreeDriver": "langgraph_parallelmuse.driver",
@@ -46,6 +48,7 @@ __all__ = [
     "ParallelMuseConfig",
     "ParallelMuseError",
     "ProtocolError",
+    "RolloutFailedError",
     "make_config",
     *_LAZY,
 ]

