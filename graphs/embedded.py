@@ -6,16 +6,32 @@ snapshots stay in the graph's own in-memory saver).
 The model is loaded here, at import: the server imports graph files in a worker thread, where
 blocking is fine. Loaded lazily, the first access (torch import, GGUF read) would run inside the
 server's event loop, which ``langgraph dev`` refuses (blockbuster ``BlockingError``).
+
+``graph`` is a zero-argument graph factory: without the ``local`` extra or the data wheels the
+import still succeeds, so the server and its other graphs start, and each run of this graph fails
+with the error that names what to install.
 """
 
-from langgraph_parallelmuse import LocalChatModel, create_parallelmuse
+from langgraph.graph.state import CompiledStateGraph
+
+from langgraph_parallelmuse import LocalChatModel, ParallelMuseError, create_parallelmuse
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 
-model = LocalChatModel.embedded()
-model.engine  # noqa: B018 - load the weights now (see above)
+try:
+    model = LocalChatModel.embedded()
+    model.engine  # noqa: B018 - load the weights now (see above)
+    _graph: CompiledStateGraph | None = create_parallelmuse(
+        model,
+        make_corpus_tools(CorpusIndex.wikipedia()),
+        name="parallelmuse-embedded",
+    )
+    _unavailable: ParallelMuseError | None = None
+except ParallelMuseError as exc:  # raised on purpose: a missing package, named in the message
+    _graph, _unavailable = None, exc
 
-graph = create_parallelmuse(
-    model,
-    make_corpus_tools(CorpusIndex.wikipedia()),
-    name="parallelmuse-embedded",
-)
+
+def graph() -> CompiledStateGraph:
+    """The compiled graph, built at import (raises why it could not be, on every use)."""
+    if _unavailable is not None:
+        raise _unavailable
+    return _graph

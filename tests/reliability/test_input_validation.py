@@ -198,3 +198,24 @@ def test_the_local_extra_list_the_model_checks_is_pyprojects():
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     names = {re.split(r"[<>=\[ ]", req)[0] for req in pyproject["project"]["optional-dependencies"]["local"]}
     assert _LOCAL_EXTRA == names
+
+
+def test_the_studio_embedded_graph_without_the_local_extra_imports_and_names_it_on_use():
+    # It loaded the model at import, so without torch the import failed, which takes the whole
+    # `langgraph dev` server down, the graphs that need no torch included.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, runpy; sys.modules['torch'] = None\n"
+        "module = runpy.run_path('graphs/embedded.py')\n"
+        "try:\n"
+        "    module['graph']()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ConfigError the in-process model needs torch" in done.stdout
