@@ -60,7 +60,7 @@ class ParallelMuseConfig(BaseModel):
         None,
         description="Calibration file (`parallelmuse calibrate`): branch at every step whose region "
         "perplexity exceeds the calibrated threshold, most uncertain first, capped by the budget "
-        "(replaces top-k).",
+        "(post hoc it replaces top-k; online, the first k such steps of each initial trajectory fork).",
     )
     diverse_branches: bool = Field(
         False,
