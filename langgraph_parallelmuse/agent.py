@@ -26,7 +26,7 @@ from langgraph.runtime import Runtime
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
-from langgraph_parallelmuse.errors import ContextOverflowError, ParallelMuseError
+from langgraph_parallelmuse.errors import ContextOverflowError, ParallelMuseError, ProtocolError
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import (
@@ -251,8 +251,13 @@ class _StepNodes:
                     # Blind retries cannot fit the window: shrink old tool output and answer now.
                     exhausted, trim = True, 200
                     continue
-                if isinstance(exc, ParallelMuseError) and not is_context_overflow(exc):
+                if (
+                    isinstance(exc, ParallelMuseError)
+                    and not isinstance(exc, ProtocolError)
+                    and not is_context_overflow(exc)
+                ):
                     raise  # a setting or the input is wrong: every trajectory would fail the same way
+                # A malformed reply (a NaN logprob) is that reply's fault: this trajectory fails, resumable.
                 error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
                 return {"status": "failed", "error": redact(error, secrets_of(self.model))}
         step = Step(

@@ -392,3 +392,33 @@ async def test_a_compressor_that_unescapes_a_quoted_answer_cannot_change_the_rep
     report = await compress_trajectory(model, QUESTION, traj, guided=False)
     assert report["status"] == "ok" and report["answer"] == "Paris"
     assert report["text"].endswith("Final answer: Paris")
+
+
+async def test_one_nan_logprob_fails_its_trajectory_not_the_run(monkeypatch):
+    # A malformed reply raised ProtocolError, which ended the run as if a setting were wrong: no
+    # result, no RolloutFailedError, the other trajectories' work gone.
+    from tests.unit import fakes
+
+    made = {"n": 0}
+    plain = fakes.logprob_payload
+
+    def poisoned(text, **kwargs):
+        payload = plain(text, **kwargs)
+        made["n"] += 1
+        if made["n"] == 3:  # one reply of one trajectory
+            payload["content"][0]["logprob"] = float("nan")
+        return payload
+
+    monkeypatch.setattr(fakes, "logprob_payload", poisoned)
+
+    def agent(index, messages):
+        return Reply(call_text("search", "Look it up", query="capital") if index == 0 else answer_text("Paris"))
+
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=research_responder(agent)), make_tools()[0], config={"n": 4, "mode": "none"}
+    )
+    result = await graph.ainvoke({"question": "What is the capital of France?"})
+    statuses = sorted(t["status"] for t in result["trajectories"])
+    assert statuses == ["answered", "answered", "answered", "failed"] and result["answer"] == "Paris"
+    (failed,) = [t for t in result["trajectories"] if t["status"] == "failed"]
+    assert "NaN" in failed["error"]
