@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -237,6 +238,24 @@ def _progress(*, eta: bool = False) -> Progress:
     return Progress(*columns, console=console)
 
 
+# Control characters but newline and tab: an escape sequence in a page or a model's text would drive
+# the terminal (reset it, retitle it, hide what follows).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _shown(text: object) -> str:
+    r"""Text from a model, a tool or a user, printed as itself: no rich markup, no control characters.
+
+    ``[/b]`` in a page made rich raise (after ``ask`` had run, so ``--json`` was never written), and
+    ``[link=...]`` became a live hyperlink.
+
+    Example:
+        >>> _shown("see [/citation needed] \x1b[2J")
+        'see \\[/citation needed] [2J'
+    """
+    return escape(_CONTROL.sub("", str(text)))
+
+
 def _short(text: str | None, limit: int = 100) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -361,7 +380,7 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
                 prog.advance(roll)
                 prog.console.print(
                     f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                    f"steps={chunk['steps']} answer={escape(repr(_short(chunk['answer'], 60)))}"
+                    f"steps={chunk['steps']} answer={_shown(repr(_short(chunk['answer'], 60)))}"
                 )
             elif ev == "branch_picked":
                 prog.console.print(
@@ -377,13 +396,13 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
 def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     from langgraph_parallelmuse.view import render_tree
 
-    out.print(Panel(render_tree(final.get("trajectories", [])), title="Trajectory tree"))
+    out.print(Panel(_shown(render_tree(final.get("trajectories", []))), title="Trajectory tree"))
     for report in final.get("reports", []):
-        out.print(Panel(escape(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
+        out.print(Panel(_shown(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
     out.print(stats_table(final))
     out.print(
         Panel(
-            escape(str(final.get("answer"))),
+            _shown(final.get("answer")),
             title=f"Answer (source: {final.get('answer_source')})",
             border_style="bold green",
         )
@@ -453,7 +472,7 @@ async def _ask(args: argparse.Namespace) -> int:
                 # The server model declares what the run's driver needs (a prefilled turn for guided).
                 model = _server_model(args, settings)
                 graph = build(model)
-        console.print(Panel(escape(args.question), title="Question"))
+        console.print(Panel(_shown(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
             f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {redact(args.db)})" if args.db else "")
@@ -506,7 +525,7 @@ async def _agent(args: argparse.Namespace) -> int:
     model = _model(args, settings)
     runner = RolloutRunner(model, tools, driver=settings.driver)
     thread = {"configurable": {"thread_id": f"agent-{uuid.uuid4().hex[:8]}"}}
-    console.print(Panel(args.question, title="Question"))
+    console.print(Panel(_shown(args.question), title="Question"))
     started = time.perf_counter()
     payload = {"question": args.question, "trajectory_id": "t0", "status": "running", "answer": None}
     final: dict[str, Any] = {}
@@ -528,17 +547,17 @@ async def _agent(args: argparse.Namespace) -> int:
                         f"[bold]step {step['index'] + 1}[/] [dim]({step['generated_tokens']} tokens, "
                         f"mean logprob {sum(lp) / max(len(lp), 1):.2f}, {step['seconds']:.1f}s)[/]"
                     )
-                    out.print(f"  [cyan]think[/]  {_short(thought, 200)}")
-                    out.print(f"  [magenta]act[/]    {what}")
+                    out.print(f"  [cyan]think[/]  {_shown(_short(thought, 200))}")
+                    out.print(f"  [magenta]act[/]    {_shown(what)}")
                 for obs in (delta or {}).get("observations", []):
-                    out.print(f"  [green]result[/] {_short(obs['content'], 160)}")
+                    out.print(f"  [green]result[/] {_shown(_short(obs['content'], 160))}")
                     status.update("thinking…")
                 if node == "think" and delta and delta.get("status") not in (None, "running"):
                     final = delta
     answered = bool(final.get("answer"))
     out.print(
         Panel(
-            escape(str(final.get("answer") if answered or not final.get("error") else final["error"])),
+            _shown(final.get("answer") if answered or not final.get("error") else final["error"]),
             title=f"{final.get('status')} after {time.perf_counter() - started:.1f}s",
             border_style="bold green" if answered else "bold red",
         )
@@ -627,7 +646,8 @@ async def _bench(args: argparse.Namespace) -> int:
                 prog.advance(task)
                 pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
                 prog.console.print(
-                    f"  {rec['id']}: gold={rec['answers'][0]!r} answer={_short(pm.get('answer'), 50)!r} "
+                    f"  {_shown(rec['id'])}: gold={_shown(repr(rec['answers'][0]))} "
+                    f"answer={_shown(repr(_short(pm.get('answer'), 50)))} "
                     f"({rec['seconds']:.0f}s)"
                 )
 
@@ -862,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(args.func(args))
     except ParallelMuseError as exc:
-        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
+        console.print(f"[bold red]error:[/] {_shown(redact(str(exc)))}")
         return 1
     except KeyboardInterrupt:
         console.print(f"interrupted; {getattr(args, 'on_interrupt', 'rerun the command')}")

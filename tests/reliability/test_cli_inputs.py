@@ -624,3 +624,29 @@ def test_calibrate_names_a_bad_runs_file_in_one_line(content, message, tmp_path,
 def test_calibrate_refuses_an_out_it_cannot_write_before_reading_the_runs(tmp_path, capsys):
     assert cli.main(["calibrate", str(tmp_path / "never-read.json"), "--out", str(tmp_path)]) == 1
     assert "is a directory" in _err(capsys)
+
+
+@pytest.mark.parametrize("command", ["ask", "agent"])
+def test_markup_and_escape_sequences_in_model_and_tool_text_print_as_text(command, tmp_path, monkeypatch, capsys):
+    # "[/b]" in an answer made rich raise after the run (no --json written); "[/citation needed]" in
+    # a page ended `agent` the same way; an escape sequence reached the terminal.
+    hostile = "[/b] [link=http://evil.example]x[/link] \x1b]0;owned\x07"
+
+    def agent(index, messages):
+        if index == 0:
+            return Reply(call_text("search", "Look it up", query="capital [/i]"))
+        return Reply(answer_text(f"Paris {hostile}"))
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
+    page = f"Paris [/citation needed] {hostile}"
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools(search=lambda q: page)[0])
+    out_json = tmp_path / "r.json"
+    argv = [PARIS, "--n", "2", "--mode", "none", "--aggregation", "majority", "--json", str(out_json)]
+    assert cli.main([command, *(argv if command == "ask" else argv[:1])]) == 0
+    printed = capsys.readouterr().out
+    assert "[/b]" in printed and "\x1b" not in printed and "\x07" not in printed
+    if command == "ask":
+        assert json.loads(out_json.read_text())["answer"].startswith("Paris [/b]")
+    else:
+        assert "[/citation needed]" in printed
