@@ -103,6 +103,15 @@ def is_context_overflow(exc: BaseException) -> bool:
     return any(hint in text for hint in _OVERFLOW_HINTS)
 
 
+def _ends_the_run(exc: BaseException) -> bool:
+    """A model call's error that every trajectory would meet alike (a wrong setting or input).
+
+    A malformed reply (a NaN logprob: :class:`ProtocolError`) is that reply's fault, and a context
+    overflow that trajectory's: each fails only its trajectory, which can be resumed.
+    """
+    return isinstance(exc, ParallelMuseError) and not isinstance(exc, ProtocolError) and not is_context_overflow(exc)
+
+
 def _tool_text(content: Any) -> str:
     if isinstance(content, bytes):
         return content.decode("utf-8", errors="replace")
@@ -251,13 +260,8 @@ class _StepNodes:
                     # Blind retries cannot fit the window: shrink old tool output and answer now.
                     exhausted, trim = True, 200
                     continue
-                if (
-                    isinstance(exc, ParallelMuseError)
-                    and not isinstance(exc, ProtocolError)
-                    and not is_context_overflow(exc)
-                ):
-                    raise  # a setting or the input is wrong: every trajectory would fail the same way
-                # A malformed reply (a NaN logprob) is that reply's fault: this trajectory fails, resumable.
+                if _ends_the_run(exc):
+                    raise
                 error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
                 return {"status": "failed", "error": redact(error, secrets_of(self.model))}
         step = Step(

@@ -164,7 +164,7 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
     api_key = os.environ.get("OPENAI_API_KEY")
     name = args.model or _only_served_model(args.base_url)
     guided = settings.driver == "guided"
-    with console.status(f"Checking model {name!r} at {args.base_url}…"):
+    with console.status(f"Checking model {name!r} at {redact(args.base_url)}…"):
         support = check_server(
             args.base_url,
             name,
@@ -174,7 +174,7 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
             api_key=api_key,
         )
     if guided and not support.scoring:
-        console.print(f"{args.base_url} returns no prompt_logprobs (vLLM does): the model writes its answers")
+        console.print(f"{redact(args.base_url)} returns no prompt_logprobs (vLLM does): the model writes its answers")
     return ServerChatModel(
         base_url=args.base_url,
         model=name,
@@ -196,7 +196,7 @@ def _judge(args: argparse.Namespace):
 
     from langgraph_parallelmuse.models.server import check_server
 
-    with console.status(f"Checking judge {args.judge_model!r} at {args.judge_base_url}…"):
+    with console.status(f"Checking judge {args.judge_model!r} at {redact(args.judge_base_url)}…"):
         check_server(
             args.judge_base_url,
             args.judge_model,
@@ -425,7 +425,7 @@ def _writable_file(path: str, flag: str) -> None:
 def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
     if not args.json:
         return
-    text = redact(json.dumps(_jsonable(result), indent=2, ensure_ascii=False))
+    text = json.dumps(_jsonable(result), indent=2, ensure_ascii=False)
     try:
         Path(args.json).write_text(text)
     except OSError as exc:
@@ -503,15 +503,23 @@ async def _ask(args: argparse.Namespace) -> int:
 
 
 def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
+    """The result as JSON values, every text redacted (values one by one: redacting the serialized
+    text broke JSON escapes and took ``"token": "..."`` for a credential)."""
     from langchain_core.messages import BaseMessage
 
-    def conv(v: Any) -> Any:
+    from langgraph_parallelmuse.redact import secrets_of
+
+    secrets = secrets_of()
+
+    def conv(v: Any, key: object = None) -> Any:
         if isinstance(v, BaseMessage):
-            return {"type": v.type, "content": v.content}
+            return {"type": v.type, "content": conv(v.content)}
         if isinstance(v, dict):
-            return {k: conv(x) for k, x in v.items()}
+            return {k: conv(x, k) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [conv(x) for x in v]
+        if isinstance(v, str) and key != "token":  # one token's text is never a whole credential
+            return redact(v, secrets)
         return v
 
     return conv(state)

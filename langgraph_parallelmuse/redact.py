@@ -30,9 +30,16 @@ SECRET_ENV_VARS = (
 _SHORTEST_SECRET = 6  # shorter values (e.g. "none", "EMPTY") are placeholders, not secrets
 _PATTERNS = (
     re.compile(r"(?i)((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{8,}"),
-    re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*["']?)[^\s"',}]{6,}"""),
-    # The password of a URL (postgresql://user:password@host/db, http://user:key@host).
-    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]+:)[^\s/@]+(?=@)"),
+    # api_key=..., "password": "...", and a printed dict's 'api_key': ['...'].
+    re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*[\["']*)[^\s"',}\]]{6,}"""),
+    # A command line's --api-key VALUE (a server's argv in an error).
+    re.compile(r"(?i)(--(?:api-key|token|password)[\s=]+)\S{6,}"),
+    # A URL's query credentials (?key=..., &auth=...).
+    re.compile(r"(?i)([?&](?:key|auth|access_token|sig|signature)=)[^&\s\"']{6,}"),
+    # The password of a URL (postgresql://user:password@host/db, http://user:key@host, an empty user).
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s@]+(?=@)"),
+    # A token given as a URL's user (http://TOKEN@host): user names are short, tokens are not.
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s/:@]{16,}(?=@)"),
 )
 
 
@@ -76,6 +83,8 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
         'key *** leaked'
         >>> redact("db postgresql://alice:S3cret@db.example/runs", [])
         'db postgresql://alice:***@db.example/runs'
+        >>> redact("vllm --api-key sk-0123456789 at http://sk0123456789abcdefgh@h/v1?key=abcdef123", [])
+        'vllm --api-key *** at http://***@h/v1?key=***'
     """
     for secret in secrets_of() if secrets is None else secrets:
         if len(secret) >= _SHORTEST_SECRET:

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
 
-__all__ = ["JUDGE_PROMPT", "llm_judge", "parse_judgement"]
+from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.redact import redact, secrets_of
+
+__all__ = ["JUDGE_PROMPT", "JudgeError", "llm_judge", "parse_judgement"]
+
+
+class JudgeError(ParallelMuseError):
+    """The judge's server failed; the message is redacted (a server may echo the API key)."""
+
 
 JUDGE_PROMPT = """\
 Judge whether the following [response] to [question] is correct or not based on the precise and \
@@ -109,6 +117,7 @@ async def llm_judge(
 
     Raises:
         ValueError: ``gold`` is an empty list.
+        JudgeError: The judge model's call failed (after its client's own retries).
 
     Example:
         >>> import asyncio
@@ -121,5 +130,8 @@ async def llm_judge(
     if prediction is None or not prediction.strip():
         return False
     prompt = JUDGE_PROMPT.format(question=question, response=prediction, correct_answer=correct_answer)
-    reply = await model.ainvoke([HumanMessage(content=prompt)])
+    try:
+        reply = await model.ainvoke([HumanMessage(content=prompt)])
+    except Exception as exc:  # noqa: BLE001 - its message may hold the key a server echoed
+        raise JudgeError(redact(f"the LLM judge failed: {type(exc).__name__}: {exc}", secrets_of(model))) from None
     return parse_judgement(reply.text)

@@ -27,6 +27,7 @@ from pydantic import Field
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.routing import routing_key
+from langgraph_parallelmuse.redact import redact
 
 __all__ = [
     "CONTINUE_FINAL_MESSAGE",
@@ -41,7 +42,14 @@ CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt
 
 
 class ServerCheckError(ConfigError):
-    """A server lacks something the library needs; the message names the URL, model and fix."""
+    """A server lacks something the library needs; the message names the URL, model and fix.
+
+    The message is redacted when the error is made: raised inside a run, it is stored in the
+    checkpoints as it is (a URL's password, an echoed key).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 class ServerChatModel(ChatOpenAI):

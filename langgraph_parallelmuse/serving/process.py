@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
+from langgraph_parallelmuse.redact import redact
 
 HOST = "127.0.0.1"
 _LOG_TAIL = 3000
@@ -200,7 +201,8 @@ def _wait_ready(
 
 
 def _failure(server: Server, what: str) -> str:
-    return (
+    # The command line (extra_args) and the log (a server prints its arguments) may hold a key.
+    return redact(
         f"{server.name} on 127.0.0.1 port {server.port} {what}.\n"
         f"command: {shlex.join(server.command)}\n"
         f"log {server.log_path}, last {_LOG_TAIL} characters:\n{server.log_tail()}"

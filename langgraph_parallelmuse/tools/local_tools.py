@@ -208,7 +208,8 @@ def make_corpus_tools(
         hits = await _lookup_thread(index.search, query, k=k, doc_ids=subset)
         if not hits:
             return f"No results for {query!r}. Try other words.", {"doc_ids": []}
-        lines = [f"[{n}] {h.title} (id: {h.id})\n{h.snippet}" for n, h in enumerate(hits, 1)]
+        # A hit is two lines, whatever the document holds: its newlines could forge hit lines.
+        lines = [f"[{n}] {_line(h.title)} (id: {h.id})\n{_line(h.snippet)}" for n, h in enumerate(hits, 1)]
         return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}
 
     async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
@@ -252,6 +253,10 @@ def _check_subset(index: CorpusIndex, subset: tuple[str, ...]) -> None:
             f"{len(unknown)} of {len(subset)} doc_ids are not in the corpus {index.source}: {describe_ids(unknown)}; "
             "use ids of that corpus's documents, or open the corpus these ids come from"
         )
+
+
+def _line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def describe_ids(ids: Sequence[str], *, shown: int = 5) -> str:

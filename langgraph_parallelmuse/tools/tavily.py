@@ -187,7 +187,9 @@ class _Tavily:
             snippet = " ".join(str(r.get("content") or "").split())
             if len(snippet) > per_hit:
                 snippet = snippet[: per_hit - 1].rstrip() + "…"
-            lines.append(f"[{n}] {r.get('title') or r['url']} (id: {r['url']})\n{snippet}")
+            # One line per hit title: a newline in a page's title would forge a hit line of its own.
+            title = " ".join(str(r.get("title") or r["url"]).split())
+            lines.append(f"[{n}] {title} (id: {r['url']})\n{snippet}")
         text = "\n\n".join(lines)[: self.max_chars]
         return self.redact(text), {"doc_ids": [r["url"] for r in results]}
 

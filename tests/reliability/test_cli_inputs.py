@@ -650,3 +650,24 @@ def test_markup_and_escape_sequences_in_model_and_tool_text_print_as_text(comman
         assert json.loads(out_json.read_text())["answer"].startswith("Paris [/b]")
     else:
         assert "[/citation needed]" in printed
+
+
+def test_the_json_result_is_redacted_value_by_value_and_stays_valid_json(tmp_path, monkeypatch):
+    # The serialized text was redacted: a backslash-escaped quote after a credential broke the JSON,
+    # and every '"token": "ationally"' of the logprob records became '"token": "***"'.
+    def agent(index, messages):
+        return Reply(answer_text('Paris (config: api_key=abcdef123"; done) rationally'))
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    out_json = tmp_path / "r.json"
+    argv = [PARIS, "--n", "2", "--mode", "none", "--aggregation", "majority", "--json", str(out_json)]
+    assert cli.main(["ask", *argv]) == 0
+    result = json.loads(out_json.read_text())
+    step = result["trajectories"][0]["steps"][0]
+    assert "api_key=***" in step["text"] and "abcdef123" not in step["text"]
+    # Token records are the model's own tokens, as checkpointed (a credential a model writes spans
+    # several tokens; redaction is for the texts of errors, pages and steps).
+    tokens = [t["token"] for t in step["tokens"]]
+    assert "rationally" in [t.strip() for t in tokens] and "***" not in tokens
