@@ -1,6 +1,6 @@
 """ParallelMuse on an OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI) with Tavily.
 
-Environment: ``PARALLELMUSE_BASE_URL`` (e.g. http://127.0.0.1:8000/v1), ``PARALLELMUSE_MODEL``,
+Environment: ``PARALLELMUSE_BASE_URL`` (default http://127.0.0.1:8000/v1), ``PARALLELMUSE_MODEL``,
 ``OPENAI_API_KEY`` (any string for local servers), ``TAVILY_API_KEY``; optional
 ``PARALLELMUSE_AGGREGATOR_MODEL`` for a separate aggregator on the same server.
 
@@ -22,7 +22,7 @@ from langgraph_parallelmuse.tools import make_tavily_tools
 
 def _chat(model_name: str) -> ChatOpenAI:
     return ChatOpenAI(
-        base_url=os.environ.get("PARALLELMUSE_BASE_URL"),
+        base_url=os.environ.get("PARALLELMUSE_BASE_URL", "http://127.0.0.1:8000/v1"),
         model=model_name,
         api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         logprobs=True,

@@ -187,23 +187,21 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
 def _judge(args: argparse.Namespace):
     """The LLM judge of ``bench``: a deterministic ChatOpenAI on ``--judge-base-url``, or None.
 
-    The server is checked here, before any question runs: found only at the first grading, a dead
-    judge failed after a whole question's rollout, and nothing of it was kept.
+    The server is reached here, before any question runs: found only at the first grading, a dead
+    judge failed after a whole question's rollout, and nothing of it was kept. The name is not
+    checked against its model list: Ollama's tags, llama.cpp (any name) and Azure deployments
+    take names the list does not show.
     """
     if not args.judge_base_url:
         return None
     from langchain_openai import ChatOpenAI
 
-    from langgraph_parallelmuse.models.server import check_server
+    from langgraph_parallelmuse.models.server import served_models
 
-    with console.status(f"Checking judge {args.judge_model!r} at {redact(args.judge_base_url)}…"):
-        check_server(
-            args.judge_base_url,
-            args.judge_model,
-            logprobs=False,
-            prefill=False,
-            api_key=os.environ.get("OPENAI_API_KEY"),
-        )
+    with console.status(f"Checking the judge at {redact(args.judge_base_url)}…"):
+        served = served_models(args.judge_base_url, api_key=os.environ.get("OPENAI_API_KEY"))
+    if args.judge_model not in served:
+        console.print(f"note: the judge server lists {served}, not {args.judge_model!r}; it is asked by that name")
     return ChatOpenAI(
         base_url=args.judge_base_url,
         model=args.judge_model,
@@ -221,7 +219,7 @@ def _tools(args: argparse.Namespace):
 
     with console.status("Opening the search index (built once, then cached)…"):
         index = CorpusIndex.from_jsonl(*args.corpus) if args.corpus else CorpusIndex.wikipedia()
-    doc_ids = [d.strip() for d in args.doc_ids.split(",")] if args.doc_ids else None
+    doc_ids = [d.strip() for d in args.doc_ids.split(",") if d.strip()] if args.doc_ids else None
     return make_corpus_tools(index, doc_ids=doc_ids)
 
 
@@ -416,9 +414,13 @@ def _writable_file(path: str, flag: str) -> None:
     if target.is_dir():
         raise ConfigError(f"{flag} {path} is a directory: pass a file name")
     folder = target.parent
-    if not folder.is_dir():
+    if target.exists():  # /dev/stdout too, whose folder a user cannot write
+        writable = os.access(target, os.W_OK)
+    elif not folder.is_dir():
         raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it or pick another path")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    else:
+        writable = os.access(folder, os.W_OK)
+    if not writable:
         raise ConfigError(f"{flag} {path} is not writable: pick another path")
 
 

@@ -329,8 +329,12 @@ def context_overrides(context: object) -> dict[str, object]:
         values = context
     elif dataclasses.is_dataclass(context):  # slotted dataclasses have no __dict__
         values = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
+    elif hasattr(context, "_asdict"):  # a NamedTuple
+        values = context._asdict()
     elif hasattr(context, "__dict__") and not isinstance(context, type):
         values = vars(context)
+    elif slots := [n for c in type(context).__mro__ for n in getattr(c, "__slots__", ()) if hasattr(context, n)]:
+        values = {n: getattr(context, n) for n in slots}  # attrs' @define, hand-written __slots__
     else:
         # A string, a list or a number carries no named settings: read as none, the run would
         # silently use the defaults.

@@ -97,8 +97,6 @@ def _check_postgres_url(target: str, scheme: str) -> None:
         raise ConfigError(
             f"--db {shown} is not a valid PostgreSQL URL ({redact(reason)}): write {_EXAMPLE_URL}"
         ) from None
-    if not any(params.get(key) for key in ("host", "hostaddr", "dbname")):
-        raise ConfigError(f"--db {shown} names no host and no database: write {_EXAMPLE_URL}")
     for port in str(params.get("port") or "").split(","):
         port = port.strip()
         if port and not (port.isdigit() and 1 <= int(port) <= 65535):

@@ -31,13 +31,16 @@ _SHORTEST_SECRET = 6  # shorter values (e.g. "none", "EMPTY") are placeholders, 
 _PATTERNS = (
     re.compile(r"(?i)((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{8,}"),
     # api_key=..., "password": "...", and a printed dict's 'api_key': ['...'].
-    re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*[\["']*)[^\s"',}\]]{6,}"""),
+    re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*[\["']*)[^\s"',}\]&]{6,}"""),
     # A command line's --api-key VALUE (a server's argv in an error).
     re.compile(r"(?i)(--(?:api-key|token|password)[\s=]+)\S{6,}"),
-    # A URL's query credentials (?key=..., &auth=...).
-    re.compile(r"(?i)([?&](?:key|auth|access_token|sig|signature)=)[^&\s\"']{6,}"),
-    # The password of a URL (postgresql://user:password@host/db, http://user:key@host, an empty user).
-    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s@]+(?=@)"),
+    # A URL's query credentials: named so (?access_token=...), or a long value of ?key= (Google's
+    # API keys); a short ?key=value or ?sig= of an ordinary link stays.
+    re.compile(r"(?i)([?&](?:api_?key|access_token|auth_token|token)=)[^&\s\"']{6,}"),
+    re.compile(r"(?i)([?&](?:key|auth|sig|signature)=)[^&\s\"']{24,}"),
+    # The password of a URL (postgresql://user:password@host/db, http://user:key@host, an empty user);
+    # it never holds a raw "/" (RFC 3986), so host:port/path@... is not one.
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+(?=@)"),
     # A token given as a URL's user (http://TOKEN@host): user names are short, tokens are not.
     re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s/:@]{16,}(?=@)"),
 )
@@ -83,8 +86,8 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
         'key *** leaked'
         >>> redact("db postgresql://alice:S3cret@db.example/runs", [])
         'db postgresql://alice:***@db.example/runs'
-        >>> redact("vllm --api-key sk-0123456789 at http://sk0123456789abcdefgh@h/v1?key=abcdef123", [])
-        'vllm --api-key *** at http://***@h/v1?key=***'
+        >>> redact("vllm --api-key sk-0123456789 at http://sk0123456789abcdefgh@h/v1?api_key=abcdef123", [])
+        'vllm --api-key *** at http://***@h/v1?api_key=***'
     """
     for secret in secrets_of() if secrets is None else secrets:
         if len(secret) >= _SHORTEST_SECRET:

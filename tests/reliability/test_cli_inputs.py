@@ -222,6 +222,22 @@ async def test_an_unknown_or_bad_context_value_raises_config_error():
         with pytest.raises(ConfigError, match="context must be a mapping"):
             await graph.ainvoke({"question": PARIS}, context=context)
     assert model.calls == []
+    # A parent graph's context in slots (a NamedTuple, attrs' @define) is read, not refused.
+    from typing import NamedTuple
+
+    from langgraph_parallelmuse.config import context_overrides
+
+    class Parent(NamedTuple):
+        user: str
+        n: int
+
+    class Slotted:
+        __slots__ = ("n", "user")
+
+        def __init__(self) -> None:
+            self.n, self.user = 4, "u1"
+
+    assert context_overrides(Parent("u1", 4)) == {"n": 4} == context_overrides(Slotted())
 
 
 def test_a_calibration_that_is_a_directory_or_holds_nan_or_negative_thresholds_is_refused(tmp_path):
@@ -671,3 +687,40 @@ def test_the_json_result_is_redacted_value_by_value_and_stays_valid_json(tmp_pat
     # several tokens; redaction is for the texts of errors, pages and steps).
     tokens = [t["token"] for t in step["tokens"]]
     assert "rationally" in [t.strip() for t in tokens] and "***" not in tokens
+
+
+def test_an_existing_output_file_in_a_folder_the_user_cannot_write_is_accepted(monkeypatch):
+    # /dev/stdout: a user may write it but not /dev; the check refused `--json /dev/stdout`.
+    real = cli.os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if cli.Path(p).is_dir() else real(p, mode))
+    cli._writable_file("/dev/stdout", "--json")
+    with pytest.raises(ConfigError, match="is not writable"):
+        cli._writable_file("/dev/new-file.json", "--json")
+
+
+def test_doc_ids_with_a_trailing_comma_keep_the_named_ids(tmp_path, monkeypatch):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    args = cli.build_parser().parse_args(["ask", PARIS, "--corpus", str(corpus), "--doc-ids", "d1,"])
+    assert [t.name for t in cli._tools(args)] == ["search", "visit"]
+
+
+def test_a_judge_named_otherwise_than_its_servers_model_list_is_asked_by_that_name(tmp_path, monkeypatch, capsys):
+    # Ollama's tags, llama.cpp (any name) and Azure deployments take names /models does not list.
+    from langgraph_parallelmuse.eval import bench
+    from tests.unit.http_fakes import fake_http
+
+    seen = {}
+
+    async def no_run(model, *args, judge=None, **kwargs):
+        seen["judge"] = judge
+        return []
+
+    monkeypatch.setattr(bench, "run_bench", no_run)
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: ScriptedChatModel(script=[]))
+    with fake_http(_models("llama3:latest")) as server:
+        argv = [*_bench_files(tmp_path), "--judge-base-url", f"{server.url}/v1", "--judge-model", "llama3"]
+        assert cli.main(argv) == 0
+    assert seen["judge"].model_name == "llama3"
+    assert "lists ['llama3:latest'], not 'llama3'" in _err(capsys)

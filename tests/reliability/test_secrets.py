@@ -122,12 +122,22 @@ async def test_a_page_title_with_a_newline_cannot_forge_a_search_hit_line():
     ("text", "kept"),
     [
         ("postgresql://:S3cretPW@h/db", "postgresql://:***@h/db"),  # an empty user, which libpq takes
-        ("postgresql://u:S3cret/PW@h/db", "postgresql://u:***@h/db"),  # a raw / in the password
         (f"http://{SECRET}@h/v1", "http://***@h/v1"),  # a token as the URL's user
-        ("GET /search?key=S3cretPW&q=x", "GET /search?key=***&q=x"),
+        ("GET /search?access_token=S3cretPW&q=x", "GET /search?access_token=***&q=x"),
+        ("GET /v1/x?key=AIzaSyA-0123456789abcdefghij&q=x", "GET /v1/x?key=***&q=x"),
         (f"vllm --api-key {SECRET} --port 8000", "vllm --api-key *** --port 8000"),
         (f"args: {{'api_key': ['{SECRET}']}}", "args: {'api_key': ['***']}"),
-        ("postgresql://postgres@127.0.0.1:5432/runs", "postgresql://postgres@127.0.0.1:5432/runs"),  # no secret
+        # No secret: left as they are.
+        ("postgresql://postgres@127.0.0.1:5432/runs", "postgresql://postgres@127.0.0.1:5432/runs"),
+        ("https://twitter.com:443/@jack/status/1", "https://twitter.com:443/@jack/status/1"),
+        (
+            "http://localhost:8080/login?next=/home&email=bob@x.org",
+            "http://localhost:8080/login?next=/home&email=bob@x.org",
+        ),
+        (
+            "books?id=abc&sig=ACfU3U0abcdef and data?key=value123",
+            "books?id=abc&sig=ACfU3U0abcdef and data?key=value123",
+        ),
     ],
 )
 def test_redact_covers_the_credential_forms_of_urls_commands_and_logs(text, kept):

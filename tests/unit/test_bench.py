@@ -396,9 +396,10 @@ def test_a_bench_without_a_corpus_is_refused_before_a_model_loads_naming_the_cor
         asyncio.run(cli._bench(cli.build_parser().parse_args(["bench", "--questions", questions])))
 
 
-@pytest.mark.parametrize("setting", ["distractor", "open"])
-async def test_questions_naming_documents_not_in_the_corpus_are_refused_before_any_model_call(index, tmp_path, setting):
+async def test_questions_naming_documents_not_in_the_corpus_are_refused_before_any_model_call(index, tmp_path):
     # A questions file beside the wrong corpus used to run: every search found nothing, recall was 0.
+    # (The open setting is not checked: it may search another corpus than the gold's, e.g. a dump.)
+    setting = "distractor"
     other = [
         QAItem("h1", "Who?", ["x"], ["5a8b57f25542995d1e6f1371"], ["5a8b57f25542995d1e6f1371", "d1"], "hotpotqa"),
         QAItem("h2", "Where?", ["y"], ["5ab3b0bf5542992ade7c6e39"], ["d2"], "hotpotqa"),

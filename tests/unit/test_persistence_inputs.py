@@ -32,10 +32,10 @@ def test_a_port_outside_1_to_65535_is_named(url: str, port: str) -> None:
         check_db(url)
 
 
-@pytest.mark.parametrize("url", ["postgresql://", "postgres://"])
-def test_a_url_naming_no_host_and_no_database_is_refused(url: str) -> None:
-    with pytest.raises(ConfigError, match=rf"--db '{url}' names no host and no database: write postgresql://"):
-        check_db(url)
+@pytest.mark.parametrize("url", ["postgresql://", "postgres://", "postgresql://alice@/"])
+def test_a_url_leaving_host_and_database_to_libpqs_defaults_is_accepted(url: str) -> None:
+    # libpq takes them from PGHOST / PGDATABASE or the local socket.
+    assert check_db(url) == "postgres"
 
 
 @pytest.mark.parametrize("url", ["POSTGRESQL://u@127.0.0.1:5432/db", "Postgres://u@127.0.0.1/db"])
