@@ -124,6 +124,17 @@ class ParallelMuseConfig(BaseModel):
     )
     max_concurrency: int = Field(8, description="Trajectories or reports in flight at once.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_truth_values_for_numbers(cls, data: object) -> object:
+        # pydantic reads True as 1 and False as 0: n=True would run one trajectory.
+        if isinstance(data, dict):
+            numeric = (int, float, int | None, float | None)
+            given = [k for k, v in data.items() if isinstance(v, bool) and k in cls.model_fields]
+            if wrong := [k for k in given if cls.model_fields[k].annotation in numeric]:
+                raise ValueError(f"{', '.join(f'{k}={data[k]}' for k in wrong)}: give a number, not true/false")
+        return data
+
     @model_validator(mode="after")
     def _check_budget(self) -> ParallelMuseConfig:
         problems = []

@@ -219,3 +219,11 @@ def test_the_studio_embedded_graph_without_the_local_extra_imports_and_names_it_
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ConfigError the in-process model needs torch" in done.stdout
+
+
+@pytest.mark.parametrize("field", ["n", "temperature", "seed", "max_turns"])
+def test_true_or_false_for_a_number_is_refused(field):
+    # pydantic read n=True as 1: the run had one trajectory.
+    with pytest.raises(ConfigError, match=f"{field}=True: give a number, not true/false"):
+        make_config(**{field: True})
+    assert make_config(diverse_branches=True).diverse_branches is True
