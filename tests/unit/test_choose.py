@@ -108,6 +108,30 @@ def test_a_question_asking_for_two_things_gets_two_chosen_spans():
     )
 
 
+def test_a_second_part_answered_before_the_hops_run_out_is_searched_for_first():
+    # The first part settled early ("France"), the second was answered from what was read for the
+    # first: the Eiffel Tower's search hits, where the 135M model took Sorbonne University for the
+    # capital. Now the second part is searched as its own question, then answered.
+    model = ScoringChatModel(option_logprobs={"France": -0.01, "Paris": -5.0}, script=["Look it up"])
+    evidence = "The Eiffel Tower is a lattice tower in Paris, France. Sorbonne University is in Paris."
+    question = "Which country is the Eiffel Tower in, and what is the capital of that country?"
+    steps = [
+        {"action": {"type": "tool_call", "name": "search", "arguments": {"query": "Eiffel Tower"}}},
+        {"action": {"type": "tool_call", "name": "visit", "arguments": {"doc": "e"}}},
+    ]
+    read = {"step": 1, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
+    ctx = StepContext(question, steps, [{**read, "doc_ids": ["e"]}], 2, False, 64, frozenset({"search"}), scoring=True)
+    turn = asyncio.run(generate_turn(model, [], GuidedDriver().plan(ctx), sampling=Sampling(temperature=0)))
+    call = json.loads(turn.text.split("<tool_call>", 1)[1].removesuffix("</tool_call>"))
+    assert call == {"name": "search", "arguments": {"query": "what is the capital of France?"}}
+    # Once a search has asked it, the second part is chosen from the evidence: the answer has both.
+    asked = [*steps, {"action": {"type": "tool_call", "name": "search", "arguments": call["arguments"]}}]
+    ctx = StepContext(question, asked, ctx.observations, 3, False, 64, frozenset({"search"}), scoring=True)
+    model = ScoringChatModel(option_logprobs={"France": -0.01, "Paris": -5.0}, script=["Answer"])
+    turn = asyncio.run(generate_turn(model, [], GuidedDriver().plan(ctx), sampling=Sampling(temperature=0)))
+    assert turn.text.endswith("<answer>France; Paris</answer>")
+
+
 def test_the_first_choice_of_a_question_asking_for_two_things_answers_its_first_part():
     evidence = "The Eiffel Tower is a lattice tower in Paris, France."
     read = {"step": 1, "name": "visit", "arguments": {}, "content": evidence, "error": False, "seconds": 0.0}
