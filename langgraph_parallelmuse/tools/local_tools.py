@@ -256,7 +256,8 @@ def _check_subset(index: CorpusIndex, subset: tuple[str, ...]) -> None:
 
 
 def _line(text: str) -> str:
-    return " ".join(text.split())
+    # Line breaks only: other whitespace (a no-break space) stays what the document holds.
+    return " ".join(text.splitlines())
 
 
 def describe_ids(ids: Sequence[str], *, shown: int = 5) -> str:
