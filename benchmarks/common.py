@@ -1,17 +1,25 @@
-"""Setup shared by the benchmark scripts: a dev set of ``../shared/eval-data`` and its index, and
-the settings every resumable results file records in its rows."""
+"""Setup shared by the benchmark scripts: a dev set of ``../shared/eval-data`` and its index, the
+settings every resumable results file records in its rows, and the vLLM server the serving
+benchmarks start (the library's own ``serving`` helpers, with the settings they share)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from langgraph_parallelmuse.eval import QAItem, eval_data_dir, load_questions
+from langgraph_parallelmuse.models.export import export_model
+from langgraph_parallelmuse.models.server import ServerChatModel
+from langgraph_parallelmuse.serving import ServerSpec, vllm_spec
 from langgraph_parallelmuse.tools import CorpusIndex
 
 DATASETS = ("hotpotqa_train100", "musique_train100")
+ROOT = Path(__file__).resolve().parents[1]
+SERVED_MODEL = "smollm2"
 
 
 def integer(minimum: int) -> Callable[[str], int]:
@@ -146,3 +154,49 @@ def resumable_rows(path: Path | None, settings: dict) -> list[dict]:
                 "rerun with those settings to continue it, or choose another --out"
             )
     return rows
+
+
+def vllm_options(ap: argparse.ArgumentParser) -> None:
+    """``--venv``, ``--eager`` and ``--block-size``: how a benchmark starts its vLLM servers."""
+    ap.add_argument(
+        "--venv", type=Path, default=Path(os.environ.get("PARALLELMUSE_SERVING_VENV", ROOT / ".venv-serving"))
+    )
+    ap.add_argument(
+        "--eager", action="store_true", help="vLLM with --enforce-eager (default: compiled, as users run it)"
+    )
+    ap.add_argument("--block-size", type=integer(32), default=32, help="vLLM KV block size (CPU: multiples of 32)")
+
+
+def vllm_specs(args: argparse.Namespace, count: int) -> list[ServerSpec]:
+    """``count`` vLLM servers of the embedded model's weights (exported once, bfloat16), as
+    ``vllm_options`` set them, with a 2 GiB KV cache each."""
+    model_dir = export_model(ROOT / ".cache" / "smollm2-bf16")
+    specs = []
+    for _ in range(count):  # one spec each: each picks its own port
+        spec = vllm_spec(
+            model_dir,
+            venv=args.venv,
+            served_model_name=SERVED_MODEL,
+            enforce_eager=args.eager,
+            block_size=args.block_size,
+            dev_mode=True,
+            kv_cache_gib=2,
+        )
+        # A model step in flight when the server is paused (SIGSTOP, while the in-process engine
+        # runs) outlives vLLM's 300 s step timeout by the length of the pause, and its engine core
+        # dies: it did after a pause of 464 s on this 2-core machine.
+        specs.append(dataclasses.replace(spec, env={**spec.env, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "43200"}))
+    return specs
+
+
+def server_model(url: str, routing_header: str | None = None) -> ServerChatModel:
+    """The library's chat model for a server started from ``vllm_specs`` (logprobs on, no retries)."""
+    return ServerChatModel(
+        base_url=f"{url}/v1",
+        model=SERVED_MODEL,
+        logprobs=True,
+        top_logprobs=16,
+        timeout=1800,
+        max_retries=0,
+        routing_header=routing_header,
+    )

