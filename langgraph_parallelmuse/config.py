@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
@@ -354,6 +354,24 @@ def context_overrides(context: object) -> dict[str, object]:
             f"{type(context).__name__}: pass e.g. context={{'n': 4, 'k': 1}}"
         )
     return {k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields}
+
+
+def misplaced_settings(configurable: Mapping[str, Any] | None, context: object) -> dict[str, Any]:
+    """Settings a caller put in ``config["configurable"]``, where the graph does not read them.
+
+    The graph reads its settings from the factory config and the run's ``context`` (its
+    ``context_schema``); LangGraph passes ``configurable`` through untouched, so ``n=4`` there would
+    silently run with the default budget. A key the context also sets is not reported: the context's
+    value is the one used.
+
+    Example:
+        >>> misplaced_settings({"thread_id": "t1", "n": 4, "user_id": "u1"}, None)
+        {'n': 4}
+        >>> misplaced_settings({"n": 4}, {"n": 4})
+        {}
+    """
+    given = context_overrides(context) if context is not None else {}
+    return {k: v for k, v in (configurable or {}).items() if k in ParallelMuseConfig.model_fields and k not in given}
 
 
 def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseConfig:

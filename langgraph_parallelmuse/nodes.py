@@ -15,6 +15,7 @@ import hashlib
 import json
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,7 +28,13 @@ from langgraph.types import Overwrite, Send
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.concurrency import Bounds
-from langgraph_parallelmuse.config import ParallelMuseConfig, context_overrides, make_config, resolve_config
+from langgraph_parallelmuse.config import (
+    ParallelMuseConfig,
+    context_overrides,
+    make_config,
+    misplaced_settings,
+    resolve_config,
+)
 from langgraph_parallelmuse.crossover import crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailedError
@@ -246,10 +253,21 @@ class ParallelMuseNodes:
         settings it started with. A context that sets a different value on resume is an error.
         """
         try:
-            context = get_runtime().context
+            context, configurable = get_runtime().context, get_config().get("configurable")
         except RuntimeError:  # a node called outside a graph run (a unit test)
-            context = None
+            context, configurable = None, None
         if stored is None:
+            misplaced = misplaced_settings(configurable, context)
+            if misplaced:
+                # A warning, not an error: configurable is shared with the parent app's own nodes,
+                # whose keys may happen to share a setting's name.
+                warnings.warn(
+                    f"config['configurable'] sets {', '.join(f'{k}={v!r}' for k, v in misplaced.items())}, which "
+                    f"ParallelMuse does not read: pass run settings as context={misplaced!r} (the graph's "
+                    "context_schema); ignore this if those keys are meant for other parts of your app",
+                    UserWarning,
+                    stacklevel=2,
+                )
             return resolve_config(self.config, context)
         settings = make_config(stored)
         clash = {k: v for k, v in context_overrides(context).items() if getattr(settings, k) != v}

@@ -412,6 +412,17 @@ async def test_per_run_context_keeps_the_base_config_fields_it_does_not_override
     assert out["stats"]["config"]["temperature"] == 0.1
 
 
+async def test_settings_passed_in_configurable_are_named_in_a_warning_not_silently_ignored():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
+    cfg = {"configurable": {"n": 2, "mode": "none", "user_id": "u1"}}
+    with pytest.warns(UserWarning, match=r"sets n=2, mode='none'.*context=\{'n': 2, 'mode': 'none'\}"):
+        out = await graph.ainvoke({"question": QUESTION}, cfg)
+    assert out["stats"]["config"]["n"] == 4  # not read from configurable, as the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same keys given as context as well: nothing to warn about
+        await graph.ainvoke({"question": QUESTION}, cfg, context={"n": 2, "mode": "none"})
+
+
 async def test_invalid_per_run_context_raises_config_error():
     graph, model, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
     with pytest.raises(ConfigError):
