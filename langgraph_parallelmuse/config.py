@@ -7,6 +7,7 @@ message that names the setting and the fix.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -321,7 +322,8 @@ def context_overrides(context: object) -> dict[str, object]:
     """The settings a run's context sets explicitly (a full config sets them all).
 
     As a node of another graph, the graph runs under that graph's context (a dict, a dataclass, a
-    model of its own): only the fields named like ours are read from it. At the top level LangGraph
+    model of its own): only the fields named like ours are read from it, and a ``None`` where our
+    setting cannot be ``None`` counts as unset. At the top level LangGraph
     builds a :data:`ParallelMuseContext`, which refuses unknown fields.
 
     Example:
@@ -329,6 +331,8 @@ def context_overrides(context: object) -> dict[str, object]:
         {'n': 4}
         >>> context_overrides({"user_id": "u1", "temperature": 0.2})
         {'temperature': 0.2}
+        >>> context_overrides({"temperature": None, "seed": None})  # the parent's unset temperature
+        {'seed': None}
     """
     if context is None:
         return {}
@@ -353,7 +357,15 @@ def context_overrides(context: object) -> dict[str, object]:
             f"context must be a mapping of settings or an object with them as attributes, got "
             f"{type(context).__name__}: pass e.g. context={{'n': 4, 'k': 1}}"
         )
-    return {k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields}
+    # A parent's own field named like a setting and left None (its "unset") is not one of ours where
+    # a setting cannot be None: read as ours, every run of the parent app would fail validation.
+    return {
+        k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields and (v is not None or _takes_none(k))
+    }
+
+
+def _takes_none(name: str) -> bool:
+    return type(None) in typing.get_args(ParallelMuseConfig.model_fields[name].annotation)
 
 
 def misplaced_settings(configurable: Mapping[str, Any] | None, context: object) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
@@ -37,6 +38,8 @@ from langgraph_parallelmuse.sync import async_node
 __all__ = ["build_parallelmuse_graph", "create_parallelmuse", "question_from_input", "rollout_runner"]
 
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Nodes that call a model directly, not through the rollout subgraph (see build_parallelmuse_graph).
+_INTERNAL_CALLS = frozenset({"compress", "crossover_rollout", "aggregate"})
 
 
 def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
@@ -113,7 +116,14 @@ def build_parallelmuse_graph(
         ("crossover_rollout", nodes.crossover_rollout),
         ("aggregate", nodes.aggregate),
     ]:
-        graph.add_node(name, async_node(name, node))
+        runnable = async_node(name, node)
+        if name in _INTERNAL_CALLS:
+            # Their model calls (reports, the aggregator's raw pick) run in the graph's own
+            # namespace, beside the answer message: a chat streaming stream_mode="messages" would
+            # show them as the assistant's replies. Callbacks and astream_events still see them.
+            # (The tag is inherited: a crossover trajectory's agent steps leave the stream too.)
+            runnable = runnable.with_config(tags=[TAG_NOSTREAM])
+        graph.add_node(name, runnable)
     graph.add_edge(START, "prepare")
     graph.add_conditional_edges("prepare", nodes.launch_initial, ["initial_rollout", "online_rollout"])
     graph.add_edge("initial_rollout", "select_branches")

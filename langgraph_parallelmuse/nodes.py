@@ -46,6 +46,8 @@ from langgraph_parallelmuse.stage2 import choose_answer, compression_stats, writ
 from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
 
 MAX_QUESTION_CHARS = 4000
+# The answer message's response_metadata key naming the question it answers (see question_from_input).
+ANSWERED_KEY = "question"
 # The engine's counters are this process's: a run resumed elsewhere cannot subtract its start from them.
 _PROCESS = uuid.uuid4().hex
 
@@ -63,12 +65,25 @@ _ENGINE_COUNTERS = (
 )
 
 
+def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
+    """Whether the last answer message in ``messages`` answered ``question`` and a human message
+    followed it: the new turn of a chat whose app, not this graph, keeps the state."""
+    for at in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[at], AIMessage) and ANSWERED_KEY in (messages[at].response_metadata or {}):
+            answered = messages[at].response_metadata[ANSWERED_KEY]
+            return answered == question and any(isinstance(m, HumanMessage) for m in messages[at + 1 :])
+    return False
+
+
 def question_from_input(state: dict) -> tuple[str, str | None]:
     """The question of a graph input, and the id of the last human message (``None``: none).
 
     ``question``, else the last human message. On a checkpointed thread the state still holds the
     previous run's question (``asked``: that question and the last human message it saw): a human
     message that came after it is the new turn's question, unless the input set another ``question``.
+    As a node of a parent graph whose state has a ``question`` key, the parent keeps the question
+    this graph wrote but not ``asked``: the answer message records its question instead, and a human
+    message after that answer is again the new turn's question.
 
     Raises:
         InputError: No usable question (empty, not text, or too long).
@@ -78,9 +93,11 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
         ('Who wrote Dune?', 'm1')
     """
     question, asked = state.get("question"), state.get("asked") or {}
-    humans = [m for m in state.get("messages") or [] if isinstance(m, HumanMessage)]
+    messages = state.get("messages") or []
+    humans = [m for m in messages if isinstance(m, HumanMessage)]
     message_id = humans[-1].id if humans else None
-    if question is None or (question == asked.get("question") and message_id != asked.get("message_id")):
+    stale = question == asked.get("question") and message_id != asked.get("message_id")
+    if question is None or stale or (humans and _answered_before(messages, question)):
         if not humans:
             raise InputError("no question: send {'question': '...'} or messages ending in a human message")
         question = humans[-1].content
@@ -550,5 +567,12 @@ class ParallelMuseNodes:
             "answer": choice.answer,
             "answer_source": choice.source,
             "stats": stats,
-            "messages": [AIMessage(text, name="parallelmuse", response_metadata={"answer_source": choice.source})],
+            "messages": [
+                AIMessage(
+                    text,
+                    name="parallelmuse",
+                    # The question it answers: a parent app's state keeps this message, not ``asked``.
+                    response_metadata={"answer_source": choice.source, ANSWERED_KEY: state["question"]},
+                )
+            ],
         }

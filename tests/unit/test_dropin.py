@@ -1,0 +1,243 @@
+"""The compiled graph dropped into existing LangGraph apps and LangChain chains, the way a LangGraph
+engineer would use it: a node of a checkpointed chat graph with state of its own, streaming,
+time travel, a parent's interrupts, cancellation, and a parent's context."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command, interrupt
+
+from langgraph_parallelmuse.graph import create_parallelmuse
+from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder, role_of
+
+CITIES = {"Eiffel Tower": "Paris", "Colosseum": "Rome", "Louvre": "Paris"}
+
+
+def by_question(index: int, messages: list[BaseMessage]) -> str:
+    """The agent answers the city of whatever landmark the question (the first human turn) names."""
+    question = messages[1].content
+    return answer_text(next((city for name, city in CITIES.items() if name in question), "unknown"))
+
+
+def make_graph(config: dict | None = None, **kwargs: Any):
+    model = ScriptedChatModel(responder=research_responder(by_question))
+    graph = create_parallelmuse(model, make_tools()[0], config=config or {"n": 2, "mode": "none"}, **kwargs)
+    return graph, model
+
+
+def asked_questions(model: ScriptedChatModel, since: int = 0) -> set[str]:
+    return {c["messages"][1].content for c in model.calls[since:] if role_of(c["messages"]) == "agent"}
+
+
+class ChatState(MessagesState):
+    """A chat app's state that also keeps the question and the answer, as many apps do."""
+
+    question: str
+    answer: str | None
+
+
+def chat_app(graph, *, checkpointer=None):
+    builder = StateGraph(ChatState)
+    builder.add_node("research", graph)
+    builder.add_edge(START, "research")
+    builder.add_edge("research", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+# ----------------------------------------------------------------------------- a chat app's follow-up
+
+
+async def test_a_follow_up_in_a_checkpointed_parent_with_a_question_key_researches_the_new_message():
+    # Before the fix turn 2 silently answered turn 1's question again: the graph wrote `question`
+    # into the parent's state, read it back on the next turn as an explicit question, and the record
+    # of what it had asked (`asked`) lived only in the subgraph's own state, gone after each run.
+    graph, model = make_graph()
+    app = chat_app(graph, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "chat-1"}}
+    first = await app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}, thread)
+    calls = len(model.calls)
+    second = await app.ainvoke({"messages": [HumanMessage("Where is the Colosseum?")]}, thread)
+    assert (first["question"], first["answer"]) == ("Where is the Eiffel Tower?", "Paris")
+    assert (second["question"], second["answer"]) == ("Where is the Colosseum?", "Rome")
+    assert asked_questions(model, calls) == {"Where is the Colosseum?"}
+    assert [m.content for m in second["messages"]] == [
+        "Where is the Eiffel Tower?",
+        "Paris",
+        "Where is the Colosseum?",
+        "Rome",
+    ]
+
+
+def test_a_follow_up_in_a_checkpointed_parent_with_a_question_key_sync():
+    graph, _ = make_graph()
+    app = chat_app(graph, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "chat-2"}}
+    app.invoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}, thread)
+    second = app.invoke({"messages": [HumanMessage("Where is the Colosseum?")]}, thread)
+    assert second["answer"] == "Rome" and second["messages"][-1].content == "Rome"
+
+
+async def test_a_follow_up_passed_back_by_hand_without_a_checkpointer_researches_the_new_message():
+    # An app without a checkpointer keeps the conversation itself and sends the last output back
+    # with the next human message: the answer message records what it answered.
+    graph, _ = make_graph()
+    app = chat_app(graph)
+    first = await app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]})
+    second = await app.ainvoke({**first, "messages": [*first["messages"], HumanMessage("Where is the Colosseum?")]})
+    assert second["answer"] == "Rome"
+
+
+async def test_a_question_key_still_wins_over_the_messages_it_came_with():
+    graph, model = make_graph()
+    app = chat_app(graph, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "chat-3"}}
+    await app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}, thread)
+    out = await app.ainvoke({"question": "Where is the Louvre?", "messages": [HumanMessage("thanks!")]}, thread)
+    assert out["question"] == "Where is the Louvre?"
+    calls = len(model.calls)
+    # The same question again with no new human message: the finished trajectories are reused.
+    again = await app.ainvoke({"question": "Where is the Louvre?"}, thread)
+    assert again["question"] == "Where is the Louvre?" and asked_questions(model, calls) == set()
+
+
+# ----------------------------------------------------------------------------- streaming
+
+STEPS = [
+    Reply(call_text("search", "Find the city", query="Eiffel Tower"), regions={"tool_call": -0.3}),
+    Reply(call_text("visit", "Open the page", doc="Eiffel Tower"), regions={"tool_call": -2.5}),
+    Reply(answer_text("Paris", "The page says Paris")),
+]
+
+
+def branching_graph(**kwargs: Any):
+    model = ScriptedChatModel(responder=research_responder(lambda i, messages: STEPS[min(i, 2)]))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 4, "k": 1, "t": 2}, **kwargs)
+    return graph, model
+
+
+async def test_the_messages_stream_of_a_chat_carries_the_reply_not_the_reports_or_the_aggregators_raw_text():
+    # Before the fix a chat UI streaming stream_mode="messages" (the usual way to show a reply as
+    # it comes) showed every compressed report and the aggregator's "<answer>Paris" as replies of
+    # the assistant before the answer itself: the reports' and the aggregation's model calls ran in
+    # the graph's own namespace, beside the answer message.
+    graph, _ = branching_graph()
+    inp = {"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}
+    streamed = [(msg.content, meta["langgraph_node"]) async for msg, meta in graph.astream(inp, stream_mode="messages")]
+    assert streamed == [("Paris", "aggregate")]
+    # The internal calls still reach callbacks and astream_events (traces).
+    events = [e async for e in graph.astream_events(inp, version="v2") if e["event"] == "on_chat_model_end"]
+    assert {e["metadata"]["langgraph_node"] for e in events} == {"think", "compress", "aggregate"}
+
+
+async def test_the_messages_stream_with_subgraphs_still_shows_the_trajectories_thinking():
+    graph, _ = branching_graph()
+    inp = {"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}
+    nodes = Counter()
+    async for _, (_msg, meta) in graph.astream(inp, stream_mode="messages", subgraphs=True):
+        nodes[meta["langgraph_node"]] += 1
+    assert nodes == {"think": 10, "aggregate": 1}  # every agent step of 4 trajectories, and the reply
+
+
+def test_the_sync_messages_stream_carries_the_reply_too():
+    graph, _ = branching_graph()
+    inp = {"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}
+    assert [msg.content for msg, _ in graph.stream(inp, stream_mode="messages")] == ["Paris"]
+
+
+# ----------------------------------------------------------------------------- a parent's context
+
+
+@dataclass
+class _AppContext:
+    """A parent app's context: its own settings, one named like ours and unset (``None``)."""
+
+    user_id: str = "u1"
+    temperature: float | None = None  # the app's own model's temperature; None: that model's default
+
+
+async def test_a_parents_unset_context_field_named_like_a_setting_keeps_the_factory_value():
+    # Before the fix the parent's temperature=None was read as our setting and every run of the
+    # app failed: "ConfigError: invalid ParallelMuse config: temperature: Input should be a valid number".
+    graph, model = make_graph({"n": 2, "mode": "none", "temperature": 0.3})
+    parent = StateGraph(MessagesState, context_schema=_AppContext)
+    parent.add_node("research", graph)
+    parent.add_edge(START, "research")
+    out = await parent.compile().ainvoke({"messages": [HumanMessage("Where is the Colosseum?")]}, context=_AppContext())
+    assert out["messages"][-1].content == "Rome"
+    agent = [c for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert agent and all(c["kwargs"].get("temperature") == 0.3 for c in agent)
+
+
+# ----------------------------------------------------------------------------- a parent's interrupts
+
+
+async def test_a_parents_interrupt_before_the_research_node_can_change_the_question():
+    graph, model = make_graph()
+
+    def confirm(state: MessagesState) -> dict:
+        answer = interrupt({"research": state["messages"][-1].content})
+        return {} if answer == "yes" else {"messages": [HumanMessage(answer)]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("confirm", confirm)
+    builder.add_node("research", graph)
+    builder.add_edge(START, "confirm")
+    builder.add_edge("confirm", "research")
+    builder.add_edge("research", END)
+    app = builder.compile(checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "hitl-1"}}
+    paused = await app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}, thread)
+    assert paused["__interrupt__"][0].value == {"research": "Where is the Eiffel Tower?"} and not model.calls
+    out = await app.ainvoke(Command(resume="Where is the Colosseum?"), thread)
+    assert out["messages"][-1].content == "Rome" and asked_questions(model) == {"Where is the Colosseum?"}
+
+
+# ----------------------------------------------------------------------------- cancellation
+
+
+async def test_cancelling_a_parents_ainvoke_mid_wave_leaves_no_task_and_no_held_slot():
+    # README: under the async API a cancel stops everything. Here mid branch wave, the graph a node
+    # of a parent app, max_concurrency 2 (a slot left held would stall the next run).
+    def slow(index: int, messages: list[BaseMessage]) -> Reply:
+        return Reply(STEPS[min(index, 2)].text, regions=STEPS[min(index, 2)].regions, delay=0.1)
+
+    model = ScriptedChatModel(responder=research_responder(slow))
+    config = {"n": 4, "k": 1, "t": 2, "max_concurrency": 2}
+    graph = create_parallelmuse(model, make_tools()[0], config=config)
+    app = chat_app(graph)
+    before = asyncio.all_tasks()
+    run = asyncio.create_task(app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}))
+    while len(model.calls) < 7:  # the first wave (initial + fill) makes 6 calls: a branch runs now
+        await asyncio.sleep(0.02)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+    calls = len(model.calls)
+    await asyncio.sleep(0.3)
+    assert len(model.calls) == calls  # nothing went on calling the model
+    out = await asyncio.wait_for(app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}), 30)
+    assert out["answer"] == "Paris"
+
+
+# ----------------------------------------------------------------------------- time travel
+
+
+async def test_replaying_from_the_checkpoint_before_aggregate_reruns_only_the_aggregation():
+    graph, model = branching_graph(checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "travel-1"}}
+    first = await graph.ainvoke({"question": "Which city is the Eiffel Tower in?"}, thread)
+    (before,) = [s async for s in graph.aget_state_history(thread) if s.next == ("aggregate",)]
+    calls = len(model.calls)
+    replayed = await graph.ainvoke(None, before.config)
+    assert Counter(role_of(c["messages"]) for c in model.calls[calls:]) == {"aggregate": 1}
+    assert replayed["answer"] == first["answer"] == "Paris"
+    assert len(replayed["trajectories"]) == 4 and len(replayed["reports"]) == 4
