@@ -163,6 +163,21 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     return out
 
 
+def report_input(trajectory: Trajectory) -> Trajectory:
+    """What a report reads of a trajectory: all of it but the steps' token records.
+
+    A ``Send`` payload is checkpointed twice (the task's write and the next checkpoint's pending
+    sends), and the token logprobs are most of a trajectory's bytes; the reports read the steps'
+    text, actions and token counts, never the logprobs (the state's ``trajectories`` keeps them).
+
+    Example:
+        >>> slim = report_input({"id": "t0", "steps": [{"text": "hi", "tokens": [{"token": "hi"}]}]})
+        >>> slim["steps"]
+        [{'text': 'hi', 'tokens': []}]
+    """
+    return {**trajectory, "steps": [{**step, "tokens": []} for step in trajectory["steps"]]}
+
+
 def _model_name(model: BaseChatModel) -> str | None:
     return getattr(model, "model_name", None) or getattr(model, "model", None)
 
@@ -476,7 +491,7 @@ class ParallelMuseNodes:
         payload = {"question": state["question"], "settings": state["settings"]}
         # With nothing to compress the reserved crossover slots still run (as fills): N stays N.
         after = "select_crossover" if self.settings(state["settings"]).crossover else "aggregate"
-        return [Send("compress", {**payload, "trajectory": t}) for t in answered] or after
+        return [Send("compress", {**payload, "trajectory": report_input(t)}) for t in answered] or after
 
     @_timed("stage2")
     async def compress(self, job: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import operator
 from typing import Annotated, Any, Literal, NotRequired
 
 from langchain_core.messages import AnyMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.graph.message import add_messages
 
 # typing_extensions: pydantic builds JSON schemas (Studio's input and output forms) from these only on 3.12+ otherwise.
@@ -111,14 +112,29 @@ class Origin(TypedDict, total=False):
     reason: str  # why this pair: "disagree" or "evidence"
 
 
+def append_all(state: list, writes: list[list]) -> list:
+    """Batch reducer of a :class:`~langgraph.channels.delta.DeltaChannel`: append every write in order.
+
+    Example:
+        >>> append_all([1], [[2], [3, 4]])
+        [1, 2, 3, 4]
+    """
+    return [*state, *(item for write in writes for item in write)]
+
+
 class AgentState(TypedDict, total=False):
-    """State of the checkpointed think/act rollout subgraph (one thread per trajectory)."""
+    """State of the checkpointed think/act rollout subgraph (one thread per trajectory).
+
+    ``steps`` and ``observations`` grow by one record a step: as delta channels, a checkpoint
+    stores only that step's write (plus a full snapshot every ``snapshot_frequency`` updates), not
+    the whole list again, so a thread's storage grows linearly with its steps, not quadratically.
+    """
 
     question: str
     trajectory_id: str
     origin: Origin
-    steps: Annotated[list[Step], operator.add]
-    observations: Annotated[list[Observation], operator.add]
+    steps: Annotated[list[Step], DeltaChannel(append_all)]
+    observations: Annotated[list[Observation], DeltaChannel(append_all)]
     status: TrajectoryStatus
     answer: str | None
     error: str | None
