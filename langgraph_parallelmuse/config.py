@@ -381,9 +381,17 @@ def misplaced_settings(configurable: Mapping[str, Any] | None, context: object) 
         {'n': 4}
         >>> misplaced_settings({"n": 4}, {"n": 4})
         {}
+        >>> misplaced_settings({"temperature": None}, {"temperature": None})  # a mirrored unset field
+        {}
     """
     given = context_overrides(context) if context is not None else {}
-    return {k: v for k, v in (configurable or {}).items() if k in ParallelMuseConfig.model_fields and k not in given}
+    # A None is nobody's setting: langgraph-api copies a run's context into configurable, and a
+    # parent's unset context field (None) is not one of ours (context_overrides leaves it out).
+    return {
+        k: v
+        for k, v in (configurable or {}).items()
+        if k in ParallelMuseConfig.model_fields and k not in given and v is not None
+    }
 
 
 def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseConfig:

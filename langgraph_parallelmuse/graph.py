@@ -122,6 +122,8 @@ def build_parallelmuse_graph(
             # namespace, beside the answer message: a chat streaming stream_mode="messages" would
             # show them as the assistant's replies. Callbacks and astream_events still see them.
             # (The tag is inherited: a crossover trajectory's agent steps leave the stream too.)
+            # The answer message aggregate returns still streams: LangGraph's messages handler
+            # reads nostream on model calls, not on node outputs (tests/unit/test_dropin.py pins it).
             runnable = runnable.with_config(tags=[TAG_NOSTREAM])
         graph.add_node(name, runnable)
     graph.add_edge(START, "prepare")

@@ -5,6 +5,7 @@ time travel, a parent's interrupts, cancellation, and a parent's context."""
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -170,7 +171,11 @@ async def test_a_parents_unset_context_field_named_like_a_setting_keeps_the_fact
     parent = StateGraph(MessagesState, context_schema=_AppContext)
     parent.add_node("research", graph)
     parent.add_edge(START, "research")
-    out = await parent.compile().ainvoke({"messages": [HumanMessage("Where is the Colosseum?")]}, context=_AppContext())
+    app, question = parent.compile(), {"messages": [HumanMessage("Where is the Colosseum?")]}
+    with warnings.catch_warnings():
+        # langgraph-api copies a run's context into configurable: the unset field is no misplaced setting
+        warnings.simplefilter("error")
+        out = await app.ainvoke(question, {"configurable": {"temperature": None}}, context=_AppContext())
     assert out["messages"][-1].content == "Rome"
     agent = [c for c in model.calls if role_of(c["messages"]) == "agent"]
     assert agent and all(c["kwargs"].get("temperature") == 0.3 for c in agent)
