@@ -15,6 +15,10 @@ by default questions 21..50: one from-scratch trajectory each, on the engine mea
 once to ``--calibration``.
 
     .venv/bin/python benchmarks/online_rollout.py --dataset hotpotqa_train100 --limit 20 [--engine vllm]
+
+The accuracy of all 100 questions grows in the same rows file: ``--start 35 --limit 100`` measures
+questions 36..100 with the calibration of 21..35 (``--start`` skips questions measured before and
+the calibration's own), and the report covers every row of the first ``--limit`` questions.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from common import (
     ROOT,
     arguments,
     dev_set,
+    integer,
     question_range,
     resumable_rows,
     server_model,
@@ -84,6 +89,14 @@ def options(ap: argparse.ArgumentParser) -> None:
         help="where every variant runs: the in-process engine, or a compiled vLLM server (make setup-serving)",
     )
     vllm_options(ap)
+    # The accuracy table of all 100 questions grows across runs into one rows file: the calibration
+    # questions sit inside 1..100, so a later run measures the questions after them.
+    ap.add_argument(
+        "--start",
+        type=integer(0),
+        default=0,
+        help="measure questions START+1..LIMIT only (rows of earlier ones may already be in --out)",
+    )
     ap.add_argument("--out", default=None, help="JSONL of per-question figures (resumable)")
     ap.add_argument("--report-only", action="store_true", help="only print the report of the rows in --out")
 
@@ -137,11 +150,16 @@ async def calibrate(model, index, items, path: Path, seed: int, quantile: float)
 
 def overlap(args: argparse.Namespace) -> str | None:
     """What to change when ``--calibrate-on`` takes some of the first ``--limit`` questions, which are measured."""
+    if args.report_only:
+        return None
+    if args.start >= args.limit:
+        return f"--start {args.start} leaves no question to measure: give a --limit above it"
     start, end = args.calibrate_on
-    if not args.report_only and start < args.limit:
+    if start < args.limit and args.start < end:
+        measured = f"the first --limit {args.limit}" if not args.start else f"{args.start + 1}..{args.limit}"
         return (
-            f"--calibrate-on {start}:{end} overlaps the measured questions (the first --limit {args.limit}): "
-            f"calibrate on other questions (START >= {args.limit}) or lower --limit"
+            f"--calibrate-on {start}:{end} overlaps the measured questions ({measured}): "
+            f"calibrate on other questions (START >= {args.limit}, or END <= --start) or move --start/--limit"
         )
     return None
 
@@ -171,7 +189,7 @@ async def main() -> None:
         return
     start, end = args.calibrate_on
     everything, index = dev_set(args.dataset, max(end, args.limit))
-    items, held_out = everything[: args.limit], everything[start:end]
+    items, held_out = everything[args.start : args.limit], everything[start:end]
     if len(held_out) < end - start:
         raise SystemExit(
             f"--calibrate-on {start}:{end}: {args.dataset} holds {len(everything)} questions; lower END to fit"
@@ -179,11 +197,13 @@ async def main() -> None:
     if {i.id for i in items} & {i.id for i in held_out}:  # the same question twice in the dev set
         raise SystemExit("--calibrate-on overlaps the measured questions: calibrate on other questions")
     async with backend(args) as engine:
-        await measure(args, items, held_out, index, engine, start, end)
+        await measure(args, everything[: args.limit], held_out, index, engine, start, end)
 
 
-async def measure(args, items, held_out, index, engine: Backend, start: int, end: int) -> None:
-    """Every variant on every question not yet in ``--out``, one question at a time, then the report."""
+async def measure(args, first, held_out, index, engine: Backend, start: int, end: int) -> None:
+    """Every variant on every question from ``--start`` not yet in ``--out``, one question at a time,
+    then the report of every row of ``first`` (the first ``--limit`` questions) in ``--out``."""
+    items = first[args.start :]
     # The calibration is fitted with --seed, on the engine measured (vLLM computes in bfloat16): a file
     # fitted with another seed or engine is another calibration.
     suffix = (
@@ -215,7 +235,7 @@ async def measure(args, items, held_out, index, engine: Backend, start: int, end
         await run_schedule(
             runner, items[0].question, config=make_config(n=2, mode="none", max_turns=2, seed=12345), run_id="warm-up"
         )
-    for n, item in enumerate(items, 1):
+    for n, item in enumerate(items, args.start + 1):
         if item.id in done:
             continue
         rec = {"id": item.id, "settings": settings}
@@ -244,8 +264,8 @@ async def measure(args, items, held_out, index, engine: Backend, start: int, end
             fh.write(json.dumps(rec) + "\n")
         done[item.id] = rec
         line = "  ".join(f"{k}={rec[k]['seconds']:.0f}s/{rec[k]['generated']}tok" for k in VARIANTS)
-        print(f"[{n}/{len(items)}] {item.id}: {line}", flush=True)
-    report([done[i.id] for i in items if i.id in done])
+        print(f"[{n}/{args.limit}] {item.id}: {line}", flush=True)
+    report([done[i.id] for i in first if i.id in done])
 
 
 def report(records: list[dict]) -> None:

@@ -4,6 +4,7 @@ arguments are refused by the parser, naming the flag, before a model loads or a 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -164,6 +165,32 @@ def test_online_rollout_on_vllm_starts_the_server_empties_its_cache_before_each_
     assert row["settings"]["engine"] == {"vllm": "compiled", "block_size": 32}
     assert all("engine" not in row[v] for v in online_rollout.VARIANTS)  # vLLM's rows have no time split
     assert "1 questions, one in flight" in capsys.readouterr().out
+
+
+def test_online_rollout_from_start_measures_only_later_questions_and_reports_every_row(monkeypatch, tmp_path, capsys):
+    settings = {"dataset": "hotpotqa_train100", "seed": 0, "consensus": 0.75, "calibrate_on": [2, 4]}
+    settings["calibration"] = dataclasses.asdict(ONLINE_CAL)
+    write_rows(tmp_path / "rows.jsonl", [online_row("q0", settings)])  # an earlier run measured question 1
+    runs = []
+
+    @contextlib.asynccontextmanager
+    async def backend(args):
+        yield online_rollout.Backend(None, lambda: None, None)
+
+    async def schedule(runner, question, *, config, run_id):
+        runs.append(run_id)
+        return [{"stats": {"generated_tokens": 5}, "status": "done", "answer": "a"}] * config.n, []
+
+    monkeypatch.setattr(online_rollout, "backend", backend)
+    monkeypatch.setattr(online_rollout, "run_schedule", schedule)
+    monkeypatch.setattr(online_rollout, "RolloutRunner", lambda model, tools: model)
+    monkeypatch.setattr(online_rollout, "make_corpus_tools", lambda index, doc_ids: [])
+    run_online(monkeypatch, tmp_path, ["--start", "1"])
+    # question 2 is the second question: its variants run in reversed order, as in a run from the first
+    assert runs == ["warm-up", *(f"q1/{v}" for v in reversed(online_rollout.VARIANTS))]
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q0", "q1"]
+    assert "2 questions, one in flight" in capsys.readouterr().out
 
 
 def test_agent_protocol_refuses_before_loading_the_model(monkeypatch, tmp_path):
@@ -341,6 +368,19 @@ def test_online_rollout_refuses_a_calibration_range_that_is_not_start_end(monkey
 def test_online_rollout_refuses_calibrating_on_the_measured_questions(monkeypatch, capsys, nothing_loads, argv):
     err = refused(monkeypatch, capsys, online_rollout, argv)
     assert "--calibrate-on" in err and "overlaps the measured questions (the first --limit" in err
+
+
+def test_online_rollout_with_start_refuses_only_a_calibration_inside_the_measured_range(
+    monkeypatch, capsys, nothing_loads
+):
+    err = refused(monkeypatch, capsys, online_rollout, ["--start", "30", "--limit", "100", "--calibrate-on", "20:35"])
+    assert "overlaps the measured questions (31..100)" in err
+    err = refused(monkeypatch, capsys, online_rollout, ["--start", "20", "--limit", "20"])
+    assert "--start 20 leaves no question to measure" in err
+    assert (
+        online_rollout.overlap(argparse.Namespace(report_only=False, start=35, limit=100, calibrate_on=(20, 35)))
+        is None
+    )  # calibrated on questions 21..35, measuring 36..100
 
 
 @pytest.mark.parametrize(
