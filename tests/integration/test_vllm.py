@@ -124,6 +124,39 @@ def test_check_server_names_the_fix_for_what_vllm_refuses(vllm) -> None:
         check_server(vllm.url, SERVED_MODEL)  # the root, not the /v1 API root
 
 
+async def test_a_cancelled_call_stops_its_request_on_vllm(vllm) -> None:
+    """Consensus stop cancels running trajectories: their requests must stop on the server, not
+    decode on to their token limit beside the work that goes on (vLLM counts no "abort" for a
+    client that went away, so its running-requests gauge and its generated tokens tell)."""
+    import asyncio
+    import time
+
+    llm = model(vllm, extra_body={"ignore_eos": True})  # nothing ends the request but its bound or a cancel
+    kwargs = Sampling(temperature=0.0).kwargs(max_tokens=1500, seed=None, model=llm)
+
+    async def gauge(wanted: float, within: float) -> dict[str, float]:
+        deadline = time.monotonic() + within
+        while (counters := vllm_counters(vllm.url))["vllm:num_requests_running"] != wanted:
+            assert time.monotonic() < deadline, f"vllm:num_requests_running stayed off {wanted}: {counters}"
+            await asyncio.sleep(0.2)
+        return counters
+
+    idle = await gauge(0, 30)
+    call = asyncio.create_task(llm.ainvoke([HumanMessage("Count upwards from 1, one number a line.")], **kwargs))
+    await gauge(1, 60)
+    await asyncio.sleep(1.0)  # a few dozen tokens decoded
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    stopped = await gauge(0, 10)
+    await asyncio.sleep(2.0)
+    later = vllm_counters(vllm.url)
+    generated = stopped["vllm:generation_tokens_total"] - idle["vllm:generation_tokens_total"]
+    assert 0 < generated < 1500  # stopped well before its bound
+    assert later["vllm:generation_tokens_total"] == stopped["vllm:generation_tokens_total"]  # and nothing since
+    assert later["vllm:request_success_total"] == idle["vllm:request_success_total"]  # it never finished
+
+
 async def test_a_continuation_scored_on_vllm_matches_the_in_process_model(vllm) -> None:
     """The guided driver's choice runs on vLLM from prompt logprobs with the same prompt and options:
     the same tokens and (bfloat16 vs float32 weights) nearly the same logprobs, so the same pick."""
