@@ -355,7 +355,12 @@ def build_rollout_graph(
 async def _run_tool(
     by_name: dict[str, BaseTool], step: Step, trajectory_id: str | None, cfg: ParallelMuseConfig
 ) -> tuple[str, bool, list[str]]:
-    """Execute a step's action: ``(content, is_error, doc_ids)``; every failure becomes an error text."""
+    """Execute a step's action: ``(content, is_error, doc_ids)``; every failure becomes an error text.
+
+    A tool reports a failure by raising, by an error ``ToolMessage``, or, returning content and an
+    artifact, by ``"error": True`` in the artifact (the web tools, whose failures are also texts the
+    agent reads).
+    """
     action = step["action"]
     name, args = action.get("name", ""), action.get("arguments", {})
     if action["type"] != "tool_call":
@@ -379,7 +384,9 @@ async def _run_tool(
         return redact(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"), True, []
     artifact = getattr(result, "artifact", None)
     doc_ids = [str(d) for d in artifact.get("doc_ids", [])] if isinstance(artifact, dict) else []
-    error = isinstance(result, ToolMessage) and result.status == "error"
+    error = (isinstance(result, ToolMessage) and result.status == "error") or (
+        isinstance(artifact, dict) and artifact.get("error") is True
+    )
     content = result.content if isinstance(result, ToolMessage) else result
     # A tool function that returns None comes back from LangChain as the JSON text "null".
     if content is None or (isinstance(result, ToolMessage) and content == "null"):

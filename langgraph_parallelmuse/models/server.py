@@ -404,6 +404,12 @@ class _Client:
 
     def models(self) -> list[str]:
         status, body = self._request("/models")
+        if status in (401, 403):  # a hosted API (OpenAI) without a valid key: the URL itself is right
+            sent = "the key sent was refused" if "authorization" in self.headers else "no key was sent"
+            raise ServerCheckError(
+                f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: {sent}; set "
+                "OPENAI_API_KEY (or pass api_key=) to a key this server accepts."
+            )
         if status != 200 or not isinstance(body.get("data"), list):
             raise ServerCheckError(
                 f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: is base_url= "
@@ -433,7 +439,9 @@ _PROMPT = [{"role": "user", "content": "Name a city."}]
 def _check_logprobs(client: _Client, top_logprobs: int) -> None:
     fix = (
         f"Start vLLM with --max-logprobs {top_logprobs} (or more), or lower top_logprobs= of the run; the "
-        "library scores uncertainty from these logprobs."
+        "library scores uncertainty from these logprobs. A hosted model that refuses logprobs or max_tokens "
+        "(OpenAI's reasoning models: o-series, gpt-5) cannot run it: pick one that returns token logprobs "
+        "(e.g. gpt-4.1-mini)."
     )
     reply = client.chat(
         _PROMPT, f"logprobs=true, top_logprobs={top_logprobs}", fix, logprobs=True, top_logprobs=top_logprobs

@@ -1,7 +1,9 @@
 """Online ``search`` and ``visit`` tools backed by the Tavily search and extract APIs.
 
 Same names, arguments and ``(text, {"doc_ids": [...]})`` output as the offline corpus tools, so an
-agent can switch between them; here the ids are URLs.
+agent can switch between them; here the ids are URLs. A call Tavily failed (a bad key, a spent plan,
+a rate limit or timeout that outlasted the retries) also says ``"error": True`` in its artifact, so
+the trajectory records the step as a failed tool call, not as what the web said.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from langgraph_parallelmuse.tools.local_tools import (
 __all__ = ["MissingTavilyKeyError", "make_tavily_tools"]
 
 _MAX_BACKOFF = 30.0
+# Tavily's extract endpoint refuses a timeout above 60 s with HTTP 400.
+_EXTRACT_MAX_TIMEOUT = 60.0
 _URL_RE = re.compile(r"^https?://\S+$", re.IGNORECASE)
 _BARE_DOMAIN_RE = re.compile(r"^[\w.-]+\.[a-z]{2,}(/\S*)?$", re.IGNORECASE)
 
@@ -51,15 +55,20 @@ def make_tavily_tools(
     base_url: str | None = None,
     max_results: int = 5,
     max_chars: int = 4000,
-    retries: int = 3,
-    timeout: float = 30.0,
+    retries: int = 2,
+    timeout: float = 10.0,
     backoff: float = 1.0,
 ) -> list[BaseTool]:
     """Build web ``search`` and ``visit`` tools on Tavily (``AsyncTavilyClient``).
 
     Rate limits (HTTP 429), timeouts and 5xx answers are retried with exponential backoff and
     jitter; any other failure, or one that outlasts the retries, comes back to the agent as an
-    error text, never as an exception. The API key never appears in any output.
+    error text (and ``"error": True`` in the artifact, which the trajectory records), never as an
+    exception. The API key never appears in any output.
+
+    The agent abandons a tool call after the run's ``tool_timeout`` (30 s by default), retries
+    included: the defaults (10 s a request, 2 retries) let a timed-out request be retried inside it.
+    Raise ``tool_timeout`` with ``timeout`` or ``retries``.
 
     Args:
         api_key: Tavily API key; defaults to the ``TAVILY_API_KEY`` environment variable.
@@ -67,7 +76,7 @@ def make_tavily_tools(
         max_results: Search hits per query.
         max_chars: Longest output of either tool; long pages become a goal-focused excerpt.
         retries: Extra attempts after the first for retryable errors.
-        timeout: Seconds per HTTP request (Tavily caps it at 120).
+        timeout: Seconds per HTTP request (Tavily caps a search at 120, and a visit's extract at 60).
         backoff: First retry delay in seconds; doubles each retry, with jitter.
 
     Returns:
@@ -166,10 +175,13 @@ class _Tavily:
             await asyncio.sleep(min(_MAX_BACKOFF, self.backoff * 2**attempt) * random.uniform(0.5, 1.5))
             attempt += 1
 
-    def failure(self, action: str, exc: Exception) -> str:
+    def failure(self, action: str, exc: Exception) -> tuple[str, dict[str, Any]]:
+        """The tool's output for a call Tavily failed: an error text naming Tavily, flagged as an error."""
         if isinstance(exc, _Transient):
-            return self.redact(f"Error: {action} failed after {self.retries + 1} attempts ({exc}).")
-        return self.redact(f"Error: {action} failed ({_describe(exc)}).")
+            text = f"Error: {action} on Tavily failed after {self.retries + 1} attempts ({exc})."
+        else:
+            text = f"Error: {action} on Tavily failed ({_describe(exc)})."
+        return self.redact(text), {"doc_ids": [], "error": True}
 
     async def search(self, query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
@@ -177,7 +189,7 @@ class _Tavily:
         try:
             data = await self.call(lambda c: c.search(query, max_results=self.max_results, timeout=self.timeout))
         except Exception as exc:
-            return self.failure("web search", exc), {"doc_ids": []}
+            return self.failure("web search", exc)
         results = [r for r in data.get("results") or [] if isinstance(r, dict) and r.get("url")]
         if not results:
             return f"No results for {query!r}. Try other words.", {"doc_ids": []}
@@ -201,9 +213,10 @@ class _Tavily:
                 {"doc_ids": []},
             )
         try:
-            data = await self.call(lambda c: c.extract([url], format="text", timeout=self.timeout))
+            timeout = min(self.timeout, _EXTRACT_MAX_TIMEOUT)
+            data = await self.call(lambda c: c.extract([url], format="text", timeout=timeout))
         except Exception as exc:
-            return self.failure(f"visit {url}", exc), {"doc_ids": []}
+            return self.failure(f"visit {url}", exc)
         pages = [r for r in data.get("results") or [] if isinstance(r, dict)]
         content = str(pages[0].get("raw_content") or "") if pages else ""
         if not content.strip():

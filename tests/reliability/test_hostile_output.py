@@ -277,7 +277,7 @@ async def test_tavily_key_never_in_output_when_the_server_is_down(caplog):
         timeout=0.5,
     )
     msg = await search.ainvoke({"type": "tool_call", "id": "c1", "name": "search", "args": {"query": "eiffel"}})
-    assert msg.content.startswith("Error: web search failed")
+    assert msg.content.startswith("Error: web search on Tavily failed")
     assert KEY not in msg.content and KEY not in caplog.text
 
 

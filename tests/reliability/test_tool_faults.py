@@ -246,3 +246,24 @@ async def test_backoff_is_exponential_with_jitter_and_only_for_transient_errors(
     with pytest.raises(ValueError):
         await retry.with_retries(bad_request, retries=3)
     assert attempts["n"] == 1 and sleeps == []
+
+
+async def test_a_web_search_tavily_failed_is_recorded_as_a_failed_call():
+    """The web tools return Tavily's failures as texts the agent reads; the trajectory must still
+    record the step as a failed call (not as a page of the web) and the agent must see which service failed."""
+    import socket
+
+    from langgraph_parallelmuse.tools import make_tavily_tools
+
+    with socket.socket() as s:  # a port nothing listens on: Tavily is unreachable
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tools = make_tavily_tools(api_key="tvly-test", base_url=f"http://127.0.0.1:{port}", retries=0)
+    model = ScriptedChatModel(script=list(SCRIPT))
+    traj = await RolloutRunner(model, tools, driver=FreeDriver()).run(
+        QUESTION, trajectory_id="t0", thread_id="tool-faults/tavily", config=ParallelMuseConfig()
+    )
+    obs = traj["observations"][0]
+    assert obs["error"] is True and "web search on Tavily failed" in obs["content"]
+    assert "web search on Tavily failed" in _next_prompt(model)
+    assert traj["status"] == "answered"  # the agent went on

@@ -158,6 +158,18 @@ def test_wrong_base_url_is_named() -> None:
             check_server(fake.url, "smollm2")
 
 
+@pytest.mark.parametrize(("key", "said"), [(None, "no key was sent"), ("sk-wrong", "the key sent was refused")])
+def test_a_server_that_wants_a_key_names_the_key_not_the_url(key, said) -> None:
+    unauthorized = {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}}
+    with fake_http({"GET /v1/models": lambda body: (401, unauthorized)}) as fake:
+        with pytest.raises(ServerCheckError) as info:
+            check_server(f"{fake.url}/v1", "gpt-4.1-mini", api_key=key)
+    message = str(info.value)
+    assert "answered HTTP 401 (Incorrect API key provided)" in message and said in message
+    assert "OPENAI_API_KEY" in message and "base_url=" not in message
+    assert key is None or key not in message
+
+
 def test_unknown_model_lists_the_served_ones_and_the_flag() -> None:
     with fake_http(fake_server()) as fake:
         with pytest.raises(ServerCheckError) as info:

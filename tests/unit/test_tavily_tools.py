@@ -203,15 +203,15 @@ async def test_a_dropped_connection_is_retried(fake: FakeTavily) -> None:
 async def test_a_refused_connection_is_retried_then_reported(unused_port: int) -> None:
     search, _ = make_tavily_tools(api_key=KEY, base_url=f"http://127.0.0.1:{unused_port}", retries=2, backoff=0.01)
     msg = await call(search, query="eiffel")
-    assert msg.content.startswith("Error: web search failed after 3 attempts (ConnectError")
+    assert msg.content.startswith("Error: web search on Tavily failed after 3 attempts (ConnectError")
 
 
 async def test_persistent_server_error_becomes_error_text(fake: FakeTavily) -> None:
     fake.script["/search"] = [Reply(503, {"detail": {"error": "down"}})]
     search, _ = tools(fake, retries=2)
     msg = await call(search, query="eiffel")
-    assert msg.content.startswith("Error: web search failed after 3 attempts (HTTP 503")
-    assert msg.artifact == {"doc_ids": []}
+    assert msg.content.startswith("Error: web search on Tavily failed after 3 attempts (HTTP 503")
+    assert msg.artifact == {"doc_ids": [], "error": True}  # the trajectory records a failed call
     assert fake.count("/search") == 3
 
 
@@ -219,8 +219,25 @@ async def test_client_errors_are_not_retried(fake: FakeTavily) -> None:
     fake.script["/search"] = [Reply(401, {"detail": {"error": "Unauthorized: missing or invalid"}})]
     search, _ = tools(fake)
     msg = await call(search, query="eiffel")
-    assert msg.content.startswith("Error: web search failed (InvalidAPIKeyError: Unauthorized")
+    assert msg.content.startswith("Error: web search on Tavily failed (InvalidAPIKeyError: Unauthorized")
     assert fake.count("/search") == 1
+
+
+async def test_a_bad_key_is_a_failed_call_not_a_page_of_the_web(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(401, {"detail": {"error": "Unauthorized: missing or invalid"}})]
+    fake.script["/extract"] = [Reply(401, {"detail": {"error": "Unauthorized: missing or invalid"}})]
+    search, visit = tools(fake)
+    for msg in (await call(search, query="eiffel"), await call(visit, doc="https://example.org/a")):
+        assert msg.artifact == {"doc_ids": [], "error": True}
+        assert "on Tavily failed" in msg.content
+
+
+async def test_a_visit_asks_tavily_for_at_most_the_60_seconds_extract_accepts(fake: FakeTavily) -> None:
+    fake.script["/extract"] = [Reply(400, {"detail": {"error": "timeout must be between 1.0 and 60.0"}})]
+    _, visit = tools(fake, timeout=90.0)
+    await call(visit, doc="https://example.org/a")
+    ((_, _, payload),) = [r for r in fake.requests if r[0] == "/extract"]
+    assert payload["timeout"] == 60.0
 
 
 async def test_key_never_leaks_even_when_echoed(fake: FakeTavily) -> None:
