@@ -1,7 +1,7 @@
 """The embedded default for LangGraph Studio / ``langgraph dev``: SmolLM2 + offline Wikipedia.
 
-No custom checkpointer: the LangGraph server supplies one for the outer graph (trajectory
-snapshots stay in the graph's own in-memory saver).
+No custom checkpointer: the LangGraph server supplies one, and the trajectory threads are kept
+there too (``langgraph.postgres.json``: in PostgreSQL, so a restarted server resumes a run).
 
 The model is loaded here, at import: the server imports graph files in a worker thread, where
 blocking is fine. Loaded lazily, the first access (torch import, GGUF read) would run inside the

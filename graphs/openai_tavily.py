@@ -2,7 +2,10 @@
 
 Environment: ``PARALLELMUSE_BASE_URL`` (default http://127.0.0.1:8000/v1), ``PARALLELMUSE_MODEL``,
 ``OPENAI_API_KEY`` (any string for local servers), ``TAVILY_API_KEY``; optional
-``PARALLELMUSE_AGGREGATOR_MODEL`` for a separate aggregator on the same server.
+``PARALLELMUSE_AGGREGATOR_MODEL`` for a separate aggregator on the same server, and
+``PARALLELMUSE_ROUTING_HEADER`` behind a router (``x-session-id`` for vllm-router ``--policy
+consistent_hash``): every call of one question then carries one key, so it reaches the replica
+that holds that question's prefix cache.
 
 ``graph`` is a zero-argument graph factory (LangGraph server calls it when the graph is used):
 building at import would raise ``MissingTavilyKeyError`` while ``langgraph dev`` loads its
@@ -13,20 +16,24 @@ this graph fails with that error naming ``TAVILY_API_KEY``.
 import functools
 import os
 
-from langchain_openai import ChatOpenAI
 from langgraph.graph.state import CompiledStateGraph
 
 from langgraph_parallelmuse import create_parallelmuse
+from langgraph_parallelmuse.models.server import ServerChatModel
 from langgraph_parallelmuse.tools import make_tavily_tools
 
 
-def _chat(model_name: str) -> ChatOpenAI:
-    return ChatOpenAI(
+def _chat(model_name: str) -> ServerChatModel:
+    # New turns only (the free driver): OpenAI and many servers cannot continue an assistant turn.
+    return ServerChatModel(
         base_url=os.environ.get("PARALLELMUSE_BASE_URL", "http://127.0.0.1:8000/v1"),
         model=model_name,
         api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         logprobs=True,
         top_logprobs=16,
+        supports_prefill=False,
+        supports_scoring=False,
+        routing_header=os.environ.get("PARALLELMUSE_ROUTING_HEADER") or None,
     )
 
 

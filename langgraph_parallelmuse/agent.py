@@ -9,8 +9,10 @@ pure function of the recorded steps) and never re-runs the prefix's tool calls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,9 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+
+# Kept by LangGraph for langgraph-api: the config key through which a graph lends its saver to subgraphs.
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -394,6 +399,61 @@ async def _run_tool(
     return _tool_text(content), error, doc_ids
 
 
+# The saver of the run a rollout serves (the ParallelMuse graph's own), lent for that run: a runner
+# given no checkpointer keeps its trajectories there, so they persist where the run's checkpoints do
+# (a server's PostgreSQL) instead of in a process's memory, which a restart empties.
+_LENT: contextvars.ContextVar[BaseCheckpointSaver | None] = contextvars.ContextVar(
+    "parallelmuse_trajectory_saver", default=None
+)
+
+
+# Savers known to take any thread id. LangGraph Platform's own saver keys checkpoints by the UUID
+# threads its API created, so a trajectory thread ("<thread>:<run>/t0") is not lent one of those;
+# nor any other saver not known to accept it: the runner's in-memory saver serves, as before.
+_LENDABLE = frozenset(
+    {
+        ("langgraph.checkpoint.memory", "InMemorySaver"),
+        ("langgraph.checkpoint.sqlite.aio", "AsyncSqliteSaver"),
+        ("langgraph.checkpoint.postgres.aio", "AsyncPostgresSaver"),
+    }
+)
+
+
+def _lendable(saver: BaseCheckpointSaver | None) -> bool:
+    if saver is None:
+        return False
+    if any((c.__module__, c.__qualname__) in _LENDABLE for c in type(saver).__mro__):
+        return True
+    # langgraph-api wraps a checkpointer of the app's own (langgraph.json "checkpointer") in an
+    # adapter that passes every call on: what counts is the saver inside.
+    inner = vars(saver).get("_inner")
+    return type(saver).__module__.startswith("langgraph_api.") and inner is not None and _lendable(inner)
+
+
+@contextmanager
+def lend_checkpointer(saver: BaseCheckpointSaver | None) -> Iterator[None]:
+    """Inside this block, runners built without a checkpointer keep their trajectory threads in ``saver``.
+
+    The ParallelMuse graph lends its own saver around every rollout. Only the memory, SQLite and
+    Postgres savers of LangGraph (and their subclasses, as ``langgraph dev``'s) are taken; any
+    other saver, or ``None`` (a run without a checkpointer), leaves the runner's in-memory saver.
+
+    Example:
+        >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+        >>> runner, saver = RolloutRunner(FakeListChatModel(responses=[]), []), InMemorySaver()
+        >>> with lend_checkpointer(saver):
+        ...     runner.saver is saver
+        True
+        >>> runner.saver is saver
+        False
+    """
+    token = _LENT.set(saver if _lendable(saver) else None)
+    try:
+        yield
+    finally:
+        _LENT.reset(token)
+
+
 class RolloutRunner:
     """Runs trajectories of the rollout subgraph in their own threads, and forks them.
 
@@ -403,7 +463,7 @@ class RolloutRunner:
         driver: Step driver of runs whose ``driver`` setting is ``auto``; default picks guided for a
             model that continues a prefilled turn (the in-process model), free otherwise. A run whose
             settings say ``free`` or ``guided`` gets that driver (:meth:`driver_for`).
-        checkpointer: Where trajectory snapshots live (default: in memory).
+        checkpointer: Where trajectory snapshots live (default: the saver a run lends, else in memory).
         system_prompt: Optional system prompt override.
         guided_driver: The guided driver's settings, for runs whose ``driver`` setting picks it.
 
@@ -434,6 +494,7 @@ class RolloutRunner:
         self.driver = pick_driver(model, driver, guided_driver) if isinstance(driver, str) else driver
         own = "guided" if isinstance(self.driver, GuidedDriver) else "free"
         self._drivers: dict[str, StepDriver] = {"auto": self.driver, own: self.driver}
+        self._own_checkpointer = checkpointer is not None
         self.checkpointer = checkpointer or InMemorySaver()
         self.graph: CompiledStateGraph = build_rollout_graph(
             model, self.tools, driver_for=self.driver_for, system_prompt=system_prompt, taken_calls=self.taken_calls
@@ -454,15 +515,20 @@ class RolloutRunner:
             self._drivers[setting] = pick_driver(self.model, setting, self._guided)
         return self._drivers[setting]
 
-    @staticmethod
-    def _thread(thread_id: str, metadata: dict | None = None) -> dict:
+    @property
+    def saver(self) -> BaseCheckpointSaver:
+        """Where trajectory threads live now: the runner's own checkpointer if it was given one, else
+        the saver a run lends (:func:`lend_checkpointer`), else the runner's in-memory saver."""
+        lent = _LENT.get()
+        return lent if lent is not None and not self._own_checkpointer else self.checkpointer
+
+    def _thread(self, thread_id: str, metadata: dict | None = None, checkpoint_id: str | None = None) -> dict:
         # A fresh config (not the caller's) keeps this graph out of the parent run's checkpoint
         # namespace: re-running a subgraph *node* from a checkpoint restarts it (langgraph#8458).
-        return {
-            "configurable": {"thread_id": thread_id},
-            "metadata": metadata or {},
-            "run_name": "parallelmuse.rollout",
-        }
+        configurable: dict[str, Any] = {"thread_id": thread_id, CONFIG_KEY_CHECKPOINTER: self.saver}
+        if checkpoint_id is not None:
+            configurable["checkpoint_id"] = checkpoint_id
+        return {"configurable": configurable, "metadata": metadata or {}, "run_name": "parallelmuse.rollout"}
 
     async def existing(self, thread_id: str, config: ParallelMuseConfig | None = None) -> Trajectory | None:
         """The finished trajectory of a thread, if it already ran (resume support).
@@ -595,8 +661,13 @@ class RolloutRunner:
 
     async def _fork_values(self, origin: Origin) -> dict[str, Any]:
         """The values of the checkpoint a branch starts from, checked to be that fork point."""
-        config = {"configurable": {"thread_id": origin["parent_thread"], "checkpoint_id": origin["checkpoint_id"]}}
-        snap = await self.graph.aget_state(config)
+        snap = await self.graph.aget_state(self._thread(origin["parent_thread"], checkpoint_id=origin["checkpoint_id"]))
+        if not snap.values:
+            raise ParallelMuseError(
+                f"checkpoint {origin['checkpoint_id']!r} of thread {origin['parent_thread']!r}, where a branch starts, "
+                "is not in the trajectory checkpointer: an in-memory saver lost it (a restarted process?). Keep "
+                "trajectories in a database: trajectory_checkpointer=, or a checkpointer on the graph."
+            )
         if snap.next != ("think",) or len(snap.values.get("steps", [])) != origin["step"]:
             raise ParallelMuseError(
                 f"checkpoint {origin['checkpoint_id']!r} of thread {origin['parent_thread']!r} is not the fork point "
@@ -624,7 +695,7 @@ class RolloutRunner:
         that far, read from their checkpoints (siblings are the threads forked from the same checkpoint)."""
         step = origin["step"]
         threads = {origin["parent_thread"]}
-        async for cp in self.checkpointer.alist(None, filter={"fork_checkpoint_id": origin["checkpoint_id"]}):
+        async for cp in self.saver.alist(None, filter={"fork_checkpoint_id": origin["checkpoint_id"]}):
             threads.add(cp.config["configurable"]["thread_id"])
         keys: set[str] = set()
         for thread in threads:

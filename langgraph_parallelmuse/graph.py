@@ -166,8 +166,9 @@ def create_parallelmuse(
         config: :class:`ParallelMuseConfig` or a dict of its fields; per-run overrides go in
             ``context=`` (LangGraph Studio shows the fields).
         checkpointer: Checkpointer of the outer graph (leave ``None`` under LangGraph Server).
-        trajectory_checkpointer: Where trajectory snapshots (the fork points) live; default
-            in memory. Use a SQLite saver to resume interrupted runs.
+        trajectory_checkpointer: Where trajectory snapshots (the fork points) live. Default: where
+            the run's own checkpoints live (``checkpointer``, or the one LangGraph Server supplies),
+            and in memory for a run without one. Use a database saver to resume interrupted runs.
         guided_driver: Settings of the guided step driver used for small local models.
         system_prompt: Replace the agent's system prompt (``{tools}`` is filled in).
         name: Graph name (shown in traces and Studio).

@@ -10,6 +10,7 @@ in a test. Data flows one way: the schedule decides the jobs, the runner runs th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -17,16 +18,17 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.config import get_config, get_stream_writer
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER  # kept by LangGraph for langgraph-api
 from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
 
-from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.agent import RolloutRunner, lend_checkpointer
 from langgraph_parallelmuse.concurrency import Bounds
 from langgraph_parallelmuse.config import (
     ParallelMuseConfig,
@@ -337,6 +339,14 @@ class ParallelMuseNodes:
         # The narrower first: a run waiting for its own bound holds no slot of the shared one.
         return Bounds(*(per_loop[v] for v in values))
 
+    @contextlib.contextmanager
+    def scope(self, question: str) -> Iterator[None]:
+        """Around a node's trajectories: calls routed by the question, and trajectory threads kept in
+        this run's own checkpointer (the one LangGraph lends the node) unless the runner has one."""
+        saver = (get_config().get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
+        with routing_scope(question), lend_checkpointer(saver):
+            yield
+
     # ------------------------------------------------------------------ Stage 1
 
     async def prepare(self, state: ParallelMuseState) -> dict[str, Any]:
@@ -396,7 +406,7 @@ class ParallelMuseNodes:
     async def rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
         job: Job = payload["job"]
         settings = self.settings(payload["settings"])
-        with routing_scope(payload["question"]):
+        with self.scope(payload["question"]):
             async with self.limit(settings):
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
                 traj = await self.runner.run_job(job, question=payload["question"], config=settings)
@@ -434,7 +444,7 @@ class ParallelMuseNodes:
                 }
             emit(event, **data)
 
-        with routing_scope(payload["question"]):
+        with self.scope(payload["question"]):
             trajectories, picks = await online_rollout(
                 self.runner,
                 payload["question"],

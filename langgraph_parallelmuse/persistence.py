@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +26,9 @@ _POSTGRES_SCHEMES = ("postgresql", "postgres")  # the two libpq accepts, lower c
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _PERSIST = "pip install 'langgraph-parallelmuse[persist]'"
 _EXAMPLE_URL = "postgresql://USER[:PASSWORD]@HOST:5432/DBNAME"
+# libpq's key=value connection strings ("host=db dbname=runs user=app"): a keyword a connection string
+# has, then "=", at the start or after a space.
+_CONNINFO = re.compile(r"(?:^|.*\s)(?:host|hostaddr|dbname|user|password|port|service|sslmode)\s*=", re.IGNORECASE)
 
 
 def check_db(target: str) -> Literal["sqlite", "postgres"]:
@@ -49,6 +52,11 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
     if (url := _URL.match(target)) is not None:
         _check_postgres_url(target, url[1].lower())
         return "postgres"
+    if _CONNINFO.match(target):
+        # A libpq "host=... dbname=..." string would otherwise name a SQLite file, password and all.
+        raise ConfigError(
+            f"--db {redact(target)!r} is a libpq key=value string: give the database as a URL, {_EXAMPLE_URL}"
+        )
     try:
         import langgraph.checkpoint.sqlite.aio  # noqa: F401
     except ImportError:
@@ -125,22 +133,60 @@ async def open_checkpointer(target: str) -> AsyncIterator[BaseCheckpointSaver]:
         'AsyncSqliteSaver'
     """
     if check_db(target) == "postgres":
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from psycopg import OperationalError
-
-        async with AsyncExitStack() as stack:
-            try:  # only the connection and the table set-up: errors of the run itself pass unchanged
-                saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(_postgres_url(target)))
-                await saver.setup()
-            except OperationalError as exc:
-                reason = " ".join(str(exc).split())
-                raise ConfigError(
-                    f"--db {redact(target)!r}: cannot open the PostgreSQL database ({redact(reason)}): check that "
-                    "the server runs and that the URL's host, port, user, password and database name are right"
-                ) from exc
+        async with _postgres_saver(target) as saver:
             yield saver
     else:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
         async with AsyncSqliteSaver.from_conn_string(str(Path(target).expanduser())) as saver:
             yield saver
+
+
+# Connections the saver may hold: it runs one statement at a time (its own lock), so a few cover
+# a reconnect while another connection is busy.
+_POOL_SIZE = 4
+
+
+@asynccontextmanager
+async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
+    """A Postgres saver on a connection pool that checks a connection before lending it.
+
+    ``AsyncPostgresSaver.from_conn_string`` holds one connection for the saver's life: once the
+    server restarts or drops it, every later call fails. A pool replaces a dropped connection.
+    """
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg import AsyncConnection, Error, OperationalError
+    from psycopg.errors import UniqueViolation
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+    url = _postgres_url(target)
+    connection = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    try:  # only the connection and the table set-up: errors of the run itself pass unchanged
+        # One plain connection first: a refused connection or login fails here with libpq's reason.
+        async with await AsyncConnection.connect(url, **connection) as conn:
+            try:
+                await AsyncPostgresSaver(conn).setup()
+            except UniqueViolation:  # another process set the tables up at the same moment
+                await AsyncPostgresSaver(conn).setup()
+        pool = AsyncConnectionPool(
+            url,
+            kwargs=connection,
+            min_size=1,
+            max_size=_POOL_SIZE,
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+        )
+        await pool.open(wait=True, timeout=30)
+    except (Error, PoolTimeout) as exc:
+        reason = " ".join(str(exc).split())
+        opened = isinstance(exc, OperationalError | PoolTimeout)
+        what = "cannot open the PostgreSQL database" if opened else "cannot set up the checkpoint tables"
+        raise ConfigError(
+            f"--db {redact(target)!r}: {what} ({redact(reason)}): check that the server runs, that the URL's host, "
+            "port, user, password and database name are right, and that the user may create tables there"
+        ) from exc
+    try:
+        yield AsyncPostgresSaver(pool)
+    finally:
+        await pool.close()

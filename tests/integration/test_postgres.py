@@ -54,3 +54,27 @@ async def test_graph_state_survives_a_new_saver(postgres) -> None:
         history = [s async for s in graph.aget_state_history(config)]
     assert result["seen"] == ["call 0", "call 1"]
     assert len(history) >= 4
+
+
+async def test_a_connection_the_server_dropped_is_replaced_and_the_next_run_goes_on(postgres) -> None:
+    """A database restart, a failover or an idle timeout ends the saver's connections; the library's
+    saver (a checked pool) opens new ones, where one long-held connection failed every later call."""
+    from langgraph.graph import START, StateGraph
+
+    from langgraph_parallelmuse.persistence import open_checkpointer
+
+    builder = StateGraph(Tally)
+    builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
+    builder.add_edge(START, "note")
+    config = {"configurable": {"thread_id": "dropped"}}
+    async with open_checkpointer(postgres.url) as saver:
+        graph = builder.compile(checkpointer=saver)
+        await graph.ainvoke({"seen": []}, config)
+        with psycopg.connect(postgres.url, autocommit=True) as admin:  # the server ends every other session
+            ended = admin.execute(
+                "select count(*) from (select pg_terminate_backend(pid) from pg_stat_activity "
+                "where datname = current_database() and pid <> pg_backend_pid()) t"
+            ).fetchone()[0]
+        assert ended >= 1
+        result = await graph.ainvoke({"seen": []}, config)
+    assert result["seen"] == ["call 0", "call 1"]  # the first run's checkpoint was read back, then extended

@@ -198,5 +198,10 @@ async def test_langgraph_dev_keeps_checkpoints_in_postgres(postgres, tmp_path):
                 [thread["thread_id"]],
             )
         ]
+        # The trajectory's own thread (its think/act steps, the fork points) is there too, not in the
+        # server's memory: a restarted server resumes a run's branches from it.
+        trajectory = final["trajectories"][0]["thread_id"]
+        steps = conn.execute("select count(*) from checkpoints where thread_id = %s", [trajectory]).fetchone()[0]
     assert len(ids) >= 3, ids  # input, the nodes' steps, the end
     assert state["checkpoint"]["checkpoint_id"] in ids
+    assert trajectory.startswith(f"{thread['thread_id']}:") and steps >= 3, (trajectory, steps)

@@ -481,12 +481,14 @@ async def test_compiled_graph_as_a_node_of_another_state_graph():
 
 def test_compiled_graph_as_a_node_of_a_checkpointed_graph_sync():
     graph, model, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
-    app = _outer(graph, InMemorySaver())
+    saver = InMemorySaver()
+    app = _outer(graph, saver)
     cfg: dict[str, Any] = {"configurable": {"thread_id": "conversation-1"}}
     out = app.invoke({"question": QUESTION}, cfg)
     assert out["shouted"] == "PARIS"
-    # Trajectory threads are named after the parent thread (resumable).
-    assert any(tid.startswith("conversation-1:") for tid in rollout_runner(graph).checkpointer.storage)
+    # Trajectory threads are named after the parent thread (resumable) and live in the app's saver.
+    assert any(tid.startswith("conversation-1:") for tid in saver.storage)
+    assert not rollout_runner(graph).checkpointer.storage
     calls_after_first = len(model.calls)
     # Same thread, same question: the finished trajectories are found, not rolled out again.
     again = app.invoke({"question": QUESTION}, cfg)
@@ -729,3 +731,90 @@ async def test_as_a_node_of_a_graph_with_its_own_context_it_reads_only_its_field
     assert out["messages"][-1].content == "Paris"
     agent = [c for c in model.calls if role_of(c["messages"]) == "agent"]
     assert agent and all(c["kwargs"].get("temperature") == 0.2 for c in agent)
+
+
+async def test_a_restarted_process_resumes_the_branches_from_the_trajectories_kept_in_the_graphs_checkpointer():
+    """A server keeps a run's checkpoints in its database; a graph given no trajectory checkpointer
+    keeps the trajectories there too, so a new process (a fresh graph, an empty memory) resumes a run
+    stopped before its branches: they fork from the parent's checkpoints, which are still there,
+    and the finished first wave (the initial trajectory and the fill) is not run again."""
+    from langgraph_parallelmuse.graph import build_parallelmuse_graph
+
+    saver = InMemorySaver()  # stands in for the server's database: it outlives the process
+    config = {"n": 4, "m": 1, "k": 1, "t": 2}
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "server-thread"}}
+
+    def process(interrupt: bool):
+        model = ScriptedChatModel(responder=research_responder(by_step()))
+        graph = build_parallelmuse_graph(model, make_tools()[0], config=config)
+        return graph.compile(checkpointer=saver, interrupt_before=["branch_rollout"] if interrupt else None), model
+
+    first, _ = process(interrupt=True)
+    await first.ainvoke({"question": QUESTION}, cfg)  # stops before the branches, as a crash would
+    assert (await first.aget_state(cfg)).next == ("branch_rollout", "branch_rollout")
+    kept = {t: len(saver.storage[t][""]) for t in saver.storage if t != "server-thread"}
+    assert sorted(t.rsplit("/", 1)[1] for t in kept) == ["f0", "t0"]  # the first wave, in the graph's own saver
+    second, model = process(interrupt=False)  # the restarted process
+    out = await second.ainvoke(None, cfg)
+    assert out["answer"] == "Paris" and _kinds(out) == {"initial": 1, "branch": 2, "fill": 1}
+    branch = next(t for t in out["trajectories"] if t["origin"]["kind"] == "branch")
+    # the branch's prefix is the parent's, read back from the saver the first process wrote
+    parent = next(t for t in out["trajectories"] if t["origin"]["kind"] == "initial")
+    step = branch["origin"]["step"]
+    assert [s["text"] for s in branch["steps"][:step]] == [s["text"] for s in parent["steps"][:step]]
+    assert parent["thread_id"] in kept
+    assert {t: len(saver.storage[t][""]) for t in kept} == kept  # the first wave did not run again
+
+
+async def test_a_branch_whose_fork_point_an_in_memory_saver_lost_names_the_cause():
+    """With an in-memory trajectory checkpointer of its own, a restarted process has lost the
+    parents' checkpoints: the resumed branch must say so, not that a checkpoint is the wrong one."""
+    from langgraph_parallelmuse.graph import build_parallelmuse_graph
+
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "server-thread"}}
+
+    def process(interrupt: bool):
+        model = ScriptedChatModel(responder=research_responder(by_step()))
+        graph = build_parallelmuse_graph(
+            model, make_tools()[0], config={"n": 4, "m": 1, "k": 1, "t": 2}, trajectory_checkpointer=InMemorySaver()
+        )
+        return graph.compile(checkpointer=saver, interrupt_before=["branch_rollout"] if interrupt else None)
+
+    await process(interrupt=True).ainvoke({"question": QUESTION}, cfg)
+    with pytest.raises(ParallelMuseError, match="is not in the trajectory checkpointer: an in-memory saver lost it"):
+        await process(interrupt=False).ainvoke(None, cfg)
+
+
+def test_only_savers_known_to_take_any_thread_id_are_lent_to_the_trajectories():
+    """LangGraph Platform's own saver keys checkpoints by the UUID threads its API made: a trajectory
+    thread is kept out of it (and out of any saver not known to take it), in the runner's memory."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    from langgraph_parallelmuse.agent import RolloutRunner, lend_checkpointer
+
+    class PlatformSaver(BaseCheckpointSaver):  # stands in for a saver of unknown thread-id rules
+        pass
+
+    # langgraph-api wraps the app's own checkpointer (langgraph.json) in an adapter of this module.
+    Adapter = type("_CustomCheckpointerAdapter", (BaseCheckpointSaver,), {"__module__": "langgraph_api._checkpointer"})
+
+    def wrapped(inner):
+        adapter = Adapter()
+        adapter._inner = inner
+        return adapter
+
+    runner = RolloutRunner(ScriptedChatModel(), make_tools()[0])
+    memory = InMemorySaver()
+    for saver, lent in [
+        (memory, True),
+        (wrapped(memory), True),
+        (PlatformSaver(), False),
+        (wrapped(PlatformSaver()), False),
+        (None, False),
+    ]:
+        with lend_checkpointer(saver):
+            assert (runner.saver is saver) is lent and (lent or runner.saver is runner.checkpointer)
+    # A runner given its own checkpointer keeps it whatever a run lends.
+    own = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=InMemorySaver())
+    with lend_checkpointer(memory):
+        assert own.saver is own.checkpointer

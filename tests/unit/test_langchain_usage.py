@@ -291,9 +291,35 @@ async def test_traced_rollouts_keep_their_own_threads(checkpointed):
     cfg = {"callbacks": [rec], "configurable": {"thread_id": "chat-7"}}
     await app.ainvoke({"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}, cfg)
     assert len(rec.named("parallelmuse.rollout")) == 4
-    runner_threads = set(rollout_runner(graph).checkpointer.storage)
+    own = set(rollout_runner(graph).checkpointer.storage)
+    # With a checkpointer on the app the trajectories live there, beside the run's own checkpoints.
+    runner_threads = set(saver.storage) - {"chat-7"} if checkpointed else own
     assert len(runner_threads) == 4 and all("/" in t for t in runner_threads)
     if checkpointed:
+        assert own == set()
         assert all(t.startswith("chat-7:") for t in runner_threads)
         parent_namespaces = set(saver.storage["chat-7"])
         assert all("rollout" not in ns and "think" not in ns for ns in parent_namespaces)
+
+
+def test_the_served_studio_graph_routes_every_call_of_a_question_by_one_key(monkeypatch):
+    """graphs/openai_tavily.py behind vllm-router: PARALLELMUSE_ROUTING_HEADER puts the question's key
+    on every call (a plain ChatOpenAI sent none, so one question's calls scattered over replicas)."""
+    import runpy
+    from pathlib import Path
+
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_parallelmuse.models.routing import routing_scope
+
+    monkeypatch.setenv("PARALLELMUSE_ROUTING_HEADER", "x-session-id")
+    module = runpy.run_path(str(Path(__file__).resolve().parents[2] / "graphs" / "openai_tavily.py"))
+    chat = module["_chat"]("served-model")
+    assert chat.supports_prefill is False and chat.supports_scoring is False  # new turns only: the free driver
+    with routing_scope("Which city is the Eiffel Tower in?"):
+        first = chat._get_request_payload([HumanMessage("a trajectory's prompt")])
+        second = chat._get_request_payload([HumanMessage("a report's prompt")])
+    assert first["extra_headers"]["x-session-id"] == second["extra_headers"]["x-session-id"]
+    monkeypatch.delenv("PARALLELMUSE_ROUTING_HEADER")
+    plain = module["_chat"]("served-model")._get_request_payload([HumanMessage("q")])
+    assert "extra_headers" not in plain

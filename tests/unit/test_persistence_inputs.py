@@ -82,3 +82,14 @@ async def test_a_refused_connection_is_a_config_error_naming_the_redacted_url() 
             pass
     assert f"--db '{url.replace('s3cretpw', '***')}'" in str(err.value)
     assert "s3cretpw" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "target", ["host=db.internal user=app password=s3cret dbname=runs", "dbname=runs", "  port = 5433 host=db"]
+)
+def test_a_libpq_key_value_string_is_refused_not_taken_for_a_sqlite_file(target: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # before the fix a file of that name appeared here
+    with pytest.raises(ConfigError, match="libpq key=value string: give the database as a URL") as info:
+        check_db(target)
+    assert "s3cret" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
