@@ -31,7 +31,7 @@ from langgraph.runtime import Runtime
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
-from langgraph_parallelmuse.errors import ContextOverflowError, ParallelMuseError, ProtocolError
+from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, ParallelMuseError, ProtocolError
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import (
@@ -494,6 +494,12 @@ class RolloutRunner:
         self.driver = pick_driver(model, driver, guided_driver) if isinstance(driver, str) else driver
         own = "guided" if isinstance(self.driver, GuidedDriver) else "free"
         self._drivers: dict[str, StepDriver] = {"auto": self.driver, own: self.driver}
+        if checkpointer is not None and type(checkpointer).aget_tuple is BaseCheckpointSaver.aget_tuple:
+            # The rollout subgraph runs async; a sync-only saver fails only at its first checkpoint.
+            raise ConfigError(
+                f"trajectory checkpointer {type(checkpointer).__name__} has no async methods: pass its async "
+                "counterpart (AsyncSqliteSaver, AsyncPostgresSaver; open_checkpointer(url) opens one), or InMemorySaver"
+            )
         self._own_checkpointer = checkpointer is not None
         self.checkpointer = checkpointer or InMemorySaver()
         self.graph: CompiledStateGraph = build_rollout_graph(

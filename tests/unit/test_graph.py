@@ -818,3 +818,16 @@ def test_only_savers_known_to_take_any_thread_id_are_lent_to_the_trajectories():
     own = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=InMemorySaver())
     with lend_checkpointer(memory):
         assert own.saver is own.checkpointer
+
+
+def test_a_sync_only_trajectory_checkpointer_is_refused_when_the_graph_is_built():
+    """As langgraph's sync PostgresSaver: it has no async methods, and the base class's raise a bare
+    NotImplementedError at the first checkpoint of the first run."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    class PostgresSaver(BaseCheckpointSaver):
+        def get_tuple(self, config):
+            return None
+
+    with pytest.raises(ConfigError, match="PostgresSaver has no async methods: pass its async counterpart"):
+        _graph({"n": 4, "m": 1, "k": 1, "t": 2}, trajectory_checkpointer=PostgresSaver())
