@@ -399,10 +399,11 @@ async def _run_tool(
     return _tool_text(content), error, doc_ids
 
 
-# The saver of the run a rollout serves (the ParallelMuse graph's own), lent for that run: a runner
-# given no checkpointer keeps its trajectories there, so they persist where the run's checkpoints do
-# (a server's PostgreSQL) instead of in a process's memory, which a restart empties.
-_LENT: contextvars.ContextVar[BaseCheckpointSaver | None] = contextvars.ContextVar(
+# The saver of the run a rollout serves (the ParallelMuse graph's own, which LangGraph Server
+# supplies at run time), lent to that graph's runner for the run: a runner given no checkpointer
+# keeps its trajectories there, so they persist where the run's checkpoints do (a server's
+# PostgreSQL) instead of in a process's memory, which a restart empties.
+_LENT: contextvars.ContextVar[tuple[RolloutRunner, BaseCheckpointSaver] | None] = contextvars.ContextVar(
     "parallelmuse_trajectory_saver", default=None
 )
 
@@ -419,35 +420,49 @@ _LENDABLE = frozenset(
 )
 
 
-def _lendable(saver: BaseCheckpointSaver | None) -> bool:
-    if saver is None:
+def lendable(saver: BaseCheckpointSaver | None) -> bool:
+    """Whether trajectory threads may live in ``saver``: one of LangGraph's memory, SQLite and Postgres
+    savers (or a subclass, as ``langgraph dev``'s), or langgraph-api's adapter around one; and, if
+    it is bound to an event loop (the async SQLite and Postgres savers), bound to the running one
+    (the sync API runs the graph on a loop of its own).
+
+    Example:
+        >>> lendable(InMemorySaver()), lendable(None)
+        (True, False)
+    """
+    if not isinstance(saver, BaseCheckpointSaver):  # None, or a graph's checkpointer=True/False
         return False
-    if any((c.__module__, c.__qualname__) in _LENDABLE for c in type(saver).__mro__):
-        return True
     # langgraph-api wraps a checkpointer of the app's own (langgraph.json "checkpointer") in an
     # adapter that passes every call on: what counts is the saver inside.
     inner = vars(saver).get("_inner")
-    return type(saver).__module__.startswith("langgraph_api.") and inner is not None and _lendable(inner)
+    if type(saver).__module__.startswith("langgraph_api.") and isinstance(inner, BaseCheckpointSaver):
+        return lendable(inner)
+    if not any((c.__module__, c.__qualname__) in _LENDABLE for c in type(saver).__mro__):
+        return False
+    loop = getattr(saver, "loop", None)
+    try:
+        return loop is None or loop is asyncio.get_running_loop()
+    except RuntimeError:  # no running loop: a sync caller, which uses the saver's own
+        return True
 
 
 @contextmanager
-def lend_checkpointer(saver: BaseCheckpointSaver | None) -> Iterator[None]:
-    """Inside this block, runners built without a checkpointer keep their trajectory threads in ``saver``.
+def lend_checkpointer(runner: RolloutRunner, saver: BaseCheckpointSaver | None) -> Iterator[None]:
+    """Inside this block, ``runner`` (if built without a checkpointer) keeps its trajectory threads in ``saver``.
 
-    The ParallelMuse graph lends its own saver around every rollout. Only the memory, SQLite and
-    Postgres savers of LangGraph (and their subclasses, as ``langgraph dev``'s) are taken; any
-    other saver, or ``None`` (a run without a checkpointer), leaves the runner's in-memory saver.
+    The ParallelMuse graph lends its run's saver to its own runner around every rollout; a saver that
+    is not :func:`lendable`, or ``None`` (a run without a checkpointer), leaves the runner's own.
 
     Example:
         >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
         >>> runner, saver = RolloutRunner(FakeListChatModel(responses=[]), []), InMemorySaver()
-        >>> with lend_checkpointer(saver):
+        >>> with lend_checkpointer(runner, saver):
         ...     runner.saver is saver
         True
         >>> runner.saver is saver
         False
     """
-    token = _LENT.set(saver if _lendable(saver) else None)
+    token = _LENT.set((runner, saver) if lendable(saver) else None)
     try:
         yield
     finally:
@@ -501,6 +516,8 @@ class RolloutRunner:
                 "counterpart (AsyncSqliteSaver, AsyncPostgresSaver; open_checkpointer(url) opens one), or InMemorySaver"
             )
         self._own_checkpointer = checkpointer is not None
+        #: Whether a run may lend this runner its saver (False for a graph compiled with checkpointer=False).
+        self.borrows = True
         self.checkpointer = checkpointer or InMemorySaver()
         self.graph: CompiledStateGraph = build_rollout_graph(
             model, self.tools, driver_for=self.driver_for, system_prompt=system_prompt, taken_calls=self.taken_calls
@@ -526,7 +543,9 @@ class RolloutRunner:
         """Where trajectory threads live now: the runner's own checkpointer if it was given one, else
         the saver a run lends (:func:`lend_checkpointer`), else the runner's in-memory saver."""
         lent = _LENT.get()
-        return lent if lent is not None and not self._own_checkpointer else self.checkpointer
+        if lent is not None and lent[0] is self and self.borrows and not self._own_checkpointer:
+            return lent[1]
+        return self.checkpointer
 
     def _thread(self, thread_id: str, metadata: dict | None = None, checkpoint_id: str | None = None) -> dict:
         # A fresh config (not the caller's) keeps this graph out of the parent run's checkpoint

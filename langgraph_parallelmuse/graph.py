@@ -27,7 +27,7 @@ from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.agent import RolloutRunner, lendable
 from langgraph_parallelmuse.config import ParallelMuseConfig, ParallelMuseContext, make_config
 from langgraph_parallelmuse.driver import GuidedDriver, pick_driver
 from langgraph_parallelmuse.errors import InputError
@@ -187,6 +187,9 @@ def create_parallelmuse(
         from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 
         tools = make_corpus_tools(CorpusIndex.wikipedia())
+    if trajectory_checkpointer is None and lendable(checkpointer):
+        # Known now, not only at run time: rollout_runner(graph) then reads the trajectories outside a run too.
+        trajectory_checkpointer = checkpointer
     graph = build_parallelmuse_graph(
         model,
         tools,
@@ -198,4 +201,6 @@ def create_parallelmuse(
     )
     compiled = graph.compile(checkpointer=checkpointer, name=name)
     _RUNNERS[compiled] = _RUNNERS[graph]
+    # Compiled without checkpoints even under a checkpointed parent: its trajectories stay out of the parent's.
+    _RUNNERS[graph].borrows = checkpointer is not False
     return compiled

@@ -344,7 +344,7 @@ class ParallelMuseNodes:
         """Around a node's trajectories: calls routed by the question, and trajectory threads kept in
         this run's own checkpointer (the one LangGraph lends the node) unless the runner has one."""
         saver = (get_config().get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
-        with routing_scope(question), lend_checkpointer(saver):
+        with routing_scope(question), lend_checkpointer(self.runner, saver):
             yield
 
     # ------------------------------------------------------------------ Stage 1

@@ -52,7 +52,7 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
     if (url := _URL.match(target)) is not None:
         _check_postgres_url(target, url[1].lower())
         return "postgres"
-    if _CONNINFO.match(target):
+    if "/" not in target and _CONNINFO.match(target):  # "./user=1.db" stays a file
         # A libpq "host=... dbname=..." string would otherwise name a SQLite file, password and all.
         raise ConfigError(
             f"--db {redact(target)!r} is a libpq key=value string: give the database as a URL, {_EXAMPLE_URL}"

@@ -55,7 +55,7 @@ def make_tavily_tools(
     base_url: str | None = None,
     max_results: int = 5,
     max_chars: int = 4000,
-    retries: int = 2,
+    retries: int = 1,
     timeout: float = 10.0,
     backoff: float = 1.0,
 ) -> list[BaseTool]:
@@ -67,7 +67,7 @@ def make_tavily_tools(
     exception. The API key never appears in any output.
 
     The agent abandons a tool call after the run's ``tool_timeout`` (30 s by default), retries
-    included: the defaults (10 s a request, 2 retries) let a timed-out request be retried inside it.
+    included: the defaults (10 s a request, 1 retry) let a timed-out request be retried inside it.
     Raise ``tool_timeout`` with ``timeout`` or ``retries``.
 
     Args:

@@ -812,12 +812,55 @@ def test_only_savers_known_to_take_any_thread_id_are_lent_to_the_trajectories():
         (wrapped(PlatformSaver()), False),
         (None, False),
     ]:
-        with lend_checkpointer(saver):
+        with lend_checkpointer(runner, saver):
             assert (runner.saver is saver) is lent and (lent or runner.saver is runner.checkpointer)
-    # A runner given its own checkpointer keeps it whatever a run lends.
+    # A runner given its own checkpointer keeps it whatever a run lends; a run lends to its own runner
+    # only (one a tool builds under a node keeps its memory: its threads could meet another question's).
     own = RolloutRunner(ScriptedChatModel(), make_tools()[0], checkpointer=InMemorySaver())
-    with lend_checkpointer(memory):
-        assert own.saver is own.checkpointer
+    other = RolloutRunner(ScriptedChatModel(), make_tools()[0])
+    with lend_checkpointer(own, memory), lend_checkpointer(runner, memory):
+        assert own.saver is own.checkpointer and other.saver is other.checkpointer and runner.saver is memory
+
+
+def test_a_saver_bound_to_another_event_loop_is_not_lent():
+    """The sync API runs the graph on a loop of its own: an async SQLite/Postgres saver opened on the
+    caller's loop cannot be used there, so the trajectories keep the runner's memory, as before."""
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from langgraph_parallelmuse.agent import RolloutRunner, lend_checkpointer, lendable
+
+    async def opened_here():
+        async with AsyncSqliteSaver.from_conn_string(":memory:") as saver:
+            assert lendable(saver)  # on its own loop
+            return saver
+
+    saver = asyncio.run(opened_here())
+    runner = RolloutRunner(ScriptedChatModel(), make_tools()[0])
+
+    async def on_another_loop():
+        with lend_checkpointer(runner, saver):
+            return runner.saver
+
+    assert asyncio.run(on_another_loop()) is runner.checkpointer
+
+
+async def test_a_graph_given_a_checkpointer_keeps_its_trajectories_there_and_shows_them_after_the_run():
+    saver = InMemorySaver()
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, checkpointer=saver)
+    out = await graph.ainvoke({"question": QUESTION}, {"configurable": {"thread_id": "th"}})
+    runner = rollout_runner(graph)
+    assert runner.checkpointer is saver
+    thread = out["trajectories"][0]["thread_id"]
+    history = [s async for s in runner.graph.aget_state_history({"configurable": {"thread_id": thread}})]
+    assert history and thread in saver.storage  # the README's inspection, outside a run
+
+
+async def test_a_graph_compiled_without_checkpoints_keeps_its_trajectories_out_of_its_parents_saver():
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, checkpointer=False)
+    saver = InMemorySaver()
+    await _outer(graph, saver).ainvoke({"question": QUESTION}, {"configurable": {"thread_id": "parent"}})
+    assert set(saver.storage) == {"parent"}
+    assert rollout_runner(graph).checkpointer.storage  # its own memory
 
 
 def test_a_sync_only_trajectory_checkpointer_is_refused_when_the_graph_is_built():

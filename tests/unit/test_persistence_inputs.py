@@ -93,3 +93,10 @@ def test_a_libpq_key_value_string_is_refused_not_taken_for_a_sqlite_file(target:
         check_db(target)
     assert "s3cret" not in str(info.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["./user=alice.db", "runs/port=1.sqlite"])
+def test_a_sqlite_path_with_a_folder_is_a_file_even_with_an_equals_sign(name: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert check_db(name) == "sqlite"
