@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.config import get_config
 
 # Kept by LangGraph for langgraph-api: the config key through which a graph lends its saver to subgraphs.
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
@@ -202,7 +204,7 @@ def _first_regenerated(origin: Origin, index: int) -> bool:
     return origin.get("kind") == "branch" and origin.get("step") == index
 
 
-TakenCalls = Callable[[Origin], Awaitable[frozenset[str]]]
+TakenCalls = Callable[[Origin, str, int], Awaitable[frozenset[str]]]
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,8 @@ class _StepNodes:
         index = len(steps)
         origin = state.get("origin") or {}
         forking = cfg.diverse_branches and self.taken_calls is not None and _first_regenerated(origin, index)
-        avoid = await self.taken_calls(origin) if forking else frozenset()
+        thread = (get_config().get("configurable") or {}).get("thread_id", "")
+        avoid = await self.taken_calls(origin, thread, cfg.t) if forking else frozenset()
         exhausted = _context_exhausted(steps, observations, cfg)
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_logprobs=cfg.top_logprobs)
         spent, started, trim = _Spent(), time.perf_counter(), None
@@ -406,6 +409,10 @@ async def _run_tool(
 _LENT: contextvars.ContextVar[tuple[RolloutRunner, BaseCheckpointSaver] | None] = contextvars.ContextVar(
     "parallelmuse_trajectory_saver", default=None
 )
+
+
+# A branch's thread (lineage.branch_job): its siblings differ in the number after ".b".
+_SIBLING = re.compile(r"^(.*\.s\d+\.b)\d+$")
 
 
 # Savers known to take any thread id. LangGraph Platform's own saver keys checkpoints by the UUID
@@ -715,15 +722,18 @@ class RolloutRunner:
             )
         return {"question": question, "steps": steps, "observations": observations}
 
-    async def taken_calls(self, origin: Origin) -> frozenset[str]:
+    async def taken_calls(self, origin: Origin, thread_id: str, siblings: int) -> frozenset[str]:
         """Tool calls already taken at a branch's fork point: its parent's and every sibling's that got
-        that far, read from their checkpoints (siblings are the threads forked from the same checkpoint)."""
+        that far, read from their checkpoints. The siblings are the ``siblings`` (T) branches of the
+        same pick, in the threads the schedule names like the branch's own ``thread_id``
+        (``<run>/<parent>.s<step>.b<i>``): read by name, not found by a search of the saver's
+        metadata, which a database answers by reading every thread it holds."""
         step = origin["step"]
-        threads = {origin["parent_thread"]}
-        async for cp in self.saver.alist(None, filter={"fork_checkpoint_id": origin["checkpoint_id"]}):
-            threads.add(cp.config["configurable"]["thread_id"])
+        threads = [origin["parent_thread"], thread_id]
+        if (named := _SIBLING.match(thread_id)) is not None:
+            threads += [f"{named[1]}{i}" for i in range(siblings)]
         keys: set[str] = set()
-        for thread in threads:
+        for thread in dict.fromkeys(threads):
             snap = await self.graph.aget_state(self._thread(thread))
             steps = snap.values.get("steps", [])
             if len(steps) > step and steps[step]["action"].get("type") == "tool_call":

@@ -139,7 +139,7 @@ async def test_beyond_paper_options_on_the_real_model(model, tools, tmp_path):
         # Diversity is wired on the real path: the calls taken at the fork point, read from the
         # checkpoints, hold the parent's and every sibling's (the resampling itself is unit-tested
         # with scripted replies).
-        taken = await runner.taken_calls(branch["origin"])
+        taken = await runner.taken_calls(branch["origin"], branch["thread_id"], cfg.t)
         for action in (parent["steps"][step]["action"], branch["steps"][step]["action"]):
             if action.get("type") == "tool_call":
                 assert call_key(action) in taken

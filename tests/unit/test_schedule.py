@@ -19,10 +19,19 @@ from tests.unit.fakes import Reply, ScriptedChatModel, call_text, make_tools, re
 from tests.unit.test_graph import QUESTION, STEPS, by_step
 
 
+class _NoScanSaver(InMemorySaver):
+    """A saver that refuses a search over every thread (a database reads its whole table for one)."""
+
+    async def alist(self, config, **kwargs):
+        assert config is not None, "a search of every thread's checkpoints"
+        async for item in super().alist(config, **kwargs):
+            yield item
+
+
 def _runner(agent=None):
     model = ScriptedChatModel(responder=research_responder(agent or by_step()))
     tools, calls = make_tools()
-    return RolloutRunner(model, tools, checkpointer=InMemorySaver()), model, calls
+    return RolloutRunner(model, tools, checkpointer=_NoScanSaver()), model, calls
 
 
 def _shape(trajectories):
