@@ -217,15 +217,19 @@ class _StepNodes:
     system: str
     taken_calls: TakenCalls | None
 
+    async def _avoid(self, origin: Origin, index: int, cfg: ParallelMuseConfig) -> frozenset[str]:
+        """With ``diverse_branches``, the tool calls a branch's first regenerated step must not repeat."""
+        if not (cfg.diverse_branches and self.taken_calls is not None and _first_regenerated(origin, index)):
+            return frozenset()
+        return await self.taken_calls(origin, get_config()["configurable"]["thread_id"], cfg.t)
+
     async def think(self, state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
         """Generate step ``len(steps)``: a thought, then a tool call or the answer."""
         cfg = runtime.context or _DEFAULT_CONFIG
         driver, steps, observations = self.driver_for(cfg.driver), state.get("steps", []), state.get("observations", [])
         index = len(steps)
         origin = state.get("origin") or {}
-        forking = cfg.diverse_branches and self.taken_calls is not None and _first_regenerated(origin, index)
-        thread = (get_config().get("configurable") or {}).get("thread_id", "")
-        avoid = await self.taken_calls(origin, thread, cfg.t) if forking else frozenset()
+        avoid = await self._avoid(origin, index, cfg)
         exhausted = _context_exhausted(steps, observations, cfg)
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_logprobs=cfg.top_logprobs)
         spent, started, trim = _Spent(), time.perf_counter(), None
