@@ -205,6 +205,8 @@ def _first_regenerated(origin: Origin, index: int) -> bool:
 
 
 TakenCalls = Callable[[Origin, str, int], Awaitable[frozenset[str]]]
+# A branch's thread (lineage.branch_job): its siblings' differ in the number after ".b".
+_SIBLING = re.compile(r"^(.*\.s\d+\.b)\d+$")
 
 
 @dataclass(frozen=True)
@@ -413,10 +415,6 @@ async def _run_tool(
 _LENT: contextvars.ContextVar[tuple[RolloutRunner, BaseCheckpointSaver] | None] = contextvars.ContextVar(
     "parallelmuse_trajectory_saver", default=None
 )
-
-
-# A branch's thread (lineage.branch_job): its siblings differ in the number after ".b".
-_SIBLING = re.compile(r"^(.*\.s\d+\.b)\d+$")
 
 
 # Savers known to take any thread id. LangGraph Platform's own saver keys checkpoints by the UUID
