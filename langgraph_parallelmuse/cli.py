@@ -147,7 +147,9 @@ def _only_served_model(base_url: str, flag: str = "--model") -> str:
 
     served = served_models(base_url, api_key=os.environ.get("OPENAI_API_KEY"))
     if len(served) != 1:
-        raise ConfigError(f"{base_url} serves {served}: pass {flag} with one of those names")
+        # A hosted API lists a hundred models: name a few.
+        shown = served if len(served) <= 10 else [*served[:10], f"... {len(served) - 10} more"]
+        raise ConfigError(f"{base_url} serves {shown}: pass {flag} with one of those names")
     return served[0]
 
 

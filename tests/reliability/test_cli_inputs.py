@@ -342,6 +342,12 @@ def _no_model_loaded(monkeypatch):
         # Before: three "failed: None", answer None, exit 2 and no reason.
         (None, [], "is unreachable"),
         (_models("smollm2", "qwen"), [], "serves ['smollm2', 'qwen']: pass --model"),
+        # A hosted API's hundred models: the first ten and how many more.
+        (
+            _models(*(f"m{i}" for i in range(100))),
+            [],
+            "serves ['m0', 'm1', 'm2', 'm3', 'm4', 'm5', 'm6', 'm7', 'm8', 'm9', '... 90 more']: pass --model",
+        ),
         (_models("smollm2"), ["--model", "default"], "serves no model 'default'; it serves ['smollm2']"),
         (
             {
