@@ -417,9 +417,9 @@ _LENT: contextvars.ContextVar[tuple[RolloutRunner, BaseCheckpointSaver] | None] 
 )
 
 
-# Savers known to take any thread id. LangGraph Platform's own saver keys checkpoints by the UUID
-# threads its API created, so a trajectory thread ("<thread>:<run>/t0") is not lent one of those;
-# nor any other saver not known to accept it: the runner's in-memory saver serves, as before.
+# Savers known to take any thread id. LangGraph Platform's threads are UUIDs its API created, and
+# whether its own saver takes another ("<thread>:<run>/t0") is not known: it is not lent, nor any
+# other saver not known to: the runner's in-memory saver serves, as before.
 _LENDABLE = frozenset(
     {
         ("langgraph.checkpoint.memory", "InMemorySaver"),
