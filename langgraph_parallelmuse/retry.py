@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# Which try of :func:`with_retries` a call is: a routed model call retries under another key.
+_ATTEMPT: contextvars.ContextVar[int] = contextvars.ContextVar("parallelmuse_attempt", default=0)
 
 _TRANSIENT_NAMES = {
     "APITimeoutError",
@@ -40,15 +44,31 @@ def is_transient(exc: BaseException) -> bool:
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
 
 
+def current_attempt() -> int:
+    """The try of the innermost :func:`with_retries` running this code: 0 first, then 1, 2, ...
+
+    Example:
+        >>> current_attempt()
+        0
+    """
+    return _ATTEMPT.get()
+
+
 async def with_retries(call: Callable[[], Awaitable[T]], *, retries: int = 2, base_delay: float = 0.5) -> T:
-    """Await ``call()``, retrying transient failures with exponential backoff and jitter."""
+    """Await ``call()``, retrying transient failures with exponential backoff and jitter.
+
+    Each try runs with :func:`current_attempt` set to its number.
+    """
     delay = base_delay
     for attempt in range(retries + 1):
+        token = _ATTEMPT.set(attempt)
         try:
             return await call()
         except Exception as exc:
             if attempt == retries or not is_transient(exc):
                 raise
-            await asyncio.sleep(delay * (1 + random.random()))
-            delay *= 2
+        finally:
+            _ATTEMPT.reset(token)
+        await asyncio.sleep(delay * (1 + random.random()))
+        delay *= 2
     raise AssertionError("unreachable")

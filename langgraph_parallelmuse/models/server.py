@@ -28,6 +28,7 @@ from pydantic import Field
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.routing import routing_key
 from langgraph_parallelmuse.redact import redact
+from langgraph_parallelmuse.retry import current_attempt
 
 __all__ = [
     "CONTINUE_FINAL_MESSAGE",
@@ -60,7 +61,9 @@ class ServerChatModel(ChatOpenAI):
     OpenAI-compatible server honours (``ChatOpenAI`` renames it to ``max_completion_tokens``, which
     llama.cpp's servers ignore), and (3) with ``routing_header`` set, sends a digest of the active
     :func:`~langgraph_parallelmuse.models.routing.routing_scope` key (else of the question) in that
-    header, so a router keeps every call of one question on one replica and its prefix cache, and
+    header, so a router keeps every call of one question on one replica and its prefix cache (a
+    retry of a failed call, :func:`~langgraph_parallelmuse.retry.with_retries`, sends another key:
+    see :func:`route_id`), and
     (4) scores ``continuation="text"`` (the guided driver's :class:`~.segments.Choose`) from vLLM's
     ``prompt_logprobs``: the conversation with ``text`` as a closed assistant reply, one token
     generated; the reply is ``text`` with its prompt logprobs and ``end_logprob``, the logprob of
@@ -114,7 +117,7 @@ class ServerChatModel(ChatOpenAI):
         if self.routing_header:
             key = routing_key(self._convert_input(input_).to_messages())
             headers = payload.get("extra_headers") or {}
-            payload["extra_headers"] = {**headers, self.routing_header: route_id(key)}
+            payload["extra_headers"] = {**headers, self.routing_header: route_id(key, attempt=current_attempt())}
         return payload
 
     # ------------------------------------------------------------------ scoring (Choose)
@@ -265,14 +268,24 @@ def _piece_bytes(run: Sequence[str], text: str) -> list[list[int]]:
     return [list(b) for b in out]
 
 
-def route_id(key: str) -> str:
+def route_id(key: str, *, attempt: int = 0) -> str:
     """The header value for a routing key: a short digest (a question may hold any character).
+
+    A retry (``attempt`` > 0) gets another digest, so the router may send it to another replica.
+    vllm-router and sglang-router move a key by themselves from a replica they cannot reach, and
+    from one that keeps answering HTTP 5xx (after about ten failed tries), but not from one that
+    hangs: its requests time out while its ``/health`` answers, and the same key would reach it on
+    every retry (BENCHMARKS section 7, "A failing replica"). Only the retried call loses its
+    replica's prefix cache; the question's next call goes home again.
 
     Example:
         >>> route_id("Which river flows through Vienna?")
         '392c438c54ef8d96'
+        >>> route_id("Which river flows through Vienna?", attempt=1) != route_id("Which river flows through Vienna?")
+        True
     """
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    salted = key if attempt == 0 else f"{key}\x00retry {attempt}"
+    return hashlib.sha256(salted.encode()).hexdigest()[:16]
 
 
 def served_models(base_url: str, *, api_key: str | None = None, timeout: float = 60.0) -> list[str]:

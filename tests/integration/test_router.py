@@ -10,6 +10,7 @@ branches, reports, aggregation) lands on one replica; round-robin spreads one qu
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_parallelmuse import create_parallelmuse
 from langgraph_parallelmuse.models.routing import routing_scope
-from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
-from langgraph_parallelmuse.segments import Sampling
+from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server, route_id
+from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
 from langgraph_parallelmuse.serving import ROUTERS, router_server, vllm_counters
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.integration.conftest import SERVED_MODEL
@@ -118,14 +119,18 @@ def _completion(_body: dict) -> tuple[int, dict]:
     }
 
 
-@pytest.mark.parametrize("kind", sorted(ROUTERS))
-def test_what_each_router_forwards(serving_venv, kind, tmp_path) -> None:
-    """The real router in front of a recording worker: the body and header a vLLM worker receives."""
-    routes = {
+def _worker_routes() -> dict:
+    return {
         "GET /v1/models": lambda _: (200, {"object": "list", "data": [{"id": SERVED_MODEL}]}),
         "GET /health": lambda _: (200, {}),
         "POST /v1/chat/completions": _completion,
     }
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+def test_what_each_router_forwards(serving_venv, kind, tmp_path) -> None:
+    """The real router in front of a recording worker: the body and header a vLLM worker receives."""
+    routes = _worker_routes()
     body = {
         "model": SERVED_MODEL,
         "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>"}],
@@ -146,6 +151,55 @@ def test_what_each_router_forwards(serving_venv, kind, tmp_path) -> None:
     else:  # sglang-router 0.3.2 rewrites the request in SGLang's schema
         assert "add_generation_prompt" not in sent.body
         assert sent.body["max_completion_tokens"] == 3 and "max_tokens" not in sent.body
+
+
+def _home(router, workers, value: str) -> int:
+    """The worker a routing header value lands on (a first sight assigns it, for sglang-router)."""
+    before = [len(w.requests) for w in workers]
+    body = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 1}
+    headers = {"content-type": "application/json", router.routing_header: value}
+    request = urllib.request.Request(f"{router.url}/v1/chat/completions", json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+    return next(i for i, w in enumerate(workers) if len(w.requests) > before[i])
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTERS))
+async def test_a_hung_replicas_question_is_retried_on_the_other(serving_venv, kind, tmp_path) -> None:
+    """A replica that hangs (its /health answers, its requests never do) keeps its keys: neither
+    router moves them (none within 40 s, BENCHMARKS section 7). The library's retry goes under
+    another key, so the question's call is answered by the other replica instead of timing out."""
+    released = threading.Event()
+
+    def hang(_body: dict) -> tuple[int, dict]:
+        released.wait(60)
+        return 500, {"error": {"message": "released"}}
+
+    with fake_http(_worker_routes()) as a, fake_http(_worker_routes()) as b:
+        workers = [a, b]
+        try:
+            with router_server([a.url, b.url], venv=serving_venv, kind=kind, log_dir=tmp_path) as router:
+                key = next(
+                    k
+                    for k in (f"question {i}" for i in range(64))
+                    if _home(router, workers, route_id(k)) == 1 and _home(router, workers, route_id(k, attempt=1)) == 0
+                )
+                b.routes["POST /v1/chat/completions"] = hang
+                started = len(b.requests)
+                llm = ServerChatModel(
+                    base_url=f"{router.url}/v1",
+                    model=SERVED_MODEL,
+                    routing_header=router.routing_header,
+                    max_retries=0,
+                    timeout=2,
+                )
+                with routing_scope(key):
+                    turn = await generate_turn(llm, [HumanMessage(key)], [Gen(max_tokens=1)], sampling=Sampling())
+        finally:
+            released.set()
+    assert turn.text == "A"
+    assert [r.headers[router.routing_header] for r in b.requests[started:]] == [route_id(key)]  # it hung
+    assert a.requests[-1].headers[router.routing_header] == route_id(key, attempt=1)  # the retry's answer
 
 
 # The smallest run with every kind of call: an initial trajectory, one branch, one fill, their

@@ -19,7 +19,7 @@ from langgraph_parallelmuse.models.server import (
     check_server,
     route_id,
 )
-from langgraph_parallelmuse.segments import Sampling
+from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
 from tests.unit.http_fakes import fake_http
 
 QUESTION = [SystemMessage("Answer."), HumanMessage("Which river flows through Vienna?")]
@@ -217,6 +217,23 @@ async def test_requests_reach_the_server_with_header_bound_and_flags() -> None:
     assert sent.body["max_tokens"] == 5 and "max_completion_tokens" not in sent.body
     assert sent.body["continue_final_message"] is True and sent.body["add_generation_prompt"] is False
     assert reply.response_metadata["logprobs"]["content"][0]["token"] == "A"
+
+
+async def test_a_retried_call_is_routed_under_another_key_and_the_next_call_goes_home() -> None:
+    """A replica answering 5xx keeps its keys until the router drops it (about 10 s): the library's
+    retry sends another key, so the router may pick another replica; later calls keep the question's key."""
+    healthy = fake_server()["POST /v1/chat/completions"]
+    answers = iter([(500, {"error": {"message": "EngineDeadError"}})])
+    routes = {**fake_server(), "POST /v1/chat/completions": lambda body: next(answers, None) or healthy(body)}
+    with fake_http(routes) as fake:
+        model = llm(f"{fake.url}/v1", routing_header="x-session-id")
+        with routing_scope("q-7"):
+            for _ in range(2):  # the first turn fails once, the second does not
+                turn = await generate_turn(model, QUESTION, [Gen(max_tokens=3)], sampling=Sampling(), seed=1)
+                assert turn.text == "A"
+    sent = [r.headers["x-session-id"] for r in fake.requests]
+    assert sent == [route_id("q-7"), route_id("q-7", attempt=1), route_id("q-7")]
+    assert len(set(sent)) == 2
 
 
 def test_a_server_that_dies_mid_request_is_not_called_unreachable() -> None:
