@@ -94,6 +94,32 @@ async def test_on_step_sees_the_step_that_just_finished():
     assert seen == [1, 2, 3]
 
 
+async def test_on_step_fork_points_are_the_full_histories_read_from_the_new_checkpoints_only():
+    """Each step's snapshot reads only the checkpoints after the fork points it already has (reading
+    the whole history after every step cost the cube of the steps); the points are the same."""
+    script = [Reply(call_text("search", query=f"q{i}")) for i in range(5)] + [Reply(answer_text("Paris"))]
+    runner, _, _ = _runner(script)
+    history, read, seen = runner.graph.aget_state_history, [], []
+
+    async def counted(*args, **kwargs):
+        read.append(0)
+        async for snap in history(*args, **kwargs):
+            read[-1] += 1
+            yield snap
+
+    async def on_step(trajectory):
+        seen.append(trajectory["fork_points"])
+
+    runner.graph.aget_state_history = counted
+    job = {"id": "t0", "thread_id": "r/t0", "origin": {"kind": "initial", "parent": None, "round": 0}}
+    final = await runner.run_job(job, question=QUESTION, config=ParallelMuseConfig(max_turns=8), on_step=on_step)
+    runner.graph.aget_state_history = history
+    whole = await runner._fork_points("r/t0", 6)
+    assert final["fork_points"] == whole and None not in whole and len(set(whole)) == 6
+    assert seen == [whole[: i + 1] for i in range(6)]
+    assert max(read[1:]) <= 2  # the new step's checkpoint and the one before it, whatever the length
+
+
 async def test_each_step_records_text_tokens_regions_action_and_usage():
     runner, model, calls = _runner(PARENT_SCRIPT)
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
