@@ -798,6 +798,17 @@ async def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _delete_thread(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.persistence import adelete_thread_with_trajectories, check_db, open_checkpointer
+
+    if check_db(args.db) == "sqlite" and not Path(args.db).expanduser().is_file():
+        raise ConfigError(f"--db {args.db}: no such SQLite file; give the file the runs were checkpointed in")
+    async with open_checkpointer(args.db) as saver:
+        deleted = await adelete_thread_with_trajectories(saver, args.thread)
+    console.print(f"deleted thread {args.thread!r} and {len(deleted) - 1} trajectory thread(s) of its runs")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -886,6 +897,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("dir", help="directory to write (reused if it already holds this export)")
     export.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     export.set_defaults(func=_export)
+    delete = sub.add_parser(
+        "delete-thread",
+        help="delete a thread and the trajectory threads its runs made (a plain thread delete leaves them)",
+    )
+    delete.add_argument("thread", help="the thread id (a CLI run's --run-id, a Studio thread's id)")
+    delete.add_argument("--db", required=True, help="the SQLite file or postgresql:// URL holding it")
+    delete.set_defaults(func=_delete_thread)
     return parser
 
 

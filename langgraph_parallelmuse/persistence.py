@@ -2,7 +2,8 @@
 
 ``parallelmuse ask --db TARGET`` and :func:`open_checkpointer` accept a SQLite path or a
 ``postgresql://`` URL; :func:`check_db` says in one line what is wrong with a target before the
-model and the index are loaded.
+model and the index are loaded. :func:`adelete_thread_with_trajectories` deletes a thread together
+with the trajectory threads its runs made.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.redact import redact
 
-__all__ = ["check_db", "open_checkpointer"]
+__all__ = ["adelete_thread_with_trajectories", "check_db", "open_checkpointer"]
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _POSTGRES_SCHEMES = ("postgresql", "postgres")  # the two libpq accepts, lower case only
@@ -190,3 +191,59 @@ async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
         yield AsyncPostgresSaver(pool)
     finally:
         await pool.close()
+
+
+async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id: str) -> list[str]:
+    """Delete a thread and the trajectory threads ParallelMuse runs on it made; return what was deleted.
+
+    A run on thread ``T`` keeps each trajectory in a thread of its own, ``T:<run>/<trajectory>``
+    (``<run>``: 10 hex digits; separate threads, because re-running a subgraph node from a checkpoint restarts it:
+    langgraph#8458), so a saver's ``adelete_thread(T)`` (what Studio's delete calls) leaves them.
+    This finds them by that prefix, which no saver API lists: in the saver's own tables for
+    LangGraph's SQLite and Postgres savers, in its storage for the in-memory one (also inside
+    langgraph-api's adapter).
+
+    Raises:
+        ConfigError: ``thread_id`` is empty, or the saver is of another kind.
+
+    Example:
+        >>> import asyncio
+        >>> from langgraph.checkpoint.memory import InMemorySaver
+        >>> asyncio.run(adelete_thread_with_trajectories(InMemorySaver(), "chat-1"))
+        ['chat-1']
+    """
+    if not isinstance(thread_id, str) or not thread_id:
+        raise ConfigError(f"thread_id={thread_id!r}: give the id of the thread to delete")
+    # ``<thread>:<10 hex digits of the run's key>/<trajectory>`` (ParallelMuseNodes.prepare): not a
+    # thread of the user's own that only starts with "<thread>:".
+    made = re.compile(re.escape(thread_id) + r":[0-9a-f]{10}/")
+    threads = [thread_id, *sorted(t for t in await _threads_under(saver, f"{thread_id}:") if made.match(t))]
+    for thread in threads:
+        await saver.adelete_thread(thread)
+    return threads
+
+
+async def _threads_under(saver: BaseCheckpointSaver, prefix: str) -> set[str]:
+    """The saver's thread ids that start with ``prefix``."""
+    inner = vars(saver).get("_inner")  # langgraph-api's adapter passes every call on to it
+    if type(saver).__module__.startswith("langgraph_api.") and isinstance(inner, BaseCheckpointSaver):
+        return await _threads_under(inner, prefix)
+    kinds = {c.__name__ for c in type(saver).__mro__}
+    # LIKE with the prefix's own wildcards escaped: a thread id may hold "_" or "%".
+    pattern = re.sub(r"([\\%_])", r"\\\1", prefix) + "%"
+    query = "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE {} ESCAPE '\\'"
+    if "InMemorySaver" in kinds:
+        return {t for t in saver.storage if t.startswith(prefix)}
+    if "AsyncSqliteSaver" in kinds:
+        await saver.setup()
+        async with saver.lock, saver.conn.execute(query.format("?"), (pattern,)) as cursor:
+            return {row[0] for row in await cursor.fetchall()}
+    if "AsyncPostgresSaver" in kinds:
+        async with saver._cursor() as cursor:
+            await cursor.execute(query.format("%s"), (pattern,))
+            return {row["thread_id"] for row in await cursor.fetchall()}
+    raise ConfigError(
+        f"cannot list the trajectory threads of a {type(saver).__name__}: this works on LangGraph's "
+        "InMemorySaver, AsyncSqliteSaver and AsyncPostgresSaver (or delete the threads named "
+        f"'{prefix}...' yourself)"
+    )

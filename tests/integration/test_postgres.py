@@ -78,3 +78,16 @@ async def test_a_connection_the_server_dropped_is_replaced_and_the_next_run_goes
         assert ended >= 1
         result = await graph.ainvoke({"seen": []}, config)
     assert result["seen"] == ["call 0", "call 1"]  # the first run's checkpoint was read back, then extended
+
+
+async def test_deleting_a_thread_deletes_its_trajectory_threads_and_no_other(postgres) -> None:
+    from langgraph_parallelmuse.persistence import open_checkpointer
+    from tests.unit.test_graph import check_delete_with_trajectories
+
+    async with open_checkpointer(postgres.url) as saver:
+        await check_delete_with_trajectories(saver)
+    with psycopg.connect(postgres.url) as conn:  # every table, not only what the saver lists
+        for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+            (count,) = conn.execute(f"select count(*) from {table} where thread_id like 'chat\\_1:%'").fetchone()
+            (kept,) = conn.execute(f"select count(*) from {table} where thread_id like 'chat\\_1:notes%'").fetchone()
+            assert count == kept > 0, table

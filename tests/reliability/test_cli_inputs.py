@@ -95,6 +95,19 @@ def test_resume_must_be_the_same_run(fake_cli, tmp_path, capsys):
     assert result["answer"] == "Paris" and result["stats"]["config"]["n"] == 4
 
 
+def test_delete_thread_removes_a_cli_runs_trajectory_threads_so_its_run_id_is_free_again(fake_cli, tmp_path, capsys):
+    db = str(tmp_path / "x.sqlite")
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--n", "4", "--k", "1", "--t", "2") == 0
+    calls = len(fake_cli.calls)
+    assert cli.main(["delete-thread", "run1", "--db", db]) == 0
+    assert "deleted thread 'run1' and 4 trajectory thread(s)" in _err(capsys)
+    # The id is free: a new run under it samples anew instead of finding the old trajectories.
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--n", "4", "--k", "1", "--t", "2") == 0
+    assert len(fake_cli.calls) == 2 * calls
+    assert cli.main(["delete-thread", "run1", "--db", str(tmp_path / "none.sqlite")]) == 1
+    assert "no such SQLite file" in _err(capsys) and not (tmp_path / "none.sqlite").exists()
+
+
 def test_max_concurrency_above_the_default_takes_effect(monkeypatch):
     # The flag went only into the run's context, which may lower the factory's bound (8) but not
     # lift it: --max-concurrency 12 ran 8 trajectories at a time.

@@ -636,6 +636,42 @@ async def test_a_second_question_on_the_same_thread_starts_clean():
     assert len(second["reports"]) == 4 and second["stats"]["rollout"]["trajectories"] == 4
 
 
+async def check_delete_with_trajectories(saver) -> None:
+    """Three runs on threads that look alike, then the library's delete of one (also run on PostgreSQL)."""
+    from langgraph_parallelmuse.persistence import adelete_thread_with_trajectories
+
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, checkpointer=saver)
+    for thread in ("chat_1", "chat_10", "chat_1:notes"):  # "_" is a LIKE wildcard; ":" the run's separator
+        await graph.ainvoke({"question": QUESTION}, {"configurable": {"thread_id": thread}})
+
+    async def threads() -> set[str]:
+        return {c.config["configurable"]["thread_id"] async for c in saver.alist(None)}
+
+    made = {t for t in await threads() if t.startswith("chat_1:") and t.count("/") == 1}
+    assert len(made) == 4 + 4  # "chat_1"'s trajectories and "chat_1:notes"'s
+    deleted = await adelete_thread_with_trajectories(saver, "chat_1")
+    mine = {t for t in made if not t.startswith("chat_1:notes:")}
+    assert deleted[0] == "chat_1" and set(deleted[1:]) == mine and len(mine) == 4
+    left = await threads()
+    assert not left & set(deleted)
+    assert {"chat_10", "chat_1:notes"} <= left and made - mine <= left
+    with pytest.raises(ConfigError, match="give the id of the thread"):
+        await adelete_thread_with_trajectories(saver, "")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_deleting_a_thread_deletes_its_trajectory_threads_and_no_other(kind, tmp_path) -> None:
+    """``adelete_thread`` (Studio's delete) leaves the trajectories' own threads; the library's delete
+    finds them by the name a run gives them, and keeps threads that only look alike."""
+    from langgraph_parallelmuse.persistence import open_checkpointer
+
+    if kind == "memory":
+        await check_delete_with_trajectories(InMemorySaver())
+        return
+    async with open_checkpointer(str(tmp_path / "runs.sqlite")) as saver:
+        await check_delete_with_trajectories(saver)
+
+
 async def test_a_branch_send_carries_a_reference_to_the_parent_checkpoint_not_the_trajectory():
     from langgraph_parallelmuse.agent import RolloutRunner
     from langgraph_parallelmuse.config import make_config
