@@ -805,7 +805,13 @@ async def _delete_thread(args: argparse.Namespace) -> int:
         raise ConfigError(f"--db {args.db}: no such SQLite file; give the file the runs were checkpointed in")
     async with open_checkpointer(args.db) as saver:
         deleted = await adelete_thread_with_trajectories(saver, args.thread)
-    console.print(f"deleted thread {args.thread!r} and {len(deleted) - 1} trajectory thread(s) of its runs")
+    if not deleted:
+        raise ConfigError(f"--db {redact(args.db)} holds no thread {args.thread!r} and no trajectory thread of it")
+    trajectories = f"{len([t for t in deleted if t != args.thread])} trajectory thread(s) of its runs"
+    if args.thread in deleted:
+        console.print(f"deleted thread {args.thread!r} and {trajectories}")
+    else:  # deleted before by a plain thread delete (Studio's)
+        console.print(f"thread {args.thread!r} held no checkpoint; deleted {trajectories}")
     return 0
 
 

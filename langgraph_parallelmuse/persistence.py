@@ -194,30 +194,37 @@ async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
 
 
 async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id: str) -> list[str]:
-    """Delete a thread and the trajectory threads ParallelMuse runs on it made; return what was deleted.
+    """Delete a thread and the trajectory threads ParallelMuse runs on it made; return the threads deleted.
 
     A run on thread ``T`` keeps each trajectory in a thread of its own, ``T:<run>/<trajectory>``
     (``<run>``: 10 hex digits; separate threads, because re-running a subgraph node from a checkpoint restarts it:
     langgraph#8458), so a saver's ``adelete_thread(T)`` (what Studio's delete calls) leaves them.
     This finds them by that prefix, which no saver API lists: in the saver's own tables for
-    LangGraph's SQLite and Postgres savers, in its storage for the in-memory one (also inside
-    langgraph-api's adapter).
+    LangGraph's ``AsyncSqliteSaver`` and ``AsyncPostgresSaver``, in its storage for
+    ``InMemorySaver`` (also inside langgraph-api's adapter). Only ``saver`` is searched: a graph
+    built with a separate ``trajectory_checkpointer=`` keeps them there (call this on that one too).
+
+    Returns:
+        The threads that held checkpoints and were deleted (the thread itself first, if it had any);
+        empty when there was nothing of ``thread_id``.
 
     Raises:
-        ConfigError: ``thread_id`` is empty, or the saver is of another kind.
+        ConfigError: ``thread_id`` is empty, or the saver is of another kind (a sync saver).
 
     Example:
         >>> import asyncio
         >>> from langgraph.checkpoint.memory import InMemorySaver
         >>> asyncio.run(adelete_thread_with_trajectories(InMemorySaver(), "chat-1"))
-        ['chat-1']
+        []
     """
     if not isinstance(thread_id, str) or not thread_id:
         raise ConfigError(f"thread_id={thread_id!r}: give the id of the thread to delete")
     # ``<thread>:<10 hex digits of the run's key>/<trajectory>`` (ParallelMuseNodes.prepare): not a
     # thread of the user's own that only starts with "<thread>:".
     made = re.compile(re.escape(thread_id) + r":[0-9a-f]{10}/")
-    threads = [thread_id, *sorted(t for t in await _threads_under(saver, f"{thread_id}:") if made.match(t))]
+    threads = sorted(t for t in await _threads_under(saver, f"{thread_id}:") if made.match(t))
+    if await saver.aget_tuple({"configurable": {"thread_id": thread_id}}) is not None:
+        threads.insert(0, thread_id)
     for thread in threads:
         await saver.adelete_thread(thread)
     return threads
@@ -229,9 +236,10 @@ async def _threads_under(saver: BaseCheckpointSaver, prefix: str) -> set[str]:
     if type(saver).__module__.startswith("langgraph_api.") and isinstance(inner, BaseCheckpointSaver):
         return await _threads_under(inner, prefix)
     kinds = {c.__name__ for c in type(saver).__mro__}
-    # LIKE with the prefix's own wildcards escaped: a thread id may hold "_" or "%".
-    pattern = re.sub(r"([\\%_])", r"\\\1", prefix) + "%"
-    query = "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE {} ESCAPE '\\'"
+    # LIKE with the prefix's own wildcards escaped: a thread id may hold "_" or "%". Not with a
+    # backslash, which PostgreSQL reads as a string escape under standard_conforming_strings=off.
+    pattern = re.sub(r"([!%_])", r"!\1", prefix) + "%"
+    query = "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id LIKE {} ESCAPE '!'"
     if "InMemorySaver" in kinds:
         return {t for t in saver.storage if t.startswith(prefix)}
     if "AsyncSqliteSaver" in kinds:
@@ -244,6 +252,6 @@ async def _threads_under(saver: BaseCheckpointSaver, prefix: str) -> set[str]:
             return {row["thread_id"] for row in await cursor.fetchall()}
     raise ConfigError(
         f"cannot list the trajectory threads of a {type(saver).__name__}: this works on LangGraph's "
-        "InMemorySaver, AsyncSqliteSaver and AsyncPostgresSaver (or delete the threads named "
+        "InMemorySaver, AsyncSqliteSaver and AsyncPostgresSaver, not their sync savers (or delete the threads named "
         f"'{prefix}...' yourself)"
     )

@@ -32,6 +32,7 @@ from langgraph_parallelmuse.retry import current_attempt
 
 __all__ = [
     "CONTINUE_FINAL_MESSAGE",
+    "DEFAULT_TIMEOUT",
     "ServerChatModel",
     "ServerCheckError",
     "ServerSupport",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt": False}
+
+#: Seconds a request may take before it fails and is retried, unless ``timeout=`` says otherwise.
+DEFAULT_TIMEOUT = 600.0
 
 
 class ServerCheckError(ConfigError):
@@ -76,9 +80,11 @@ class ServerChatModel(ChatOpenAI):
             without ``prompt_logprobs``: the guided driver then lets the model write its answer).
         routing_header: The router's header (``Server.routing_header``: ``x-smg-routing-key`` for
             sglang-router ``--policy manual``, ``x-session-id`` for vllm-router
-            ``--policy consistent_hash``), or ``None`` for one server.
+            ``--policy consistent_hash``), or ``None`` for one server. With it ``max_retries``
+            defaults to 0: the library's own retries (3 tries) then each go under another key.
         **kwargs: ``ChatOpenAI`` fields (``base_url``, ``model``, ``logprobs``, ``top_logprobs``, ...);
-            ``api_key`` defaults to ``OPENAI_API_KEY`` or a placeholder (local servers need none).
+            ``api_key`` defaults to ``OPENAI_API_KEY`` or a placeholder (local servers need none);
+            ``timeout`` to :data:`DEFAULT_TIMEOUT` (600 s; ``ChatOpenAI``'s own is none at all).
 
     Example:
         >>> from langchain_core.messages import AIMessage, HumanMessage
@@ -100,6 +106,14 @@ class ServerChatModel(ChatOpenAI):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "none")
+        if "timeout" not in kwargs and "request_timeout" not in kwargs:
+            # ChatOpenAI hands the openai client None, which waits forever (the client's own default is
+            # 600 s): a server that hangs would stall its trajectory for good, never failing it.
+            kwargs["timeout"] = DEFAULT_TIMEOUT
+        if kwargs.get("routing_header"):
+            # The openai client's own retries resend one request under one routing header, to the
+            # replica that failed; the library's retries send each under another key (route_id).
+            kwargs.setdefault("max_retries", 0)
         super().__init__(**kwargs)
 
     @property

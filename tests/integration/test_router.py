@@ -186,12 +186,8 @@ async def test_a_hung_replicas_question_is_retried_on_the_other(serving_venv, ki
                 )
                 b.routes["POST /v1/chat/completions"] = hang
                 started = len(b.requests)
-                llm = ServerChatModel(
-                    base_url=f"{router.url}/v1",
-                    model=SERVED_MODEL,
-                    routing_header=router.routing_header,
-                    max_retries=0,
-                    timeout=2,
+                llm = ServerChatModel(  # the defaults but the timeout (600 s)
+                    base_url=f"{router.url}/v1", model=SERVED_MODEL, routing_header=router.routing_header, timeout=2
                 )
                 with routing_scope(key):
                     turn = await generate_turn(llm, [HumanMessage(key)], [Gen(max_tokens=1)], sampling=Sampling())

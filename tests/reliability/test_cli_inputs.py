@@ -106,6 +106,8 @@ def test_delete_thread_removes_a_cli_runs_trajectory_threads_so_its_run_id_is_fr
     assert len(fake_cli.calls) == 2 * calls
     assert cli.main(["delete-thread", "run1", "--db", str(tmp_path / "none.sqlite")]) == 1
     assert "no such SQLite file" in _err(capsys) and not (tmp_path / "none.sqlite").exists()
+    assert cli.main(["delete-thread", "run2", "--db", db]) == 1  # a typo is not reported as deleted
+    assert "holds no thread 'run2' and no trajectory thread of it" in _err(capsys)
 
 
 def test_max_concurrency_above_the_default_takes_effect(monkeypatch):

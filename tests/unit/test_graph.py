@@ -655,6 +655,10 @@ async def check_delete_with_trajectories(saver) -> None:
     left = await threads()
     assert not left & set(deleted)
     assert {"chat_10", "chat_1:notes"} <= left and made - mine <= left
+    assert await adelete_thread_with_trajectories(saver, "chat_1") == []  # nothing left of it
+    await saver.adelete_thread("chat_10")  # Studio's delete: the trajectories stay, and are found later
+    late = await adelete_thread_with_trajectories(saver, "chat_10")
+    assert len(late) == 4 and all(t.startswith("chat_10:") for t in late)
     with pytest.raises(ConfigError, match="give the id of the thread"):
         await adelete_thread_with_trajectories(saver, "")
 

@@ -13,6 +13,7 @@ from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import (
     CONTINUE_FINAL_MESSAGE,
+    DEFAULT_TIMEOUT,
     ServerChatModel,
     ServerCheckError,
     ServerSupport,
@@ -219,8 +220,19 @@ async def test_requests_reach_the_server_with_header_bound_and_flags() -> None:
     assert reply.response_metadata["logprobs"]["content"][0]["token"] == "A"
 
 
+def test_a_server_model_times_out_and_a_routed_one_leaves_the_retries_to_the_library() -> None:
+    """ChatOpenAI's defaults wait forever, and the openai client's retries resend one routing key."""
+    plain, routed = ServerChatModel(model="m"), ServerChatModel(model="m", routing_header="x-session-id")
+    assert plain.request_timeout == routed.request_timeout == DEFAULT_TIMEOUT
+    assert routed.async_client._client.timeout == DEFAULT_TIMEOUT  # what reaches the openai client
+    assert routed.async_client._client.max_retries == 0
+    assert plain.async_client._client.max_retries == 2  # a hosted API's 429s keep the client's backoff
+    mine = ServerChatModel(model="m", routing_header="x-session-id", timeout=30, max_retries=1)
+    assert mine.request_timeout == 30 and mine.max_retries == 1
+
+
 async def test_a_retried_call_is_routed_under_another_key_and_the_next_call_goes_home() -> None:
-    """A replica answering 5xx keeps its keys until the router drops it (about 10 s): the library's
+    """A replica that fails keeps its keys until the router drops it (a hung one: never): the library's
     retry sends another key, so the router may pick another replica; later calls keep the question's key."""
     healthy = fake_server()["POST /v1/chat/completions"]
     answers = iter([(500, {"error": {"message": "EngineDeadError"}})])
