@@ -93,6 +93,9 @@ _OVERFLOW_HINTS = (
     "context window",
     "prompt is too long",
     "exceeds the context",
+    # llama.cpp's server: "the request exceeds the available context size", type exceed_context_size_error.
+    "exceeds the available context size",
+    "exceed_context_size",
 )
 
 
@@ -106,7 +109,7 @@ def is_context_overflow(exc: BaseException) -> bool:
     """
     if isinstance(exc, ContextOverflowError):
         return True
-    text = f"{getattr(exc, 'code', '')} {exc}".lower()
+    text = f"{getattr(exc, 'code', '')} {getattr(exc, 'type', '')} {exc}".lower()
     return any(hint in text for hint in _OVERFLOW_HINTS)
 
 
@@ -194,6 +197,8 @@ def _outcome(step: Step, *, final: bool, exhausted: bool) -> dict[str, Any]:
         update.update(status="answered", answer=action["answer"])
     elif final:
         update.update(status="context_exhausted" if exhausted else "max_turns", answer=None)
+        if action["type"] == "invalid":  # the last turn's reply was no answer: say why, not only "max_turns"
+            update["error"] = f"the last turn gave no answer: {action.get('error', 'unreadable reply')}"
     else:
         update["status"] = "running"
     return update
@@ -270,10 +275,19 @@ class _StepNodes:
                     require_logprobs("".join(turn.segments.values()), turn.tokens)
                 break
             except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
-                if is_context_overflow(exc) and trim is None:
-                    # Blind retries cannot fit the window: shrink old tool output and answer now.
-                    exhausted, trim = True, 200
-                    continue
+                if is_context_overflow(exc):
+                    if trim is None:
+                        # Blind retries cannot fit the window: shrink old tool output and answer now.
+                        exhausted, trim = True, 200
+                        continue
+                    # It still does not fit: the trajectory has used its window (a resume would meet
+                    # the same overflow, so it ends as exhausted, not as a failed call to retry).
+                    error = f"the context is exhausted at step {index}: {type(exc).__name__}: {exc}"
+                    return {
+                        "status": "context_exhausted",
+                        "answer": None,
+                        "error": redact(error, secrets_of(self.model)),
+                    }
                 if _ends_the_run(exc):
                     raise
                 error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
@@ -397,7 +411,9 @@ async def _run_tool(
         # Any other error, the tool's own timeout included (its message names the socket or API).
         return redact(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"), True, []
     artifact = getattr(result, "artifact", None)
-    doc_ids = [str(d) for d in artifact.get("doc_ids", [])] if isinstance(artifact, dict) else []
+    # A tool of the user's own may put anything there: only a list counts (the records' documents).
+    listed = artifact.get("doc_ids") if isinstance(artifact, dict) else None
+    doc_ids = [str(d) for d in listed] if isinstance(listed, list | tuple) else []
     error = (isinstance(result, ToolMessage) and result.status == "error") or (
         isinstance(artifact, dict) and artifact.get("error") is True
     )

@@ -25,7 +25,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import Field
 
-from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.errors import ConfigError, ProtocolError
 from langgraph_parallelmuse.models.routing import routing_key
 from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.retry import current_attempt
@@ -188,8 +188,8 @@ def _scored(result: ChatResult, continuation: str, top: int, server: str | None)
         )
     pieces = [e.get("decoded_token") or "" for e in entries]
     span = _spelling(pieces, continuation)
-    if span is None:
-        raise ServerCheckError(f"{server}: no run of prompt tokens spells the continuation {continuation!r}")
+    if span is None:  # this option's text, not the server's set-up: it fails only its trajectory
+        raise ProtocolError(f"{server}: no run of prompt tokens spells the continuation {continuation!r}")
     start, end = span
     content = [
         {

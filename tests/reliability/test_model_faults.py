@@ -92,14 +92,23 @@ async def test_non_transient_model_error_is_not_retried(exc, fast_retries):
     assert traj["status"] == "failed" and len(model.calls) == 1
 
 
-async def test_context_length_error_is_not_retried_blindly(fast_retries):
-    exc = ServerError(400, "This model's maximum context length is 8192 tokens")
+@pytest.mark.parametrize(
+    "message",
+    [
+        "This model's maximum context length is 8192 tokens",  # OpenAI, vLLM
+        "the request exceeds the available context size, try increasing it",  # llama.cpp's server
+    ],
+)
+async def test_context_length_error_is_not_retried_blindly(message, fast_retries):
+    exc = ServerError(400, message)
     traj, model, _ = await _run([STEPS[0].text, exc, exc, exc])
     # One retry only, with trimmed tool output and a forced answer; never the same prompt again.
     assert len(model.calls) == 3
     assert model.calls[1]["messages"] != model.calls[2]["messages"]
     assert FINAL_TURN_NOTE in model.calls[2]["messages"][-1].content
-    assert traj["status"] == "failed"
+    # Ended as exhausted, with the server's words: not a "failed" call that a resume would retry.
+    assert traj["status"] == "context_exhausted" and traj["answer"] is None
+    assert traj["error"].startswith("the context is exhausted at step 1: ServerError") and message in traj["error"]
 
 
 async def test_context_length_error_forces_a_final_answer(fast_retries):
@@ -133,10 +142,10 @@ async def test_the_in_process_engines_overflow_error_trims_and_answers_instead_o
     assert traj["status"] == "answered" and traj["answer"] == "Paris"
 
 
-async def test_an_overflow_that_trimming_cannot_fix_fails_the_trajectory_not_the_run():
+async def test_an_overflow_that_trimming_cannot_fix_ends_the_trajectory_not_the_run():
     overflow = ContextOverflowError("the prompt has 9000 tokens but max_context_tokens is 8192")
     traj, model, _ = await _run([STEPS[0].text, overflow, overflow])
-    assert traj["status"] == "failed" and "ContextOverflowError" in traj["error"]
+    assert traj["status"] == "context_exhausted" and "ContextOverflowError" in traj["error"]
     assert len(model.calls) == 3
 
 
@@ -310,6 +319,9 @@ async def test_malformed_reply_is_an_error_observation_bounded_by_max_turns(repl
     traj, model, calls = await _run([reply] * 10, ParallelMuseConfig(max_turns=3))
     assert len(model.calls) == 3  # never more than max_turns steps
     assert traj["status"] == "max_turns" and traj["answer"] is None
+    assert (
+        traj["error"].startswith("the last turn gave no answer: ") and error in traj["error"]
+    )  # why, not only "max_turns"
     assert [s["action"]["type"] for s in traj["steps"]] == ["invalid"] * 3
     assert len(traj["observations"]) == 2  # the last turn ends the trajectory
     for obs in traj["observations"]:

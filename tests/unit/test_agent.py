@@ -382,6 +382,24 @@ async def test_a_timed_out_tool_is_abandoned_after_tool_timeout():
     assert traj["observations"][0]["seconds"] < 0.5
 
 
+@pytest.mark.parametrize("artifact", [{"doc_ids": None}, {"doc_ids": 7}, {"doc_ids": "d1"}, "not a dict"])
+async def test_a_custom_tools_odd_artifact_is_no_documents_not_a_crash(artifact):
+    """A tool of the user's own may return anything as its artifact: before, ``{"doc_ids": None}``
+    raised TypeError out of the act node and ended the whole run."""
+    from langchain_core.tools import tool
+
+    @tool(response_format="content_and_artifact")
+    def search(query: str):
+        """Search."""
+        return "Paris is the capital.", artifact
+
+    model = ScriptedChatModel(script=[call_text("search", query="q"), answer_text("Paris")])
+    runner = RolloutRunner(model, [search, *make_tools()[0][1:]])
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert traj["answer"] == "Paris"
+    assert traj["observations"][0]["doc_ids"] == [] and traj["observations"][0]["content"] == "Paris is the capital."
+
+
 async def test_long_tool_output_is_truncated():
     runner, model, _ = _runner([call_text("search", query="q"), answer_text("Paris")], search=lambda q: "x" * 500)
     traj = await runner.run(

@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.agent import pick_driver
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
+from langgraph_parallelmuse.errors import ProtocolError
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import (
     CONTINUE_FINAL_MESSAGE,
@@ -285,6 +286,31 @@ async def test_a_server_without_prompt_logprobs_is_named_when_asked_to_score() -
     with fake_http(fake_server()) as fake:
         with pytest.raises(ServerCheckError, match="no prompt_logprobs: scoring a continuation needs vLLM"):
             await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="Vienna")
+
+
+async def test_an_option_no_prompt_tokens_spell_fails_its_trajectory_not_the_run() -> None:
+    """The option's text, not the server's set-up: a ServerCheckError (a ConfigError) ended every trajectory."""
+    from langgraph_parallelmuse.agent import _ends_the_run
+
+    prompt = [
+        ("<|im_start|>", None),
+        ("assistant", -3.0),
+        ("\n", -0.5),
+        ("fi", -1.0),
+        ("sh", -1.0),
+        ("<|im_end|>", -0.7),
+    ]
+
+    def chat(body: dict) -> tuple[int, dict]:
+        logprobs = [
+            {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
+        ]
+        return 200, {**_completion(len(prompt), None), "prompt_logprobs": logprobs}
+
+    with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
+        with pytest.raises(ProtocolError, match="no run of prompt tokens spells the continuation '\ufb01sh'") as info:
+            await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="\ufb01sh")  # a ligature the tokenizer split
+    assert not _ends_the_run(info.value)
 
 
 @pytest.mark.parametrize(
