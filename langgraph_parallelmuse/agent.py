@@ -122,6 +122,21 @@ def _ends_the_run(exc: BaseException) -> bool:
     return isinstance(exc, ParallelMuseError) and not isinstance(exc, ProtocolError) and not is_context_overflow(exc)
 
 
+def _ended_by(exc: BaseException, index: int, model: BaseChatModel, *, trimmed: bool) -> dict[str, Any] | None:
+    """The update that ends a trajectory whose step ``index`` raised ``exc`` (a failed call, to retry
+    on resume), or ``None`` for a first context overflow, which is retried with old tool output trimmed.
+
+    An overflow even after the trim ends it as exhausted: a resume would meet the same wall.
+    """
+    if not is_context_overflow(exc):
+        error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
+        return {"status": "failed", "error": redact(error, secrets_of(model))}
+    if not trimmed:
+        return None
+    error = f"the context is exhausted at step {index}: {type(exc).__name__}: {exc}"
+    return {"status": "context_exhausted", "answer": None, "error": redact(error, secrets_of(model))}
+
+
 def _tool_text(content: Any) -> str:
     if isinstance(content, bytes):
         return content.decode("utf-8", errors="replace")
@@ -275,23 +290,12 @@ class _StepNodes:
                     require_logprobs("".join(turn.segments.values()), turn.tokens)
                 break
             except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
-                if is_context_overflow(exc):
-                    if trim is None:
-                        # Blind retries cannot fit the window: shrink old tool output and answer now.
-                        exhausted, trim = True, 200
-                        continue
-                    # It still does not fit: the trajectory has used its window (a resume would meet
-                    # the same overflow, so it ends as exhausted, not as a failed call to retry).
-                    error = f"the context is exhausted at step {index}: {type(exc).__name__}: {exc}"
-                    return {
-                        "status": "context_exhausted",
-                        "answer": None,
-                        "error": redact(error, secrets_of(self.model)),
-                    }
                 if _ends_the_run(exc):
                     raise
-                error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
-                return {"status": "failed", "error": redact(error, secrets_of(self.model))}
+                if (ended := _ended_by(exc, index, self.model, trimmed=trim is not None)) is not None:
+                    return ended
+                # Blind retries cannot fit the window: shrink old tool output and answer now.
+                exhausted, trim = True, 200
         step = Step(
             index=index,
             text=text,

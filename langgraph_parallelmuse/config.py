@@ -292,11 +292,15 @@ class _Context(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     def __init__(self, **data: object) -> None:
+        # Every field here takes None, so pydantic would read n=True as 1 before the config's own
+        # check could see it: checked against the config's field types first.
         try:
+            ParallelMuseConfig._no_truth_values_for_numbers(data)
             super().__init__(**data)
-        except ValidationError as exc:
+        except (ValidationError, ValueError) as exc:
+            problems = _problems(exc) if isinstance(exc, ValidationError) else str(exc)
             raise ConfigError(
-                "invalid context: " + _problems(exc) + f" (fields: {', '.join(ParallelMuseConfig.model_fields)})"
+                "invalid context: " + problems + f" (fields: {', '.join(ParallelMuseConfig.model_fields)})"
             ) from None
 
 
@@ -339,7 +343,9 @@ def context_overrides(context: object) -> dict[str, object]:
     if isinstance(context, ParallelMuseConfig):
         return context.model_dump()
     if isinstance(context, _Context):
-        return {k: getattr(context, k) for k in context.model_fields_set}
+        values = {k: getattr(context, k) for k in context.model_fields_set}
+        # {"n": None}: the schema shows every field nullable (unset), as a parent's None is read.
+        return {k: v for k, v in values.items() if v is not None or _takes_none(k)}
     if isinstance(context, Mapping):
         values = context
     elif dataclasses.is_dataclass(context):  # slotted dataclasses have no __dict__

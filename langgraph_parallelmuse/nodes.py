@@ -99,7 +99,9 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
     humans = [m for m in messages if isinstance(m, HumanMessage)]
     message_id = humans[-1].id if humans else None
     stale = question == asked.get("question") and message_id != asked.get("message_id")
-    if question is None or stale or (humans and _answered_before(messages, question)):
+    # A parent state's default ("question: str = ''") is no question: the messages hold it.
+    blank = isinstance(question, str) and not question.strip() and bool(humans)
+    if question is None or blank or stale or (humans and _answered_before(messages, question)):
         if not humans:
             raise InputError("no question: send {'question': '...'} or messages ending in a human message")
         question = humans[-1].content
@@ -321,7 +323,7 @@ class ParallelMuseNodes:
             type(model).__name__,
             _model_name(model),
             model.name,
-            sorted(t.name for t in runner.tools),
+            sorted((t.name, t.description) for t in runner.tools),
             runner.system_prompt,
             repr(runner.driver),  # a frozen dataclass: its settings, no address
         ]
@@ -354,13 +356,16 @@ class ParallelMuseNodes:
         question, message_id = question_from_input(state)
         settings = self.settings()
         self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
-        parent_thread = (get_config().get("configurable") or {}).get("thread_id")
-        # The question, the settings and what else makes a trajectory (the model, the tools, the system
-        # prompt, the driver) name the run: the same question asked again on the thread finds its
-        # finished trajectories; asked with other settings, or by another graph sharing the
-        # trajectory checkpointer (a small and a strong model side by side), it samples anew instead
-        # of reusing trajectories it did not make.
-        key = json.dumps([question, settings.model_dump(), self.runner_identity()], sort_keys=True, default=str)
+        configurable = get_config().get("configurable") or {}
+        parent_thread = configurable.get("thread_id")
+        # The question, the settings, what else makes a trajectory (the model, the tools, the system
+        # prompt, the driver) and where this graph sits in the app (its node path, without task ids)
+        # name the run: the same question asked again on the thread finds its finished trajectories;
+        # asked with other settings, or by another graph on the thread (a small and a strong model
+        # side by side; two ParallelMuse nodes of one app with other search backends), it samples
+        # anew instead of reusing trajectories it did not make.
+        place = "|".join(part.split(":")[0] for part in str(configurable.get("checkpoint_ns") or "").split("|"))
+        key = json.dumps([question, settings.model_dump(), self.runner_identity(), place], sort_keys=True, default=str)
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         # Deterministic ids under a checkpointed parent thread make a resumed run find its
         # finished trajectories; otherwise every run gets fresh threads.

@@ -230,6 +230,12 @@ async def test_an_unknown_or_bad_context_value_raises_config_error():
         await graph.ainvoke({"question": PARIS}, context={"bogus": 1})
     with pytest.raises(ConfigError, match="n: Input should be a valid integer"):
         await graph.ainvoke({"question": PARIS}, context={"n": "eight"})
+    # Every context field takes None, so pydantic read True as 1: one trajectory, no error.
+    with pytest.raises(ConfigError, match="n=True: give a number, not true/false"):
+        await graph.ainvoke({"question": PARIS}, context={"n": True})
+    # None is "unset", as the schema shows it and as a parent's None is read.
+    out = await graph.ainvoke({"question": PARIS}, context={"n": None, "k": 1, "t": 2})
+    assert out["stats"]["config"]["n"] == 8 and out["answer"] == "Paris"
     # A context that is not a mapping or an object of settings was read as no settings at all.
     model = ScriptedChatModel(responder=research_responder(_agent))
     graph = create_parallelmuse(model, make_tools()[0])

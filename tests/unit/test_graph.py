@@ -320,6 +320,14 @@ async def test_unusable_input_raises_input_error_before_any_model_call(payload):
     assert calls == {"search": [], "visit": []}
 
 
+async def test_a_blank_question_beside_messages_is_the_last_human_message():
+    """A parent state with ``question: str = ""`` passes the blank default with its messages: it failed
+    every run ("the question is empty")."""
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    out = await graph.ainvoke({"question": "", "messages": [HumanMessage(QUESTION)]})
+    assert out["question"] == QUESTION and out["answer"] == "Paris"
+
+
 def test_unusable_input_also_raises_under_sync_invoke():
     graph, model, _ = _graph({"n": 2, "mode": "none"})
     with pytest.raises(InputError, match="empty"):
@@ -531,6 +539,42 @@ async def test_another_graph_sharing_the_trajectory_checkpointer_samples_its_own
     assert sum(role_of(c["messages"]) == "agent" for c in strong.calls) == 2
 
 
+async def test_two_parallelmuse_nodes_of_one_checkpointed_app_sample_their_own_trajectories():
+    """Same model type and name, tools of the same names over other backends: before, the second
+    node found the first one's finished trajectories on the thread and answered from its search."""
+
+    def agent(index, messages):
+        if index == 0:
+            return Reply(call_text("search", "look", query="capital of France"))
+        text = " ".join(str(m.content) for m in messages)
+        return Reply(answer_text("WEB" if "web says" in text else "WIKI"))
+
+    graphs, calls = {}, {}
+    for name in ("wiki", "web"):
+        tools, calls[name] = make_tools(search=lambda q, name=name: f"{name} says Paris")
+        model = ScriptedChatModel(responder=research_responder(agent))
+        graphs[name] = create_parallelmuse(model, tools, config={"n": 2, "mode": "none", "aggregation": "majority"})
+
+    class App(MessagesState):
+        wiki: str
+        web: str
+
+    app = StateGraph(App)
+    for name, graph in graphs.items():
+
+        async def node(state, graph=graph, name=name):
+            return {name: (await graph.ainvoke({"messages": state["messages"]}))["answer"]}
+
+        app.add_node(name, node)
+    app.add_edge(START, "wiki")
+    app.add_edge("wiki", "web")
+    out = await app.compile(checkpointer=InMemorySaver()).ainvoke(
+        {"messages": [HumanMessage(QUESTION)]}, {"configurable": {"thread_id": "app-1"}}
+    )
+    assert (out["wiki"], out["web"]) == ("WIKI", "WEB")
+    assert len(calls["web"]["search"]) == len(calls["wiki"]["search"]) == 2
+
+
 class _EngineModel(ScriptedChatModel):
     """A model with in-process engine counters (requests served), like LocalChatModel."""
 
@@ -572,6 +616,16 @@ async def test_compiled_graph_inside_an_lcel_chain_async():
     graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2})
     assert await _chain(graph).ainvoke(QUESTION) == "Paris"
     assert await _chain(graph).abatch([QUESTION, "Where is the Louvre?"]) == ["Paris", "Paris"]
+
+
+async def test_an_lcel_chain_streams_with_the_graph_bound_to_stream_values():
+    """The README's way to stream a chain: unbound, the next step gets the graph's updates."""
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    chain = RunnableLambda(lambda q: {"question": q}) | graph.bind(stream_mode="values")
+    chain |= RunnableLambda(lambda s: s["answer"])
+    assert [chunk async for chunk in chain.astream(QUESTION)] == ["Paris"]
+    with pytest.raises(KeyError, match="answer"):
+        [chunk async for chunk in _chain(graph).astream(QUESTION)]
 
 
 def test_compiled_graph_inside_an_lcel_chain_sync():
