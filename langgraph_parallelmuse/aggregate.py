@@ -39,7 +39,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langgraph_parallelmuse.answers import normalize_vote_key, token_f1
 from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
-from langgraph_parallelmuse.segments import Choose, Gen, Lit, Sampling, Segment, generate_turn
+from langgraph_parallelmuse.segments import Choose, Gen, Lit, Sampling, Segment, TurnResult, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls
 from langgraph_parallelmuse.uncertainty import token_confidence
 
@@ -89,6 +89,8 @@ class AggregateResult:
         prompt_tokens: Prompt tokens sent.
         cached_prompt_tokens: Prompt tokens the backend reported as served from its prefix cache.
         seconds: Wall time of the model call.
+        error: Why the aggregator's pick was not used (``majority_fallback``): its model call's
+            error (redacted), or that its output named no candidate.
     """
 
     answer: str | None
@@ -100,6 +102,7 @@ class AggregateResult:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     seconds: float = 0.0
+    error: str | None = None
 
 
 def _vote(answers: Sequence[str | None], weights: Sequence[float] | None = None) -> str | None:
@@ -249,6 +252,20 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     return candidates[best] if scores[best][0] > 0 else None
 
 
+def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: list[str | None]) -> str:
+    """The candidate the aggregator's turn names, or "" (the final answer is always one the
+    trajectories gave)."""
+    if guided:
+        lines = [" ".join(line.split()) for line in turn.segments.get("pick", "").splitlines()]
+        picked = next((line for line in lines if line), "")
+    elif turn.finish_reason == "length":  # a free-form answer cut off by the token limit is not an answer
+        picked = ""
+    else:
+        tags = _ANSWER_TAG.findall(turn.text)
+        picked = " ".join(tags[-1].split()) if tags else ""
+    return (_snap(picked, candidates, answers) or "") if picked else ""
+
+
 async def aggregate_reports(
     model: BaseChatModel,
     question: str,
@@ -307,24 +324,17 @@ async def aggregate_reports(
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
-    except Exception as exc:  # noqa: BLE001 - a failed aggregation falls back to the majority vote
-        logger.warning("aggregation failed, using the majority vote: %s", redact(repr(exc), secrets_of(model)))
+    except Exception as exc:  # noqa: BLE001 - a failed aggregation falls back to the majority vote, recorded
+        result.error = "the aggregator's model call failed: " + redact(
+            f"{type(exc).__name__}: {exc}", secrets_of(model)
+        )
+        logger.warning("%s; using the majority vote", result.error)
         return result
     result.raw, result.tokens, result.seconds = turn.text, turn.generated_tokens, turn.seconds
     result.prompt_tokens, result.cached_prompt_tokens = turn.prompt_tokens, turn.cached_prompt_tokens
-    if guided:
-        lines = [" ".join(line.split()) for line in turn.segments.get("pick", "").splitlines()]
-        picked = next((line for line in lines if line), "")
-    else:
-        tags = _ANSWER_TAG.findall(turn.text)
-        picked = " ".join(tags[-1].split()) if tags else ""
-    # A free-form answer cut off by the token limit is not an answer.
-    if not guided and turn.finish_reason == "length":
-        picked = ""
-    if picked:  # the final answer is always one the trajectories gave
-        picked = _snap(picked, candidates, answers) or ""
-    if picked:
+    if picked := _picked(turn, guided=guided, candidates=candidates, answers=answers):
         result.answer, result.source = picked, "aggregator"
     else:
-        logger.warning("aggregator output has no usable answer, using the majority: %r", turn.text)
+        result.error = f"the aggregator's output names no candidate: {turn.text[:200]!r}"
+        logger.warning("%s; using the majority vote", result.error)
     return result

@@ -378,9 +378,11 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
             ev = chunk.get("event")
             if ev == "trajectory_finished":
                 prog.advance(roll)
+                mark = {"answered": "[green]✓[/]", "failed": "[red]✗[/]"}.get(chunk["status"], "[yellow]·[/]")
+                why = f" [dim]({_shown(_short(chunk['error'], 100))})[/]" if chunk.get("error") else ""
                 prog.console.print(
-                    f"  [green]✓[/] {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                    f"steps={chunk['steps']} answer={_shown(repr(_short(chunk['answer'], 60)))}"
+                    f"  {mark} {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
+                    f"steps={chunk['steps']} answer={_shown(repr(_short(chunk['answer'], 60)))}{why}"
                 )
             elif ev == "branch_picked":
                 prog.console.print(
@@ -400,6 +402,11 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     for report in final.get("reports", []):
         out.print(Panel(_shown(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
     out.print(stats_table(final))
+    stats = final.get("stats") or {}
+    for problem in (stats.get("compress") or {}).get("fallback_problems") or []:
+        out.print(f"[yellow]reports fell back:[/] {_shown(problem)}")
+    if error := (stats.get("aggregate") or {}).get("error"):
+        out.print(f"[yellow]the aggregator's pick was not used:[/] {_shown(error)}")
     out.print(
         Panel(
             _shown(final.get("answer")),

@@ -250,6 +250,7 @@ def fallback_report(
     seconds: float = 0.0,
     prompt_tokens: int = 0,
     cached_prompt_tokens: int = 0,
+    problem: str | None = None,
 ) -> Report:
     """Carry a trajectory forward by its final answer only (compression failed or impossible).
 
@@ -260,7 +261,8 @@ def fallback_report(
     answer = _one_line(trajectory.get("answer") or "") or None
     text = f"Final answer: {neutralize(answer)}" if answer else "No final answer."
     cost = {"tokens": tokens, "prompt_tokens": prompt_tokens, "cached_prompt_tokens": cached_prompt_tokens}
-    return _report(trajectory, text=text, answer=answer, status="fallback", seconds=seconds, **cost)
+    problem = problem or (None if answer else "the trajectory gave no answer")
+    return _report(trajectory, text=text, answer=answer, status="fallback", seconds=seconds, problem=problem, **cost)
 
 
 def _report(
@@ -273,6 +275,7 @@ def _report(
     seconds: float,
     prompt_tokens: int,
     cached_prompt_tokens: int,
+    problem: str | None = None,
 ) -> Report:
     return Report(
         trajectory_id=trajectory["id"],
@@ -284,6 +287,7 @@ def _report(
         prompt_tokens=prompt_tokens,
         cached_prompt_tokens=cached_prompt_tokens,
         seconds=seconds,
+        problem=problem,
     )
 
 
@@ -381,11 +385,11 @@ async def compress_trajectory(
         text = _canonical(sections, neutralize(traj_answer))
         return _report(trajectory, text=text, answer=traj_answer, status="ok", **timing)
     if methods is None:
-        return fallback_report(trajectory, **timing)
+        return fallback_report(trajectory, problem=problem, **timing)
     # The guided facts stand without the model: only the reasoning it did not write is missing.
     kept = {SECTIONS[1]: methods, **sections}
     text = _canonical({name: kept.get(name, _NONE_WRITTEN) for name in SECTIONS}, neutralize(traj_answer))
-    return _report(trajectory, text=text, answer=traj_answer, status="fallback", **timing)
+    return _report(trajectory, text=text, answer=traj_answer, status="fallback", problem=problem, **timing)
 
 
 #: Reads a report turn: the sections it gives, and what is wrong with it (``None``: nothing).
@@ -429,11 +433,12 @@ async def report_attempts(
     """
     cost = {"tokens": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
     best: dict[str, str] = {}
-    problem: str | None = "the model call failed"
+    problem: str | None = None
     for attempt in range(2):
         turn = await _attempt(model, messages, segments, sampling, derive_seed(seed, "compress", tid, attempt), cost)
-        if turn is None:
-            logger.warning("compressing %s failed (attempt %d)", tid, attempt + 1)
+        if isinstance(turn, str):
+            logger.warning("compressing %s failed (attempt %d): %s", tid, attempt + 1, turn)
+            problem = f"the model call failed: {turn}"
             continue
         sections, problem = read(turn)
         if problem is None:
@@ -467,13 +472,12 @@ async def _attempt(
     sampling: Sampling,
     seed: int,
     cost: dict[str, int],
-) -> TurnResult | None:
-    """One try at a report, its usage added to ``cost``; ``None`` when the model call failed."""
+) -> TurnResult | str:
+    """One try at a report, its usage added to ``cost``; the model call's error (redacted) when it failed."""
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
-    except Exception as exc:  # noqa: BLE001 - any model failure is retried, then carried forward
-        logger.warning("the compressor's model call failed: %s", redact(repr(exc), secrets_of(model)))
-        return None
+    except Exception as exc:  # noqa: BLE001 - any model failure is retried, then recorded in the report
+        return redact(f"{type(exc).__name__}: {exc}", secrets_of(model))
     cost["tokens"] += turn.generated_tokens
     cost["prompt_tokens"] += turn.prompt_tokens
     cost["cached_prompt_tokens"] += turn.cached_prompt_tokens

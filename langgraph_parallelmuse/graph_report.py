@@ -175,7 +175,7 @@ async def write_graph_report(
         line = "" if cut_off else _reasoning_line(turn.segments.get("reasoning", ""))
         return ({"reasoning": line}, None) if line else ({}, "no reasoning line")
 
-    sections, _, cost = await report_attempts(
+    sections, problem, cost = await report_attempts(
         model, messages, segments, sampling, read, seed=seed, tid=trajectory["id"]
     )
     line = sections.get("reasoning", "")
@@ -187,5 +187,6 @@ async def write_graph_report(
         status="ok" if line else "fallback",
         trajectory_tokens=trajectory_token_count(trajectory),
         seconds=time.perf_counter() - started,
+        problem=None if line else problem,
         **cost,
     )

@@ -117,6 +117,25 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
     return question, message_id
 
 
+def finished_event(traj: Trajectory) -> dict[str, Any]:
+    """The ``trajectory_finished`` progress event of a trajectory: with why it failed or stopped.
+
+    Example:
+        >>> finished_event({"id": "t0", "origin": {"kind": "initial"}, "status": "failed", "answer": None,
+        ...     "error": "model call failed: HTTP 401", "steps": [], "stats": {"generated_tokens": 0}})["error"]
+        'model call failed: HTTP 401'
+    """
+    return {
+        "id": traj["id"],
+        "kind": traj["origin"].get("kind"),
+        "status": traj["status"],
+        "answer": traj["answer"],
+        "error": traj.get("error"),
+        "steps": len(traj["steps"]),
+        "generated_tokens": traj["stats"]["generated_tokens"],
+    }
+
+
 def emit(event: str, **data: Any) -> None:
     """Send a progress event to the ``custom`` stream (a no-op outside a graph run)."""
     try:
@@ -415,15 +434,7 @@ class ParallelMuseNodes:
             async with self.limit(settings):
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
                 traj = await self.runner.run_job(job, question=payload["question"], config=settings)
-        emit(
-            "trajectory_finished",
-            id=traj["id"],
-            kind=traj["origin"].get("kind"),
-            status=traj["status"],
-            answer=traj["answer"],
-            steps=len(traj["steps"]),
-            generated_tokens=traj["stats"]["generated_tokens"],
-        )
+        emit("trajectory_finished", **finished_event(traj))
         return {"trajectories": [traj]}
 
     @_timed("rollout")
@@ -438,15 +449,7 @@ class ParallelMuseNodes:
 
         def on_event(event: str, **data: Any) -> None:
             if event == "trajectory_finished":
-                traj = data["trajectory"]
-                data = {
-                    "id": traj["id"],
-                    "kind": traj["origin"].get("kind"),
-                    "status": traj["status"],
-                    "answer": traj["answer"],
-                    "steps": len(traj["steps"]),
-                    "generated_tokens": traj["stats"]["generated_tokens"],
-                }
+                data = finished_event(data["trajectory"])
             emit(event, **data)
 
         with self.scope(payload["question"]):
@@ -522,6 +525,7 @@ class ParallelMuseNodes:
             status=report["status"],
             answer=report["answer"],
             tokens=report["tokens"],
+            problem=report.get("problem"),
         )
         return {"reports": [report]}
 
@@ -578,6 +582,7 @@ class ParallelMuseNodes:
                 "tokens": choice.tokens,
                 "prompt_tokens": choice.prompt_tokens,
                 "cached_prompt_tokens": choice.cached_prompt_tokens,
+                "error": choice.error,
             }
         spans = [*state.get("spans", []), ["stage2", started, time.time()]]
         stats["seconds"] = {
@@ -591,7 +596,7 @@ class ParallelMuseNodes:
                 stats["engine"] = engine_delta(start, now)
             else:  # resumed in another process: its counters began at zero, without the first part
                 stats["engine"] = {**engine_delta({}, now), "partial": "the run resumed in another process"}
-        emit("answer", answer=choice.answer, source=choice.source)
+        emit("answer", answer=choice.answer, source=choice.source, error=choice.error)
         text = choice.answer if choice.answer is not None else "No answer: every trajectory failed to produce one."
         return {
             "answer": choice.answer,

@@ -33,6 +33,7 @@ class Choice:
         tokens: Tokens the aggregator generated (0 for a baseline).
         prompt_tokens: Prompt tokens the aggregator was sent.
         cached_prompt_tokens: Of those, what the backend reported as served from its prefix cache.
+        error: Why the aggregator's pick was not used (``majority_fallback``), else ``None``.
     """
 
     answer: str | None
@@ -40,6 +41,7 @@ class Choice:
     tokens: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    error: str | None = None
 
 
 async def write_report(
@@ -83,21 +85,24 @@ async def choose_answer(
         >>> trajs = [{"answer": "Paris"}, {"answer": "Lyon"}, {"answer": "Paris"}]
         >>> cfg = ParallelMuseConfig(aggregation="majority")
         >>> asyncio.run(choose_answer(None, "Capital?", trajs, [], config=cfg, guided=False))
-        Choice(answer='Paris', source='majority', tokens=0, prompt_tokens=0, cached_prompt_tokens=0)
+        Choice(answer='Paris', source='majority', tokens=0, prompt_tokens=0, cached_prompt_tokens=0, error=None)
     """
     if config.aggregation != "parallelmuse":
         answer = BASELINES[config.aggregation](trajectories)
         return Choice(answer=answer, source=config.aggregation if answer is not None else "none")
     result = await aggregate_reports(aggregator, question, list(reports), guided=guided, seed=config.seed)
     answer, source = result.answer, result.source
+    error = result.error
     if answer is None and any(t["answer"] for t in trajectories):
         answer, source = majority_vote(trajectories), "majority_fallback"
+        error = error or "no report carries an answer"
     return Choice(
         answer=answer,
         source=source if answer is not None else "none",
         tokens=result.tokens,
         prompt_tokens=result.prompt_tokens,
         cached_prompt_tokens=result.cached_prompt_tokens,
+        error=error,
     )
 
 
@@ -123,6 +128,7 @@ def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:
         "report_tokens": report_tokens,
         "trajectory_tokens": traj_tokens,
         "fallback_reports": sum(1 for r in reports if r["status"] == "fallback"),
+        "fallback_problems": sorted({r["problem"] for r in reports if r.get("problem")}),
         "compression_ratio": report_tokens / traj_tokens if traj_tokens else None,
         "report_text_tokens": text_tokens,
         "text_ratio": text_tokens / traj_tokens if traj_tokens else None,

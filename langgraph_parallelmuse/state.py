@@ -187,6 +187,7 @@ class Report(TypedDict):
     prompt_tokens: int  # prompt tokens sent to write it
     cached_prompt_tokens: int  # observed: what the backend served from its prefix cache
     seconds: float
+    problem: NotRequired[str | None]  # why a report fell back (a failed model call names its error)
 
 
 def _merge_by(key: str):

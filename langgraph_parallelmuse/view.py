@@ -50,9 +50,8 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
             if origin.get("kind") == "branch" and origin.get("score") is not None
             else ""
         )
-        lines.append(
-            f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}) {traj['status']}: {traj['answer']!r}"
-        )
+        outcome = repr(traj["answer"]) if traj["answer"] is not None or not traj.get("error") else traj["error"]
+        lines.append(f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}) {traj['status']}: {outcome}")
         for i in range(start, len(traj["steps"])):
             lines.append(f"{indent}├─ {_step_line(traj, i)}")
             for child in children.get((traj["id"], i), []):

@@ -595,6 +595,28 @@ def test_an_empty_or_oversized_question_is_refused_by_the_parser(command, questi
     assert "argument question: the question" in err and ("is empty" in err or "the limit is" in err)
 
 
+def test_ask_shows_why_a_trajectory_failed_and_why_the_reports_fell_back(monkeypatch, capsys, fast_retries):
+    """Before, a failed trajectory got a green tick, the tree said "failed: None", and a down
+    compressor or aggregator left its reason only in a log line."""
+    refused = iter([PermissionError("HTTP 401: invalid key")])
+
+    def agent(index, messages):
+        return next(refused, None) or Reply(answer_text("Paris"))
+
+    def down(messages):
+        raise ConnectionRefusedError("the report server refused the connection")
+
+    model = ScriptedChatModel(responder=research_responder(agent, compress=down, aggregate=down))
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    assert _ask(PARIS, "--n", "3", "--mode", "none") == 0
+    captured = capsys.readouterr()
+    err = " ".join((captured.err + captured.out).split())
+    assert "✗" in err and "failed" in err and "PermissionError: HTTP 401: invalid key" in err  # progress and tree
+    assert "reports fell back: the model call failed: ConnectionRefusedError" in err
+    assert "the aggregator's pick was not used: the aggregator's model call failed: ConnectionRefusedError" in err
+
+
 def test_agent_shows_why_its_trajectory_failed(monkeypatch, capsys):
     def dead(messages):
         raise ConnectionError("server went away")

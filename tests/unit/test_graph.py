@@ -249,6 +249,33 @@ async def test_failed_aggregation_falls_back_to_the_majority():
     out = await graph.ainvoke({"question": QUESTION})
     assert out["answer"] == "Paris"
     assert out["answer_source"] == "majority_fallback"
+    assert out["stats"]["aggregate"]["error"] == "the aggregator's model call failed: RuntimeError: aggregator down"
+
+
+async def test_a_down_compressor_and_aggregator_leave_their_reasons_in_the_result_and_the_events():
+    """Before, the reports fell back and the majority stood in with the reason only in a log line."""
+
+    def down(messages):
+        raise ConnectionRefusedError("127.0.0.1:8000 refused the connection")
+
+    responder = research_responder(_answers_in_call_order("Paris", "Paris", "Lyon"), compress=down, aggregate=down)
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=responder), make_tools()[0], config={"n": 3, "mode": "none"}
+    )
+    events, out = [], None
+    async for mode, chunk in graph.astream({"question": QUESTION}, stream_mode=["custom", "values"]):
+        if mode == "custom":
+            events.append(chunk)
+        else:
+            out = chunk
+    reason = "the model call failed: ConnectionRefusedError: 127.0.0.1:8000 refused the connection"
+    assert [r["status"] for r in out["reports"]] == ["fallback"] * 3
+    assert {r["problem"] for r in out["reports"]} == {reason}
+    assert out["stats"]["compress"]["fallback_problems"] == [reason]
+    assert out["answer"] == "Paris" and out["answer_source"] == "majority_fallback"
+    assert "ConnectionRefusedError" in out["stats"]["aggregate"]["error"]
+    assert {e["problem"] for e in events if e["event"] == "report_written"} == {reason}
+    assert "ConnectionRefusedError" in next(e for e in events if e["event"] == "answer")["error"]
 
 
 async def test_separate_aggregator_model_gets_only_the_aggregation():
