@@ -359,10 +359,10 @@ async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) 
     return {"state": stored, "pending": list(snap.next)}
 
 
-def _all_failed(state: dict[str, Any]) -> bool:
-    """A stored run that stopped because every trajectory failed (see ``RolloutFailedError``)."""
-    trajectories = state.get("trajectories") or []
-    return bool(trajectories) and all(t.get("status") == "failed" for t in trajectories)
+def _failed(state: dict[str, Any]) -> int:
+    """How many trajectories of a stored run failed (a server down): a run where every one did
+    stopped there (``RolloutFailedError``); a finished run keeps the others' answers."""
+    return sum(t.get("status") == "failed" for t in state.get("trajectories") or [])
 
 
 async def _stream(graph: Any, payload: dict | None, run_config: dict, context: dict, n: int) -> dict[str, Any]:
@@ -488,19 +488,22 @@ async def _ask(args: argparse.Namespace) -> int:
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
             f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {redact(args.db)})" if args.db else "")
         )
-        if resumed is not None and not resumed["pending"]:
+        failed = _failed(resumed["state"]) if resumed is not None else 0
+        if resumed is not None and not resumed["pending"] and not failed:
             console.print(f"Run {run_id!r} already finished: its stored result follows (nothing is run again)")
             final = resumed["state"]
         else:
             payload, context = None, _overrides(args)
             if resumed is None:
                 payload = {"question": args.question}
-            elif _all_failed(resumed["state"]):
-                # Resuming at ``collect`` would only re-raise: ask again instead, with the stored
-                # settings; the same run id finds the same threads, and each failed one continues.
+            elif failed and (not resumed["pending"] or failed == len(resumed["state"]["trajectories"])):
+                # A finished run, or one stopped because every trajectory failed (resuming at
+                # ``collect`` would only re-raise): ask again with the stored settings; the same run
+                # id finds the same threads, finished ones are reused and each failed one continues.
                 payload, context = {"question": args.question}, resumed["state"]["settings"]
                 console.print(
-                    f"Retrying run {run_id!r}: every trajectory had failed; each continues from its last step"
+                    f"Retrying run {run_id!r}: {failed} of {len(resumed['state']['trajectories'])} trajectories "
+                    "had failed; each continues from its last step, the others are reused"
                 )
             else:
                 console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}")

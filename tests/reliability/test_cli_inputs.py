@@ -554,6 +554,30 @@ def test_resume_after_every_trajectory_failed_continues_each_from_its_last_step(
     assert agent_calls.count(0) == 2  # each trajectory's finished first step was not run again
 
 
+def test_resume_of_a_finished_run_with_a_failed_trajectory_retries_that_one_only(monkeypatch, tmp_path, capsys):
+    """Before, ``--resume`` of a finished run showed it "already finished": a trajectory that failed
+    (a server down for a moment) could be retried from Python but not from the command line."""
+    refused = iter([PermissionError("HTTP 401: the key was revoked")])
+
+    def agent(index, messages):
+        return next(refused, None) or _agent(index, messages)
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    monkeypatch.setattr(cli, "_model", lambda args: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    db, out_json = str(tmp_path / "x.sqlite"), tmp_path / "r.json"
+    argv = (PARIS, "--db", db, "--run-id", "r", "--n", "3", "--mode", "none", "--aggregation", "majority")
+    assert _ask(*argv) == 0
+    first = [c for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert _ask(*argv, "--resume", "--json", str(out_json)) == 0
+    assert "Retrying run 'r': 1 of 3 trajectories had failed" in _err(capsys)
+    result = json.loads(out_json.read_text())
+    assert [t["status"] for t in result["trajectories"]] == ["answered"] * 3
+    retried = [c for c in model.calls if role_of(c["messages"]) == "agent"][len(first) :]
+    assert [agent_step(c["messages"]) for c in retried] == [0, 1]  # the failed one's two steps, nothing else
+    assert _ask(*argv, "--resume") == 0 and "already finished" in _err(capsys)
+
+
 # ----------------------------------------------------------------------------- checked before anything runs
 
 
