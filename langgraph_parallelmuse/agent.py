@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -415,9 +415,10 @@ async def _run_tool(
         # Any other error, the tool's own timeout included (its message names the socket or API).
         return redact(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}"), True, []
     artifact = getattr(result, "artifact", None)
-    # A tool of the user's own may put anything there: only a list counts (the records' documents).
+    # A tool of the user's own may put anything there: only a collection of ids counts (not a string).
     listed = artifact.get("doc_ids") if isinstance(artifact, dict) else None
-    doc_ids = [str(d) for d in listed] if isinstance(listed, list | tuple) else []
+    collection = isinstance(listed, Iterable) and not isinstance(listed, str | bytes | dict)
+    doc_ids = [str(d) for d in listed] if collection else []
     error = (isinstance(result, ToolMessage) and result.status == "error") or (
         isinstance(artifact, dict) and artifact.get("error") is True
     )

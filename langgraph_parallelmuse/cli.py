@@ -819,9 +819,9 @@ async def _delete_thread(args: argparse.Namespace) -> int:
         raise ConfigError(f"--db {redact(args.db)} holds no thread {args.thread!r} and no trajectory thread of it")
     trajectories = f"{len([t for t in deleted if t != args.thread])} trajectory thread(s) of its runs"
     if args.thread in deleted:
-        console.print(f"deleted thread {args.thread!r} and {trajectories}")
+        console.print(f"deleted thread {_shown(repr(args.thread))} and {trajectories}")
     else:  # deleted before by a plain thread delete (Studio's)
-        console.print(f"thread {args.thread!r} held no checkpoint; deleted {trajectories}")
+        console.print(f"thread {_shown(repr(args.thread))} held no checkpoint; deleted {trajectories}")
     return 0
 
 

@@ -342,7 +342,7 @@ class ParallelMuseNodes:
             type(model).__name__,
             _model_name(model),
             model.name,
-            sorted((t.name, t.description) for t in runner.tools),
+            sorted(t.name for t in runner.tools),
             runner.system_prompt,
             repr(runner.driver),  # a frozen dataclass: its settings, no address
         ]
@@ -378,13 +378,21 @@ class ParallelMuseNodes:
         configurable = get_config().get("configurable") or {}
         parent_thread = configurable.get("thread_id")
         # The question, the settings, what else makes a trajectory (the model, the tools, the system
-        # prompt, the driver) and where this graph sits in the app (its node path, without task ids)
-        # name the run: the same question asked again on the thread finds its finished trajectories;
-        # asked with other settings, or by another graph on the thread (a small and a strong model
-        # side by side; two ParallelMuse nodes of one app with other search backends), it samples
-        # anew instead of reusing trajectories it did not make.
-        place = "|".join(part.split(":")[0] for part in str(configurable.get("checkpoint_ns") or "").split("|"))
-        key = json.dumps([question, settings.model_dump(), self.runner_identity(), place], sort_keys=True, default=str)
+        # prompt, the driver) and, inside an app, the app's nodes around this graph name the run: the
+        # same question asked again on the thread finds its finished trajectories; asked with other
+        # settings, or by another graph on the thread (a small and a strong model side by side; two
+        # ParallelMuse nodes of one app with other search backends), it samples anew instead of
+        # reusing trajectories it did not make. The nodes are read from the checkpoint namespace
+        # without task ids and without the counters LangGraph adds when a task retries a subgraph
+        # (as its recast_checkpoint_ns does); a top-level run (CLI, Studio) has none, so its key is
+        # what it was before nodes counted.
+        parts = str(configurable.get("checkpoint_ns") or "").split("|")
+        around = [part.split(":")[0] for part in parts if part and not part.isdigit()][:-1]
+        key = json.dumps(
+            [question, settings.model_dump(), self.runner_identity(), *([around] if around else [])],
+            sort_keys=True,
+            default=str,
+        )
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         # Deterministic ids under a checkpointed parent thread make a resumed run find its
         # finished trajectories; otherwise every run gets fresh threads.
@@ -597,7 +605,7 @@ class ParallelMuseNodes:
             else:  # resumed in another process: its counters began at zero, without the first part
                 stats["engine"] = {**engine_delta({}, now), "partial": "the run resumed in another process"}
         emit("answer", answer=choice.answer, source=choice.source, error=choice.error)
-        text = choice.answer if choice.answer is not None else "No answer: every trajectory failed to produce one."
+        text = choice.answer if choice.answer is not None else f"No answer: {choice.error or 'no trajectory answered'}."
         return {
             "answer": choice.answer,
             "answer_source": choice.source,

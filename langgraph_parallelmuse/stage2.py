@@ -7,6 +7,7 @@ trajectories wherever they are computed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,8 @@ async def choose_answer(
         >>> asyncio.run(choose_answer(None, "Capital?", trajs, [], config=cfg, guided=False))
         Choice(answer='Paris', source='majority', tokens=0, prompt_tokens=0, cached_prompt_tokens=0, error=None)
     """
+    if not any(t["answer"] for t in trajectories):
+        return Choice(answer=None, source="none", error=_unanswered(trajectories))
     if config.aggregation != "parallelmuse":
         answer = BASELINES[config.aggregation](trajectories)
         return Choice(answer=answer, source=config.aggregation if answer is not None else "none")
@@ -104,6 +107,20 @@ async def choose_answer(
         cached_prompt_tokens=result.cached_prompt_tokens,
         error=error,
     )
+
+
+def _unanswered(trajectories: Sequence[Trajectory]) -> str:
+    """Why no trajectory answered: their statuses and distinct errors (every one ran out of context, say).
+
+    Example:
+        >>> _unanswered([{"status": "context_exhausted", "error": "the context is exhausted at step 0"}] * 2)
+        'no trajectory answered (2 context_exhausted): the context is exhausted at step 0'
+    """
+    counts = Counter(t.get("status") for t in trajectories)
+    errors = list(dict.fromkeys(t["error"] for t in trajectories if t.get("error")))
+    shown = "; ".join(errors[:3]) + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
+    what = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return f"no trajectory answered ({what})" + (f": {shown}" if shown else "")
 
 
 def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:

@@ -602,6 +602,50 @@ async def test_two_parallelmuse_nodes_of_one_checkpointed_app_sample_their_own_t
     assert len(calls["web"]["search"]) == len(calls["wiki"]["search"]) == 2
 
 
+async def test_a_parents_retry_of_the_node_continues_the_same_run_not_a_new_one():
+    """LangGraph counts a retried subgraph into its checkpoint namespace ("pm:<id>|1|prepare:<id>"):
+    read as a node, the retry got a new run key and sampled every trajectory again."""
+    from langgraph.types import RetryPolicy
+
+    down = {"left": 2}
+
+    def agent(index, messages):
+        if index == 1 and down["left"] > 0:
+            down["left"] -= 1
+            raise RuntimeError("server down")
+        return Reply(call_text("search", "look", query="capital of France")) if index == 0 else answer_text("Paris")
+
+    saver, (tools, calls) = InMemorySaver(), make_tools()
+    model = ScriptedChatModel(responder=research_responder(agent))
+    graph = create_parallelmuse(model, tools, config={"n": 2, "mode": "none", "aggregation": "majority"})
+    app = StateGraph(MessagesState)
+    app.add_node("pm", graph, retry_policy=RetryPolicy(initial_interval=0.01, retry_on=ParallelMuseError))
+    app.add_edge(START, "pm")
+    out = await app.compile(checkpointer=saver).ainvoke(
+        {"messages": [HumanMessage(QUESTION)]}, {"configurable": {"thread_id": "c"}}
+    )
+    assert out["messages"][-1].content == "Paris"
+    assert len({t.rsplit("/", 1)[0] for t in saver.storage if "/" in t}) == 1  # one run id, as many threads as N
+    assert len(calls["search"]) == 2  # each trajectory's first step was not run again
+
+
+async def test_when_no_trajectory_answered_the_result_says_why():
+    """Every trajectory out of context (a llama.cpp slot smaller than the prompt): the answer message
+    said only that no trajectory produced one."""
+    from langgraph_parallelmuse.errors import ContextOverflowError
+
+    def agent(index, messages):
+        return ContextOverflowError("the prompt has 9000 tokens but max_context_tokens is 8192")
+
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, agent=agent)
+    out = await graph.ainvoke({"messages": [HumanMessage(QUESTION)]})
+    assert [t["status"] for t in out["trajectories"]] == ["context_exhausted"] * 2
+    assert out["answer"] is None and out["answer_source"] == "none"
+    assert "no trajectory answered (2 context_exhausted): the context is exhausted at step 0" in (
+        out["messages"][-1].content
+    )
+
+
 class _EngineModel(ScriptedChatModel):
     """A model with in-process engine counters (requests served), like LocalChatModel."""
 
