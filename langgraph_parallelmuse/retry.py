@@ -44,6 +44,30 @@ def is_transient(exc: BaseException) -> bool:
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
 
 
+#: The longest wait a server's Retry-After may ask for before a retry.
+MAX_RETRY_AFTER = 60.0
+
+
+def retry_after(exc: BaseException) -> float:
+    """Seconds an HTTP 429/503 asked to wait (its ``Retry-After`` header, in seconds), at most
+    :data:`MAX_RETRY_AFTER`; 0 without one. The openai client waits for it itself, but a routed
+    :class:`~langgraph_parallelmuse.models.server.ServerChatModel` leaves the retries to the library.
+
+    Example:
+        >>> import httpx
+        >>> class RateLimited(Exception):
+        ...     response = httpx.Response(429, headers={"retry-after": "7"})
+        >>> retry_after(RateLimited()), retry_after(ValueError())
+        (7.0, 0.0)
+    """
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    try:
+        seconds = float((headers or {}).get("retry-after") or 0)
+    except (TypeError, ValueError):  # an HTTP date: rare from these servers, and not worth a parser here
+        return 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
 def current_attempt() -> int:
     """The try of the innermost :func:`with_retries` running this code: 0 first, then 1, 2, ...
 
@@ -55,7 +79,8 @@ def current_attempt() -> int:
 
 
 async def with_retries(call: Callable[[], Awaitable[T]], *, retries: int = 2, base_delay: float = 0.5) -> T:
-    """Await ``call()``, retrying transient failures with exponential backoff and jitter.
+    """Await ``call()``, retrying transient failures with exponential backoff and jitter, waiting at
+    least what a server's ``Retry-After`` asks (:func:`retry_after`).
 
     Each try runs with :func:`current_attempt` set to its number.
     """
@@ -67,8 +92,9 @@ async def with_retries(call: Callable[[], Awaitable[T]], *, retries: int = 2, ba
         except Exception as exc:
             if attempt == retries or not is_transient(exc):
                 raise
+            wait = max(delay * (1 + random.random()), retry_after(exc))
         finally:
             _ATTEMPT.reset(token)
-        await asyncio.sleep(delay * (1 + random.random()))
+        await asyncio.sleep(wait)
         delay *= 2
     raise AssertionError("unreachable")

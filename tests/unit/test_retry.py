@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeoutError
+from openai import RateLimitError
 
 from langgraph_parallelmuse.retry import is_transient, with_retries
 
@@ -44,3 +45,35 @@ def test_httpx_transport_errors_are_transient():
     ):
         assert is_transient(exc), type(exc).__name__
     assert not is_transient(httpx.UnsupportedProtocol("ftp://", request=request))
+
+
+async def test_a_rate_limit_waits_what_its_retry_after_asks(monkeypatch):
+    """A routed ServerChatModel leaves retries to the library (the openai client would have waited
+    for Retry-After itself): the 0.5-1 s backoff would retry into the same rate limit."""
+    import langgraph_parallelmuse.retry as retry
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(retry.asyncio, "sleep", sleep)
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    calls = []
+
+    async def call() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RateLimitError(
+                "rate limited", response=httpx.Response(429, headers={"retry-after": "7"}, request=request), body=None
+            )
+        if len(calls) == 2:
+            raise RateLimitError(
+                "rate limited",
+                response=httpx.Response(429, headers={"retry-after": "3600"}, request=request),
+                body=None,
+            )
+        return "ok"
+
+    assert await with_retries(call) == "ok"
+    assert slept[0] == 7.0 and slept[1] == retry.MAX_RETRY_AFTER  # a day's wait is capped
