@@ -33,7 +33,7 @@ from langgraph.runtime import Runtime
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
-from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, ParallelMuseError, ProtocolError
+from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, ends_the_run, is_context_overflow
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
 from langgraph_parallelmuse.protocol import (
@@ -83,43 +83,6 @@ def _context_exhausted(steps: Sequence[Step], observations: Sequence[Observation
     # ~3 chars a token is a conservative estimate for English tool output.
     estimate = last["context_tokens"] + last["generated_tokens"] + obs_chars // 3 + 32
     return estimate + cfg.max_step_tokens > cfg.max_context_tokens
-
-
-_OVERFLOW_HINTS = (
-    "context length",
-    "context_length",
-    "maximum context",
-    "too many tokens",
-    "context window",
-    "prompt is too long",
-    "exceeds the context",
-    # llama.cpp's server: "the request exceeds the available context size", type exceed_context_size_error.
-    "exceeds the available context size",
-    "exceed_context_size",
-)
-
-
-def is_context_overflow(exc: BaseException) -> bool:
-    """A backend's "prompt does not fit the context window" error (the in-process engine's
-    :class:`ContextOverflowError`; OpenAI, vLLM, llama.cpp wording).
-
-    Example:
-        >>> is_context_overflow(ContextOverflowError("the prompt has 9000 tokens")), is_context_overflow(ValueError())
-        (True, False)
-    """
-    if isinstance(exc, ContextOverflowError):
-        return True
-    text = f"{getattr(exc, 'code', '')} {getattr(exc, 'type', '')} {exc}".lower()
-    return any(hint in text for hint in _OVERFLOW_HINTS)
-
-
-def _ends_the_run(exc: BaseException) -> bool:
-    """A model call's error that every trajectory would meet alike (a wrong setting or input).
-
-    A malformed reply (a NaN logprob: :class:`ProtocolError`) is that reply's fault, and a context
-    overflow that trajectory's: each fails only its trajectory, which can be resumed.
-    """
-    return isinstance(exc, ParallelMuseError) and not isinstance(exc, ProtocolError) and not is_context_overflow(exc)
 
 
 def _ended_by(exc: BaseException, index: int, model: BaseChatModel, *, trimmed: bool) -> dict[str, Any] | None:
@@ -290,7 +253,7 @@ class _StepNodes:
                     require_logprobs("".join(turn.segments.values()), turn.tokens)
                 break
             except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
-                if _ends_the_run(exc):
+                if ends_the_run(exc):
                     raise
                 if (ended := _ended_by(exc, index, self.model, trimmed=trim is not None)) is not None:
                     return ended

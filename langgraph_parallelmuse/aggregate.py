@@ -37,6 +37,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.answers import normalize_vote_key, token_f1
+from langgraph_parallelmuse.errors import ends_the_run
 from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Sampling, Segment, TurnResult, generate_turn
@@ -325,6 +326,8 @@ async def aggregate_reports(
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
     except Exception as exc:  # noqa: BLE001 - a failed aggregation falls back to the majority vote, recorded
+        if ends_the_run(exc):  # a wrong setting (a server without prompt_logprobs told to score): say so
+            raise
         result.error = "the aggregator's model call failed: " + redact(
             f"{type(exc).__name__}: {exc}", secrets_of(model)
         )

@@ -41,6 +41,7 @@ from functools import partial
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
+from langgraph_parallelmuse.errors import ends_the_run
 from langgraph_parallelmuse.facts import step_facts
 from langgraph_parallelmuse.protocol import neutralize, quote_untrusted, trajectory_text
 from langgraph_parallelmuse.redact import redact, secrets_of
@@ -477,6 +478,8 @@ async def _attempt(
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
     except Exception as exc:  # noqa: BLE001 - any model failure is retried, then recorded in the report
+        if ends_the_run(exc):  # a wrong setting: every report would meet it, and a fallback would hide it
+            raise
         return redact(f"{type(exc).__name__}: {exc}", secrets_of(model))
     cost["tokens"] += turn.generated_tokens
     cost["prompt_tokens"] += turn.prompt_tokens

@@ -42,3 +42,44 @@ class RolloutFailedError(ParallelMuseError):
     def __init__(self, message: str, *, result: dict) -> None:
         super().__init__(message)
         self.result = result
+
+
+_OVERFLOW_HINTS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "too many tokens",
+    "context window",
+    "prompt is too long",
+    "exceeds the context",
+    # llama.cpp's server: "the request exceeds the available context size", type exceed_context_size_error.
+    "exceeds the available context size",
+    "exceed_context_size",
+)
+
+
+def is_context_overflow(exc: BaseException) -> bool:
+    """A backend's "prompt does not fit the context window" error (the in-process engine's
+    :class:`ContextOverflowError`; OpenAI, vLLM, llama.cpp wording).
+
+    Example:
+        >>> is_context_overflow(ContextOverflowError("the prompt has 9000 tokens")), is_context_overflow(ValueError())
+        (True, False)
+    """
+    if isinstance(exc, ContextOverflowError):
+        return True
+    text = f"{getattr(exc, 'code', '')} {getattr(exc, 'type', '')} {exc}".lower()
+    return any(hint in text for hint in _OVERFLOW_HINTS)
+
+
+def ends_the_run(exc: BaseException) -> bool:
+    """A model call's error that every call of the run would meet alike (a wrong setting or input).
+
+    A malformed reply (a NaN logprob: :class:`ProtocolError`) is that reply's fault, and a context
+    overflow that trajectory's: each fails only its trajectory (or report), which can be resumed.
+
+    Example:
+        >>> ends_the_run(ConfigError("bad")), ends_the_run(ProtocolError("NaN")), ends_the_run(OSError())
+        (True, False, False)
+    """
+    return isinstance(exc, ParallelMuseError) and not isinstance(exc, ProtocolError) and not is_context_overflow(exc)

@@ -252,6 +252,22 @@ async def test_failed_aggregation_falls_back_to_the_majority():
     assert out["stats"]["aggregate"]["error"] == "the aggregator's model call failed: RuntimeError: aggregator down"
 
 
+@pytest.mark.parametrize("stage", ["compress", "aggregate"])
+async def test_a_wrong_setting_met_by_a_report_or_the_aggregator_ends_the_run(stage):
+    """As in the rollout: an error every call would meet (a server without prompt_logprobs told to
+    score) is the user's to fix, not a fallback that hides it."""
+
+    def wrong(messages):
+        raise ConfigError("http://127.0.0.1:8000/v1 returned no prompt_logprobs: pass supports_scoring=False")
+
+    responder = research_responder(_answers_in_call_order("Paris", "Paris"), **{stage: wrong})
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=responder), make_tools()[0], config={"n": 2, "mode": "none"}
+    )
+    with pytest.raises(ConfigError, match="supports_scoring=False"):
+        await graph.ainvoke({"question": QUESTION})
+
+
 async def test_a_down_compressor_and_aggregator_leave_their_reasons_in_the_result_and_the_events():
     """Before, the reports fell back and the majority stood in with the reason only in a log line."""
 

@@ -290,7 +290,7 @@ async def test_a_server_without_prompt_logprobs_is_named_when_asked_to_score() -
 
 async def test_an_option_no_prompt_tokens_spell_fails_its_trajectory_not_the_run() -> None:
     """The option's text, not the server's set-up: a ServerCheckError (a ConfigError) ended every trajectory."""
-    from langgraph_parallelmuse.agent import _ends_the_run
+    from langgraph_parallelmuse.errors import ends_the_run
 
     prompt = [
         ("<|im_start|>", None),
@@ -310,7 +310,7 @@ async def test_an_option_no_prompt_tokens_spell_fails_its_trajectory_not_the_run
     with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
         with pytest.raises(ProtocolError, match="no run of prompt tokens spells the continuation '\ufb01sh'") as info:
             await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="\ufb01sh")  # a ligature the tokenizer split
-    assert not _ends_the_run(info.value)
+    assert not ends_the_run(info.value)
 
 
 @pytest.mark.parametrize(
