@@ -153,6 +153,8 @@ def create_parallelmuse(
     guided_driver: GuidedDriver | None = None,
     system_prompt: str | None = None,
     name: str = "parallelmuse",
+    interrupt_before: Sequence[str] | None = None,
+    interrupt_after: Sequence[str] | None = None,
 ) -> CompiledStateGraph:
     """Create a compiled ParallelMuse graph around any logprob-returning chat model.
 
@@ -172,6 +174,8 @@ def create_parallelmuse(
         guided_driver: Settings of the guided step driver used for small local models.
         system_prompt: Replace the agent's system prompt (``{tools}`` is filled in).
         name: Graph name (shown in traces and Studio).
+        interrupt_before, interrupt_after: Nodes to pause at (needs a checkpointer), as in
+            ``StateGraph.compile``: e.g. ``["aggregate"]`` to read the reports before the pick.
 
     Returns:
         A compiled graph: input ``{"question": ...}`` or ``{"messages": [...]}``; output ``answer``,
@@ -199,7 +203,9 @@ def create_parallelmuse(
         guided_driver=guided_driver,
         system_prompt=system_prompt,
     )
-    compiled = graph.compile(checkpointer=checkpointer, name=name)
+    compiled = graph.compile(
+        checkpointer=checkpointer, name=name, interrupt_before=interrupt_before, interrupt_after=interrupt_after
+    )
     _RUNNERS[compiled] = _RUNNERS[graph]
     # Compiled without checkpoints even under a checkpointed parent: its trajectories stay out of the parent's.
     _RUNNERS[graph].borrows = checkpointer is not False

@@ -662,6 +662,18 @@ async def test_when_no_trajectory_answered_the_result_says_why():
     )
 
 
+async def test_the_factory_pauses_before_a_node_and_the_paused_run_resumes():
+    """Before, a pause needed a graph compiled by hand, on which rollout_runner() refused to work."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver(), interrupt_before=["aggregate"])
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "paused"}}
+    paused = await graph.ainvoke({"question": QUESTION}, cfg)
+    assert paused["answer"] is None and len(paused["reports"]) == 2
+    assert (await graph.aget_state(cfg)).next == ("aggregate",)
+    assert rollout_runner(graph) is not None  # the trajectories can be read while it waits
+    assert (await graph.ainvoke(None, cfg))["answer"] == "Paris"
+    assert _roles(model)["aggregate"] == 1
+
+
 class _EngineModel(ScriptedChatModel):
     """A model with in-process engine counters (requests served), like LocalChatModel."""
 
