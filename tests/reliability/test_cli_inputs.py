@@ -45,13 +45,19 @@ def _agent(index, messages):
     return Reply(answer_text("Paris"))
 
 
-@pytest.fixture
-def fake_cli(monkeypatch):
-    """``cli.main`` on a scripted model; returns the model (its ``calls`` count every request)."""
-    model = ScriptedChatModel(responder=research_responder(_agent))
+def _cli_on(monkeypatch, agent, **responder) -> ScriptedChatModel:
+    """``cli.main`` on a scripted model whose agent steps ``agent`` writes; returns the model (its
+    ``calls`` count every request)."""
+    model = ScriptedChatModel(responder=research_responder(agent, **responder))
     monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
     monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
     return model
+
+
+@pytest.fixture
+def fake_cli(monkeypatch):
+    """``cli.main`` on a scripted model; returns the model."""
+    return _cli_on(monkeypatch, _agent)
 
 
 def _ask(*argv: str) -> int:
@@ -536,9 +542,7 @@ def test_resume_after_every_trajectory_failed_continues_each_from_its_last_step(
             return ValueError("connection refused by http://127.0.0.1:9/v1")
         return _agent(index, messages)
 
-    model = ScriptedChatModel(responder=research_responder(agent))
-    monkeypatch.setattr(cli, "_model", lambda args: model)
-    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    model = _cli_on(monkeypatch, agent)
     db, out_json = str(tmp_path / "x.sqlite"), tmp_path / "r.json"
     argv = (PARIS, "--db", db, "--run-id", "r", "--n", "2", "--mode", "none", "--aggregation", "majority")
     assert _ask(*argv) == 1
@@ -562,9 +566,7 @@ def test_resume_of_a_finished_run_with_a_failed_trajectory_retries_that_one_only
     def agent(index, messages):
         return next(refused, None) or _agent(index, messages)
 
-    model = ScriptedChatModel(responder=research_responder(agent))
-    monkeypatch.setattr(cli, "_model", lambda args: model)
-    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    model = _cli_on(monkeypatch, agent)
     db, out_json = str(tmp_path / "x.sqlite"), tmp_path / "r.json"
     argv = (PARIS, "--db", db, "--run-id", "r", "--n", "3", "--mode", "none", "--aggregation", "majority")
     assert _ask(*argv) == 0
@@ -630,9 +632,7 @@ def test_ask_shows_why_a_trajectory_failed_and_why_the_reports_fell_back(monkeyp
     def down(messages):
         raise ConnectionRefusedError("the report server refused the connection")
 
-    model = ScriptedChatModel(responder=research_responder(agent, compress=down, aggregate=down))
-    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
-    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    _cli_on(monkeypatch, agent, compress=down, aggregate=down)
     assert _ask(PARIS, "--n", "3", "--mode", "none") == 0
     captured = capsys.readouterr()
     err = " ".join((captured.err + captured.out).split())
