@@ -36,6 +36,7 @@ from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext,
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, ends_the_run, is_context_overflow
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job
+from langgraph_parallelmuse.persistence import unwrapped
 from langgraph_parallelmuse.protocol import (
     SYSTEM_PROMPT,
     action_start,
@@ -425,11 +426,7 @@ def lendable(saver: BaseCheckpointSaver | None) -> bool:
     """
     if not isinstance(saver, BaseCheckpointSaver):  # None, or a graph's checkpointer=True/False
         return False
-    # langgraph-api wraps a checkpointer of the app's own (langgraph.json "checkpointer") in an
-    # adapter that passes every call on: what counts is the saver inside.
-    inner = vars(saver).get("_inner")
-    if type(saver).__module__.startswith("langgraph_api.") and isinstance(inner, BaseCheckpointSaver):
-        return lendable(inner)
+    saver = unwrapped(saver)  # what counts is the saver inside langgraph-api's adapter
     if not any((c.__module__, c.__qualname__) in _LENDABLE for c in type(saver).__mro__):
         return False
     loop = getattr(saver, "loop", None)

@@ -342,11 +342,9 @@ def context_overrides(context: object) -> dict[str, object]:
         return {}
     if isinstance(context, ParallelMuseConfig):
         return context.model_dump()
-    if isinstance(context, _Context):
+    if isinstance(context, _Context):  # its schema shows every field nullable: {"n": None} is unset
         values = {k: getattr(context, k) for k in context.model_fields_set}
-        # {"n": None}: the schema shows every field nullable (unset), as a parent's None is read.
-        return {k: v for k, v in values.items() if v is not None or _takes_none(k)}
-    if isinstance(context, Mapping):
+    elif isinstance(context, Mapping):
         values = context
     elif dataclasses.is_dataclass(context):  # slotted dataclasses have no __dict__
         values = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
@@ -363,8 +361,8 @@ def context_overrides(context: object) -> dict[str, object]:
             f"context must be a mapping of settings or an object with them as attributes, got "
             f"{type(context).__name__}: pass e.g. context={{'n': 4, 'k': 1}}"
         )
-    # A parent's own field named like a setting and left None (its "unset") is not one of ours where
-    # a setting cannot be None: read as ours, every run of the parent app would fail validation.
+    # A None where a setting cannot be None is "unset": a parent's own field named like a setting and
+    # left None is not one of ours (read as ours, every run of the parent app would fail validation).
     return {
         k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields and (v is not None or _takes_none(k))
     }

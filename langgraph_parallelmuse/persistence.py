@@ -230,11 +230,25 @@ async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id
     return threads
 
 
+def unwrapped(saver: BaseCheckpointSaver) -> BaseCheckpointSaver:
+    """The saver that holds the checkpoints: langgraph-api wraps a checkpointer of the app's own
+    (langgraph.json "checkpointer") in an adapter that passes every call on to it.
+
+    Example:
+        >>> from langgraph.checkpoint.memory import InMemorySaver
+        >>> saver = InMemorySaver()
+        >>> unwrapped(saver) is saver
+        True
+    """
+    inner = vars(saver).get("_inner")
+    if type(saver).__module__.startswith("langgraph_api.") and isinstance(inner, BaseCheckpointSaver):
+        return unwrapped(inner)
+    return saver
+
+
 async def _threads_under(saver: BaseCheckpointSaver, prefix: str) -> set[str]:
     """The saver's thread ids that start with ``prefix``."""
-    inner = vars(saver).get("_inner")  # langgraph-api's adapter passes every call on to it
-    if type(saver).__module__.startswith("langgraph_api.") and isinstance(inner, BaseCheckpointSaver):
-        return await _threads_under(inner, prefix)
+    saver = unwrapped(saver)
     kinds = {c.__name__ for c in type(saver).__mro__}
     # LIKE with the prefix's own wildcards escaped: a thread id may hold "_" or "%". Not with a
     # backslash, which PostgreSQL reads as a string escape under standard_conforming_strings=off.

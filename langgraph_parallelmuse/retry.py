@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -65,7 +66,7 @@ def retry_after(exc: BaseException) -> float:
         seconds = float((headers or {}).get("retry-after") or 0)
     except (TypeError, ValueError):  # an HTTP date: rare from these servers, and not worth a parser here
         return 0.0
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else 0.0
 
 
 def current_attempt() -> int:
