@@ -1,4 +1,5 @@
-"""Command line: ``ask`` (full pipeline), ``agent`` (one trajectory), ``bench``, ``calibrate``, ``export-model``.
+"""Command line: ``ask`` (full pipeline), ``agent`` (one trajectory), ``bench``, ``calibrate``, ``export-model``,
+``delete-thread`` (a thread with its trajectory threads).
 
 Example:
     $ parallelmuse ask "Which country is the Eiffel Tower in?" --n 8 --json result.json
