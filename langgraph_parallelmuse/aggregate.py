@@ -36,12 +36,12 @@ from typing import Literal
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.answers import normalize_vote_key, token_f1
+from langgraph_parallelmuse.answers import normalize_vote_key, strip_answer_label, token_f1
 from langgraph_parallelmuse.errors import ends_the_run
 from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Sampling, Segment, TurnResult, generate_turn
-from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls
+from langgraph_parallelmuse.state import Report, Trajectory, count_tool_calls, lineage_key
 from langgraph_parallelmuse.uncertainty import token_confidence
 
 __all__ = [
@@ -110,7 +110,8 @@ def _vote(answers: Sequence[str | None], weights: Sequence[float] | None = None)
     """Weighted plurality over normalised answers.
 
     Answers that are empty (or normalise to nothing) do not vote. Ties go to the group whose first
-    member comes earliest; the winner is reported as its first member's original text.
+    member comes earliest (callers pass answers in :func:`_in_lineage_order`); the winner is
+    reported as its first member's text without an answer label (the text the vote counted).
     """
     totals: dict[str, float] = {}
     first: dict[str, str] = {}
@@ -118,7 +119,7 @@ def _vote(answers: Sequence[str | None], weights: Sequence[float] | None = None)
         key = normalize_vote_key(answer)
         if not key:
             continue
-        first.setdefault(key, answer.strip())
+        first.setdefault(key, strip_answer_label(answer))
         totals[key] = totals.get(key, 0.0) + (1.0 if weights is None else weights[i])
     if not totals:
         return None
@@ -131,23 +132,31 @@ def _candidates(answers: Sequence[str | None]) -> list[str]:
     for answer in answers:
         key = normalize_vote_key(answer)
         if key:
-            groups.setdefault(key, answer.strip())
+            groups.setdefault(key, strip_answer_label(answer))
     return list(groups.values())
+
+
+def _in_lineage_order(records: Sequence[Trajectory], key: str = "id") -> list[Trajectory]:
+    """Records ordered by their trajectory ids: online branching lists trajectories as they end, and
+    a tie must not go to whichever happened to end first."""
+    return sorted(records, key=lambda r: lineage_key(str(r.get(key) or "")))
 
 
 def majority_vote(trajectories: Sequence[Trajectory]) -> str | None:
     """Most frequent final answer (answers grouped by :func:`normalize_vote_key`).
 
-    Only trajectories with a non-empty answer vote; a tie goes to the answer group that occurs
-    first; the original text of that group's first member is returned.
+    Only trajectories with a non-empty answer vote; a tie goes to the group of the trajectory whose
+    id comes first in lineage order (:func:`~langgraph_parallelmuse.state.lineage_key`), not to
+    the one that finished first; that trajectory's answer is returned, without an answer label.
 
     Example:
-        >>> majority_vote([{"answer": "Paris"}, {"answer": "Lyon"}, {"answer": "paris."}])
+        >>> majority_vote([{"id": "t0", "answer": "Paris"}, {"id": "t1", "answer": "Lyon"},
+        ...                {"id": "t2", "answer": "paris."}])
         'Paris'
-        >>> majority_vote([{"answer": "Lyon"}, {"answer": "Paris"}])  # tie: earliest group
+        >>> majority_vote([{"id": "t1", "answer": "Paris"}, {"id": "t0", "answer": "Answer: Lyon"}])  # tie
         'Lyon'
     """
-    return _vote([t.get("answer") for t in trajectories])
+    return _vote([t.get("answer") for t in _in_lineage_order(trajectories)])
 
 
 def trace_confidence(trajectory: Trajectory, *, top_k: int = 16) -> float | None:
@@ -174,7 +183,7 @@ def weighted_vote(trajectories: Sequence[Trajectory], *, top_k: int = 16) -> str
     """DeepConf weighted vote: each answer weighted by its trajectory's :func:`trace_confidence`.
 
     A trajectory without token logprobs weighs 0, unless no voter has logprobs: then every weight
-    is 1 and this is the majority vote. Ties go to the earliest answer group.
+    is 1 and this is the majority vote. Ties go as in :func:`majority_vote`.
 
     Example:
         >>> def traj(answer, lp):
@@ -183,7 +192,7 @@ def weighted_vote(trajectories: Sequence[Trajectory], *, top_k: int = 16) -> str
         >>> weighted_vote([traj("Lyon", -0.5), traj("Lyon", -0.5), traj("Paris", -3.0)])
         'Paris'
     """
-    voters = [t for t in trajectories if normalize_vote_key(t.get("answer"))]
+    voters = [t for t in _in_lineage_order(trajectories) if normalize_vote_key(t.get("answer"))]
     confidences = [trace_confidence(t, top_k=top_k) for t in voters]
     if all(c is None for c in confidences):
         return _vote([t["answer"] for t in voters])
@@ -191,7 +200,7 @@ def weighted_vote(trajectories: Sequence[Trajectory], *, top_k: int = 16) -> str
 
 
 def max_tool_calls(trajectories: Sequence[Trajectory]) -> str | None:
-    """Answer of the answered trajectory with the most tool calls (ties: the earliest).
+    """Answer of the answered trajectory with the most tool calls (ties: the first in lineage order).
 
     Tool calls are counted over the whole trajectory (a branch's prefix included) by
     :func:`~langgraph_parallelmuse.state.count_tool_calls`, the definition of ``stats.tool_calls``:
@@ -202,11 +211,11 @@ def max_tool_calls(trajectories: Sequence[Trajectory]) -> str | None:
         ...                 {"answer": "Paris", "observations": [{"name": "search"}, {"name": "visit"}]}])
         'Paris'
     """
-    voters = [t for t in trajectories if normalize_vote_key(t.get("answer"))]
+    voters = [t for t in _in_lineage_order(trajectories) if normalize_vote_key(t.get("answer"))]
     if not voters:
         return None
     best = max(voters, key=lambda t: count_tool_calls(t.get("observations", [])))
-    return best["answer"].strip()
+    return strip_answer_label(best["answer"])
 
 
 BASELINES: dict[str, Callable[[Sequence[Trajectory]], str | None]] = {
@@ -303,6 +312,7 @@ async def aggregate_reports(
         >>> result.answer, result.source, result.raw
         ('Lyon', 'aggregator', 'Answer:the city of Lyon')
     """
+    reports = _in_lineage_order(reports, "trajectory_id")
     answers = [r.get("answer") for r in reports]
     candidates = _candidates(answers)
     if not candidates:

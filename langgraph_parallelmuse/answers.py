@@ -11,7 +11,7 @@ import re
 import string
 from collections import Counter
 
-__all__ = ["normalize_answer", "normalize_vote_key", "token_f1"]
+__all__ = ["normalize_answer", "normalize_vote_key", "strip_answer_label", "token_f1"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -63,9 +63,19 @@ def normalize_vote_key(answer: str | None) -> str:
         >>> normalize_vote_key("**Final answer:** the Paris") == normalize_vote_key("paris")
         True
     """
+    return normalize_answer(strip_answer_label(answer))
+
+
+def strip_answer_label(answer: str | None) -> str:
+    """The answer without a leading ``answer:`` / ``final answer:`` label, stripped (``None`` gives ``""``).
+
+    Example:
+        >>> strip_answer_label("  Final answer: Paris ")
+        'Paris'
+    """
     if not answer:
         return ""
-    return normalize_answer(_ANSWER_PREFIX.sub("", answer.strip(), count=1))
+    return _ANSWER_PREFIX.sub("", answer.strip(), count=1).strip()
 
 
 def token_f1(prediction: str | None, gold: str | None, *, yes_no_rule: bool = True) -> float:

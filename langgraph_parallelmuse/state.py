@@ -7,6 +7,7 @@ Postgres) can store them and results can be dumped as JSON unchanged.
 from __future__ import annotations
 
 import operator
+import re
 from typing import Annotated, Any, Literal, NotRequired
 
 from langchain_core.messages import AnyMessage
@@ -80,6 +81,21 @@ def count_tool_calls(observations: list[Observation]) -> int:
         2
     """
     return sum(1 for o in observations if o["name"] != "invalid")
+
+
+def lineage_key(trajectory_id: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key of a trajectory id (``t2 < t10``, a branch ``t0.s4.b1`` after its parent ``t0``).
+
+    Ids come from the lineage, never from when a trajectory happened to finish, so whatever
+    depends on the order of trajectories (a vote's ties) comes out the same in every run and
+    every schedule (post hoc or online) that ran the same trajectories.
+
+    Example:
+        >>> sorted(["t10", "t0.s4.b1", "f0", "t2", "t0"], key=lineage_key)
+        ['f0', 't0', 't0.s4.b1', 't2', 't10']
+    """
+    # Numbers as numbers, and typed so a number never meets a word in a comparison.
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", trajectory_id) if part)
 
 
 TrajectoryStatus = Literal[

@@ -23,7 +23,13 @@ from langgraph_parallelmuse.eval.scoring import (
     retrieval_recall,
     score_answer,
 )
-from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval.stats import (
+    bootstrap_ci,
+    bootstrap_ratio,
+    format_diff,
+    paired_bootstrap_diff,
+    within_noise,
+)
 
 __all__ = [
     "EVAL_DATA_ENV",
@@ -31,6 +37,7 @@ __all__ = [
     "EvalDataError",
     "QAItem",
     "bootstrap_ci",
+    "bootstrap_ratio",
     "contains_gold",
     "eval_data_dir",
     "exact_match",

@@ -16,7 +16,7 @@ try:
 except ImportError:  # numpy is optional: the library does not depend on it
     _np = None
 
-__all__ = ["bootstrap_ci", "paired_bootstrap_diff", "within_noise"]
+__all__ = ["bootstrap_ci", "bootstrap_ratio", "paired_bootstrap_diff", "within_noise"]
 
 
 def _check(values: Sequence[float], n_resamples: int, confidence: float) -> list[float]:
@@ -131,6 +131,58 @@ def paired_bootstrap_diff(
         )
     diffs = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
     return bootstrap_ci(diffs, n_resamples=n_resamples, confidence=confidence, seed=seed)
+
+
+def bootstrap_ratio(
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    *,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """Ratio of sums ``sum(numerators) / sum(denominators)`` over questions, with a bootstrap interval.
+
+    The ratio a benchmark reports for totals (tokens of one method against another's, seconds
+    against seconds): each question weighs by its size, as in the totals. Questions are resampled
+    as pairs.
+
+    Args:
+        numerators: One value per question (e.g. a variant's generated tokens).
+        denominators: The reference's values on the same questions, in the same order; positive sum.
+        n_resamples: Bootstrap resamples.
+        confidence: Interval coverage, in (0, 1).
+        seed: Random seed.
+
+    Returns:
+        ``(ratio, low, high)``.
+
+    Raises:
+        ValueError: The sequences differ in length or are empty, or the denominators sum to 0 or less.
+
+    Example:
+        >>> ratio, low, high = bootstrap_ratio([60, 50, 70, 65], [100, 90, 110, 100])
+        >>> round(ratio, 3), low <= ratio <= high
+        (0.613, True)
+    """
+    num = _check(numerators, n_resamples, confidence)
+    den = [float(v) for v in denominators]
+    if len(num) != len(den):
+        raise ValueError(f"paired values need equal lengths, got {len(num)} and {len(den)}")
+    if math.fsum(den) <= 0:
+        raise ValueError("the denominators sum to 0 or less: a ratio of sums needs a positive reference")
+    ratio = math.fsum(num) / math.fsum(den)
+    alpha, n = (1.0 - confidence) / 2.0, len(num)
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n_resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        total = math.fsum(den[i] for i in picks)
+        # A resample of only zero-sized reference questions has no ratio; it is left out.
+        if total > 0:
+            ratios.append(math.fsum(num[i] for i in picks) / total)
+    ratios.sort()
+    return ratio, _percentile(ratios, alpha), _percentile(ratios, 1 - alpha)
 
 
 def within_noise(low: float, high: float) -> bool:

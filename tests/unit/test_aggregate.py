@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import get_args
 
 import pytest
@@ -236,6 +237,44 @@ def test_majority_vote_tie_goes_to_the_earliest_group(make_trajectory):
     assert majority_vote(trajs) == "Lyon"
     assert majority_vote([]) is None
     assert majority_vote([make_trajectory("a", None)]) is None
+
+
+def test_ties_go_by_lineage_not_by_the_order_trajectories_ended_in(make_trajectory):
+    """Online branching lists trajectories as they end (the same answers once scored EM 1 post hoc and
+    0 online); every order of the same trajectories must give the same winner."""
+    trajs = [
+        make_trajectory("t1", "Lyon", observations={0: "x"}),
+        make_trajectory("t10", "Paris", observations={0: "x"}),
+        make_trajectory("t0.s2.b0", "Lyon", observations={0: "x"}),
+        make_trajectory("t0", "Paris", observations={0: "x"}),
+    ]
+    for order in itertools.permutations(trajs):
+        assert majority_vote(order) == "Paris"  # t0 comes first in lineage order
+        assert weighted_vote(order) == "Paris"
+        assert max_tool_calls(order) == "Paris"
+
+
+def test_the_vote_returns_the_answer_it_counted_without_a_label(make_trajectory):
+    """Votes are grouped without an "Answer:" label, so the winner is scored without it too."""
+    trajs = [make_trajectory("t0", "Answer: Paris"), make_trajectory("t1", "Paris")]
+    assert majority_vote(trajs) == "Paris"
+    assert max_tool_calls(trajs) == "Paris"
+
+
+async def test_the_reports_order_does_not_change_the_aggregation(fake_model):
+    reports = [
+        _report("t0.s1.b0", "Lyon"),
+        _report("t1", "Paris"),
+        _report("t0", "Answer: Paris"),
+        _report("t2", "Lyon"),
+    ]
+    results = [
+        await aggregate_reports(fake_model(["zzz"]), QUESTION, list(order), guided=True)
+        for order in (reports, reports[::-1])
+    ]
+    assert {(r.answer, r.source, tuple(r.candidates)) for r in results} == {
+        ("Paris", "majority_fallback", ("Paris", "Lyon"))
+    }
 
 
 def test_weighted_vote_lets_a_confident_minority_win(make_trajectory):

@@ -145,7 +145,7 @@ def test_online_rollout_on_vllm_starts_the_server_empties_its_cache_before_each_
 
     async def schedule(runner, question, *, config, run_id):
         events.append(("run", run_id))
-        return [{"stats": {"generated_tokens": 5}, "status": "done", "answer": "a"}] * config.n, []
+        return [{"stats": {"generated_tokens": 5}, "status": "answered", "answer": "Lyon", "id": "t0"}] * config.n, []
 
     monkeypatch.setattr(online_rollout, "vllm_specs", lambda args, count: ["spec"] * count)
     monkeypatch.setattr(online_rollout, "serve", serve)
@@ -179,7 +179,7 @@ def test_online_rollout_from_start_measures_only_later_questions_and_reports_eve
 
     async def schedule(runner, question, *, config, run_id):
         runs.append(run_id)
-        return [{"stats": {"generated_tokens": 5}, "status": "done", "answer": "a"}] * config.n, []
+        return [{"stats": {"generated_tokens": 5}, "status": "answered", "answer": "Lyon", "id": "t0"}] * config.n, []
 
     monkeypatch.setattr(online_rollout, "backend", backend)
     monkeypatch.setattr(online_rollout, "run_schedule", schedule)
@@ -190,6 +190,9 @@ def test_online_rollout_from_start_measures_only_later_questions_and_reports_eve
     assert runs == ["warm-up", *(f"q1/{v}" for v in reversed(online_rollout.VARIANTS))]
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["q0", "q1"]
+    # what each variant voted on is kept, so the row can be checked and scored again
+    assert rows[1]["online"]["answer"] == "Lyon"
+    assert rows[1]["online"]["answers"] == [["t0", "answered", "Lyon"]] * 8
     assert "2 questions, one in flight" in capsys.readouterr().out
 
 

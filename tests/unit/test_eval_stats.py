@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from langgraph_parallelmuse.eval import bootstrap_ci, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval import bootstrap_ci, bootstrap_ratio, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.eval import stats as stats_module
 
 SCORES = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
@@ -97,3 +97,22 @@ def test_within_noise():
     assert within_noise(0.0, 0.2)
     assert not within_noise(0.01, 0.2)
     assert not within_noise(-0.2, -0.01)
+
+
+def test_bootstrap_ratio_is_the_ratio_of_totals_with_an_interval_around_it():
+    generated = [600, 500, 700, 650, 3000]
+    scratch = [1000, 900, 1100, 1000, 4000]
+    ratio, low, high = bootstrap_ratio(generated, scratch, seed=3)
+    assert ratio == pytest.approx(5450 / 8000)  # totals, not the mean of per-question ratios (0.666)
+    assert low < ratio < high
+    assert bootstrap_ratio(generated, scratch, seed=3) == (ratio, low, high)
+    assert bootstrap_ratio([5, 5], [10, 10]) == (0.5, 0.5, 0.5)
+
+
+def test_bootstrap_ratio_refuses_what_has_no_ratio():
+    with pytest.raises(ValueError, match="equal lengths"):
+        bootstrap_ratio([1, 2], [1])
+    with pytest.raises(ValueError, match="positive reference"):
+        bootstrap_ratio([1, 2], [0, 0])
+    with pytest.raises(ValueError, match="empty"):
+        bootstrap_ratio([], [])
