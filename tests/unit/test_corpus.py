@@ -7,12 +7,15 @@ import gc
 import importlib.util
 import json
 import os
+import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from langgraph_parallelmuse.tools import CorpusError, CorpusIndex, Doc, fts_query, slugify
+from langgraph_parallelmuse.tools import CorpusError, CorpusIndex, Doc, corpus, fts_query, slugify
 
 EVAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "eval-data"
 
@@ -290,3 +293,93 @@ def test_unwritable_cache_dir_fails_clearly(tmp_path: Path) -> None:
     not_a_dir.write_text("x")
     with pytest.raises(CorpusError, match="PARALLELMUSE_CACHE_DIR"):
         CorpusIndex.from_jsonl(src, cache_dir=not_a_dir)
+
+
+CLOSE_WHILE_READING = """
+import sys, threading
+from langgraph_parallelmuse.tools import CorpusIndex
+index = CorpusIndex.from_jsonl(sys.argv[1], cache_dir=sys.argv[2])
+stop, errors = threading.Event(), []
+def reader():
+    try:
+        while not stop.is_set():
+            index.search("tower capital", k=3)
+            index.get("d3")
+            list(index)
+    except BaseException as exc:
+        errors.append(exc)
+threads = [threading.Thread(target=reader) for _ in range(3)]
+for t in threads:
+    t.start()
+for _ in range(300):
+    index.close()
+stop.set()
+for t in threads:
+    t.join()
+print(errors)
+"""
+
+
+def test_close_while_other_threads_read_neither_crashes_nor_fails_them(tmp_path: Path, cache: Path) -> None:
+    """SQLite reads without the GIL: closing a connection another thread was reading through freed
+    memory under it (a segmentation fault, 3 runs in 3). In a subprocess, so a crash is a failure here."""
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    script = tmp_path / "close_race.py"
+    script.write_text(CLOSE_WHILE_READING)
+    done = subprocess.run(
+        [sys.executable, str(script), str(src), str(cache)], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr[-2000:]
+
+
+def test_a_file_that_is_not_an_index_is_a_corpus_error_naming_it(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("just some notes, not SQLite\n" * 200)
+    with pytest.raises(CorpusError, match=r"cannot read the index .*notes\.txt \(file is not a database\)"):
+        CorpusIndex(notes)
+
+
+def test_a_damaged_index_names_its_file_and_how_to_rebuild_it(tmp_path: Path, cache: Path) -> None:
+    src = write_jsonl(
+        tmp_path / "c.jsonl", DOCS * 1 + [{"id": f"x{i}", "title": f"T {i}", "text": "w " * 300} for i in range(200)]
+    )
+    index = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    path = index.path
+    index.close()
+    del index
+    data = bytearray(path.read_bytes())
+    data[4096 : len(data) - 4096] = b"\xff" * (len(data) - 8192)  # every page but the first and last
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorpusError, match=rf"cannot read the index {re.escape(str(path))} .*delete it"):
+        CorpusIndex(path).search("tower", k=3)
+
+
+def test_an_unreadable_source_is_named_as_such_not_as_the_cache(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    real_open = Path.open
+
+    def refusing_open(self: Path, *args, **kwargs):
+        if self == src:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    with pytest.raises(CorpusError, match=r"cannot read .*c\.jsonl: Permission denied") as err:
+        CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert "PARALLELMUSE_CACHE_DIR" not in str(err.value)  # the advice for an unwritable cache
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b'{"Paris": {"title": "Paris", "extract": "Capi', b'{"Paris": "a string"}', b"[1, 2]", b"\xff\xfe{}"],
+)
+def test_a_damaged_wikipedia_file_names_it_and_the_reinstall(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, content: bytes
+) -> None:
+    source = tmp_path / "summaries_en-us.json"
+    source.write_bytes(content)
+    monkeypatch.setattr(corpus, "_wikipedia_file", lambda: source)
+    with pytest.raises(CorpusError, match=rf"{re.escape(str(source))} is damaged .*--force-reinstall"):
+        CorpusIndex.wikipedia(cache_dir=cache)
