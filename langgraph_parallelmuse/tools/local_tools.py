@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from langgraph_parallelmuse.errors import CorpusError
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
-__all__ = ["SearchInput", "VisitInput", "goal_excerpt", "make_corpus_tools", "pasted_id"]
+__all__ = ["SearchInput", "VisitInput", "echo", "goal_excerpt", "make_corpus_tools", "pasted_id"]
 
 ELLIPSIS = "[...]"
 SEARCH_DESCRIPTION = (
@@ -60,6 +60,17 @@ async def _lookup_thread(func: Callable[..., _T], *args, **kwargs) -> _T:
     if _LOOKUPS is None:
         _LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="parallelmuse-corpus")
     return await asyncio.get_running_loop().run_in_executor(_LOOKUPS, functools.partial(func, *args, **kwargs))
+
+
+def echo(text: str, *, limit: int = 200) -> str:
+    """``text`` quoted for a tool's reply, cut at ``limit`` characters: a "no results" or error
+    reply repeats the agent's input (sometimes a pasted page) without outgrowing the tool's bound.
+
+    Example:
+        >>> echo("Eiffel"), len(echo("x" * 1000))
+        ("'Eiffel'", 203)
+    """
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def pasted_id(text: str) -> str | None:
@@ -207,7 +218,7 @@ def make_corpus_tools(
             return "empty query: give search some words to look for.", {"doc_ids": []}
         hits = await _lookup_thread(index.search, query, k=k, doc_ids=subset)
         if not hits:
-            return f"No results for {query!r}. Try other words.", {"doc_ids": []}
+            return f"No results for {echo(query)}. Try other words.", {"doc_ids": []}
         # A hit is two lines, whatever the document holds: its newlines could forge hit lines.
         lines = [f"[{n}] {_line(h.title)} (id: {h.id})\n{_line(h.snippet)}" for n, h in enumerate(hits, 1)]
         return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}
@@ -216,7 +227,7 @@ def make_corpus_tools(
         found = await _lookup_thread(_lookup, index, doc, subset)
         if found is None:
             return (
-                f"No document {doc.strip()!r}: that id or title is unknown. Use an id from the search results.",
+                f"No document {echo(doc.strip())}: that id or title is unknown. Use an id from the search results.",
                 {"doc_ids": []},
             )
         header = f"{found.title}\n\n"

@@ -23,11 +23,13 @@ from tavily.errors import TimeoutError as TavilyTimeoutError
 from tavily.errors import UsageLimitExceededError
 
 from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.tools.local_tools import (
     SEARCH_DESCRIPTION,
     VISIT_DESCRIPTION,
     SearchInput,
     VisitInput,
+    echo,
     goal_excerpt,
     pasted_id,
 )
@@ -76,7 +78,8 @@ def make_tavily_tools(
         max_results: Search hits per query.
         max_chars: Longest output of either tool; long pages become a goal-focused excerpt.
         retries: Extra attempts after the first for retryable errors.
-        timeout: Seconds per HTTP request (Tavily caps a search at 120, and a visit's extract at 60).
+        timeout: Seconds per attempt, the whole request (Tavily caps a search at 120, and a visit's
+            extract at 60).
         backoff: First retry delay in seconds; doubles each retry, with jitter.
 
     Returns:
@@ -92,11 +95,15 @@ def make_tavily_tools(
         ... ))
         >>> urls = msg.artifact["doc_ids"]  # doctest: +SKIP
     """
-    key = api_key or os.environ.get("TAVILY_API_KEY")
+    # A key read from a file often ends in a line break, which httpx refuses in a header and then
+    # prints, escaped, in its error: past any exact-match redaction.
+    key = (api_key or os.environ.get("TAVILY_API_KEY") or "").strip()
     if not key:
         raise MissingTavilyKeyError(
             "no Tavily API key: set the TAVILY_API_KEY environment variable or pass make_tavily_tools(api_key=...)"
         )
+    if any(c.isspace() or not c.isprintable() for c in key):
+        raise ConfigError("the Tavily API key holds spaces or control characters: copy it again from app.tavily.com")
 
     web = _Tavily(
         key=key,
@@ -153,8 +160,9 @@ class _Tavily:
             raise ConfigError("make_tavily_tools: " + "; ".join(problems))
 
     def redact(self, text: str) -> str:
-        # Servers and proxies may echo request headers into error bodies; never pass the key on.
-        return text.replace(self.key, "***")
+        # Servers and proxies may echo request headers into error bodies; never pass the key on
+        # (nor anything shaped like one: a header error prints the key escaped).
+        return redact(text, [self.key])
 
     async def call(self, op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         attempt = 0
@@ -162,7 +170,11 @@ class _Tavily:
             try:
                 # A client per call: an httpx pool is bound to the event loop that opened it, and
                 # the tools may be used from several loops (threads, asyncio.run per question).
-                async with AsyncTavilyClient(api_key=self.key, api_base_url=self.base_url) as client:
+                # The whole attempt, not each socket read: a server that drips bytes would outlast it.
+                async with (
+                    asyncio.timeout(self.timeout),
+                    AsyncTavilyClient(api_key=self.key, api_base_url=self.base_url) as client,
+                ):
                     data = await op(client)
                 if not isinstance(data, dict):
                     raise TypeError(f"unexpected Tavily response of type {type(data).__name__}")
@@ -190,9 +202,9 @@ class _Tavily:
             data = await self.call(lambda c: c.search(query, max_results=self.max_results, timeout=self.timeout))
         except Exception as exc:
             return self.failure("web search", exc)
-        results = [r for r in data.get("results") or [] if isinstance(r, dict) and r.get("url")]
+        results = [r for r in _listed(data, "results") if isinstance(r.get("url"), str) and r["url"]]
         if not results:
-            return f"No results for {query!r}. Try other words.", {"doc_ids": []}
+            return f"No results for {echo(query)}. Try other words.", {"doc_ids": []}
         per_hit = max(self.max_chars // len(results) - 100, 80)
         lines = []
         for n, r in enumerate(results, 1):
@@ -209,7 +221,7 @@ class _Tavily:
         url = _as_url(doc)
         if url is None:
             return (
-                f"No document {doc.strip()!r}: visit needs a URL (an id from the search results).",
+                f"No document {echo(doc.strip())}: visit needs a URL (an id from the search results).",
                 {"doc_ids": []},
             )
         try:
@@ -217,10 +229,10 @@ class _Tavily:
             data = await self.call(lambda c: c.extract([url], format="text", timeout=timeout))
         except Exception as exc:
             return self.failure(f"visit {url}", exc)
-        pages = [r for r in data.get("results") or [] if isinstance(r, dict)]
+        pages = _listed(data, "results")
         content = str(pages[0].get("raw_content") or "") if pages else ""
         if not content.strip():
-            reasons = [str(f.get("error")) for f in data.get("failed_results") or [] if isinstance(f, dict)]
+            reasons = [str(f.get("error"))[:200] for f in _listed(data, "failed_results")]
             why = f" ({'; '.join(reasons)})" if reasons else ""
             return self.redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
         title = str(pages[0].get("title") or pages[0].get("url") or url)
@@ -229,9 +241,16 @@ class _Tavily:
         return self.redact(header + body), {"doc_ids": [url]}
 
 
+def _listed(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The objects of a list field of a Tavily response; anything else there counts as none."""
+    value = data.get(key)
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 def _is_transient(exc: Exception) -> bool:
-    # The client wraps only timeouts: a refused or dropped connection reaches us as httpx's own error.
-    transport = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+    # The client wraps only timeouts: a refused or dropped connection reaches us as httpx's own error;
+    # TimeoutError is the attempt's own bound.
+    transport = (TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
     if isinstance(exc, (UsageLimitExceededError, TavilyTimeoutError, *transport)):
         return True
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
@@ -242,6 +261,8 @@ def _describe(exc: Exception) -> str:
         return f"rate limited (HTTP 429){': ' + str(exc) if str(exc) else ''}"
     if isinstance(exc, httpx.HTTPStatusError):
         return f"HTTP {exc.response.status_code} from {exc.request.url.host}"
+    if isinstance(exc, TimeoutError) and not str(exc):  # the attempt's own bound
+        return "timed out"
     detail = str(exc)
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 

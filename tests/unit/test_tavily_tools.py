@@ -26,6 +26,7 @@ class Reply:
     body: Any = None
     delay: float = 0.0
     drop: bool = False  # close the connection without a response
+    drip: float = 0.0  # seconds between the body's bytes
 
 
 @dataclass
@@ -77,7 +78,12 @@ def fake() -> Iterator[FakeTavily]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if not reply.drip:
+                self.wfile.write(data)
+            for i in range(len(data) if reply.drip else 0):
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+                time.sleep(reply.drip)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -304,3 +310,49 @@ async def test_visit_of_a_pasted_search_line_opens_its_whole_url(fake: FakeTavil
     _, visit = tools(fake)
     msg = await call(visit, doc=f"[1] Mercury (planet) - Wikipedia (id: {url})")
     assert fake.requests[-1][2]["urls"] == [url] and msg.artifact["doc_ids"] == [url]
+
+
+async def test_a_key_read_with_its_line_break_works_and_never_leaks(fake: FakeTavily) -> None:
+    """httpx refuses a header ending in a line break and prints the key, escaped, in its error:
+    before, that error (the whole key) was the agent's observation."""
+    fake.script["/search"] = [SEARCH_OK]
+    search, _ = tools(fake, api_key=KEY + "\r\n")
+    msg = await call(search, query="eiffel")
+    assert len(msg.artifact["doc_ids"]) == 2
+    ((_, headers, _),) = fake.requests
+    assert headers["Authorization"] == f"Bearer {KEY}"
+    with pytest.raises(ConfigError, match="spaces or control characters"):
+        make_tavily_tools(api_key="tvly-abc\x00def")
+
+
+async def test_the_timeout_bounds_the_whole_request_not_each_read(fake: FakeTavily) -> None:
+    """A server that drips its answer one byte at a time took 33 s against timeout=1 before."""
+    fake.script["/search"] = [Reply(200, SEARCH_OK.body, drip=0.05)]  # about 20 s for the body
+    search, _ = tools(fake, timeout=0.5, retries=0)
+    msg = await call(search, query="eiffel")
+    assert msg.content == "Error: web search on Tavily failed after 1 attempts (timed out)."
+    assert msg.artifact == {"doc_ids": [], "error": True}
+
+
+@pytest.mark.parametrize("body", [{"results": 5}, {"results": True}, {"results": [{"url": ["x"]}, "y"]}])
+async def test_odd_search_json_is_no_results(fake: FakeTavily, body: dict) -> None:
+    fake.script["/search"] = [Reply(200, body)]
+    search, _ = tools(fake)
+    msg = await call(search, query="eiffel")
+    assert msg.content == "No results for 'eiffel'. Try other words."
+    assert msg.artifact == {"doc_ids": []}
+
+
+async def test_odd_extract_json_is_a_page_that_could_not_be_read(fake: FakeTavily) -> None:
+    fake.script["/extract"] = [Reply(200, {"results": 5, "failed_results": 1})]
+    _, visit = tools(fake)
+    msg = await call(visit, doc="https://example.org/a")
+    assert msg.content == "No document could be read at https://example.org/a."
+
+
+async def test_a_reply_repeats_at_most_a_bounded_part_of_the_input(fake: FakeTavily) -> None:
+    fake.script["/search"] = [Reply(200, {"results": []})]
+    search, visit = tools(fake, max_chars=500)
+    long = "pasted page " * 10_000
+    assert len((await call(search, query=long)).content) <= 500
+    assert len((await call(visit, doc=long)).content) <= 500
