@@ -18,6 +18,7 @@ from langgraph_parallelmuse.models.requests import GenerationRequest, RequestSta
 __all__ = ["Decoder", "byte_decoder", "choose", "eos_ids"]
 
 _TOP_P_HEAD = 512
+_GREEDY_BELOW = 1e-5
 
 
 def byte_decoder() -> dict[str, int]:
@@ -61,7 +62,9 @@ def choose(logits: torch.Tensor, requests: Sequence[GenerationRequest], generato
         [1, 0]
     """
     tokens = logits.argmax(dim=-1).tolist()
-    sampled = [i for i, r in enumerate(requests) if r.temperature > 0]
+    # Below this a row's logits / temperature overflow to inf and its NaN would fail the whole
+    # batch's draw; sampling that cold is greedy anyway.
+    sampled = [i for i, r in enumerate(requests) if r.temperature > _GREEDY_BELOW]
     if not sampled:
         return tokens
     rows = torch.tensor(sampled)

@@ -38,6 +38,19 @@ _ROLES: dict[type, str] = {
 }
 
 
+def _tool_fields(message: BaseMessage) -> dict[str, Any]:
+    """A message's tool calls (or the id of the call it answers) in the form chat templates read."""
+    if isinstance(message, AIMessage) and message.tool_calls:
+        calls = [
+            {"id": c.get("id"), "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+            for c in message.tool_calls
+        ]
+        return {"tool_calls": calls}
+    if isinstance(message, ToolMessage):
+        return {"tool_call_id": message.tool_call_id}
+    return {}
+
+
 def _text(content: str | list[Any]) -> str:
     if isinstance(content, str):
         return content
@@ -206,17 +219,26 @@ class LocalChatModel(BaseChatModel):
                 role = next((r for t, r in _ROLES.items() if isinstance(message, t)), None)
             if role is None:
                 raise InputError(f"unsupported message type {type(message).__name__}")
-            chat.append({"role": role, "content": _text(message.content)})
-        prefill = isinstance(messages[-1], AIMessage)
+            chat.append({"role": role, "content": _text(message.content), **_tool_fields(message)})
+        prefill = isinstance(messages[-1], AIMessage) and not chat[-1].get("tool_calls")
         if prefill and not chat[-1]["content"]:
             # Nothing to continue: an empty prefill is an ordinary generation prompt.
             chat.pop()
             prefill = False
+        if not chat:
+            raise InputError("no messages left: an empty AIMessage alone is nothing to continue; send a HumanMessage")
+        text = self._template(chat, prefill)
+        calls = [c["function"]["name"] for turn in chat for c in turn.get("tool_calls", ())]
+        if calls and text == self._template([{k: v for k, v in t.items() if k != "tool_calls"} for t in chat], prefill):
+            raise InputError(
+                f"this model's chat template does not render tool calls (the calls to {calls} would vanish from "
+                "the prompt): write each call into its AIMessage's text, as this library's agent does"
+            )
+        return text
+
+    def _template(self, chat: list[dict[str, Any]], prefill: bool) -> str:
         return self.engine.tokenizer.apply_chat_template(
-            chat,
-            tokenize=False,
-            add_generation_prompt=not prefill,
-            continue_final_message=prefill,
+            chat, tokenize=False, add_generation_prompt=not prefill, continue_final_message=prefill
         )
 
     def _prompt_ids(self, messages: Sequence[BaseMessage]) -> list[int]:
@@ -258,7 +280,8 @@ class LocalChatModel(BaseChatModel):
         if (problem := top_logprobs_problem(top_logprobs)) is not None:
             raise InputError(problem)
         prompt = self._prompt_ids(messages)
-        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        # None is how ChatOpenAI's users say "no bound of my own".
+        max_tokens = self.max_tokens if kwargs.get("max_tokens") is None else kwargs["max_tokens"]
         context = self.max_context_tokens or self.engine.max_context_tokens
         if len(prompt) >= context:
             raise ContextOverflowError(
@@ -274,7 +297,7 @@ class LocalChatModel(BaseChatModel):
             temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p),
             seed=kwargs.get("seed", self.seed),
-            stop=tuple(stop or ()),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),  # a str is one stop, not its letters
             logprobs=kwargs.get("logprobs", True),
             top_logprobs=top_logprobs,
             ignore_eos=kwargs.get("ignore_eos", False),

@@ -88,6 +88,8 @@ def sampling_problem(request: GenerationRequest) -> str | None:
         return f"temperature={request.temperature!r}: pass a number >= 0 (0 is greedy)"
     if not number(request.top_p) or not 0 <= request.top_p <= 1:
         return f"top_p={request.top_p!r}: pass a number in [0, 1]"
+    if isinstance(request.stop, str) or not all(isinstance(s, str) for s in request.stop):
+        return f"stop={request.stop!r}: pass a list of strings"
     if (
         not isinstance(request.max_new_tokens, int)
         or isinstance(request.max_new_tokens, bool)

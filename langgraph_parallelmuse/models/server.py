@@ -408,11 +408,11 @@ class _Client:
         request = urllib.request.Request(f"{self.base}{path}", data=data, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
+                return resp.status, _as_object(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")
             try:
-                return exc.code, json.loads(text)
+                return exc.code, _as_object(json.loads(text))
             except ValueError:
                 return exc.code, {"error": {"message": text[:500]}}
         except (urllib.error.URLError, OSError) as exc:
@@ -452,6 +452,11 @@ class _Client:
                 f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
             )
         return reply
+
+
+def _as_object(body: object) -> dict:
+    """A JSON reply as an object; any other JSON (a list, a string) becomes the error's message."""
+    return body if isinstance(body, dict) else {"error": {"message": str(body)[:500]}}
 
 
 def _message(body: dict) -> str:

@@ -509,3 +509,72 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(model, tokenizer, 
         assert resolve_precision("auto") == str(computes).removeprefix("torch.")
     finally:
         engine.close()
+
+
+# ----------------------------------------------------------------------------- LocalChatModel's inputs
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture
+def chat_model(engine, tokenizer, monkeypatch):
+    from langgraph_parallelmuse.models import LocalChatModel
+
+    monkeypatch.setattr(tokenizer, "chat_template", CHATML)
+    llm = LocalChatModel(max_tokens=8, temperature=0.0)
+    llm._engine = engine
+    return llm
+
+
+def test_a_stop_given_as_a_string_is_one_stop_not_its_letters(chat_model) -> None:
+    """``tuple("ENDf")`` made four one-letter stops: the reply was cut at the first E, N, D or f."""
+    from langchain_core.messages import HumanMessage
+
+    messages = [HumanMessage("the cat is on the mat and")]
+    as_list = chat_model.invoke(messages, stop=["ENDf"])
+    assert chat_model.invoke(messages, stop="ENDf").content == as_list.content
+
+
+def test_a_bad_stop_is_refused_before_it_reaches_a_batch(engine, tokenizer) -> None:
+    """A stop that is not a string raised inside the worker's decode step, failing every row of the batch."""
+    for stop in [("\n", 3), "END"]:
+        with pytest.raises(InputError, match="pass a list of strings"):
+            engine.submit(greedy(tokenizer, "hi", stop=stop))
+
+
+def test_a_vanishing_temperature_is_greedy_and_fails_no_row(engine, tokenizer) -> None:
+    """logits / 1e-45 overflowed to inf: the NaN failed the whole batch's draw."""
+    alone = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=6))
+    futures = [
+        engine.submit(GenerationRequest(ids(tokenizer, PROMPTS[0]), max_new_tokens=6, temperature=1e-45, seed=1)),
+        engine.submit(greedy(tokenizer, PROMPTS[1], max_new_tokens=6)),
+    ]
+    cold, other = (f.result(timeout=60) for f in futures)
+    assert cold.token_ids == alone.token_ids and other.completion_tokens > 0
+
+
+def test_tool_calls_a_template_cannot_render_are_refused_not_dropped(chat_model, tokenizer, monkeypatch) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    call = {"name": "search", "args": {"query": "Eiffel"}, "id": "c1"}
+    messages = [HumanMessage("Where is it?"), AIMessage("", tool_calls=[call]), ToolMessage("Paris", tool_call_id="c1")]
+    with pytest.raises(InputError, match=r"does not render tool calls .*\['search'\]"):
+        chat_model.render_prompt(messages)
+    renders_calls = CHATML.replace(
+        "{{ m['content'] }}",
+        "{{ m['content'] }}{% for c in m.get('tool_calls', []) %}<call>{{ c['function']['name'] }}</call>{% endfor %}",
+    )
+    monkeypatch.setattr(tokenizer, "chat_template", renders_calls)
+    assert "<call>search</call>" in chat_model.render_prompt(messages)
+
+
+def test_max_tokens_none_is_the_models_bound_and_an_empty_prefill_alone_is_refused(chat_model) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    reply = chat_model.invoke([HumanMessage("once upon a time")], max_tokens=None, stop=[])
+    assert 0 < reply.usage_metadata["output_tokens"] <= chat_model.max_tokens
+    with pytest.raises(InputError, match="no messages left"):
+        chat_model.invoke([AIMessage("")])

@@ -339,3 +339,11 @@ async def test_a_continuation_with_characters_split_over_tokens_is_scored_to_its
     assert reply.response_metadata["end_logprob"] == -0.7
     assert [e["logprob"] for e in content] == [-1.0 - i for i in range(len(pieces))]
     assert b"".join(bytes(e["bytes"]) for e in content).decode() == continuation
+
+
+@pytest.mark.parametrize(("status", "body"), [(200, [{"id": "smollm2"}]), (404, "Not Found")])
+def test_check_server_names_base_url_when_a_reply_is_json_but_not_an_object(status: int, body: object) -> None:
+    """Before, a JSON list or string raised AttributeError instead of the diagnosis naming base_url=."""
+    with fake_http({"GET /v1/models": lambda _: (status, body)}) as fake:
+        with pytest.raises(ServerCheckError, match=rf"/v1/models answered HTTP {status} .*base_url="):
+            check_server(f"{fake.url}/v1", "smollm2")
