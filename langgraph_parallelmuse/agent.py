@@ -159,6 +159,10 @@ def _low_confidence(own: Sequence[Step], cfg: ParallelMuseConfig) -> str | None:
     """Why a trajectory stops early (DeepConf): its lowest group confidence fell below the floor."""
     calibration = Calibration.load(cfg.calibration)
     tokens = [tok for s in own for tok in s["tokens"]]
+    if len(tokens) < calibration.confidence_window:
+        # A shorter prefix's mean is no window of the statistic the floor was fitted on (the finished
+        # trajectories' full windows): a few unsure first tokens would stop what calibration keeps.
+        return None
     lowest = lowest_group_confidence(tokens, window=calibration.confidence_window)
     if lowest is None or calibration.confidence_floor is None or lowest >= calibration.confidence_floor:
         return None

@@ -189,6 +189,25 @@ async def test_a_low_confidence_trajectory_stops_early_and_is_left_out_of_the_vo
     assert out["answer"] == "Paris"
 
 
+def test_early_stop_waits_for_a_full_window_of_the_trajectorys_own_tokens(tmp_path):
+    """The floor is fitted on finished trajectories' full windows. Before, a prefix shorter than one
+    window was judged by its mean: 10 unsure first tokens stopped a trajectory whose finished
+    statistic (3.75) is far above the floor."""
+    from langgraph_parallelmuse.agent import _low_confidence
+
+    path = tmp_path / "cal.json"
+    cal = {"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 1e9}}
+    path.write_text(json.dumps({**cal, "confidence_floor": 2.0, "confidence_window": 32}))
+    config = make_config(n=2, k=0, t=1, branching="online", calibration=str(path), early_stop=True)
+
+    def step(*confidences):
+        return {"tokens": [{"token": "x", "logprob": -c, "top_logprobs": [["x", -c]]} for c in confidences]}
+
+    assert _low_confidence([step(*[1.0] * 10)], config) is None  # 10 tokens: no window yet
+    assert _low_confidence([step(*[1.0] * 10), step(*[5.0] * 100)], config) is None  # every window >= 3.75
+    assert "lowest group confidence 1.000 < floor 2.000" in _low_confidence([step(*[1.0] * 40)], config)
+
+
 # ----------------------------------------------------------------------------- consensus stop
 
 
