@@ -286,13 +286,12 @@ class _Online:
         """An initial trajectory has ended with fewer than k fork points taken: its most uncertain
         remaining steps (the paper's top-k) take the rest, so the budget still goes to branches that
         share a prefix rather than to from-scratch fills."""
-        left = self.config.k - self.forks(parent)
-        if self.stopped or left <= 0:
+        if self.stopped or self.config.k - self.forks(parent) <= 0:
             return
-        taken = {p["step"] for p in self.picks if p["parent"] == parent["id"]}
-        eligible = [i for i in range(len(parent["uncertainty"])) if i not in taken]
+        # The forks taken online keep their region's share of k (mixed: ceil(k/2) exploration).
+        taken = [(p["step"], p["region"]) for p in self.picks if p["parent"] == parent["id"]]
         for step, region, score in select_branch_steps(
-            parent["uncertainty"], mode=self.config.mode, k=left, eligible=eligible
+            parent["uncertainty"], mode=self.config.mode, k=self.config.k, taken=taken
         ):
             if self.room <= 0:
                 return

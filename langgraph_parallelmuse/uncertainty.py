@@ -150,6 +150,7 @@ def select_branch_steps(
     mode: str,
     k: int,
     eligible: Sequence[int] | None = None,
+    taken: Sequence[tuple[int, str]] = (),
 ) -> list[tuple[int, str, float]]:
     """Pick the top-k most uncertain steps of one trajectory.
 
@@ -159,6 +160,9 @@ def select_branch_steps(
             (ceil(k/2) by exploration then floor(k/2) by reasoning, no step twice) or ``none``.
         k: Steps to pick; fewer come back when fewer steps have the region.
         eligible: Step indices that may be picked (default: all).
+        taken: ``(step, region)`` fork points already taken from this trajectory (online branching
+            forks some as they finish): they count in k and in their region's share, and are not
+            picked again; only the rest of the k is returned.
 
     Returns:
         ``(step index, region, score)`` tuples, most uncertain first within each region.
@@ -169,22 +173,27 @@ def select_branch_steps(
         ...      {"reasoning": 2.0, "exploration": None, "all": 2.0}]
         >>> select_branch_steps(u, mode="mixed", k=2)
         [(0, 'exploration', 3.0), (1, 'reasoning', 5.0)]
+        >>> select_branch_steps(u, mode="mixed", k=2, taken=[(0, "exploration")])  # the reasoning share is left
+        [(1, 'reasoning', 5.0)]
     """
     if mode not in REGIONS_OF_MODE:
         raise ValueError(f"unknown mode {mode!r}: use {', '.join(REGIONS_OF_MODE)}")
     regions = REGIONS_OF_MODE[mode] if k > 0 else ()
-    allowed = set(range(len(uncertainty)) if eligible is None else eligible)
+    allowed = set(range(len(uncertainty)) if eligible is None else eligible) - {step for step, _ in taken}
+    left = k - len(taken)
     picks: list[tuple[int, str, float]] = []
     for i, region in enumerate(regions):
-        taken = {p[0] for p in picks}
+        chosen = {p[0] for p in picks}
         scored = [
             (step, region, u[region])
             for step, u in enumerate(uncertainty)
-            if step in allowed and step not in taken and u.get(region) is not None
+            if step in allowed and step not in chosen and u.get(region) is not None
         ]
         # Ties go to the earlier step: it shares less prefix but is where the paper finds
         # uncertainty peaks, and a deterministic order keeps runs reproducible.
         scored.sort(key=lambda item: (-item[2], item[0]))
-        # k is split over the mode's regions, the first ones taking the remainder (mixed: ceil, floor).
-        picks += scored[: (k + len(regions) - 1 - i) // len(regions)]
+        # k is split over the mode's regions, the first ones taking the remainder (mixed: ceil, floor);
+        # fork points already taken use their region's share.
+        share = (k + len(regions) - 1 - i) // len(regions) - sum(r == region for _, r in taken)
+        picks += scored[: max(0, min(share, left - len(picks)))]
     return picks

@@ -148,6 +148,22 @@ async def test_fork_points_the_threshold_did_not_take_go_to_the_parents_top_step
     assert by_id["t0.s1.b0"]["steps"][0]["text"] == by_id["t0"]["steps"][0]["text"]  # the shared prefix
 
 
+async def test_in_mixed_mode_the_forks_taken_online_keep_their_regions_share_of_k(tmp_path):
+    """k=2 in mixed mode is one exploration and one reasoning fork point. Before, the fork point
+    left at the parent's end was split again as if it were all of k, and went to exploration."""
+
+    def plan(me, step, thought):
+        if step < 2:  # step 0 crosses on its query; step 1 is unsure in its thinking, below any threshold
+            regions = {"tool_call": -2.5, "think": -0.1} if step == 0 else {"tool_call": -0.2, "think": -1.5}
+            return Reply(call_text("search", thought, query=f"q{me}-{step}"), regions=regions, logprob=SURE)
+        return Reply(answer_text("Paris", thought), regions={"think": -0.1}, logprob=SURE)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=4, k=2, t=1, mode="mixed", branching="online", calibration=_calibration(tmp_path), seed=1)
+    _, picks = await online_rollout(RolloutRunner(model, make_tools()[0]), QUESTION, config=config, run_id="mx")
+    assert [(p["parent"], p["step"], p["region"]) for p in picks] == [("t0", 0, "exploration"), ("t0", 1, "reasoning")]
+
+
 async def test_without_a_calibration_the_threshold_is_this_runs_own_estimate():
     config = make_config(n=4, k=1, t=2, branching="online")
     assert config.calibration is None  # valid: the 80th percentile of the run's finished steps stands in
