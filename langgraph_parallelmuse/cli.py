@@ -37,11 +37,12 @@ from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, Rollou
 from langgraph_parallelmuse.eval.bench import METHODS
 from langgraph_parallelmuse.redact import redact
 
-console = Console(stderr=True)
-out = Console()
+# emoji=False: ":b:" in an answer (an IPv6 or MAC address) would print as an emoji.
+console = Console(stderr=True, emoji=False)
+out = Console(emoji=False)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--base-url", help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2")
     g.add_argument("--model", default=None, help="model name on the server (with --base-url; default: its only model)")
@@ -59,8 +60,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--corpus",
         action="append",
         default=[],
-        help="{id,title,text} JSONL to search (repeatable); default: the offline Wikipedia subset",
+        help="{id,title,text} JSONL to search (repeatable); "
+        + (
+            "the question set's corpus, e.g. ../shared/eval-data/<set>.corpus.jsonl"
+            if bench
+            else "default: the offline Wikipedia subset"
+        ),
     )
+    if bench:  # the questions' own corpus, and --setting distractor for their documents
+        return
     g.add_argument("--doc-ids", default=None, help="comma-separated doc ids the tools may see (distractor setting)")
     g.add_argument("--tavily", action="store_true", help="search the web with Tavily (needs TAVILY_API_KEY)")
 
@@ -177,7 +185,10 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
             api_key=api_key,
         )
     if guided and not support.scoring:
-        console.print(f"{redact(args.base_url)} returns no prompt_logprobs (vLLM does): the model writes its answers")
+        console.print(
+            f"{redact(args.base_url)} returns no prompt_logprobs (vLLM does): the model writes its answers",
+            markup=False,
+        )
     return ServerChatModel(
         base_url=args.base_url,
         model=name,
@@ -204,7 +215,9 @@ def _judge(args: argparse.Namespace):
     with console.status(f"Checking the judge at {redact(args.judge_base_url)}…"):
         served = served_models(args.judge_base_url, api_key=os.environ.get("OPENAI_API_KEY"))
     if args.judge_model not in served:
-        console.print(f"note: the judge server lists {served}, not {args.judge_model!r}; it is asked by that name")
+        console.print(
+            f"note: the judge server lists {served}, not {args.judge_model!r}; it is asked by that name", markup=False
+        )
     return ChatOpenAI(
         base_url=args.judge_base_url,
         model=args.judge_model,
@@ -241,7 +254,8 @@ def _progress(*, eta: bool = False) -> Progress:
 
 # Control characters but newline and tab: an escape sequence in a page or a model's text would drive
 # the terminal (reset it, retitle it, hide what follows).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0/C1 controls, and the bidirectional overrides and isolates that reorder what follows them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _shown(text: object) -> str:
@@ -276,8 +290,11 @@ def stats_table(result: dict[str, Any]) -> Table:
         f"{kinds.get('fill', 0)})",
     )
     table.add_row(
-        "answered / failed / stopped early / cancelled",
-        " / ".join(str(roll.get(k, 0)) for k in ("answered", "failed", "stopped", "cancelled")),
+        "answered / failed / stopped early / cancelled / out of turns / out of context",
+        " / ".join(
+            str(roll.get(k, 0))
+            for k in ("answered", "failed", "stopped", "cancelled", "max_turns", "context_exhausted")
+        ),
     )
     table.add_row("rollout: generated tokens", str(roll.get("generated_tokens", 0)))
     table.add_row("rollout: prompt tokens", str(roll.get("prompt_tokens", 0)))
@@ -393,6 +410,10 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
             elif ev == "report_written":
                 prog.update(rep, visible=True, total=max(n, 1))
                 prog.advance(rep)
+        # The run is over: fewer than n trajectories when a consensus stopped it, and reports only
+        # of the answered ones; a bar left short would look like work still running.
+        for task in prog.tasks:
+            prog.update(task.id, total=task.completed)
     return final
 
 
@@ -446,7 +467,7 @@ def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         raise ParallelMuseError(f"could not write --json {args.json} ({exc}); the result is in {kept}") from exc
-    console.print(f"Full result written to {args.json}")
+    console.print(f"Full result written to {args.json}", markup=False)
 
 
 async def _ask(args: argparse.Namespace) -> int:
@@ -487,11 +508,14 @@ async def _ask(args: argparse.Namespace) -> int:
         console.print(Panel(_shown(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
-            f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {redact(args.db)})" if args.db else "")
+            f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {redact(args.db)})" if args.db else ""),
+            markup=False,
         )
         failed = _failed(resumed["state"]) if resumed is not None else 0
         if resumed is not None and not resumed["pending"] and not failed:
-            console.print(f"Run {run_id!r} already finished: its stored result follows (nothing is run again)")
+            console.print(
+                f"Run {run_id!r} already finished: its stored result follows (nothing is run again)", markup=False
+            )
             final = resumed["state"]
         else:
             payload, context = None, _overrides(args)
@@ -507,7 +531,7 @@ async def _ask(args: argparse.Namespace) -> int:
                     "had failed; each continues from its last step, the others are reused"
                 )
             else:
-                console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}")
+                console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}", markup=False)
             try:
                 final = await _stream(graph, payload, run_config, context, settings.n)
             except RolloutFailedError as exc:
@@ -628,12 +652,15 @@ async def _bench(args: argparse.Namespace) -> int:
 
     def summarise(records: list[dict]) -> None:
         if not records:
-            console.print(f"no finished question in {results}: nothing to summarise")
+            console.print(f"no finished question in {results}: nothing to summarise", markup=False)
             return
         table, plotted = write_outputs(records, out_dir, seed=args.seed)
-        out.print(table)
+        # As written (Markdown): not wrapped at the terminal's width, nor read as markup.
+        out.print(table, markup=False, soft_wrap=True)
         if not plotted:
-            console.print("matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')")
+            console.print(
+                "matplotlib not installed: no plots (pip install 'langgraph-parallelmuse[plot]')", markup=False
+            )
 
     if args.report_only:
         summarise(finished_records(results, items))
@@ -684,17 +711,21 @@ async def _bench(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 judge=judge,
                 progress=tick,
-                log=prog.console.print,
+                log=functools.partial(prog.console.print, markup=False),
             )
     except asyncio.CancelledError:
         # Ctrl-C: the finished questions are on disk; summarise them so the run's tables are
         # current, then let the interrupt end the command.
         records = finished_records(results, items)
         summarise(records)
-        console.print(f"{len(records)} of {len(items)} questions finished; rerun the same command to continue")
+        console.print(
+            f"{len(records)} of {len(items)} questions finished; rerun the same command to continue", markup=False
+        )
         raise
     summarise(records)
-    console.print(f"{len(records)} questions in {time.perf_counter() - started:.0f}s; results in {out_dir}")
+    console.print(
+        f"{len(records)} questions in {time.perf_counter() - started:.0f}s; results in {out_dir}", markup=False
+    )
     return 0
 
 
@@ -703,7 +734,7 @@ async def _export(args: argparse.Namespace) -> int:
 
     with console.status(f"Exporting the embedded SmolLM2 to {args.dir} ({args.dtype})…"):
         path = export_model(args.dir, dtype=args.dtype)
-    console.print(f"Wrote a transformers checkpoint to {path}: serve it with vLLM (--model {path})")
+    console.print(f"Wrote a transformers checkpoint to {path}: serve it with vLLM (--model {path})", markup=False)
     return 0
 
 
@@ -805,7 +836,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
             f"{cal.confidence_samples} trajectories",
         )
     out.print(table)
-    console.print(f"{len(runs)} trajectories; wrote {args.out} (use it with --calibration {args.out})")
+    console.print(f"{len(runs)} trajectories; wrote {args.out} (use it with --calibration {args.out})", markup=False)
     return 0
 
 
@@ -827,7 +858,7 @@ async def _delete_thread(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="parallelmuse", description=__doc__.split("\n\n")[0].replace("\n", " "))
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="answer a question with the full ParallelMuse pipeline")
     ask.add_argument("question", type=_question)
@@ -896,7 +927,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--judge-model", default=None, help="judge model name on that server (default: the one it serves)"
     )
-    _add_model_args(bench)
+    _add_model_args(bench, bench=True)
     bench.set_defaults(func=_bench, on_interrupt="rerun the same command to continue; finished questions are kept")
     cal = sub.add_parser(
         "calibrate", help="learn branching thresholds (for --calibration) from earlier runs' trajectories"
@@ -929,7 +960,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(args.func(args))
     except ParallelMuseError as exc:
-        console.print(f"[bold red]error:[/] {_shown(redact(str(exc)))}")
+        text = redact(str(exc))
+        # Bounded: a message may carry a server's whole error page.
+        console.print(f"[bold red]error:[/] {_shown(text if len(text) <= 2000 else text[:1999] + '…')}")
         return 1
     except KeyboardInterrupt:
         console.print(f"interrupted; {getattr(args, 'on_interrupt', 'rerun the command')}")

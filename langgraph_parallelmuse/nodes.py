@@ -178,7 +178,8 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     out["cache_reported"] = any(t["stats"]["cache_reported"] for t in trajectories)
     out["trajectories"] = len(trajectories)
     out["answered"] = sum(1 for t in trajectories if t["answer"])
-    for status in ("failed", "stopped", "cancelled"):  # stopped early, cancelled by consensus
+    # stopped early, cancelled by consensus; out of turns or of context without an answer
+    for status in ("failed", "stopped", "cancelled", "max_turns", "context_exhausted"):
         out[status] = sum(1 for t in trajectories if t["status"] == status)
     out["by_kind"] = {
         kind: sum(1 for t in trajectories if t["origin"].get("kind") == kind) for kind in ("initial", "branch", "fill")
@@ -220,14 +221,20 @@ def describe_model(model: BaseChatModel) -> str:
 
 def failure_message(model: BaseChatModel, trajectories: Sequence[Trajectory]) -> str:
     """One message for a run whose every trajectory failed: how many, the distinct reasons, the model."""
-    reasons = list(dict.fromkeys(t.get("error") or "unknown error" for t in trajectories))
+    # One line, bounded: a server's error may be a whole HTML page.
+    reasons = list(dict.fromkeys(_one_line(t.get("error") or "unknown error", 300) for t in trajectories))
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     return (
         f"every trajectory failed ({len(trajectories)} of {len(trajectories)}): {shown}. {describe_model(model)}: "
         "check that the server is up, the base URL and the model name (CLI: --base-url, --model); then ask "
-        "again on the same thread (CLI: the same command with --resume): the failed trajectories continue "
-        "from their last finished step"
+        "again on the same thread of a checkpointed graph, and the failed trajectories continue from their last "
+        "finished step (CLI: the same command with --resume, when it ran with --db and --run-id)"
     )
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def active_seconds(spans: Sequence[Sequence[Any]], stage: str | None = None) -> float:

@@ -13,15 +13,22 @@ def _fmt(score: float | None) -> str:
     return "  -  " if score is None else f"{score:5.2f}"
 
 
+def _one_line(text: object, limit: int) -> str:
+    """``text`` on one line of at most ``limit`` characters: a newline in a page, an answer or a
+    server's error page would start a line of its own that reads as a tree entry."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _step_line(traj: Trajectory, i: int) -> str:
     step = traj["steps"][i]
     act = step["action"]
     if act.get("type") == "tool_call":
-        what = f"{act['name']}({', '.join(f'{v!s:.40}' for v in act.get('arguments', {}).values())})"
+        what = f"{act['name']}({', '.join(_one_line(v, 40) for v in act.get('arguments', {}).values())})"
     elif act.get("type") == "answer":
-        what = f"answer: {act.get('answer')!s:.60}"
+        what = f"answer: {_one_line(act.get('answer'), 60)}"
     else:
-        what = f"invalid: {act.get('error')!s:.50}"
+        what = f"invalid: {_one_line(act.get('error'), 50)}"
     u = traj["uncertainty"][i] if i < len(traj["uncertainty"]) else {}
     return f"step {i}  R={_fmt(u.get('reasoning'))} E={_fmt(u.get('exploration'))}  {what}"
 
@@ -42,16 +49,22 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
         if t["origin"].get("kind") == "branch":
             children.setdefault((t["origin"]["parent"], t["origin"]["step"]), []).append(t)
     lines: list[str] = []
+    shown: set[str] = set()
 
-    def walk(traj: Trajectory, start: int, indent: str) -> None:
+    def walk(traj: Trajectory, start: int, indent: str, note: str = "") -> None:
+        shown.add(traj["id"])
         origin = traj["origin"]
         extra = (
             f", {origin.get('region')} PPL {origin['score']:.2f}"
             if origin.get("kind") == "branch" and origin.get("score") is not None
+            else f" of {' × '.join(origin['parents'])}"
+            if origin.get("kind") == "crossover" and origin.get("parents")
             else ""
         )
-        outcome = repr(traj["answer"]) if traj["answer"] is not None or not traj.get("error") else traj["error"]
-        lines.append(f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}) {traj['status']}: {outcome}")
+        answer, error = traj.get("answer"), traj.get("error")
+        outcome = _one_line(repr(answer) if answer is not None or not error else error, 160)
+        head = f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}{note}) {traj['status']}: {outcome}"
+        lines.append(head)
         for i in range(start, len(traj["steps"])):
             lines.append(f"{indent}├─ {_step_line(traj, i)}")
             for child in children.get((traj["id"], i), []):
@@ -61,6 +74,11 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
     for traj in trajectories:
         if traj["origin"].get("kind") != "branch":
             walk(traj, 0, "")
+    # A branch whose parent is not in the list (a caller kept only some) is shown, not dropped.
+    for traj in trajectories:
+        if traj["id"] not in shown:
+            origin = traj["origin"]
+            walk(traj, origin.get("step") or 0, "", f", of {origin.get('parent')} step {origin.get('step')}")
     return "\n".join(lines)
 
 

@@ -86,7 +86,10 @@ def bootstrap_ci(
     # Floating-point summation may step a hair outside the data range (e.g. constant inputs);
     # a resampled mean never can, so clamp to keep constant scores a zero-width interval.
     lo_bound, hi_bound = min(data), max(data)
-    return mean, min(max(low, lo_bound), hi_bound), min(max(high, lo_bound), hi_bound)
+    clamp = lambda x: min(max(x, lo_bound), hi_bound)  # noqa: E731
+    # The mean too: fsum([0.2] * 3) / 3 is 0.20000000000000004, above an interval clamped to 0.2,
+    # and a plot's error bar of mean - low came out negative (matplotlib refuses it).
+    return clamp(mean), clamp(low), clamp(high)
 
 
 def paired_bootstrap_diff(

@@ -719,7 +719,8 @@ def test_calibrate_refuses_an_out_it_cannot_write_before_reading_the_runs(tmp_pa
 def test_markup_and_escape_sequences_in_model_and_tool_text_print_as_text(command, tmp_path, monkeypatch, capsys):
     # "[/b]" in an answer made rich raise after the run (no --json written); "[/citation needed]" in
     # a page ended `agent` the same way; an escape sequence reached the terminal.
-    hostile = "[/b] [link=http://evil.example]x[/link] \x1b]0;owned\x07"
+    # ":b:" became an emoji inside an IPv6 address; a right-to-left override reordered the line.
+    hostile = "[/b] [link=http://evil.example]x[/link] \x1b]0;owned\x07 fe80::a:b:c:d \u202eevil"
 
     def agent(index, messages):
         if index == 0:
@@ -735,10 +736,31 @@ def test_markup_and_escape_sequences_in_model_and_tool_text_print_as_text(comman
     assert cli.main([command, *(argv if command == "ask" else argv[:1])]) == 0
     printed = capsys.readouterr().out
     assert "[/b]" in printed and "\x1b" not in printed and "\x07" not in printed
+    assert "fe80::a:b:c:d" in printed and "\u202e" not in printed
     if command == "ask":
         assert json.loads(out_json.read_text())["answer"].startswith("Paris [/b]")
     else:
         assert "[/citation needed]" in printed
+
+
+def test_paths_and_run_ids_with_brackets_print_as_given(fake_cli, tmp_path, capsys):
+    """Rich read "[v2]" in a path as markup: "wrote res.json" named a file that does not exist, and a
+    run id with "[/]" ended the run with a MarkupError."""
+    out_json = tmp_path / "res[v2].json"
+    db = tmp_path / "runs.sqlite"
+    argv = ["ask", PARIS, "--n", "2", "--mode", "none", "--aggregation", "majority", "--json", str(out_json)]
+    assert cli.main([*argv, "--db", str(db), "--run-id", "exp[/]1"]) == 0
+    err = _err(capsys)
+    assert f"Full result written to {out_json}" in err and out_json.is_file()
+    assert "run id: exp[/]1" in err
+
+
+def test_bench_offers_no_knowledge_flag_it_would_ignore(capsys):
+    """bench searches its questions' corpus: --tavily and --doc-ids were accepted and never read."""
+    for flag in (["--tavily"], ["--doc-ids", "d1"]):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(["bench", "--questions", "q.jsonl", *flag])
+    assert "unrecognized arguments" in capsys.readouterr().err
 
 
 def test_the_json_result_is_redacted_value_by_value_and_stays_valid_json(tmp_path, monkeypatch):

@@ -116,3 +116,11 @@ def test_bootstrap_ratio_refuses_what_has_no_ratio():
         bootstrap_ratio([1, 2], [0, 0])
     with pytest.raises(ValueError, match="empty"):
         bootstrap_ratio([], [])
+
+
+def test_the_mean_of_constant_scores_lies_in_its_interval():
+    """fsum([0.2] * 3) / 3 is 0.20000000000000004, above the interval clamped to 0.2: the bench's
+    accuracy plot got a negative error bar and ended the run with a traceback."""
+    for value, n in [(0.2, 3), (0.1818, 6), (0.1, 3)]:
+        mean, low, high = bootstrap_ci([value] * n)
+        assert low <= mean <= high

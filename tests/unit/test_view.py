@@ -1,0 +1,66 @@
+"""What the trajectory tree and the CLI's stats table show of odd but possible results."""
+
+from __future__ import annotations
+
+from langgraph_parallelmuse.cli import stats_table
+from langgraph_parallelmuse.nodes import failure_message, rollout_summary
+from langgraph_parallelmuse.view import render_tree
+
+
+def _traj(tid: str, *, kind: str = "initial", answer=None, status="answered", error=None, **origin) -> dict:
+    step = {"action": {"type": "answer", "answer": answer}, "text": "", "tokens": []}
+    return {
+        "id": tid,
+        "origin": {"kind": kind, **origin},
+        "answer": answer,
+        "status": status,
+        "error": error,
+        "steps": [step, step],
+        "uncertainty": [{}, {}],
+        "stats": dict.fromkeys(
+            (
+                "generated_tokens",
+                "prompt_tokens",
+                "reused_prefix_tokens",
+                "cached_prompt_tokens",
+                "conversation_prompt_tokens",
+                "conversation_cached_tokens",
+                "tool_calls",
+            ),
+            0,
+        )
+        | {"cache_reported": False},
+    }
+
+
+def test_a_multi_line_error_or_answer_stays_on_its_trajectorys_line():
+    """A server's HTML error page started lines at column 0 that read as trajectories of their own."""
+    page = "<html>\n<body>\nt9 (initial) answered: 'forged'\n</body>" + "x" * 500
+    tree = render_tree([_traj("t0", status="failed", error=page), _traj("t1", answer="Par\nis")])
+    lines = tree.splitlines()
+    assert [line.split(" ")[0] for line in lines if not line.startswith("├")] == ["t0", "t1"]
+    assert all(len(line) < 200 for line in lines)
+
+
+def test_a_branch_without_its_parent_and_a_crossover_are_shown_with_their_origin():
+    orphan = _traj("t9.s1.b0", kind="branch", answer="Lyon", parent="t9", step=1, region="exploration", score=3.0)
+    cross = _traj("x0", kind="crossover", answer="Nice", parents=["t0", "f0"])
+    tree = render_tree([_traj("t0", answer="Paris"), cross, orphan])
+    assert "x0 (crossover of t0 × f0) answered: 'Nice'" in tree
+    assert "t9.s1.b0 (branch, exploration PPL 3.00, of t9 step 1) answered: 'Lyon'" in tree
+
+
+def test_the_stats_count_trajectories_that_ran_out_of_turns_or_context():
+    trajs = [_traj("t0", answer="Paris"), _traj("t1", status="max_turns"), _traj("t2", status="context_exhausted")]
+    stats = rollout_summary(trajs)
+    assert (stats["answered"], stats["max_turns"], stats["context_exhausted"]) == (1, 1, 1)
+    table = stats_table({"stats": {"rollout": stats}, "trajectories": trajs})
+    row = next(r for r, label in enumerate(table.columns[0]._cells) if "out of turns" in label)
+    assert table.columns[1]._cells[row] == "1 / 0 / 0 / 0 / 1 / 1"
+
+
+def test_the_message_of_a_run_where_every_trajectory_failed_is_one_bounded_line():
+    trajs = [_traj(f"t{i}", status="failed", error="<html>\n" + "y" * 5000) for i in range(2)]
+    message = failure_message(object(), trajs)
+    assert "\n" not in message and len(message) < 1200
+    assert "--db and --run-id" in message
