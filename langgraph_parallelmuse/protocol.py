@@ -119,17 +119,25 @@ def region_spans(text: str) -> dict[str, list[int]]:
     ``</think>`` (reasoning that mentions ``<answer>`` has no answer region). An opening tag
     without its closing tag spans to the next region's opening tag, or to the end of the text (a
     truncated step still has a region to score): a think block left open must not count the tool
-    call after it as reasoning.
+    call after it as reasoning. A step that closes ``</think>`` without opening it began inside a
+    think block its chat template opened in the prompt (DeepSeek-R1's does): its reasoning is all
+    that comes before.
 
     Example:
         >>> region_spans('<think>a b</think>\\n<tool_call>{"q": 1}</tool_call>')
         {'reasoning': [7, 10], 'exploration': [30, 38]}
         >>> region_spans('<think>a b<tool_call>{"q": 1}</tool_call>')
         {'reasoning': [7, 10], 'exploration': [21, 29]}
+        >>> region_spans('a b</think><tool_call>{"q": 1}</tool_call>')
+        {'reasoning': [0, 3], 'exploration': [22, 30]}
     """
     after = action_start(text)
     opens = {region: text.find(f"<{tag}>", 0 if tag == "think" else after) for region, tag in REGION_TAGS.items()}
     spans: dict[str, list[int]] = {}
+    close = text.find("</think>")
+    if close >= 0 and not 0 <= opens["reasoning"] < close:
+        spans["reasoning"] = [0, close]
+        opens["reasoning"] = -1
     for region, tag in REGION_TAGS.items():
         if (start := opens[region]) < 0:
             continue

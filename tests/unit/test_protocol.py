@@ -209,6 +209,15 @@ def test_only_the_first_region_of_a_kind_counts():
     assert text[slice(*region_spans(text)["reasoning"])] == "first"
 
 
+def test_a_step_begun_inside_a_think_block_the_template_opened_has_its_reasoning():
+    """DeepSeek-R1's template opens <think> in the prompt: the reasoning region was lost, and
+    mode=reasoning found no fork point in any step."""
+    text = f"plan it</think>\n<tool_call>{CALL}</tool_call>"
+    spans = region_spans(text)
+    assert text[slice(*spans["reasoning"])] == "plan it"
+    assert text[slice(*spans["exploration"])] == CALL
+
+
 def test_no_regions_in_plain_text():
     assert region_spans("just text") == {}
 
