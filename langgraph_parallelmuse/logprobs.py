@@ -106,8 +106,10 @@ def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | No
         if "logprob" in entry:
             lp = _num(entry["logprob"])
         elif "probs" in entry:  # old llama.cpp: the sampled token's prob is among its candidates
-            cands = {c.get("tok_str"): c.get("prob") for c in entry["probs"] if isinstance(c, Mapping)}
-            p = _num(cands.get(text, 0.0))
+            cands = {c.get("tok_str"): _num(c.get("prob")) for c in entry["probs"] if isinstance(c, Mapping)}
+            # Not among them: less likely than each listed one, so the least listed bounds it (the
+            # floor alone made one such token the most uncertain step of its trajectory).
+            p = cands.get(text, min((q for q in cands.values() if q > 0), default=0.0))
             lp = math.log(p) if p > 0 else _FLOOR
         else:
             raise ProtocolError("logprob entry has neither 'logprob' nor 'probs'")

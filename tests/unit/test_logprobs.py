@@ -385,3 +385,14 @@ def test_shift_moves_offsets_and_leaves_the_input_untouched():
     moved = shift(recs, 10)
     assert [(r["start"], r["end"]) for r in moved] == [(10, 12), (12, 14)]
     assert [(r["start"], r["end"]) for r in recs] == [(0, 2), (2, 4)]
+
+
+def test_llama_cpp_old_form_a_sampled_token_missing_from_its_candidates_is_bounded_by_them():
+    """It is less likely than every listed candidate: before, it got the floor (-9999), and one such
+    token made its step's perplexity 2e217, the top fork pick of the trajectory."""
+    payload = {
+        "completion_probabilities": [
+            {"content": "z", "probs": [{"tok_str": "x", "prob": 0.6}, {"tok_str": "y", "prob": 0.1}]}
+        ]
+    }
+    assert normalize_logprobs(payload, "z")[0]["logprob"] == pytest.approx(math.log(0.1))
