@@ -37,6 +37,7 @@ from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.eval import eval_data_dir, load_questions, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval.bench import documents_seen
 from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.tools import make_corpus_tools
@@ -64,7 +65,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
     traj = await runner.run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
     seconds = time.perf_counter() - t0
     report = await compress_trajectory(model, item.question, traj, guided=True, seed=cfg.seed)
-    seen = [d for o in traj["observations"] for d in o.get("doc_ids", [])]
+    seen = documents_seen(traj)
     # Where a wrong answer was lost (evaluation only, gold never reaches the agent): the gold
     # answer in what the trajectory read, in the evidence its answer prompt showed, among the
     # options of its last choice.
@@ -72,7 +73,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
     read = " ".join(o["content"] for o in traj["observations"] if not o["error"])
     options = driver.options(final, driver.question(final))
     evidence = driver.evidence(final)
-    opened = [d for o in traj["observations"] if o["name"] == "visit" for d in o.get("doc_ids", [])]
+    opened = documents_seen(traj, "visit")
     if trace is not None:
         # Dev-set text: for replaying the last choice offline (``candidates``), never committed.
         with trace.open("a") as f:

@@ -53,6 +53,7 @@ from langgraph_parallelmuse.eval import (
     retrieval_recall,
     score_answer,
 )
+from langgraph_parallelmuse.eval.bench import documents_seen
 from langgraph_parallelmuse.eval.redundancy import PAPER_FIGURE_2, redundancy_record
 from langgraph_parallelmuse.infograph import graph_stats
 from langgraph_parallelmuse.lineage import thread_of
@@ -100,7 +101,7 @@ async def _choice(model, item, trajectories, reports, config, guided) -> dict:
 
 
 def _trajectory_record(item: QAItem, t: dict) -> dict:
-    seen = [d for o in t["observations"] for d in o.get("doc_ids", [])]
+    seen = documents_seen(t)
     return {
         "kind": t["origin"].get("kind"),
         "origin": t["origin"],

@@ -303,11 +303,7 @@ class _StepNodes:
         if not content.strip() and not error:
             content, error = f"Error: tool {name!r} returned nothing.", True
         if len(content) > cfg.max_observation_chars:
-            kept = content[: cfg.max_observation_chars]
-            # A document listed only in the cut-off part was not shown (retrieval recall counts the
-            # ones shown); one the text never names (the page a visit opened) stays.
-            doc_ids = [d for d in doc_ids if d in kept or d not in content]
-            content = kept + " …[truncated]"
+            content = content[: cfg.max_observation_chars] + " …[truncated]"
         obs = Observation(
             step=step["index"],
             name=name or "invalid",

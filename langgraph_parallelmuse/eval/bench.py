@@ -158,8 +158,25 @@ class BenchSettings:
         return self.modes if METHODS[method].per_mode else ("",)
 
 
-def _seen(traj: Trajectory, kind: str | None = None) -> list[str]:
-    return [d for o in traj["observations"] if kind is None or o["name"] == kind for d in o.get("doc_ids", [])]
+def documents_seen(traj: Trajectory, kind: str | None = None) -> list[str]:
+    """The documents a trajectory opened (``visit``) or was shown: a hit's ``(id: …)`` line must be in
+    the observation, which the agent cuts at ``max_observation_chars`` (a tool lists every hit).
+
+    Args:
+        traj: A trajectory.
+        kind: Only the observations of this tool (``"visit"``: the documents opened).
+
+    Example:
+        >>> documents_seen({"observations": [{"name": "search", "content": "[1] A (id: d1)", "doc_ids": ["d1", "d2"]}]})
+        ['d1']
+    """
+    return [
+        d
+        for o in traj["observations"]
+        if kind is None or o["name"] == kind
+        for d in o.get("doc_ids", [])
+        if o["name"] == "visit" or f"(id: {d})" in o["content"]
+    ]
 
 
 _COST_KEYS = ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "cached_prompt_tokens", "tool_calls")
@@ -300,8 +317,8 @@ def _trajectory_record(t: Trajectory, item: QAItem) -> dict[str, Any]:
         # [step, tool + normalised arguments] of every tool call: sibling diversity is read off these.
         "calls": [[s["index"], call_key(s["action"])] for s in t["steps"] if s["action"].get("type") == "tool_call"],
         "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
-        "recall_seen": retrieval_recall(_seen(t), support) if support else None,
-        "recall_opened": retrieval_recall(_seen(t, "visit"), support) if support else None,
+        "recall_seen": retrieval_recall(documents_seen(t), support) if support else None,
+        "recall_opened": retrieval_recall(documents_seen(t, "visit"), support) if support else None,
         **score_answer(t["answer"], item.answers),
     }
 

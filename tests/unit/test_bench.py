@@ -428,3 +428,18 @@ async def test_the_distractor_setting_refuses_questions_without_context_doc_ids(
     assert {t["recall_seen"] for t in records[0]["trajectories"].values()} == {None}
     table, _ = write_outputs(records, tmp_path)
     assert "- recall_seen: n/a (no question lists supporting_doc_ids)" in table
+
+
+def test_documents_seen_are_the_hits_left_in_the_observation_and_the_pages_opened():
+    """The agent cuts an observation at max_observation_chars: the ids of hits cut off were counted
+    as seen. A visited page counts whatever its text shows (its own URL may lie past the cut)."""
+    from langgraph_parallelmuse.eval.bench import documents_seen
+
+    traj = {
+        "observations": [
+            {"name": "search", "content": "[1] A (id: d12)\nx\n\n[2] B (id: d1", "doc_ids": ["d12", "d1"]},
+            {"name": "visit", "content": "Eiffel Tower\n\nA tower … …[truncated]", "doc_ids": ["https://w/Eiffel"]},
+        ]
+    }
+    assert documents_seen(traj) == ["d12", "https://w/Eiffel"]
+    assert documents_seen(traj, "visit") == ["https://w/Eiffel"]
