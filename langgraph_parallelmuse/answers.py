@@ -70,12 +70,16 @@ def strip_answer_label(answer: str | None) -> str:
     """The answer without a leading ``answer:`` / ``final answer:`` label, stripped (``None`` gives ``""``).
 
     Example:
-        >>> strip_answer_label("  Final answer: Paris ")
-        'Paris'
+        >>> strip_answer_label("  Final answer: Paris "), strip_answer_label("**Final answer:** Paris")
+        ('Paris', 'Paris')
     """
     if not answer:
         return ""
-    return _ANSWER_PREFIX.sub("", answer.strip(), count=1).strip()
+    text = answer.strip()
+    if (label := _ANSWER_PREFIX.match(text)) is None:
+        return text
+    # The emphasis around a label goes with it: "**Final answer:** Paris" is "Paris".
+    return text[label.end() :].strip(" \t\n*_")
 
 
 def token_f1(prediction: str | None, gold: str | None, *, yes_no_rule: bool = True) -> float:

@@ -83,19 +83,33 @@ def count_tool_calls(observations: list[Observation]) -> int:
     return sum(1 for o in observations if o["name"] != "invalid")
 
 
-def lineage_key(trajectory_id: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key of a trajectory id (``t2 < t10``, a branch ``t0.s4.b1`` after its parent ``t0``).
+_ROOT_ID = re.compile(r"^([tfx])(\d+)$")  # initial, fill, crossover (lineage.py)
+_HOP_ID = re.compile(r"^[sb]\d+$")  # a branch's step and sibling
+
+
+def lineage_key(trajectory_id: str) -> tuple[Any, ...]:
+    """Sort key of a trajectory id in lineage order: initial trajectories (``t2`` before ``t10``),
+    each followed by its branches (``t0.s4.b1``), then fills, then crossovers.
 
     Ids come from the lineage, never from when a trajectory happened to finish, so whatever
     depends on the order of trajectories (a vote's ties) comes out the same in every run and
-    every schedule (post hoc or online) that ran the same trajectories.
+    every schedule (post hoc or online) that ran the same trajectories. A label before the id
+    (the bench's ``exp.t0.s1.b0``) orders last; ids of another making follow, in natural order.
 
     Example:
-        >>> sorted(["t10", "t0.s4.b1", "f0", "t2", "t0"], key=lineage_key)
-        ['f0', 't0', 't0.s4.b1', 't2', 't10']
+        >>> sorted(["t10", "x0", "f0", "t0.s4.b1", "t2", "t0", "exp.t0.s1.b0"], key=lineage_key)
+        ['t0', 'exp.t0.s1.b0', 't0.s4.b1', 't2', 't10', 'f0', 'x0']
     """
+    parts = trajectory_id.split(".")
+    label = ""
+    if len(parts) > 1 and not _ROOT_ID.match(parts[0]) and _ROOT_ID.match(parts[1]):
+        label, parts = parts[0], parts[1:]
+    root = _ROOT_ID.match(parts[0])
+    if root is not None and all(_HOP_ID.match(p) for p in parts[1:]):
+        hops = tuple(int(p[1:]) for p in parts[1:])
+        return (0, "tfx".index(root[1]), int(root[2]), hops, label)
     # Numbers as numbers, and typed so a number never meets a word in a comparison.
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", trajectory_id) if part)
+    return (1, tuple((0, int(p)) if p.isdecimal() else (1, p) for p in re.split(r"(\d+)", trajectory_id) if p))
 
 
 TrajectoryStatus = Literal[

@@ -184,6 +184,8 @@ def bootstrap_ratio(
         # A resample of only zero-sized reference questions has no ratio; it is left out.
         if total > 0:
             ratios.append(math.fsum(num[i] for i in picks) / total)
+    if not ratios:
+        raise ValueError("no resample had a positive reference: use more n_resamples")
     ratios.sort()
     return ratio, _percentile(ratios, alpha), _percentile(ratios, 1 - alpha)
 

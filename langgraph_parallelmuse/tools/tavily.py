@@ -160,9 +160,9 @@ class _Tavily:
             raise ConfigError("make_tavily_tools: " + "; ".join(problems))
 
     def redact(self, text: str) -> str:
-        # Servers and proxies may echo request headers into error bodies; never pass the key on
-        # (nor anything shaped like one: a header error prints the key escaped).
-        return redact(text, [self.key])
+        # Servers and proxies may echo request headers into error bodies; never pass the key on.
+        # Only the key: a page's own "password: ..." or a link's "?sig=..." are what the web says.
+        return text.replace(self.key, "***")
 
     async def call(self, op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         attempt = 0
@@ -193,7 +193,8 @@ class _Tavily:
             text = f"Error: {action} on Tavily failed after {self.retries + 1} attempts ({exc})."
         else:
             text = f"Error: {action} on Tavily failed ({_describe(exc)})."
-        return self.redact(text), {"doc_ids": [], "error": True}
+        # An error's text also loses anything shaped like a key (a header error prints it escaped).
+        return redact(text, [self.key]), {"doc_ids": [], "error": True}
 
     async def search(self, query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():

@@ -254,11 +254,22 @@ def test_ties_go_by_lineage_not_by_the_order_trajectories_ended_in(make_trajecto
         assert max_tool_calls(order) == "Paris"
 
 
+def test_lineage_order_puts_a_parent_before_its_branches_and_fills_and_takes_any_id(make_trajectory):
+    # The bench labels its branches ("exp.t0.s1.b0"): they sorted before every "t" id and won ties
+    # over their parents; "f0" < "t0" gave a tie to the fill.
+    for first, second in [("t0", "f0"), ("t0", "exp.t0.s1.b0"), ("t0.s1.b0", "f0"), ("f0", "x0")]:
+        trajs = [make_trajectory(second, "Lyon"), make_trajectory(first, "Paris")]
+        assert majority_vote(trajs) == "Paris", (first, second)
+    # Ids of the user's own making sort too (a superscript digit once reached int()).
+    assert majority_vote([make_trajectory("run²", "Lyon"), make_trajectory("", "Paris")]) == "Paris"
+
+
 def test_the_vote_returns_the_answer_it_counted_without_a_label(make_trajectory):
     """Votes are grouped without an "Answer:" label, so the winner is scored without it too."""
     trajs = [make_trajectory("t0", "Answer: Paris"), make_trajectory("t1", "Paris")]
     assert majority_vote(trajs) == "Paris"
     assert max_tool_calls(trajs) == "Paris"
+    assert majority_vote([make_trajectory("t0", "**Final answer:** Paris")]) == "Paris"
 
 
 async def test_the_reports_order_does_not_change_the_aggregation(fake_model):

@@ -124,3 +124,8 @@ def test_the_mean_of_constant_scores_lies_in_its_interval():
     for value, n in [(0.2, 3), (0.1818, 6), (0.1, 3)]:
         mean, low, high = bootstrap_ci([value] * n)
         assert low <= mean <= high
+
+
+def test_bootstrap_ratio_without_a_resample_to_divide_says_so():
+    with pytest.raises(ValueError, match="no resample had a positive reference"):
+        bootstrap_ratio([1, 1, 1], [3, 0, 0], n_resamples=1, seed=5)

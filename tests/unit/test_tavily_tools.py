@@ -343,6 +343,14 @@ async def test_odd_search_json_is_no_results(fake: FakeTavily, body: dict) -> No
     assert msg.artifact == {"doc_ids": []}
 
 
+async def test_what_the_web_says_is_not_taken_for_a_credential(fake: FakeTavily) -> None:
+    """Only the key leaves a page: the credential patterns apply to error texts alone."""
+    page = "The secret password: rosebud123 opens it; see https://x.org/r.pdf?sig=" + "a" * 30
+    fake.script["/search"] = [Reply(200, {"results": [{"url": "https://x.org/a", "title": "A", "content": page}]})]
+    search, _ = tools(fake)
+    assert page in (await call(search, query="rosebud")).content
+
+
 async def test_odd_extract_json_is_a_page_that_could_not_be_read(fake: FakeTavily) -> None:
     fake.script["/extract"] = [Reply(200, {"results": 5, "failed_results": 1})]
     _, visit = tools(fake)
