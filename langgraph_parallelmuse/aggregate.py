@@ -256,10 +256,20 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     # not born in the same state", and the majority replaced the aggregator's choice. A pick that
     # overlaps several candidates alike ("the river") says nothing between them: the reports' votes
     # decide, and max() keeps the first-listed among candidates tied on both.
+    # A candidate holding every word of the pick is what it names ("Paris, Texas" is not "Paris"),
+    # however many more words it has: F1 alone preferred the shorter, partial one.
+    words = set(normalize_vote_key(text).split())
     votes = Counter(normalize_vote_key(a) for a in answers)
-    scores = [(token_f1(text, c, yes_no_rule=False), votes[normalize_vote_key(c)]) for c in candidates]
+    scores = [
+        (
+            words <= set(normalize_vote_key(c).split()),
+            token_f1(text, c, yes_no_rule=False),
+            votes[normalize_vote_key(c)],
+        )
+        for c in candidates
+    ]
     best = max(range(len(candidates)), key=scores.__getitem__)
-    return candidates[best] if scores[best][0] > 0 else None
+    return candidates[best] if scores[best][1] > 0 else None
 
 
 def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: list[str | None]) -> str:

@@ -62,8 +62,13 @@ def normalize_vote_key(answer: str | None) -> str:
         'paris'
         >>> normalize_vote_key("**Final answer:** the Paris") == normalize_vote_key("paris")
         True
+        >>> normalize_vote_key("A."), normalize_vote_key("...")
+        ('a', '')
     """
-    return normalize_answer(strip_answer_label(answer))
+    text = strip_answer_label(answer)
+    # An answer that is only an article or punctuation after normalising ("A", a multiple-choice
+    # letter) is still an answer: it votes under its lowercased words.
+    return normalize_answer(text) or " ".join(text.lower().strip(string.punctuation + " ").split())
 
 
 def strip_answer_label(answer: str | None) -> str:

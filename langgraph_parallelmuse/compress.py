@@ -89,6 +89,16 @@ _HEADING = re.compile(
 )
 _FINAL_ANSWER = re.compile(r"^[\s#*]*final\s+answer\W*?:[*\s]*(.*)$", re.IGNORECASE | re.MULTILINE)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
+
+
+def _without_think(text: str) -> str:
+    """A reasoning model's draft is no part of its report: its think blocks go, and so does all
+    before a ``</think>`` the chat template opened (the draft's own headings would be read first)."""
+    if "<think>" not in text and "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    return _THINK_BLOCK.sub("", text)
+
 
 # The guided form: the model writes the two reasoning lines, each after a few prefilled words (without
 # them, SmolLM2's first move after "Solution planning:" was a line break: 11 of 16 probes empty, 0 of 16
@@ -225,6 +235,7 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
         >>> sorted(sections), answer
         (['Final reasoning', 'Solution methods', 'Solution planning'], 'Paris')
     """
+    text = _without_think(text)
     tags = _ANSWER_TAG.findall(text)
     lines = _FINAL_ANSWER.findall(text)
     raw = tags[-1] if tags else lines[-1] if lines else ""

@@ -228,7 +228,8 @@ def make_corpus_tools(
         if found is None:
             return (
                 f"No document {echo(doc.strip())}: that id or title is unknown. Use an id from the search results.",
-                {"doc_ids": []},
+                # A failed call, as the trajectory records it (its facts say so; nothing was read).
+                {"doc_ids": [], "error": True},
             )
         header = f"{found.title}\n\n"
         body = goal_excerpt(found.text, goal, title=found.title, max_chars=max(max_chars - len(header), 0))

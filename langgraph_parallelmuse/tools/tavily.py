@@ -223,7 +223,7 @@ class _Tavily:
         if url is None:
             return (
                 f"No document {echo(doc.strip())}: visit needs a URL (an id from the search results).",
-                {"doc_ids": []},
+                {"doc_ids": [], "error": True},
             )
         try:
             timeout = min(self.timeout, _EXTRACT_MAX_TIMEOUT)
@@ -235,7 +235,7 @@ class _Tavily:
         if not content.strip():
             reasons = [str(f.get("error"))[:200] for f in _listed(data, "failed_results")]
             why = f" ({'; '.join(reasons)})" if reasons else ""
-            return self.redact(f"No document could be read at {url}{why}."), {"doc_ids": []}
+            return self.redact(f"No document could be read at {url}{why}."), {"doc_ids": [], "error": True}
         title = str(pages[0].get("title") or pages[0].get("url") or url)
         header = f"{title}\n\n"
         body = goal_excerpt(content, goal, title=title, max_chars=max(self.max_chars - len(header), 0))

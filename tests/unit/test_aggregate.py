@@ -288,6 +288,20 @@ async def test_the_reports_order_does_not_change_the_aggregation(fake_model):
     }
 
 
+def test_single_letter_answers_vote_and_are_candidates(make_trajectory, fake_model):
+    """normalize_answer("A") is "" (an article): every trajectory answered and the run had no answer."""
+    trajs = [make_trajectory("t0", "A"), make_trajectory("t1", "a"), make_trajectory("t2", "B")]
+    assert majority_vote(trajs) == "A"
+
+
+async def test_a_pick_naming_a_longer_candidate_in_full_is_that_candidate(fake_model):
+    """ "Paris, Texas" against "Paris, a city in Lamar County, Texas" and "Paris": token F1 preferred
+    the shorter "Paris", which is not what the aggregator named."""
+    reports = [_report("t0", "Paris, a city in Lamar County, Texas"), _report("t1", "Paris")]
+    result = await aggregate_reports(fake_model(["Paris, Texas"]), QUESTION, reports, guided=True)
+    assert (result.answer, result.source) == ("Paris, a city in Lamar County, Texas", "aggregator")
+
+
 def test_weighted_vote_lets_a_confident_minority_win(make_trajectory):
     unsure = [[-1.0, -1.2]] * 3  # token confidence 1.1
     sure = [[-0.01, -9.99]] * 3  # token confidence 5.0

@@ -227,6 +227,18 @@ async def test_answer_with_protocol_tags_is_neutralised_in_guided_prefill(fake_m
     assert isinstance(model.calls[0]["messages"][1], HumanMessage)
 
 
+def test_a_reasoning_models_draft_is_no_part_of_its_report():
+    """The draft's headings were read first (setdefault) and the real sections dropped."""
+    report = (
+        "Solution planning: find the capital.\nSolution methods: search\n"
+        "Final reasoning: it says Paris\nFinal answer: Paris"
+    )
+    draft = "Solution planning: maybe Lyon?\nSolution methods: TODO\nFinal answer: Lyon\n"
+    for text in (f"<think>{draft}</think>\n{report}", f"{draft}</think>\n{report}"):
+        sections, answer = parse_report(text)
+        assert (sections["Solution planning"], answer) == ("find the capital.", "Paris")
+
+
 def test_parse_report_tolerates_markdown_and_reports_missing_sections():
     sections, answer = parse_report("**1. Solution planning:** a\n**2. Solution methods:** b\nFinal answer: Rome")
     assert sections == {"Solution planning": "a", "Solution methods": "b"}

@@ -107,7 +107,8 @@ async def test_visit_unknown_doc_is_a_text_result(index: CorpusIndex) -> None:
     msg = await call(visit, doc="nonexistent-id-42", goal="anything")
     assert msg.content.startswith("No document 'nonexistent-id-42'")
     assert "unknown" in msg.content
-    assert msg.artifact == {"doc_ids": []}
+    # A failed call as the trajectory records it: its report's facts said it opened the document.
+    assert msg.artifact == {"doc_ids": [], "error": True}
 
 
 async def test_visit_long_doc_gives_goal_focused_excerpt(index: CorpusIndex) -> None:
@@ -129,7 +130,7 @@ async def test_subset_hides_other_docs(index: CorpusIndex) -> None:
     assert "m1" not in msg.artifact["doc_ids"]
     assert msg.artifact["doc_ids"] == ["l1"]
     assert (await call(visit, doc="m1")).content.startswith("No document 'm1'")
-    assert (await call(visit, doc="Mount Example")).artifact == {"doc_ids": []}
+    assert (await call(visit, doc="Mount Example")).artifact == {"doc_ids": [], "error": True}
 
 
 async def test_tools_run_concurrently(index: CorpusIndex) -> None:

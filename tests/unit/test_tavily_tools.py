@@ -293,7 +293,7 @@ async def test_visit_failed_extraction(fake: FakeTavily) -> None:
     _, visit = tools(fake)
     msg = await call(visit, doc="x.org")
     assert msg.content == "No document could be read at https://x.org (404)."
-    assert msg.artifact == {"doc_ids": []}
+    assert msg.artifact == {"doc_ids": [], "error": True}  # a failed call, as the trajectory records it
 
 
 async def test_visit_needs_a_url(fake: FakeTavily) -> None:
