@@ -110,7 +110,11 @@ class ParallelMuseConfig(BaseModel):
     )
     # Stage 2: compressed reasoning aggregation.
     aggregation: Aggregation = Field("parallelmuse", description="How the final answer is chosen.")
-    max_report_tokens: int = Field(256, description="Maximum tokens of one compressed report.")
+    max_report_tokens: int = Field(
+        256,
+        description="Maximum tokens the model generates for one compressed report (the guided and graph forms "
+        "write their facts from the trajectory's records, outside this bound).",
+    )
     # Beyond the paper: the information-state graph (off by default).
     report_form: ReportForm = Field(
         "text",
