@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from langgraph_parallelmuse.cli import stats_table
 from langgraph_parallelmuse.nodes import failure_message, rollout_summary
 from langgraph_parallelmuse.view import render_tree
@@ -17,19 +19,7 @@ def _traj(tid: str, *, kind: str = "initial", answer=None, status="answered", er
         "error": error,
         "steps": [step, step],
         "uncertainty": [{}, {}],
-        "stats": dict.fromkeys(
-            (
-                "generated_tokens",
-                "prompt_tokens",
-                "reused_prefix_tokens",
-                "cached_prompt_tokens",
-                "conversation_prompt_tokens",
-                "conversation_cached_tokens",
-                "tool_calls",
-            ),
-            0,
-        )
-        | {"cache_reported": False},
+        "stats": defaultdict(int),  # every count 0
     }
 
 
