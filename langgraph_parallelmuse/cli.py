@@ -35,6 +35,7 @@ from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, RolloutFailedError
 from langgraph_parallelmuse.eval.bench import METHODS
+from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact
 
 # emoji=False: ":b:" in an answer (an IPv6 or MAC address) would print as an emoji.
@@ -271,11 +272,6 @@ def _shown(text: object) -> str:
     return escape(_CONTROL.sub("", str(text)))
 
 
-def _short(text: str | None, limit: int = 100) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def stats_table(result: dict[str, Any]) -> Table:
     """Tokens per stage, compression ratio, tool calls and seconds of one run."""
     stats = result.get("stats", {})
@@ -397,10 +393,10 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
             if ev == "trajectory_finished":
                 prog.advance(roll)
                 mark = {"answered": "[green]✓[/]", "failed": "[red]✗[/]"}.get(chunk["status"], "[yellow]·[/]")
-                why = f" [dim]({_shown(_short(chunk['error'], 100))})[/]" if chunk.get("error") else ""
+                why = f" [dim]({_shown(one_line(chunk['error'], 100))})[/]" if chunk.get("error") else ""
                 prog.console.print(
                     f"  {mark} {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                    f"steps={chunk['steps']} answer={_shown(repr(_short(chunk['answer'], 60)))}{why}"
+                    f"steps={chunk['steps']} answer={_shown(repr(one_line(chunk['answer'] or '', 60)))}{why}"
                 )
             elif ev == "branch_picked":
                 prog.console.print(
@@ -594,10 +590,10 @@ async def _agent(args: argparse.Namespace) -> int:
                         f"[bold]step {step['index'] + 1}[/] [dim]({step['generated_tokens']} tokens, "
                         f"mean logprob {sum(lp) / max(len(lp), 1):.2f}, {step['seconds']:.1f}s)[/]"
                     )
-                    out.print(f"  [cyan]think[/]  {_shown(_short(thought, 200))}")
+                    out.print(f"  [cyan]think[/]  {_shown(one_line(thought or '', 200))}")
                     out.print(f"  [magenta]act[/]    {_shown(what)}")
                 for obs in (delta or {}).get("observations", []):
-                    out.print(f"  [green]result[/] {_shown(_short(obs['content'], 160))}")
+                    out.print(f"  [green]result[/] {_shown(one_line(obs['content'], 160))}")
                     status.update("thinking…")
                 if node == "think" and delta and delta.get("status") not in (None, "running"):
                     final = delta
@@ -697,7 +693,7 @@ async def _bench(args: argparse.Namespace) -> int:
                 pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
                 prog.console.print(
                     f"  {_shown(rec['id'])}: gold={_shown(repr(rec['answers'][0]))} "
-                    f"answer={_shown(repr(_short(pm.get('answer'), 50)))} "
+                    f"answer={_shown(repr(one_line(pm.get('answer') or '', 50)))} "
                     f"({rec['seconds']:.0f}s)"
                 )
 

@@ -43,7 +43,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langgraph_parallelmuse.errors import ends_the_run
 from langgraph_parallelmuse.facts import step_facts
-from langgraph_parallelmuse.protocol import neutralize, quote_untrusted, trajectory_text
+from langgraph_parallelmuse.protocol import neutralize, one_line, quote_untrusted, trajectory_text
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, TurnResult, derive_seed, generate_turn
 from langgraph_parallelmuse.state import Report, Trajectory
@@ -116,10 +116,6 @@ _REASONING_INSTRUCTIONS = (
 _NONE_WRITTEN = "(none written)"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def reasoning_line(text: str) -> str:
     """A model-written reasoning line on one line, cut before a ``Final answer`` written inline.
 
@@ -131,7 +127,7 @@ def reasoning_line(text: str) -> str:
         >>> reasoning_line(" the 2006 FIFA World Cup Final page\\n names Zidane. Final answer: Zidane")
         'the 2006 FIFA World Cup Final page names Zidane.'
     """
-    return _one_line(text).split("Final answer", 1)[0].strip()
+    return one_line(text).split("Final answer", 1)[0].strip()
 
 
 def build_compress_messages(
@@ -239,7 +235,7 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     tags = _ANSWER_TAG.findall(text)
     lines = _FINAL_ANSWER.findall(text)
     raw = tags[-1] if tags else lines[-1] if lines else ""
-    answer = _one_line(raw) or None
+    answer = one_line(raw) or None
     body_end = min(
         (m.start() for m in (re.search(r"<answer>", text), _FINAL_ANSWER.search(text)) if m),
         default=len(text),
@@ -270,7 +266,7 @@ def fallback_report(
         >>> fallback_report({"id": "t1", "answer": "Paris"})["text"]
         'Final answer: Paris'
     """
-    answer = _one_line(trajectory.get("answer") or "") or None
+    answer = one_line(trajectory.get("answer") or "") or None
     text = f"Final answer: {neutralize(answer)}" if answer else "No final answer."
     cost = {"tokens": tokens, "prompt_tokens": prompt_tokens, "cached_prompt_tokens": cached_prompt_tokens}
     problem = problem or (None if answer else "the trajectory gave no answer")
@@ -381,7 +377,7 @@ async def compress_trajectory(
         Final answer: Paris
     """
     started = time.perf_counter()
-    traj_answer = _one_line(trajectory.get("answer") or "")
+    traj_answer = one_line(trajectory.get("answer") or "")
     if not traj_answer:
         return fallback_report(trajectory)
     limits = {"max_report_tokens": max_report_tokens, "max_observation_chars": max_observation_chars}

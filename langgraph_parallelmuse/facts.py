@@ -34,13 +34,10 @@ from langgraph_parallelmuse.infograph import (
     query_of,
     read_segments,
 )
+from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.state import Trajectory
 
 __all__ = ["step_facts"]
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, max_query_words: int = 8) -> list[str]:
@@ -85,22 +82,22 @@ def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, ma
         if query is not None:
             what = _query(query, effective["entities"], max_query_words)
         elif tool == "visit" and mine:  # the document it opened, by title (its argument may be an id)
-            what = _one_line(mine[0].title)
+            what = one_line(mine[0].title)
         else:
-            what = _one_line(" ".join(map(str, (action.get("arguments") or {}).values())))
+            what = one_line(" ".join(map(str, (action.get("arguments") or {}).values())))
         hits = tuple(s.title for s in mine)
         if query is not None and not (obs or {}).get("error"):
             # A small model often repeats a search word for word: the same hits are named once.
             first = searched.setdefault((entity_key(query), hits), at)
             what = what if first == at else f"as s{first + 1}"
-        bridges = ", ".join(map(_one_line, bridges_of(step, obs)))
+        bridges = ", ".join(map(one_line, bridges_of(step, obs)))
         head = f"s{at + 1} {tool} {what}".rstrip() + (f" (bridge {bridges})" if bridges else "")
         if obs is None or obs.get("error"):
             facts.append(f"{head} failed")
             continue
         if tool == "search" and not what.startswith("as s"):
             head += ": " + (", ".join(_titles(list(hits), effective["entities"], max_titles)) or "nothing")
-        gave = ", ".join(_one_line(x) for x in dict.fromkeys(found.get(at, [])))
+        gave = ", ".join(one_line(x) for x in dict.fromkeys(found.get(at, [])))
         facts.append(head + (f" -> {gave}" if gave else ""))
     return facts
 
@@ -116,7 +113,7 @@ def _query(query: str, effective: dict, max_words: int) -> str:
         return f'"{" ".join(words)}"'
     shown = " ".join(words[:max_words])
     kept = f" {entity_key(shown)} "
-    dropped = [_one_line(s) for s in spans if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
+    dropped = [one_line(s) for s in spans if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
     return f'"{shown} …"' + (f" ({', '.join(dropped)})" if dropped else "")
 
 
@@ -124,4 +121,4 @@ def _titles(titles: list[str], effective: dict, extra: int) -> list[str]:
     """Every title that leads to the answer, then up to ``extra`` others, in the tool's order."""
     keep = {t for t in titles if entity_key(t) in effective}
     others = [t for t in titles if t not in keep][:extra]
-    return [_one_line(t) for t in dict.fromkeys(titles) if t in keep or t in others]
+    return [one_line(t) for t in dict.fromkeys(titles) if t in keep or t in others]

@@ -43,6 +43,7 @@ from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailed
 from langgraph_parallelmuse.infograph import redundancy_summary
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
+from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, online_rollout, pick_branches
 from langgraph_parallelmuse.stage2 import choose_answer, compression_stats, write_report
 from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
@@ -222,7 +223,7 @@ def describe_model(model: BaseChatModel) -> str:
 def failure_message(model: BaseChatModel, trajectories: Sequence[Trajectory]) -> str:
     """One message for a run whose every trajectory failed: how many, the distinct reasons, the model."""
     # One line, bounded: a server's error may be a whole HTML page.
-    reasons = list(dict.fromkeys(_one_line(t.get("error") or "unknown error", 300) for t in trajectories))
+    reasons = list(dict.fromkeys(one_line(t.get("error") or "unknown error", 300) for t in trajectories))
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     return (
         f"every trajectory failed ({len(trajectories)} of {len(trajectories)}): {shown}. {describe_model(model)}: "
@@ -230,11 +231,6 @@ def failure_message(model: BaseChatModel, trajectories: Sequence[Trajectory]) ->
         "again on the same thread of a checkpointed graph, and the failed trajectories continue from their last "
         "finished step (CLI: the same command with --resume, when it ran with --db and --run-id)"
     )
-
-
-def _one_line(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def active_seconds(spans: Sequence[Sequence[Any]], stage: str | None = None) -> float:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.state import Trajectory
 
 
@@ -13,22 +14,15 @@ def _fmt(score: float | None) -> str:
     return "  -  " if score is None else f"{score:5.2f}"
 
 
-def _one_line(text: object, limit: int) -> str:
-    """``text`` on one line of at most ``limit`` characters: a newline in a page, an answer or a
-    server's error page would start a line of its own that reads as a tree entry."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def _step_line(traj: Trajectory, i: int) -> str:
     step = traj["steps"][i]
     act = step["action"]
     if act.get("type") == "tool_call":
-        what = f"{act['name']}({', '.join(_one_line(v, 40) for v in act.get('arguments', {}).values())})"
+        what = f"{act['name']}({', '.join(one_line(v, 40) for v in act.get('arguments', {}).values())})"
     elif act.get("type") == "answer":
-        what = f"answer: {_one_line(act.get('answer'), 60)}"
+        what = f"answer: {one_line(act.get('answer'), 60)}"
     else:
-        what = f"invalid: {_one_line(act.get('error'), 50)}"
+        what = f"invalid: {one_line(act.get('error'), 50)}"
     u = traj["uncertainty"][i] if i < len(traj["uncertainty"]) else {}
     return f"step {i}  R={_fmt(u.get('reasoning'))} E={_fmt(u.get('exploration'))}  {what}"
 
@@ -62,7 +56,7 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
             else ""
         )
         answer, error = traj.get("answer"), traj.get("error")
-        outcome = _one_line(repr(answer) if answer is not None or not error else error, 160)
+        outcome = one_line(repr(answer) if answer is not None or not error else error, 160)
         head = f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}{note}) {traj['status']}: {outcome}"
         lines.append(head)
         for i in range(start, len(traj["steps"])):
