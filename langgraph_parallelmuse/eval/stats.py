@@ -38,18 +38,33 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _interval(data: list[float], n_resamples: int, confidence: float, seed: int) -> tuple[float, float]:
+def _interval(
+    num: list[float], den: list[float], n_resamples: int, confidence: float, seed: int
+) -> tuple[float, float]:
+    """Percentile interval of ``sum(num) / sum(den)`` over questions resampled with replacement,
+    the same rows for both (a mean is the ratio with ``den`` all 1). A resample whose ``den`` sums
+    to 0 or less has no ratio and is left out."""
     alpha = (1.0 - confidence) / 2.0
-    n = len(data)
+    n = len(num)
     if _np is not None:
-        rng = _np.random.default_rng(seed)
-        arr = _np.asarray(data)
-        means = arr[rng.integers(0, n, size=(n_resamples, n))].mean(axis=1)
-        low, high = _np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
+        picks = _np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+        tops, bottoms = _np.asarray(num)[picks].sum(axis=1), _np.asarray(den)[picks].sum(axis=1)
+        ratios = tops[bottoms > 0] / bottoms[bottoms > 0]
+        if not ratios.size:
+            raise ValueError("no resample had a positive reference: use more n_resamples")
+        low, high = _np.percentile(ratios, [100 * alpha, 100 * (1 - alpha)])
         return float(low), float(high)
     rng = random.Random(seed)
-    means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(n_resamples))
-    return _percentile(means, alpha), _percentile(means, 1 - alpha)
+    values = []
+    for _ in range(n_resamples):
+        picks = rng.choices(range(n), k=n)
+        bottom = math.fsum(den[i] for i in picks)
+        if bottom > 0:
+            values.append(math.fsum(num[i] for i in picks) / bottom)
+    if not values:
+        raise ValueError("no resample had a positive reference: use more n_resamples")
+    values.sort()
+    return _percentile(values, alpha), _percentile(values, 1 - alpha)
 
 
 def bootstrap_ci(
@@ -82,7 +97,7 @@ def bootstrap_ci(
     """
     data = _check(values, n_resamples, confidence)
     mean = math.fsum(data) / len(data)
-    low, high = _interval(data, n_resamples, confidence, seed)
+    low, high = _interval(data, [1.0] * len(data), n_resamples, confidence, seed)
     # Floating-point summation may step a hair outside the data range (e.g. constant inputs);
     # a resampled mean never can, so clamp to keep constant scores a zero-width interval.
     lo_bound, hi_bound = min(data), max(data)
@@ -175,19 +190,7 @@ def bootstrap_ratio(
     if math.fsum(den) <= 0:
         raise ValueError("the denominators sum to 0 or less: a ratio of sums needs a positive reference")
     ratio = math.fsum(num) / math.fsum(den)
-    alpha, n = (1.0 - confidence) / 2.0, len(num)
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(n_resamples):
-        picks = [rng.randrange(n) for _ in range(n)]
-        total = math.fsum(den[i] for i in picks)
-        # A resample of only zero-sized reference questions has no ratio; it is left out.
-        if total > 0:
-            ratios.append(math.fsum(num[i] for i in picks) / total)
-    if not ratios:
-        raise ValueError("no resample had a positive reference: use more n_resamples")
-    ratios.sort()
-    return ratio, _percentile(ratios, alpha), _percentile(ratios, 1 - alpha)
+    return ratio, *_interval(num, den, n_resamples, confidence, seed)
 
 
 def within_noise(low: float, high: float) -> bool:
