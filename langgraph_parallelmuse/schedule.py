@@ -286,10 +286,10 @@ class _Online:
         """An initial trajectory has ended with fewer than k fork points taken: its most uncertain
         remaining steps (the paper's top-k) take the rest, so the budget still goes to branches that
         share a prefix rather than to from-scratch fills."""
-        if self.stopped or self.config.k - self.forks(parent) <= 0:
-            return
         # The forks taken online keep their region's share of k (mixed: ceil(k/2) exploration).
         taken = [(p["step"], p["region"]) for p in self.picks if p["parent"] == parent["id"]]
+        if self.stopped or len(taken) >= self.config.k:
+            return
         for step, region, score in select_branch_steps(
             parent["uncertainty"], mode=self.config.mode, k=self.config.k, taken=taken
         ):
