@@ -341,7 +341,10 @@ async def test_a_continuation_with_characters_split_over_tokens_is_scored_to_its
     assert b"".join(bytes(e["bytes"]) for e in content).decode() == continuation
 
 
-@pytest.mark.parametrize(("status", "body"), [(200, [{"id": "smollm2"}]), (404, "Not Found")])
+# A str route is sent as it is: '"Not Found"' is the JSON string, "Not Found" plain text.
+@pytest.mark.parametrize(
+    ("status", "body"), [(200, [{"id": "smollm2"}]), (404, '"Not Found"'), (200, '"ok"'), (404, "Not Found")]
+)
 def test_check_server_names_base_url_when_a_reply_is_json_but_not_an_object(status: int, body: object) -> None:
     """Before, a JSON list or string raised AttributeError instead of the diagnosis naming base_url=."""
     with fake_http({"GET /v1/models": lambda _: (status, body)}) as fake:

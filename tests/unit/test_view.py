@@ -54,3 +54,30 @@ def test_the_message_of_a_run_where_every_trajectory_failed_is_one_bounded_line(
     message = failure_message(object(), trajs)
     assert "\n" not in message and len(message) < 1200
     assert "--db and --run-id" in message
+
+
+async def test_the_progress_bars_end_full_when_a_consensus_stop_ends_the_run_early(monkeypatch):
+    """Three of eight trajectories and two reports left the bars at 3/8 and 2/8 once the run had
+    ended, as if work were still running."""
+    from langgraph_parallelmuse import cli
+
+    bars = []
+
+    def keep(**kwargs):
+        bars.append(progress := real(**kwargs))
+        return progress
+
+    real = cli._progress
+    monkeypatch.setattr(cli, "_progress", keep)
+
+    class Graph:
+        async def astream(self, *args, **kwargs):
+            done = {"event": "trajectory_finished", "kind": "initial", "status": "answered", "steps": 2, "answer": "P"}
+            for i in range(3):
+                yield "custom", done | {"id": f"t{i}"}
+            for i in range(2):
+                yield "custom", {"event": "report_written", "id": f"t{i}"}
+            yield "values", {"answer": "Paris"}
+
+    assert await cli._stream(Graph(), {"question": "q"}, {}, {}, 8) == {"answer": "Paris"}
+    assert [(t.completed, t.total) for t in bars[0].tasks] == [(3, 3), (2, 2)]
