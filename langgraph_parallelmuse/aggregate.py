@@ -72,6 +72,9 @@ report can be right against several weak ones.
 - Do not call tools; use only the reports.
 Reply with the answer as a short phrase inside <answer></answer>."""
 
+# A guided pick is one candidate on one line.
+GUIDED_PICK_TOKENS = 64
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 
 
@@ -293,7 +296,7 @@ async def aggregate_reports(
     *,
     guided: bool,
     seed: int | None = None,
-    max_tokens: int = 64,
+    max_tokens: int = 1024,
     temperature: float = 0.6,
 ) -> AggregateResult:
     """Pick one answer from the reports with the aggregator model (Stage 2 reduce step).
@@ -306,7 +309,8 @@ async def aggregate_reports(
         guided: Prefill ``Answer:`` and snap the output to a candidate (small local models)
             instead of letting the model write the answer freely.
         seed: Sampling seed.
-        max_tokens: Token bound of the model's reply.
+        max_tokens: Token bound of the model's free reply, where a capable model may reason before its
+            ``<answer>``; the guided pick is one line of at most ``GUIDED_PICK_TOKENS``.
         temperature: Sampling temperature of the aggregator.
 
     Returns:
@@ -338,7 +342,7 @@ async def aggregate_reports(
     pick: Segment = (
         Choose(tuple(candidates), messages, then=lambda p: [replace(p, name="pick")])
         if getattr(model, "supports_scoring", False)
-        else Gen(stop=("</answer>", "\n\n"), max_tokens=max_tokens, name="pick")
+        else Gen(stop=("</answer>", "\n\n"), max_tokens=GUIDED_PICK_TOKENS, name="pick")
     )
     segments = [Lit("Answer:"), pick] if guided else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
     result = AggregateResult(answer=majority, source="majority_fallback", prompt=messages, candidates=candidates)

@@ -115,6 +115,12 @@ class ParallelMuseConfig(BaseModel):
         description="Maximum tokens the model generates for one compressed report (the guided and graph forms "
         "write their facts from the trajectory's records, outside this bound).",
     )
+    max_aggregate_tokens: int = Field(
+        1024,
+        description="Maximum tokens of the aggregator's reply in the free form, where a capable model may reason "
+        "before its <answer> (a reply cut off there has no answer and the majority vote stands in); the guided "
+        "pick is one line of at most 64 tokens.",
+    )
     # Beyond the paper: the information-state graph (off by default).
     report_form: ReportForm = Field(
         "text",
@@ -190,6 +196,7 @@ class ParallelMuseConfig(BaseModel):
             "max_step_tokens",
             "max_context_tokens",
             "max_report_tokens",
+            "max_aggregate_tokens",
             "max_concurrency",
             "max_observation_chars",
         ):

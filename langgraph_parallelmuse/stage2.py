@@ -93,7 +93,14 @@ async def choose_answer(
     if config.aggregation != "parallelmuse":
         answer = BASELINES[config.aggregation](trajectories)
         return Choice(answer=answer, source=config.aggregation if answer is not None else "none")
-    result = await aggregate_reports(aggregator, question, list(reports), guided=guided, seed=config.seed)
+    result = await aggregate_reports(
+        aggregator,
+        question,
+        list(reports),
+        guided=guided,
+        seed=config.seed,
+        max_tokens=config.max_aggregate_tokens,
+    )
     answer, source = result.answer, result.source
     error = result.error
     if answer is None and any(t["answer"] for t in trajectories):

@@ -376,3 +376,23 @@ async def test_a_yes_no_pick_is_kept_when_a_report_words_it_as_a_sentence(fake_m
     model = fake_model(["Report 3 has the evidence.\n<answer>No</answer>"])
     result = await aggregate_reports(model, QUESTION, reports, guided=False)
     assert result.answer == "No, they were not born in the same state" and result.source == "aggregator"
+
+
+@pytest.mark.parametrize(
+    ("guided", "reply", "expected"),
+    [(False, "Report 2 cites its page. <answer>Lyon</answer>", 300), (True, " Lyon", 64)],
+)
+async def test_the_free_aggregator_gets_room_to_reason_and_the_guided_pick_one_line(guided, reply, expected):
+    """The free aggregator had 64 tokens: a capable model reasoning before its <answer> was cut off,
+    and the majority vote stood in for every run."""
+    from langgraph_parallelmuse.config import ParallelMuseConfig
+    from langgraph_parallelmuse.stage2 import choose_answer
+    from tests.unit.fakes import ScriptedChatModel
+
+    model = ScriptedChatModel(script=[reply])
+    trajs = [{"id": "t0", "answer": "Paris"}, {"id": "t1", "answer": "Lyon"}]
+    reports = [{"trajectory_id": t["id"], "text": f"Final answer: {t['answer']}", "answer": t["answer"]} for t in trajs]
+    config = ParallelMuseConfig(max_aggregate_tokens=300)
+    choice = await choose_answer(model, "Where?", trajs, reports, config=config, guided=guided)
+    assert model.calls[0]["kwargs"]["max_tokens"] == expected
+    assert (choice.answer, choice.source) == ("Lyon", "aggregator")
