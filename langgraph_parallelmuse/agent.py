@@ -560,6 +560,11 @@ class RolloutRunner:
             return await self._trajectory(thread_id, snap.values, 0.0, config)
         return None
 
+    async def origin_of(self, thread_id: str) -> Origin | None:
+        """The origin a thread was started with, or ``None`` while it holds nothing."""
+        snap = await self.graph.aget_state(self._thread(thread_id))
+        return snap.values.get("origin") if snap.values else None
+
     async def run_job(
         self,
         job: Job,

@@ -46,6 +46,16 @@ def thread_of(run_id: str, job_id: str) -> str:
     return f"{run_id}/{job_id}"
 
 
+def branch_id(parent_id: str, step: int, sibling: int) -> str:
+    """The id of branch ``sibling`` forked at ``step`` of trajectory ``parent_id``.
+
+    Example:
+        >>> branch_id("t0", 1, 2)
+        't0.s1.b2'
+    """
+    return f"{parent_id}.s{step}.b{sibling}"
+
+
 def scratch_job(kind: str, index: int, *, run_id: str, round: int = 0) -> Job:
     """A from-scratch job: ``initial`` (``t{i}``) or ``fill`` (``f{i}``).
 
@@ -90,7 +100,7 @@ def branch_job(parent: Trajectory, pick: Pick, sibling: int, *, run_id: str) -> 
     checkpoint = points[step] if step < len(points) else None
     if checkpoint is None:
         raise ParallelMuseError(f"no checkpoint before step {step} in thread {parent['thread_id']!r}")
-    job_id = f"{parent['id']}.s{step}.b{sibling}"
+    job_id = branch_id(parent["id"], step, sibling)
     origin = Origin(
         kind="branch",
         parent=parent["id"],

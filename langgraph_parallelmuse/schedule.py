@@ -25,7 +25,7 @@ from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.calibration import Calibration, quantile_of
 from langgraph_parallelmuse.concurrency import gather_all, settle
 from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.lineage import Job, Pick, branch_job, next_fill_index, scratch_job
+from langgraph_parallelmuse.lineage import Job, Pick, branch_id, branch_job, next_fill_index, scratch_job, thread_of
 from langgraph_parallelmuse.state import Trajectory
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, require_logprobs, select_branch_steps
 
@@ -239,8 +239,10 @@ class _Online:
         self.picks: list[Pick] = []
         self.tasks: dict[asyncio.Task, Job] = {}
         self.examined: dict[str, int] = {}  # trajectory id -> steps already considered for a fork
+        self.earlier: dict[str, dict[int, tuple[str, float]]] = {}  # forks a resumed run's first run took
         self.seen_scores: list[float] = []  # this run's finished step scores (the estimate, uncalibrated)
         self.launched = 0
+        self.announced: set[str] = set()  # running, as far as the progress events told
         self.stopped = False
 
     @property
@@ -255,15 +257,21 @@ class _Online:
     def start(self, job: Job) -> None:
         self.launched += 1
         self.tasks[asyncio.ensure_future(self._run(job))] = job
-        self.on_event("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
 
     async def _run(self, job: Job) -> Trajectory:
-        if job["origin"].get("kind") != "branch" and (sample := next(self.pool, None)) is not None:
-            traj = sample
-        else:
-            on_step = self.examine if job["origin"].get("kind") == "initial" else None
-            async with self.limit or contextlib.nullcontext():
+        sample = next(self.pool, None) if job["origin"].get("kind") != "branch" else None
+        on_step = self.examine if job["origin"].get("kind") == "initial" else None
+        # Announced inside its slot of max_concurrency, as the graph's post-hoc nodes do: announced when
+        # queued, every trajectory of N looked running at once.
+        async with self.limit if self.limit is not None and sample is None else contextlib.nullcontext():
+            self.announced.add(job["id"])
+            self.on_event(
+                "trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step")
+            )
+            if (traj := sample) is None:
                 traj = await self.runner.run_job(job, question=self.question, config=self.config, on_step=on_step)
+            self.announced.discard(job["id"])
+            self.on_event("trajectory_finished", trajectory=traj)
         if traj["origin"].get("kind") == "initial":
             await self.examine(traj)  # a finished or reused parent: every step is considered
             self.complete(traj)
@@ -273,14 +281,28 @@ class _Online:
         """Fork each newly finished step of an initial trajectory that crosses the threshold, at once."""
         start = self.examined.get(parent["id"], 0)
         self.examined[parent["id"]] = len(parent["uncertainty"])
+        earlier = await self._earlier_forks(parent, range(start, len(parent["uncertainty"])))
         for step in range(start, len(parent["uncertainty"])):
             if self.stopped or self.forks(parent) >= self.config.k:
                 return
             hit = self._crossing(parent["uncertainty"][step])
+            # A resumed run takes the forks its first run took, up to the last of them (their branches may
+            # have finished): without a calibration, which steps cross depends on the order steps finished in.
+            if any(at >= step for at in earlier):
+                hit = earlier.get(step)
             if hit is None or self.room <= 0:
                 continue
             region, score = hit
             self.fork(parent, Pick(parent=parent["id"], step=step, region=region, score=score, round=1))
+
+    async def _earlier_forks(self, parent: Trajectory, steps: range) -> dict[int, tuple[str, float]]:
+        """The steps of ``parent`` an earlier run of this run id forked at (their branch threads exist)."""
+        found = self.earlier.setdefault(parent["id"], {})
+        for step in steps:
+            origin = await self.runner.origin_of(thread_of(self.run_id, branch_id(parent["id"], step, 0)))
+            if origin is not None:
+                found[step] = (origin["region"], origin["score"])
+        return found
 
     def complete(self, parent: Trajectory) -> None:
         """An initial trajectory has ended with fewer than k fork points taken: its most uncertain
@@ -330,10 +352,13 @@ class _Online:
         await settle(self.tasks)
         for job in self.tasks.values():  # what they finished stays checkpointed; the record says why it ended
             traj = await self.runner.snapshot(job["thread_id"], self.config)
-            if len(traj["steps"]) <= (traj["origin"].get("step") or 0):
-                continue  # cancelled before its own first step (a branch holds only its parent's prefix)
             status = traj["status"] if traj["status"] != "running" else "cancelled"
-            self.done.append({**traj, "status": status, "answer": traj["answer"] if status != "cancelled" else None})
+            record = {**traj, "status": status, "answer": traj["answer"] if status != "cancelled" else None}
+            # One cancelled before its own first step is no trajectory (a branch holds only its parent's prefix).
+            if len(traj["steps"]) > (traj["origin"].get("step") or 0):
+                self.done.append(record)
+            if job["id"] in self.announced:  # a progress display showed it running: it ends there too
+                self.on_event("trajectory_finished", trajectory=record)
         self.tasks.clear()
 
 
@@ -390,7 +415,6 @@ async def online_rollout(
                 del run.tasks[task]
                 traj = task.result()
                 run.done.append(traj)
-                run.on_event("trajectory_finished", trajectory=traj)
             if run.settled():
                 run.on_event("consensus_reached", answers=len(run.done))
                 await run.cancel_running()

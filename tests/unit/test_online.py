@@ -240,11 +240,16 @@ async def test_consensus_cancels_running_work_without_losing_its_finished_steps(
     config = make_config(
         n=6, k=0, t=1, branching="online", calibration=_calibration(tmp_path, exploration=1e9), consensus=0.75
     )
-    events = []
-    trajs, _ = await online_rollout(
-        runner, QUESTION, config=config, run_id="c", on_event=lambda e, **d: events.append(e)
-    )
+    events, ids = [], collections.defaultdict(list)
+
+    def on_event(event, **data):
+        events.append(event)
+        ids[event].append(data["trajectory"]["id"] if "trajectory" in data else data.get("id"))
+
+    trajs, _ = await online_rollout(runner, QUESTION, config=config, run_id="c", on_event=on_event)
     assert "consensus_reached" in events
+    # A progress display saw each start end: the cancelled ones too (before, they ran on there forever).
+    assert sorted(ids["trajectory_started"]) == sorted(ids["trajectory_finished"]) == sorted(t["id"] for t in trajs)
     answered = [t for t in trajs if t["status"] == "answered"]
     cancelled = [t for t in trajs if t["status"] == "cancelled"]
     assert len(answered) == 3 and len(cancelled) == 3
@@ -318,6 +323,63 @@ async def test_a_crashed_online_run_resumes_without_redoing_finished_trajectorie
     # Only the crashed branch's last step was generated again: its first steps are checkpointed and
     # the parent and the other branch had finished.
     assert again == [("2", 2)], again
+
+
+async def test_a_trajectory_is_announced_as_started_when_it_gets_a_slot_of_max_concurrency(tmp_path):
+    """Announced when queued, all N looked running at once under max_concurrency=2."""
+
+    def plan(me, step, thought):
+        if step < 2:
+            return Reply(call_text("search", thought, query=f"q{me}-{step}"), regions={"tool_call": -2.5}, delay=0.05)
+        return Reply(answer_text("Paris", thought), delay=0.05)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(n=6, k=2, t=2, branching="online", calibration=_calibration(tmp_path), seed=1)
+    running, peak = set(), 0
+
+    def on_event(event, **data):
+        nonlocal peak
+        if event == "trajectory_started":
+            running.add(data["id"])
+        elif event == "trajectory_finished":
+            running.discard(data["trajectory"]["id"])
+        peak = max(peak, len(running))
+
+    trajs, _ = await online_rollout(
+        RolloutRunner(model, make_tools()[0]),
+        QUESTION,
+        config=config,
+        run_id="s",
+        on_event=on_event,
+        limit=asyncio.Semaphore(2),
+    )
+    assert len(trajs) == 6 and not running and peak == 2
+
+
+async def test_a_rerun_of_an_uncalibrated_online_run_takes_the_forks_its_first_run_took():
+    """Without a calibration the threshold pools the steps in the order they finish. Live, the fast
+    trajectory's steps came first and it forked at its top step (4); rerun, both came back whole and
+    the slow one's steps came first, so its step 0 crossed: new branches were generated and the
+    finished ones were dropped."""
+
+    def plan(me, step, thought):
+        if step == 5:
+            return Reply(answer_text("Paris", thought))
+        logprob = -0.01 if me == 0 else [-1.1, -0.01, -0.01, -0.01, -1.6][step]  # PPL 1, or 3 ... 5
+        return Reply(
+            call_text("search", thought, query=f"q{me}-{step}"), regions={"tool_call": logprob}, delay=0.3 * (me == 0)
+        )
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    runner = RolloutRunner(model, make_tools()[0])
+    config = make_config(n=4, m=2, k=1, t=1, branching="online", seed=1)
+    first, picks = await online_rollout(runner, QUESTION, config=config, run_id="r")
+    calls = len(model.calls)
+    again, repicks = await online_rollout(runner, QUESTION, config=config, run_id="r")
+    assert sorted((p["parent"], p["step"]) for p in picks) == [("t0", 0), ("t1", 4)]
+    assert sorted((p["parent"], p["step"]) for p in repicks) == [("t0", 0), ("t1", 4)]
+    assert len(model.calls) == calls  # nothing generated again
+    assert sorted(t["id"] for t in again) == sorted(t["id"] for t in first)
 
 
 async def test_studio_sees_the_fork_when_it_happens(tmp_path):
