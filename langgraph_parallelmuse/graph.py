@@ -47,7 +47,9 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
 
     Its ``graph`` is the checkpointed rollout subgraph whose threads are the trajectories'
     ``thread_id``: ``rollout_runner(g).graph.get_state_history({"configurable": {"thread_id": t}})``
-    lists every think/act snapshot of trajectory ``t`` (the fork points among them).
+    lists every think/act snapshot of trajectory ``t`` (the fork points among them). That graph reads
+    the runner's own saver: the ``trajectory_checkpointer``, or ``create_parallelmuse``'s
+    ``checkpointer``; trajectories kept in a parent app's saver are read from that saver.
 
     Raises:
         InputError: ``graph`` was not made by :func:`build_parallelmuse_graph` / :func:`create_parallelmuse`.
@@ -60,12 +62,13 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
         >>> rollout_runner(g).graph.name
         'rollout'
     """
-    try:
-        return _RUNNERS[graph]
-    except (KeyError, TypeError):
-        raise InputError(
-            "not a ParallelMuse graph: build it with create_parallelmuse or build_parallelmuse_graph"
-        ) from None
+    # A graph the user compiled from build_parallelmuse_graph, or a copy (with_config), keeps its builder.
+    for candidate in (graph, getattr(graph, "builder", None)):
+        try:
+            return _RUNNERS[candidate]
+        except (KeyError, TypeError):
+            continue
+    raise InputError("not a ParallelMuse graph: build it with create_parallelmuse or build_parallelmuse_graph")
 
 
 def build_parallelmuse_graph(
