@@ -83,22 +83,28 @@ class Calibration:
             if not 0.0 < value < 1.0:
                 raise ConfigError(f"{name}={value}: use a value strictly between 0 and 1")
         values: dict[str, list[float]] = {r: [] for r in ("reasoning", "exploration", "all")}
-        for steps in uncertainties:
-            for step in steps:
-                for region, vals in values.items():
-                    if step.get(region) is not None:
-                        vals.append(float(step[region]))
+        try:
+            for steps in uncertainties:
+                for step in steps:
+                    for region, vals in values.items():
+                        if step.get(region) is not None:
+                            vals.append(float(step[region]))
+            floors = [float(c) for c in confidences if c is not None]
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"a step's scores or a confidence are not numbers ({exc}): the runs are damaged; "
+                "calibrate from other runs"
+            ) from exc
         if not any(values.values()):
             raise ConfigError("no scored steps to calibrate from: run some trajectories with logprobs first")
-        # A perplexity is at least 1: anything else is a damaged record, and a threshold fitted on it
-        # would be refused by load() (the file this wrote could never be used).
+        # A perplexity is at least 1 and a confidence at least 0: anything else is a damaged record, and
+        # a threshold fitted on it would be refused by load() (the file this wrote could never be used).
         bad = [v for vals in values.values() for v in vals if not (math.isfinite(v) and v >= 1.0)]
-        floors = [float(c) for c in confidences if c is not None]
-        bad += [c for c in floors if not math.isfinite(c)]
+        bad += [c for c in floors if not (math.isfinite(c) and c >= 0.0)]
         if bad:
             raise ConfigError(
-                f"{len(bad)} step scores or confidences are not finite perplexities >= 1 (e.g. {bad[0]}): "
-                "the runs are damaged; calibrate from other runs"
+                f"{len(bad)} step scores or confidences are not finite perplexities >= 1 or confidences >= 0 "
+                f"(e.g. {bad[0]}): the runs are damaged; calibrate from other runs"
             )
         return cls(
             estimator=estimator,
@@ -171,13 +177,26 @@ def _load(path: str, mtime_ns: int) -> Calibration:
         ) from exc
     if not cal.thresholds:
         raise ConfigError(f"calibration file {path!r} has no thresholds: regenerate it with more trajectories")
-    bad = {region: t for region, t in cal.thresholds.items() if not (math.isfinite(t) and t >= 1.0)}
-    if bad or not 0.0 < cal.quantile < 1.0:
-        # A perplexity is at least 1; NaN, infinite or smaller thresholds would branch everywhere or nowhere.
-        problem = (
-            f"thresholds {bad} must be finite perplexities >= 1" if bad else f"quantile {cal.quantile} not in (0, 1)"
-        )
+    if problem := _problem(cal, window=data.get("confidence_window", CONFIDENCE_WINDOW)):
         raise ConfigError(
             f"calibration file {path!r} is malformed: {problem}; regenerate it with `parallelmuse calibrate`"
         )
     return cal
+
+
+def _problem(cal: Calibration, *, window: object) -> str | None:
+    """What makes a calibration read from a file unusable (``None``: nothing); ``window`` as written."""
+    bad = {region: t for region, t in cal.thresholds.items() if not (math.isfinite(t) and t >= 1.0)}
+    if bad:
+        # A perplexity is at least 1; NaN, infinite or smaller thresholds would branch everywhere or nowhere.
+        return f"thresholds {bad} must be finite perplexities >= 1"
+    if not 0.0 < cal.quantile < 1.0:
+        return f"quantile {cal.quantile} not in (0, 1)"
+    floor = cal.confidence_floor
+    if floor is not None and not (math.isfinite(floor) and floor >= 0.0):
+        # A confidence is at least 0: a NaN floor would stop every trajectory, a negative one none.
+        return f"confidence_floor {floor} must be a finite confidence >= 0"
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        # int() read 2.7 as 2, and a window of 0 divided by zero mid-rollout.
+        return f"confidence_window {window!r} must be a whole number of tokens >= 1"
+    return None

@@ -37,6 +37,7 @@ from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, Rollou
 from langgraph_parallelmuse.eval.bench import METHODS
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact
+from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE
 
 # emoji=False: ":b:" in an answer (an IPv6 or MAC address) would print as an emoji.
 console = Console(stderr=True, emoji=False)
@@ -228,6 +229,9 @@ def _judge(args: argparse.Namespace):
 
 
 def _tools(args: argparse.Namespace):
+    if args.tavily and (args.corpus or args.doc_ids):
+        flags = " and ".join(f for f, v in (("--corpus", args.corpus), ("--doc-ids", args.doc_ids)) if v)
+        raise ConfigError(f"--tavily searches the web, not a corpus: drop {flags}, or drop --tavily to search it")
     if args.tavily:
         from langgraph_parallelmuse.tools import make_tavily_tools
 
@@ -451,17 +455,36 @@ def _writable_file(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path} is not writable: pick another path")
 
 
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a failed write leaves the file as it was."""
+    target = path.resolve()  # a symlink's file is replaced, not the link
+    if target.exists() and not target.is_file():
+        target.write_bytes(data)  # /dev/stdout, a pipe: nothing to rename over (a folder raises here)
+        return
+    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(partial, "xb") as f:  # the umask sets its mode, as for any new file
+            f.write(data)
+        if target.exists():  # the file keeps the mode its owner gave it
+            os.chmod(partial, target.stat().st_mode & 0o7777)
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
 def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
     if not args.json:
         return
-    text = json.dumps(_jsonable(result), indent=2, ensure_ascii=False)
+    result = _jsonable(result)
     try:
-        Path(args.json).write_text(text)
-    except OSError as exc:
-        # Checked up front, but the disk can still fill or the folder go: the result is kept anyway.
+        _replace_file(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))
+    except (OSError, UnicodeEncodeError) as exc:
+        # Checked up front, but the disk can still fill or the folder go, and a text can hold a lone
+        # surrogate UTF-8 cannot encode: the result is kept anyway, escaped as ASCII JSON.
         fd, kept = tempfile.mkstemp(prefix="parallelmuse-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            f.write(text)
+            json.dump(result, f, indent=2)
         raise ParallelMuseError(f"could not write --json {args.json} ({exc}); the result is in {kept}") from exc
     console.print(f"Full result written to {args.json}", markup=False)
 
@@ -632,8 +655,8 @@ async def _bench(args: argparse.Namespace) -> int:
         n=args.n,
         k=args.k,
         t=args.t,
-        modes=tuple(args.modes.split(",")),
-        methods=tuple(args.methods.split(",")),
+        modes=_names(args.modes, flag="--modes", allowed=tuple(m for m in REGIONS_OF_MODE if m != "none")),
+        methods=_names(args.methods, flag="--methods", allowed=tuple(METHODS)),
         estimator=args.estimator,
         seed=args.seed,
         setting=args.setting,
@@ -643,6 +666,8 @@ async def _bench(args: argparse.Namespace) -> int:
         judge=redact(f"{args.judge_base_url} {args.judge_model}") if args.judge_base_url else None,
     )
     items = load_questions(args.questions, limit=args.limit)
+    if not items:
+        raise ConfigError(f"--questions {args.questions} holds no questions: one {{id, question, answers}} per line")
     out_dir = Path(args.out)
     results = out_dir / "results.jsonl"
 
@@ -743,6 +768,21 @@ def _question(text: str) -> str:
         return question_from_input({"question": text})[0]
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _names(text: str, *, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The names a comma-separated flag lists (spaces, empty and repeated entries dropped), each checked.
+
+    Example:
+        >>> _names("exploration, reasoning,", flag="--modes", allowed=("exploration", "reasoning"))
+        ('exploration', 'reasoning')
+    """
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        what = f"unknown {', '.join(map(repr, unknown))}" if unknown else "names none"
+        raise ConfigError(f"{flag} {text!r}: {what}; choose from {', '.join(allowed)}")
+    return names
 
 
 def _positive(text: str) -> int:

@@ -220,7 +220,8 @@ class ParallelMuseConfig(BaseModel):
                 try:
                     floor = Calibration.load(self.calibration).confidence_floor
                 except ConfigError:
-                    pass  # reported with the calibration's other problems
+                    # Reported with the calibration's other problems: its floor is unknown, not missing.
+                    return problems
             if floor is None:
                 problems.append(
                     "early_stop needs calibration= a file with a confidence floor (`parallelmuse calibrate` on "
@@ -282,14 +283,23 @@ def _problems(exc: ValidationError) -> str:
 def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides) -> ParallelMuseConfig:
     """Build a validated config, raising :class:`ConfigError` with every problem named.
 
+    Raises:
+        ConfigError: ``config`` is neither a mapping nor a :class:`ParallelMuseConfig`, or the
+            settings are invalid.
+
     Example:
         >>> make_config({"n": 8}, k=1).k
         1
     """
     if isinstance(config, ParallelMuseConfig):
         data = config.model_dump()
-    else:
+    elif config is None or isinstance(config, Mapping):
         data = dict(config or {})
+    else:
+        raise ConfigError(
+            f"config={config!r:.80} ({type(config).__name__}): pass a dict of settings (e.g. {{'n': 8}}) "
+            "or a ParallelMuseConfig"
+        )
     data.update(overrides)
     try:
         return ParallelMuseConfig(**data)

@@ -57,6 +57,12 @@ class QAItem:
 
 def _parse_line(raw: str, where: str) -> QAItem:
     try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError as exc:  # read with surrogateescape: an undecodable byte is a lone surrogate
+        raise EvalDataError(
+            f"{where}: not UTF-8 (an undecodable byte at column {exc.start + 1}): save the file as UTF-8"
+        ) from None
+    try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise EvalDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
@@ -100,9 +106,10 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         ``context_doc_ids`` a line lacks are ``[]``.
 
     Raises:
-        EvalDataError: ``path`` is not a readable file, or a line is not valid JSON, lacks a
-            required field (``id``, ``question``, a non-empty ``answers``) or has one of the wrong
-            type; the message gives ``file:line`` and the problem.
+        EvalDataError: ``path`` is not a readable file, or a line is not UTF-8 or not valid JSON,
+            lacks a required field (``id``, ``question``, a non-empty ``answers``), has one of the
+            wrong type or repeats an earlier line's ``id``; the message gives ``file:line`` and the
+            problem.
 
     Example:
         >>> import json, os, tempfile
@@ -121,12 +128,23 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
     if not path.is_file():
         raise EvalDataError(f"{path}: no such questions file (a JSONL of {{id, question, answers, ...}})")
     items: list[QAItem] = []
-    with path.open(encoding="utf-8") as handle:
+    line_of: dict[str, int] = {}
+    # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.
+    with path.open(encoding="utf-8", errors="surrogateescape") as handle:
         for lineno, raw in enumerate(handle, start=1):
             if limit is not None and len(items) >= limit:
                 break
-            if raw.strip():
-                items.append(_parse_line(raw, f"{path}:{lineno}"))
+            if not raw.strip():
+                continue
+            item = _parse_line(raw, f"{path}:{lineno}")
+            if item.id in line_of:
+                # Results are kept by id: a resumed bench would report one of the two twice.
+                raise EvalDataError(
+                    f"{path}:{lineno}: duplicate id {item.id!r} (also on line {line_of[item.id]}): "
+                    "give each question its own id"
+                )
+            line_of[item.id] = lineno
+            items.append(item)
     return items
 
 

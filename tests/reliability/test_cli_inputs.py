@@ -278,6 +278,26 @@ def test_a_calibration_that_is_a_directory_or_holds_nan_or_negative_thresholds_i
             Calibration.load(path)
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"confidence_floor": math.nan}, "confidence_floor nan must be a finite confidence >= 0"),
+        ({"confidence_floor": math.inf}, "confidence_floor inf must be a finite confidence >= 0"),
+        ({"confidence_floor": -1.0}, "confidence_floor -1.0 must be a finite confidence >= 0"),
+        ({"confidence_window": 0}, "confidence_window 0 must be a whole number of tokens >= 1"),
+        ({"confidence_window": -4}, "confidence_window -4 must be a whole number of tokens >= 1"),
+        ({"confidence_window": 2.7}, "confidence_window 2.7 must be a whole number of tokens >= 1"),
+    ],
+)
+def test_a_calibration_with_an_unusable_confidence_floor_or_window_is_refused(setting, message, tmp_path):
+    # Before: a NaN floor stopped every trajectory early, a window of 0 divided by zero mid-rollout.
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 1.5}, **setting}))
+    with pytest.raises(ConfigError) as info:
+        Calibration.load(path)
+    assert message in str(info.value) and "regenerate it with `parallelmuse calibrate`" in str(info.value)
+
+
 def test_tool_timeout_nan_is_refused():
     from langgraph_parallelmuse.config import make_config
 
@@ -420,6 +440,11 @@ def test_a_server_model_scores_only_where_the_server_returns_prompt_logprobs(pro
         model = cli._server_model(args, cli._config_from(args))
     assert model.supports_scoring is scoring and model.supports_prefill is True
     assert ("returns no prompt_logprobs" in _err(capsys)) is not scoring
+
+
+def _run(trajectory: dict) -> str:
+    """An ``ask --json`` output of one from-scratch trajectory with ``trajectory``'s fields."""
+    return json.dumps({"trajectories": [{"origin": {"kind": "initial"}, **trajectory}]})
 
 
 def _bench_files(tmp_path) -> list[str]:
@@ -600,6 +625,45 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(target, me
     assert message in _err(capsys)
 
 
+@pytest.mark.parametrize("command", ["ask", "agent"])
+def test_a_question_that_is_not_utf8_is_refused_by_the_parser(command, monkeypatch, capsys):
+    # A non-UTF-8 byte on the command line arrives as a lone surrogate: before, it was accepted and
+    # `--json` failed after the run with a UnicodeEncodeError, leaving an empty file.
+    _refuse_model(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, "What is the capital of \udcff France?"])
+    assert exit_.value.code == 2
+    assert "the question is not valid UTF-8" in _err(capsys)
+
+
+def test_a_json_result_utf8_cannot_encode_keeps_the_old_file_and_the_result(tmp_path, monkeypatch):
+    # Before: the file was opened (emptied) before the encoding failed, and the result was lost.
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path / "kept"))
+    (tmp_path / "kept").mkdir()
+    target = tmp_path / "r.json"
+    target.write_text('{"answer": "earlier"}')
+    args = cli.argparse.Namespace(json=str(target))
+    with pytest.raises(cli.ParallelMuseError, match=f"could not write --json {target} .*surrogates not allowed"):
+        cli._write_json({"answer": "Paris \udcff"}, args)
+    assert json.loads(target.read_text()) == {"answer": "earlier"}
+    (kept,) = (tmp_path / "kept").glob("parallelmuse-*.json")
+    assert json.loads(kept.read_text()) == {"answer": "Paris \udcff"}
+    cli._write_json({"answer": "Paris"}, args)
+    assert json.loads(target.read_text()) == {"answer": "Paris"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "r.json"]  # no partial file left
+
+
+@pytest.mark.parametrize(
+    "flags", [["--corpus", "c.jsonl"], ["--doc-ids", "d1"], ["--corpus", "c.jsonl", "--doc-ids", "d1"]]
+)
+def test_tavily_with_a_corpus_or_doc_ids_is_refused(flags, monkeypatch, capsys):
+    # Before: --tavily searched the web and the corpus or doc ids were silently ignored.
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    assert _ask(PARIS, "--tavily", *flags) == 1
+    named = " and ".join(f for f in ("--corpus", "--doc-ids") if f in flags)
+    assert f"--tavily searches the web, not a corpus: drop {named}, or drop --tavily" in _err(capsys)
+
+
 def test_a_result_whose_json_write_fails_at_the_end_is_kept_elsewhere(fake_cli, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "_writable_file", lambda path, flag: None)  # the folder went during the run
     monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
@@ -671,6 +735,40 @@ def test_bench_refuses_a_bad_limit_or_judge_before_the_model_loads(extra, messag
     assert message in " ".join(capsys.readouterr().err.split())
 
 
+def test_bench_refuses_an_empty_questions_file_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Before: "0 questions", exit 0.
+    _refuse_model(monkeypatch)
+    argv = _bench_files(tmp_path)
+    (tmp_path / "q.jsonl").write_text("\n  \n")
+    assert cli.main(argv) == 1
+    assert f"--questions {tmp_path / 'q.jsonl'} holds no questions" in _err(capsys)
+
+
+def test_bench_reads_spaced_lists_and_names_an_unknown_mode_or_method(tmp_path, monkeypatch, capsys):
+    # Before: " reasoning" was an unknown mode in a pydantic message that offered 'none' (which bench
+    # refuses), and "majority," reported the unknown method "".
+    seen = {}
+
+    async def run_bench(model, index, items, settings, results, **kwargs):
+        seen.update(modes=settings.modes, methods=settings.methods)
+        return []
+
+    monkeypatch.setattr("langgraph_parallelmuse.eval.bench.run_bench", run_bench)
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: ScriptedChatModel())
+    argv = _bench_files(tmp_path)
+    assert cli.main([*argv, "--modes", "exploration, reasoning", "--methods", "majority, parallelmuse,"]) == 0
+    assert seen == {"modes": ("exploration", "reasoning"), "methods": ("majority", "parallelmuse")}
+    _refuse_model(monkeypatch)
+    for flags, message in (
+        (["--modes", "exploration,none"], "--modes 'exploration,none': unknown 'none'; choose from exploration, "),
+        (["--modes", "explore"], "unknown 'explore'; choose from exploration, reasoning, mixed, all"),
+        (["--methods", "majority,majorty"], f"unknown 'majorty'; choose from {', '.join(cli.METHODS)}"),
+        (["--methods", " , "], "--methods ' , ': names none; choose from"),
+    ):
+        assert cli.main([*argv, *flags]) == 1
+        assert message in _err(capsys)
+
+
 def test_bench_refuses_an_out_that_is_a_file_before_the_model_loads(tmp_path, monkeypatch, capsys):
     _refuse_model(monkeypatch)
     argv = _bench_files(tmp_path)
@@ -698,6 +796,13 @@ def test_bench_refuses_questions_whose_documents_are_not_in_the_corpus_before_th
         (
             json.dumps({"trajectories": [{"origin": {"kind": "initial"}, "uncertainty": [{"all": float("nan")}]}]}),
             "not finite perplexities",
+        ),
+        # Before: a raw ValueError or AttributeError traceback.
+        (_run({"uncertainty": [{"all": "x"}]}), "the runs are damaged; calibrate from other runs"),
+        (_run({"uncertainty": [["all", 1.5]]}), "the runs are damaged; calibrate from other runs"),
+        (
+            _run({"uncertainty": [{"all": 1.5}], "stats": {"lowest_confidence": "x"}}),
+            "the runs are damaged; calibrate from other runs",
         ),
     ],
 )

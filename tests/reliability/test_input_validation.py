@@ -57,6 +57,8 @@ def _graph(config=None, agent=None):
         ({"messages": []}, "no question"),
         ({"messages": [AIMessage("only the assistant spoke")]}, "no question"),
         ({"question": "x" * (MAX_QUESTION_CHARS + 1)}, "shorten it"),
+        # A lone surrogate (a non-UTF-8 byte of a command line) was accepted; writing the result failed.
+        ({"question": "Capital of \udcff France?"}, "not valid UTF-8 .*: send it as UTF-8 text"),
     ],
     ids=[
         "empty",
@@ -68,6 +70,7 @@ def _graph(config=None, agent=None):
         "no-messages",
         "no-human",
         "oversized",
+        "not-utf8",
     ],
 )
 async def test_unusable_question_raises_input_error_before_any_model_call(payload, message):
@@ -126,6 +129,13 @@ def test_invalid_config_names_the_setting_and_the_fix(config, names):
     assert "\n" not in text  # one line, not a pydantic dump
     assert model.calls == []
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("config", ['{"n": 4, "k": 1}', "calibration.json", 4, [("n", 4)]])
+def test_a_config_that_is_no_mapping_names_what_to_pass(config):
+    # Before: a raw ValueError or TypeError from dict(config).
+    with pytest.raises(ConfigError, match="pass a dict of settings .* or a ParallelMuseConfig"):
+        create_parallelmuse(ScriptedChatModel(), make_tools()[0], config=config)
 
 
 def test_all_problems_are_reported_at_once():

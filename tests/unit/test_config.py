@@ -112,6 +112,24 @@ def test_make_config_merges_a_config_a_dict_and_overrides():
         make_config(base, t=5)
 
 
+def test_early_stop_with_a_calibration_that_did_not_load_reports_only_the_load_error(tmp_path):
+    # Before: "early_stop needs calibration= a file with a confidence floor" beside "not found".
+    with pytest.raises(ConfigError) as info:
+        make_config(calibration=str(tmp_path / "missing.json"), early_stop=True)
+    assert "not found: write one with `parallelmuse calibrate`" in str(info.value)
+    assert "early_stop needs" not in str(info.value)
+    with pytest.raises(ConfigError, match="early_stop needs calibration= a file with a confidence floor"):
+        make_config(early_stop=True)
+
+
+@pytest.mark.parametrize("config", ["n=4", 5, [1, 2]])
+def test_make_config_refuses_what_is_neither_a_mapping_nor_a_config(config):
+    with pytest.raises(
+        ConfigError, match=r"\(\w+\): pass a dict of settings \(e.g. \{'n': 8\}\) or a ParallelMuseConfig"
+    ):
+        make_config(config)
+
+
 def test_config_is_frozen():
     cfg = make_config()
     with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen-instance error

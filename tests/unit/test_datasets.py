@@ -95,6 +95,23 @@ def test_bad_line_names_file_line_and_problem(tmp_path, bad, message):
     assert isinstance(excinfo.value, ValueError)
 
 
+def test_a_repeated_id_names_both_lines(tmp_path):
+    # Before: accepted; the bench keeps results by id, so a resume reported one question twice.
+    path = _write(tmp_path, [ROW, {**ROW, "id": "q2"}, {**ROW, "question": "Capital of Spain?"}])
+    with pytest.raises(EvalDataError, match=r":3: duplicate id 'q1' \(also on line 1\): give each question its own id"):
+        load_questions(path)
+
+
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
+    # Before: a bare UnicodeDecodeError, naming neither the file nor the line.
+    path = tmp_path / "latin1.questions.jsonl"
+    latin1 = json.dumps({**ROW, "id": "q2", "question": "Capital of Côte d'Ivoire?"}, ensure_ascii=False)
+    path.write_text(json.dumps(ROW) + "\n" + latin1 + "\n", encoding="latin-1")
+    with pytest.raises(EvalDataError, match="not UTF-8") as excinfo:
+        load_questions(path)
+    assert f"{path}:2:" in str(excinfo.value) and "save the file as UTF-8" in str(excinfo.value)
+
+
 def test_bad_line_after_limit_is_not_read(tmp_path):
     path = _write(tmp_path, [ROW, "{not json"])
     assert len(load_questions(path, limit=1)) == 1
