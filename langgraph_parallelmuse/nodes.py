@@ -89,7 +89,7 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
     message after that answer is again the new turn's question.
 
     Raises:
-        InputError: No usable question (empty, not text, or too long).
+        InputError: No usable question (empty, not text, not valid UTF-8, or too long).
 
     Example:
         >>> question_from_input({"messages": [HumanMessage("Who wrote Dune?", id="m1")]})
@@ -113,6 +113,13 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
     question = question.strip()
     if not question:
         raise InputError("the question is empty: send a non-empty 'question'")
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # A lone surrogate (what a non-UTF-8 command-line byte becomes) fails every later write or request.
+        raise InputError(
+            f"the question is not valid UTF-8 (an undecodable character at position {exc.start}): send it as UTF-8 text"
+        ) from None
     if len(question) > MAX_QUESTION_CHARS:
         raise InputError(f"the question has {len(question)} chars; the limit is {MAX_QUESTION_CHARS}: shorten it")
     return question, message_id
@@ -328,7 +335,11 @@ class ParallelMuseNodes:
                 )
             return resolve_config(self.config, context)
         settings = make_config(stored)
-        clash = {k: v for k, v in context_overrides(context).items() if getattr(settings, k) != v}
+        # Compared validated: a parent app without this context_schema passes its raw values ("4").
+        resolved = resolve_config(settings, context)
+        # How many run at once changes no trajectory: a resumed run may lower it (after an overload).
+        settings = make_config(settings, max_concurrency=resolved.max_concurrency)
+        clash = [k for k in context_overrides(context) if getattr(resolved, k) != getattr(settings, k)]
         if clash:
             started = ", ".join(f"{k}={getattr(settings, k)!r}" for k in clash)
             raise ConfigError(
@@ -356,7 +367,11 @@ class ParallelMuseNodes:
         shared by the runs that set the same value. A higher value cannot lift the factory's bound."""
         per_loop = self._limits.setdefault(asyncio.get_running_loop(), {})
         widest = self.config.max_concurrency
-        values = sorted({min(settings.max_concurrency, widest), widest})
+        try:  # LangGraph's run config bounds a run's tasks; the online schedule runs all in one task
+            in_run = get_config().get("max_concurrency") or widest
+        except RuntimeError:  # called outside a graph run
+            in_run = widest
+        values = sorted({min(settings.max_concurrency, in_run, widest), widest})
         for value in values:
             if value not in per_loop:
                 per_loop[value] = asyncio.Semaphore(value)
@@ -392,14 +407,21 @@ class ParallelMuseNodes:
         parts = str(configurable.get("checkpoint_ns") or "").split("|")
         around = [part.split(":")[0] for part in parts if part and not part.isdigit()][:-1]
         key = json.dumps(
-            [question, settings.model_dump(), self.runner_identity(), *([around] if around else [])],
+            [
+                question,
+                settings.model_dump(exclude={"max_concurrency"}),
+                self.runner_identity(),
+                *([around] if around else []),
+            ],
             sort_keys=True,
             default=str,
         )
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-        # Deterministic ids under a checkpointed parent thread make a resumed run find its
-        # finished trajectories; otherwise every run gets fresh threads.
-        run_id = f"{parent_thread}:{digest}" if parent_thread else f"run-{uuid.uuid4().hex[:12]}:{digest}"
+        # Deterministic ids under a checkpointed parent thread make a resumed run find its finished
+        # trajectories; otherwise every run gets fresh threads (a thread_id given for tracing alone, without
+        # a checkpointer, replayed the first run's trajectories from the runner's in-memory saver).
+        checkpointed = parent_thread and configurable.get(CONFIG_KEY_CHECKPOINTER) is not None
+        run_id = f"{parent_thread}:{digest}" if checkpointed else f"run-{uuid.uuid4().hex[:12]}:{digest}"
         emit("run_started", question=question, **{k: getattr(settings, k) for k in ("n", "m", "k", "t", "mode")})
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
         engine_start: dict[str, Any] = {}
@@ -421,6 +443,7 @@ class ParallelMuseNodes:
             "crossovers": Overwrite([]),
             "round": 0,
             "answer": None,
+            "answer_source": "none",
         }
 
     @staticmethod

@@ -246,3 +246,82 @@ async def test_replaying_from_the_checkpoint_before_aggregate_reruns_only_the_ag
     assert Counter(role_of(c["messages"]) for c in model.calls[calls:]) == {"aggregate": 1}
     assert replayed["answer"] == first["answer"] == "Paris"
     assert len(replayed["trajectories"]) == 4 and len(replayed["reports"]) == 4
+
+
+# ----------------------------------------------------------------------------- runs, threads and settings
+
+STEPS = [
+    Reply(call_text("search", "Find the country first", query="capital of France"), regions={"tool_call": -0.2}),
+    Reply(call_text("visit", "Open the page", doc="Paris"), regions={"tool_call": -2.5}, delay=0.05),
+    Reply(answer_text("Paris", "It says Paris"), delay=0.05),
+]
+QUESTION = "What is the capital of France?"
+
+
+def stepping_graph(config: dict | None = None, **kwargs: Any):
+    model = ScriptedChatModel(responder=research_responder(lambda i, messages: STEPS[min(i, 2)]))
+    graph = create_parallelmuse(model, make_tools()[0], config=config or {"n": 4, "m": 1, "k": 1, "t": 3}, **kwargs)
+    return graph, model
+
+
+def agent_calls(model: ScriptedChatModel, since: int = 0) -> int:
+    return sum(role_of(c["messages"]) == "agent" for c in model.calls[since:])
+
+
+async def test_a_thread_id_without_a_checkpointer_samples_anew():
+    """A thread_id passed for tracing alone replayed the first run's trajectories: 0 model calls."""
+    graph, model = stepping_graph()
+    for _ in range(2):
+        before = len(model.calls)
+        await graph.ainvoke({"question": QUESTION}, {"configurable": {"thread_id": "user-42"}})
+        assert agent_calls(model, before) == 9
+
+
+@pytest.mark.parametrize("branching", ["post_hoc", "online"])
+async def test_the_run_configs_max_concurrency_bounds_the_model_calls(branching):
+    """Online branching runs every trajectory inside one node, which LangGraph's bound does not reach."""
+    graph, model = stepping_graph({"n": 7, "m": 1, "k": 2, "t": 3, "branching": branching})
+    await graph.ainvoke({"question": QUESTION}, {"max_concurrency": 1})
+    assert model.peak_in_flight == 1
+
+
+async def test_max_concurrency_is_no_part_of_a_runs_identity():
+    """Asked again with a lower max_concurrency, the run sampled every trajectory anew; resumed with
+    one, it was refused as a clash of settings."""
+    graph, model = stepping_graph(checkpointer=InMemorySaver(), interrupt_before=["branch_rollout"])
+    thread = {"configurable": {"thread_id": "t"}}
+    await graph.ainvoke({"question": QUESTION}, thread)
+    out = await graph.ainvoke(None, thread, context={"max_concurrency": 2})
+    assert out["answer"] == "Paris"
+    before = len(model.calls)
+    await graph.ainvoke({"question": QUESTION}, thread, context={"max_concurrency": 1})
+    await graph.ainvoke(None, thread, context={"max_concurrency": 1})
+    assert agent_calls(model, before) == 0
+
+
+async def test_a_parent_apps_raw_context_values_are_validated_before_they_are_compared():
+    """A parent without this context_schema passes "4": prepare took it as 4, the next node refused
+    the raw "4" as a clash with the stored 4."""
+    graph, _ = stepping_graph()
+    app = chat_app(graph)
+    out = await app.ainvoke({"messages": [HumanMessage(QUESTION)]}, context={"n": "4", "seed": "7"})
+    assert out["messages"][-1].content == "Paris"
+
+
+async def test_a_new_run_on_the_thread_does_not_show_the_last_runs_answer_source():
+    graph, _ = stepping_graph(checkpointer=InMemorySaver(), interrupt_before=["aggregate"])
+    thread = {"configurable": {"thread_id": "t"}}
+    await graph.ainvoke({"question": QUESTION}, thread)
+    assert (await graph.ainvoke(None, thread))["answer_source"] != "none"
+    await graph.ainvoke({"question": "What is the capital of Germany?"}, thread)
+    values = (await graph.aget_state(thread)).values
+    assert (values["answer"], values["answer_source"]) == (None, "none")
+
+
+def test_rollout_runner_finds_the_runner_of_a_graph_the_user_compiled_or_copied():
+    from langgraph_parallelmuse.graph import build_parallelmuse_graph, rollout_runner
+
+    builder = build_parallelmuse_graph(ScriptedChatModel(), make_tools()[0])
+    compiled = builder.compile()
+    for graph in (compiled, compiled.with_config(tags=["x"]), compiled.copy()):
+        assert rollout_runner(graph) is rollout_runner(builder)
