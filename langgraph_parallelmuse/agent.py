@@ -533,6 +533,11 @@ class RolloutRunner:
         return self._drivers[setting]
 
     @property
+    def keeps_trajectories(self) -> bool:
+        """Whether the runner was given a checkpointer of its own (``trajectory_checkpointer``)."""
+        return self._own_checkpointer
+
+    @property
     def saver(self) -> BaseCheckpointSaver:
         """Where trajectory threads live now: the runner's own checkpointer if it was given one, else
         the saver a run lends (:func:`lend_checkpointer`), else the runner's in-memory saver."""

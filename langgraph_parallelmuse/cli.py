@@ -370,7 +370,8 @@ async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) 
             "or start a new run with another --run-id"
         )
     settings = stored.get("settings") or {}
-    clash = {k: v for k, v in _overrides(args).items() if k in settings and settings[k] != v}
+    # How many run at once changes no trajectory: a resume may lower it (after an overload).
+    clash = {k: v for k, v in _overrides(args).items() if k in settings and k != "max_concurrency" and settings[k] != v}
     if clash:
         given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
         raise ConfigError(f"{where} was started with other settings: {given}; drop these flags to resume it")
@@ -455,30 +456,14 @@ def _writable_file(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path} is not writable: pick another path")
 
 
-def _replace_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all: a failed write leaves the file as it was."""
-    target = path.resolve()  # a symlink's file is replaced, not the link
-    if target.exists() and not target.is_file():
-        target.write_bytes(data)  # /dev/stdout, a pipe: nothing to rename over (a folder raises here)
-        return
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(partial, "xb") as f:  # the umask sets its mode, as for any new file
-            f.write(data)
-        if target.exists():  # the file keeps the mode its owner gave it
-            os.chmod(partial, target.stat().st_mode & 0o7777)
-        os.replace(partial, target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
     if not args.json:
         return
     result = _jsonable(result)
     try:
-        _replace_file(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))
+        # Encoded before the file is opened: a text UTF-8 cannot encode left it emptied.
+        data = json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8")
+        Path(args.json).write_bytes(data)
     except (OSError, UnicodeEncodeError) as exc:
         # Checked up front, but the disk can still fill or the folder go, and a text can hold a lone
         # surrogate UTF-8 cannot encode: the result is kept anyway, escaped as ASCII JSON.

@@ -367,16 +367,18 @@ class ParallelMuseNodes:
         shared by the runs that set the same value. A higher value cannot lift the factory's bound."""
         per_loop = self._limits.setdefault(asyncio.get_running_loop(), {})
         widest = self.config.max_concurrency
-        try:  # LangGraph's run config bounds a run's tasks; the online schedule runs all in one task
-            in_run = get_config().get("max_concurrency") or widest
-        except RuntimeError:  # called outside a graph run
-            in_run = widest
-        values = sorted({min(settings.max_concurrency, in_run, widest), widest})
+        values = sorted({min(settings.max_concurrency, widest), widest})
         for value in values:
             if value not in per_loop:
                 per_loop[value] = asyncio.Semaphore(value)
-        # The narrower first: a run waiting for its own bound holds no slot of the shared one.
-        return Bounds(*(per_loop[v] for v in values))
+        try:  # LangGraph's run config bounds one run's tasks; the online schedule runs all in one task
+            in_run = get_config().get("max_concurrency")
+        except RuntimeError:  # called outside a graph run
+            in_run = None
+        # The run's own bound is this run's alone (a batch's runs each have it); the narrower first: a run
+        # waiting for its own bound holds no slot of the shared one.
+        own = [asyncio.Semaphore(in_run)] if in_run and in_run < values[0] else []
+        return Bounds(*own, *(per_loop[v] for v in values))
 
     @contextlib.contextmanager
     def scope(self, question: str) -> Iterator[None]:
@@ -418,9 +420,12 @@ class ParallelMuseNodes:
         )
         digest = hashlib.sha256(key.encode()).hexdigest()[:10]
         # Deterministic ids under a checkpointed parent thread make a resumed run find its finished
-        # trajectories; otherwise every run gets fresh threads (a thread_id given for tracing alone, without
-        # a checkpointer, replayed the first run's trajectories from the runner's in-memory saver).
-        checkpointed = parent_thread and configurable.get(CONFIG_KEY_CHECKPOINTER) is not None
+        # trajectories (a run checkpointer, or the runner's own trajectory_checkpointer); otherwise every run
+        # gets fresh threads (a thread_id given for tracing alone replayed the first run's trajectories from
+        # the runner's in-memory saver).
+        checkpointed = parent_thread and (
+            configurable.get(CONFIG_KEY_CHECKPOINTER) is not None or self.runner.keeps_trajectories
+        )
         run_id = f"{parent_thread}:{digest}" if checkpointed else f"run-{uuid.uuid4().hex[:12]}:{digest}"
         emit("run_started", question=question, **{k: getattr(settings, k) for k in ("n", "m", "k", "t", "mode")})
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}

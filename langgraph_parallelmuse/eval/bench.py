@@ -248,11 +248,12 @@ async def _rollouts(
     for mode in settings.modes if settings.needs("partial") else ():
         t0 = time.perf_counter()
         # The graph's own schedule; its from-scratch jobs (initial, fills) are the samples above.
-        # One run id for every mode: a branch id names its checkpoint and seeds, so a branch an
-        # earlier mode already ran is the same sample and the runner returns it finished.
-        group, picks = await run_schedule(
-            runner, item.question, config=settings.config(mode), run_id=f"{item.id}/partial", reuse=scratch
-        )
+        # One run id for every post-hoc mode: a branch id names its checkpoint and seeds, so a branch an
+        # earlier mode already ran is the same sample and the runner returns it finished. Online, a run
+        # takes the forks an earlier run of its id took (resume): each mode has its own.
+        config = settings.config(mode)
+        run_id = f"{item.id}/partial" + (f"-{mode}" if config.branching == "online" else "")
+        group, picks = await run_schedule(runner, item.question, config=config, run_id=run_id, reuse=scratch)
         out.timings[f"branches_{mode}"] = time.perf_counter() - t0
         out.picks[mode] = [[p["step"], p["region"], p["score"], p["round"]] for p in picks]
         # Branch ids repeat across modes; this record holds every mode's trajectories, each branch

@@ -82,6 +82,9 @@ def test_resume_must_be_the_same_run(fake_cli, tmp_path, capsys):
     # Other settings on resume: before, the stats' config and budget contradicted each other.
     assert _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--n", "8") == 1
     assert "--n 8 (stored: 4)" in _err(capsys)
+    # Fewer at once changes no trajectory: lowered after an overload, the run resumes (shows its result).
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--max-concurrency", "2") == 0
+    assert "already finished" in _err(capsys)
     # A run id that does not exist, or none at all, is an error, not a new run.
     assert _ask(PARIS, "--db", db, "--run-id", "nope", "--resume") == 1
     assert "no run --run-id 'nope'" in _err(capsys)

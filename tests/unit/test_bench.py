@@ -443,3 +443,44 @@ def test_documents_seen_are_the_hits_left_in_the_observation_and_the_pages_opene
     }
     assert documents_seen(traj) == ["d12", "https://w/Eiffel"]
     assert documents_seen(traj, "visit") == ["https://w/Eiffel"]
+
+
+async def test_each_online_mode_of_the_bench_takes_its_own_forks(tmp_path):
+    """Every mode shared one run id, and online branching replays the forks an earlier run of its id
+    took: the reasoning mode forked where exploration had, under exploration's region."""
+    from langgraph_parallelmuse.agent import RolloutRunner
+    from langgraph_parallelmuse.eval import bench
+    from tests.unit.fakes import make_tools
+
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(
+        json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 3.0, "reasoning": 3.0}})
+    )
+    steps = [
+        Reply(call_text("search", "look it up", query="capital of France"), regions={"tool_call": -2.5}),
+        Reply(call_text("visit", "open it", doc="Paris")),
+        Reply(call_text("search", "not sure which", query="France capital city"), regions={"think": -2.5}),
+        Reply(answer_text("Paris")),
+    ]
+    runner = RolloutRunner(
+        ScriptedChatModel(responder=research_responder(lambda i, m: steps[min(i, 3)])), make_tools()[0]
+    )
+    settings = bench.BenchSettings(
+        n=3,
+        k=1,
+        t=1,
+        modes=("exploration", "reasoning"),
+        methods=("parallelmuse",),
+        extra={"branching": "online", "calibration": str(calibration)},
+    )
+    item = QAItem(
+        id="q1",
+        question="What is the capital of France?",
+        answers=["Paris"],
+        supporting_doc_ids=[],
+        context_doc_ids=[],
+        dataset="x",
+    )
+    picks = (await bench._rollouts(runner, item, settings, note=lambda s: None)).picks
+    assert [p[:2] for p in picks["exploration"]] == [[0, "exploration"]]
+    assert [p[:2] for p in picks["reasoning"]] == [[2, "reasoning"]]

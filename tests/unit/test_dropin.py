@@ -325,3 +325,21 @@ def test_rollout_runner_finds_the_runner_of_a_graph_the_user_compiled_or_copied(
     compiled = builder.compile()
     for graph in (compiled, compiled.with_config(tags=["x"]), compiled.copy()):
         assert rollout_runner(graph) is rollout_runner(builder)
+
+
+async def test_the_run_configs_max_concurrency_bounds_each_run_of_a_batch_on_its_own():
+    """It became one semaphore shared by every run that passed the value: a batch of two ran as one."""
+    model = ScriptedChatModel(responder=research_responder(lambda i, m: Reply(answer_text("Paris"), delay=0.2)))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 4, "mode": "none", "aggregation": "majority"})
+    await graph.abatch([{"question": f"Capital of country {i}?"} for i in range(2)], {"max_concurrency": 2})
+    assert model.peak_in_flight == 4
+
+
+async def test_a_trajectory_checkpointer_alone_lets_a_question_asked_again_on_the_thread_reuse_its_trajectories():
+    saver, thread = InMemorySaver(), {"configurable": {"thread_id": "job-17"}}
+    for expected_calls in (2, 0):  # a second process after a crash: a new graph, the same database
+        model = ScriptedChatModel(responder=research_responder(lambda i, m: answer_text("Paris")))
+        config = {"n": 2, "mode": "none", "aggregation": "majority"}
+        graph = create_parallelmuse(model, make_tools()[0], config=config, trajectory_checkpointer=saver)
+        await graph.ainvoke({"question": QUESTION}, thread)
+        assert agent_calls(model) == expected_calls
