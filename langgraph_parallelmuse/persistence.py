@@ -53,34 +53,46 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
     if (url := _URL.match(target)) is not None:
         _check_postgres_url(target, url[1].lower())
         return "postgres"
-    if "/" not in target and _CONNINFO.match(target):  # "./user=1.db" stays a file
-        # A libpq "host=... dbname=..." string would otherwise name a SQLite file, password and all.
+    # A libpq "host=... dbname=..." string would otherwise name a SQLite file, password and all (a
+    # socket folder, host=/var/run/postgresql, holds a "/"; a path such as ./user=1.db does not match).
+    if _CONNINFO.match(target):
         raise ConfigError(
             f"--db {redact(target)!r} is a libpq key=value string: give the database as a URL, {_EXAMPLE_URL}"
         )
+    shown = redact(target)  # a path is no secret, but one mistyped from a URL may hold one
     try:
         import langgraph.checkpoint.sqlite.aio  # noqa: F401
     except ImportError:
-        raise ConfigError(f"--db {target!r} needs the SQLite checkpointer: {_PERSIST}") from None
+        raise ConfigError(f"--db {shown!r} needs the SQLite checkpointer: {_PERSIST}") from None
     path = Path(target).expanduser()
     if path.is_dir():
-        raise ConfigError(f"--db {target!r} is a directory: give a file in it, e.g. {path / 'runs.sqlite'}")
+        raise ConfigError(f"--db {shown!r} is a directory: give a file in it, e.g. {redact(str(path / 'runs.sqlite'))}")
     if not path.parent.is_dir():
-        raise ConfigError(f"--db {target!r}: the folder {path.parent} does not exist: create it or choose another path")
+        raise ConfigError(
+            f"--db {shown!r}: the folder {redact(str(path.parent))} does not exist: create it or choose another path"
+        )
     if path.exists():
         with path.open("rb") as fh:
             header = fh.read(len(_SQLITE_HEADER))
         if header and header != _SQLITE_HEADER:
             raise ConfigError(
-                f"--db {target!r} is not a SQLite database: choose a new file name or an earlier run's .sqlite file"
+                f"--db {shown!r} is not a SQLite database: choose a new file name or an earlier run's .sqlite file"
             )
     elif not os.access(path.parent, os.W_OK):
-        raise ConfigError(f"--db {target!r}: the folder {path.parent} is not writable: choose another path")
+        raise ConfigError(f"--db {shown!r}: the folder {redact(str(path.parent))} is not writable: choose another path")
     return "sqlite"
 
 
 def _check_postgres_url(target: str, scheme: str) -> None:
     """Refuse a ``SCHEME://`` target that libpq would not take, without connecting."""
+    head = target.partition("://")[2].split("?", 1)[0]
+    if "@" in head and ("@" in (user_info := head[: head.rfind("@")]) or "/" in user_info):
+        # libpq splits at the first "@" or "/": the rest of the password became the host or the port, and
+        # no message could show the URL without it.
+        raise ConfigError(
+            f"--db {scheme}://***: the user or password holds a raw '@' or '/': percent-encode them "
+            f"('@' as %40, '/' as %2F), as in {_EXAMPLE_URL}"
+        )
     shown = repr(redact(target))
     if scheme not in _POSTGRES_SCHEMES:
         base = scheme.partition("+")[0]

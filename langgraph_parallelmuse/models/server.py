@@ -11,12 +11,14 @@ it. :func:`check_server` probes a server for what the library needs and names wh
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +29,7 @@ from pydantic import Field
 
 from langgraph_parallelmuse.errors import ConfigError, ProtocolError
 from langgraph_parallelmuse.models.routing import routing_key
-from langgraph_parallelmuse.redact import redact
+from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import current_attempt
 
 __all__ = [
@@ -308,7 +310,19 @@ def served_models(base_url: str, *, api_key: str | None = None, timeout: float =
     Raises:
         ServerCheckError: The server is unreachable or has no ``/models``.
     """
-    return _Client(base_url.rstrip("/"), "", api_key, timeout).models()
+    with _redacting(api_key):
+        return _Client(base_url.rstrip("/"), "", api_key, timeout).models()
+
+
+@contextmanager
+def _redacting(api_key: str | None) -> Iterator[None]:
+    """A key passed in is no secret the environment knows: an error a server echoed it into loses it here."""
+    try:
+        yield
+    except ServerCheckError as exc:
+        if api_key and api_key in str(exc):
+            raise ServerCheckError(redact(str(exc), [api_key, *secrets_of()])) from None
+        raise
 
 
 @dataclass(frozen=True)
@@ -375,7 +389,11 @@ def check_server(
         ...
         langgraph_parallelmuse.models.server.ServerCheckError: http://127.0.0.1:.../v1 is unreachable (...
     """
-    client = _Client(base_url.rstrip("/"), model, api_key, timeout)
+    with _redacting(api_key):
+        return _check(_Client(base_url.rstrip("/"), model, api_key, timeout), model, top_logprobs, logprobs, prefill)
+
+
+def _check(client: _Client, model: str, top_logprobs: int, logprobs: bool, prefill: bool) -> ServerSupport:
     served = client.models()
     if model not in served:
         raise ServerCheckError(
@@ -425,6 +443,11 @@ class _Client:
             raise ServerCheckError(
                 f"{self.base} is unreachable ({reason}){self._checking}: start the server, or fix base_url= "
                 "(the OpenAI API root, e.g. http://127.0.0.1:8000/v1; --base-url on the command line)."
+            ) from exc
+        except http.client.HTTPException as exc:  # a reply cut off mid-body, or no HTTP server on the port
+            raise ServerCheckError(
+                f"{self.base}{path} broke off its reply ({type(exc).__name__}: {str(exc)[:200]}){self._checking}: the "
+                "server may have crashed, or the port is not an HTTP server; read its log."
             ) from exc
         except ValueError as exc:
             raise ServerCheckError(f"{self.base}{path} answered with something that is not JSON: {exc}") from exc

@@ -7,6 +7,7 @@ vLLM pins an older transformers than the library needs, so it lives in its own v
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import urllib.error
@@ -181,8 +182,17 @@ def vllm_spec(
     }
     argv = vllm_command(model_dir, python=venv_bin(venv, "python"), port=port, **command)
     url = f"http://{HOST}:{port}"
-    name = json.dumps(command.get("served_model_name", "smollm2"))
-    return ServerSpec("vllm", argv, port, url, http_ready(f"{url}/v1/models", lambda body: name in body), env)
+    name = command.get("served_model_name", "smollm2")
+    return ServerSpec("vllm", argv, port, url, http_ready(f"{url}/v1/models", functools.partial(_lists, name)), env)
+
+
+def _lists(name: str, body: str) -> bool:
+    """Whether a ``GET /v1/models`` reply lists ``name`` (compared parsed: vLLM writes non-ASCII unescaped)."""
+    try:
+        models = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(models, list) and any(isinstance(m, dict) and m.get("id") == name for m in models)
 
 
 @contextmanager

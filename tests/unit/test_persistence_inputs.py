@@ -100,3 +100,18 @@ def test_a_sqlite_path_with_a_folder_is_a_file_even_with_an_equals_sign(name: st
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     assert check_db(name) == "sqlite"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "postgresql://app:p@ss-hunter2@db.example:5432/runs",  # libpq took "ss-hunter2@db.example" for the host
+        "postgresql://app:pa/hunter2@db.example:5432/runs",  # and "hunter2" for the port
+        "host=/var/run/postgresql dbname=runs user=app password=hunter2",  # a socket folder: read as a file path
+        "postgresql://db.example:99999/runs?user=app&password=hunt2",  # a short password is one too
+    ],
+)
+def test_a_db_error_never_shows_the_password(target: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_db(target)
+    assert "hunt" not in str(err.value)

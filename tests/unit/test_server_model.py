@@ -20,6 +20,7 @@ from langgraph_parallelmuse.models.server import (
     ServerSupport,
     check_server,
     route_id,
+    served_models,
 )
 from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
 from tests.unit.http_fakes import fake_http
@@ -350,3 +351,43 @@ def test_check_server_names_base_url_when_a_reply_is_json_but_not_an_object(stat
     with fake_http({"GET /v1/models": lambda _: (status, body)}) as fake:
         with pytest.raises(ServerCheckError, match=rf"/v1/models answered HTTP {status} .*base_url="):
             check_server(f"{fake.url}/v1", "smollm2")
+
+
+def test_check_server_keeps_a_key_passed_in_out_of_its_error() -> None:
+    """Only the environment's keys were redacted: a server echoing the key passed in printed it."""
+    key = "sk-live-4f9a8b7c6d5e4f3a2b1c"
+
+    def refuse(_body: dict) -> tuple[int, dict]:
+        return 401, {"error": {"message": f"Incorrect API key provided: {key}"}}
+
+    with fake_http({"GET /v1/models": refuse}) as fake:
+        for check in (
+            lambda: check_server(f"{fake.url}/v1", "m", api_key=key),
+            lambda: served_models(f"{fake.url}/v1", api_key=key),
+        ):
+            with pytest.raises(ServerCheckError, match="answered HTTP 401") as err:
+                check()
+            assert key not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "reply", [b'HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n{"data": [', b"SSH-2.0-OpenSSH_9.2\r\n"]
+)
+def test_a_reply_cut_off_or_not_http_is_a_server_check_error_naming_the_url(reply: bytes) -> None:
+    """http.client's IncompleteRead and BadStatusLine passed as bare tracebacks naming no server."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(reply)
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    with pytest.raises(ServerCheckError, match=f"{url}/models broke off its reply"):
+        served_models(url)
+    listener.close()

@@ -339,3 +339,15 @@ def test_reset_prefix_cache_posts_and_names_dev_mode_when_absent(tmp_path: Path,
     (tmp_path / "config.json").write_text("{}")
     assert vllm_spec(tmp_path, venv=venv, dev_mode=True).env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "VLLM_SERVER_DEV_MODE" not in vllm_spec(tmp_path, venv=venv).env
+
+
+def test_a_vllm_server_serving_a_non_ascii_name_is_seen_ready(tmp_path: Path, venv: Path) -> None:
+    """vLLM writes the name unescaped; the probe looked for it JSON-escaped and waited out 900 s."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    spec = vllm_spec(tmp_path / "model", venv=venv, served_model_name="modèle")
+    listing = '{"object": "list", "data": [{"id": "modèle", "object": "model"}]}'  # a str is sent as it is
+    with fake_http({"GET /v1/models": lambda _: (200, listing)}, port=spec.port):
+        assert spec.ready("")
+    with fake_http({"GET /v1/models": lambda _: (200, listing.replace("modèle", "modèle-2"))}, port=spec.port):
+        assert not spec.ready("")
