@@ -2,13 +2,15 @@
 
 Every server runs under ``timeout`` (it stops by itself after ``max_seconds``) with a watchdog shell
 in its process group that signals the group when the process that started it is gone (even after
-a SIGKILL of that process). Each server is a new session, so stopping it signals the whole group
+a SIGKILL of that process, or while it is an unreaped zombie) and stops what a server whose main
+process ended left behind. Each server is a new session, so stopping it signals the whole group
 and a server's children (vLLM's engine core and worker) go with it. A readiness wait fails with a
 :class:`ServerError` naming the command, the port and the tail of the server's log.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import shutil
@@ -34,13 +36,23 @@ _LOG_TAIL = 3000
 # Run by `sh -c` in the server's process group: a background watchdog, then `exec` of the server
 # (so the server keeps the shell's pid and default signal dispositions: a background job of a
 # non-interactive shell would start with SIGINT ignored). When the process that started everything
-# ($1) is gone, the watchdog signals the whole group (itself excepted by its trap), and `timeout`
-# above turns a signal still unanswered after the grace into SIGKILL. It ends with the server.
+# ($1) is gone or a zombie (`kill -0` succeeds on one), or the lifetime ($3 seconds, past `timeout`'s
+# own) is over, the watchdog signals the whole group (itself excepted by its trap) and kills what is
+# left after the grace ($4 s). When the server's main process ($$) ends first, what it left in the
+# group (the engine core of a vLLM whose API server crashed) is killed at once: `timeout` has exited
+# with it, and nothing else would bound them.
 _WATCHDOG = """
-parent=$1; sig=$2; shift 2
+parent=$1; sig=$2; ticks=$(($3 * 2)); grace=$4; shift 4
+alive() {
+    [ -r "/proc/$1/stat" ] || { kill -0 "$1" 2>/dev/null; return; }
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [ -n "$state" ] && [ "$state" != Z ]
+}
 (
-    while kill -0 "$parent" 2>/dev/null && kill -0 $$ 2>/dev/null; do sleep 0.5; done
-    kill -0 "$parent" 2>/dev/null || { trap '' "$sig"; kill -s "$sig" 0; }
+    while alive "$parent" && kill -0 $$ 2>/dev/null && [ "$ticks" -gt 0 ]; do sleep 0.5; ticks=$((ticks - 1)); done
+    trap '' "$sig"
+    if kill -0 $$ 2>/dev/null; then kill -s "$sig" 0; sleep "$grace"; fi
+    kill -s KILL 0
 ) &
 exec "$@"
 """
@@ -171,7 +183,7 @@ def _spawn(spec: ServerSpec, log_path: Path, *, max_seconds: float, grace: float
     sig = signal.Signals(spec.stop_signal).name.removeprefix("SIG")
     wrapped = [
         *("timeout", "-s", sig, "-k", f"{grace:g}", f"{max_seconds:g}"),
-        *("sh", "-c", _WATCHDOG, "watchdog", str(os.getpid()), sig),
+        *("sh", "-c", _WATCHDOG, "watchdog", str(os.getpid()), sig, str(math.ceil(max_seconds + grace)), f"{grace:g}"),
         *spec.command,
     ]
     with open(log_path, "wb") as log:

@@ -301,6 +301,46 @@ with serve([spec], max_seconds=120, log_dir={str(tmp_path)!r}):
         proc.wait(timeout=10)
 
 
+def test_what_a_crashed_server_left_in_its_group_is_stopped_at_once(tmp_path: Path) -> None:
+    """vLLM's API server crashing left its engine core running, bounded by nothing once `timeout` had
+    exited with the main process (and after a SIGKILL of the test, by nothing at all)."""
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; echo up; sleep 1; exit 3"
+    with serve([sh("crashy", script)], max_seconds=120, log_dir=tmp_path):
+        child = _pids_in(pids, 1)[0]
+        assert _wait_gone(child, 5)  # inside the with-body: the group's stop has not run yet
+
+
+def test_a_server_stops_when_the_process_that_started_it_is_an_unreaped_zombie(tmp_path: Path) -> None:
+    """`kill -0` succeeds on a zombie: a killed test worker its runner had not reaped yet left the
+    server running until max_seconds."""
+    pids = tmp_path / "pids"
+    starter = f"""
+import os, signal, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from langgraph_parallelmuse.serving import ServerSpec, serve
+worker = os.fork()
+if worker == 0:
+    spec = ServerSpec("z", ("sh", "-c", "echo $$ > {pids}; echo up; exec sleep 300"), 1, "", lambda log: "up" in log)
+    with serve([spec], max_seconds=120, log_dir={str(tmp_path)!r}):
+        time.sleep(300)
+    os._exit(0)
+while not os.path.exists({str(pids)!r}):
+    time.sleep(0.05)
+time.sleep(0.5)
+os.kill(worker, signal.SIGKILL)  # and not reaped: a zombie while this process sleeps
+print("killed", flush=True)
+time.sleep(30)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "killed"
+        assert _wait_gone(_pids_in(pids, 1)[0], 10)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def test_missing_executable_is_named(tmp_path: Path) -> None:
     spec = ServerSpec("ghost", ("/no/such/vllm", "--port", "1"), 1, "", lambda log: True)
     with pytest.raises(ServerError, match="ghost: '/no/such/vllm' is not an executable"):
