@@ -93,7 +93,9 @@ def _ended_by(exc: BaseException, index: int, model: BaseChatModel, *, trimmed: 
     An overflow even after the trim ends it as exhausted: a resume would meet the same wall.
     """
     if not is_context_overflow(exc):
-        error = f"model call failed at step {index}: {type(exc).__name__}: {exc}"
+        # A connection error of the openai client names no server ("Connection error."): say which.
+        server = f" ({base})" if (base := getattr(model, "openai_api_base", None)) else ""
+        error = f"model call failed at step {index}{server}: {type(exc).__name__}: {exc}"
         return {"status": "failed", "error": redact(error, secrets_of(model))}
     if not trimmed:
         return None

@@ -82,9 +82,10 @@ class ServerChatModel(ChatOpenAI):
             without ``prompt_logprobs``: the guided driver then lets the model write its answer).
         routing_header: The router's header (``Server.routing_header``: ``x-smg-routing-key`` for
             sglang-router ``--policy manual``, ``x-session-id`` for vllm-router
-            ``--policy consistent_hash``), or ``None`` for one server. With it ``max_retries``
-            defaults to 0: the library's own retries (3 tries) then each go under another key.
+            ``--policy consistent_hash``), or ``None`` for one server; the library's own retries
+            (3 tries) then each go under another key.
         **kwargs: ``ChatOpenAI`` fields (``base_url``, ``model``, ``logprobs``, ``top_logprobs``, ...);
+            ``max_retries`` defaults to 0 (the library retries transient failures itself);
             ``api_key`` defaults to ``OPENAI_API_KEY`` or a placeholder (local servers need none);
             ``timeout`` to :data:`DEFAULT_TIMEOUT` (600 s; ``ChatOpenAI``'s own is none at all).
 
@@ -112,10 +113,10 @@ class ServerChatModel(ChatOpenAI):
             # ChatOpenAI hands the openai client None, which waits forever (the client's own default is
             # 600 s): a server that hangs would stall its trajectory for good, never failing it.
             kwargs["timeout"] = DEFAULT_TIMEOUT
-        if kwargs.get("routing_header"):
-            # The openai client's own retries resend one request under one routing header, to the
-            # replica that failed; the library's retries send each under another key (route_id).
-            kwargs.setdefault("max_retries", 0)
+        # The library retries transient failures itself, with backoff and, routed, under another key
+        # (route_id): the openai client's own retries inside those sent a hung request 9 times, 600 s
+        # each, and resent a routed one to the replica that had failed.
+        kwargs.setdefault("max_retries", 0)
         super().__init__(**kwargs)
 
     @property

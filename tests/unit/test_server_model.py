@@ -391,3 +391,23 @@ def test_a_reply_cut_off_or_not_http_is_a_server_check_error_naming_the_url(repl
     with pytest.raises(ServerCheckError, match=f"{url}/models broke off its reply"):
         served_models(url)
     listener.close()
+
+
+def test_a_hung_server_is_asked_once_per_library_try_and_its_error_names_it() -> None:
+    """The openai client's 2 retries inside the library's 3 tries sent a hung request 9 times (600 s
+    each by default), and the trajectory's error said only "Connection error."."""
+    import time
+
+    from langgraph_parallelmuse.agent import _ended_by
+
+    def hang(_body: dict) -> tuple[int, dict]:
+        time.sleep(1.0)
+        return 200, {}
+
+    with fake_http({"POST /v1/chat/completions": hang}) as fake:
+        model = ServerChatModel(base_url=f"{fake.url}/v1", model="smollm2", timeout=0.3)
+        with pytest.raises(Exception, match="timed out") as err:
+            model.invoke("hi")
+        assert len(fake.requests) == 1
+    dead = ServerChatModel(base_url=f"{fake.url}/v1", model="smollm2")
+    assert f"({fake.url}/v1)" in _ended_by(err.value, 2, dead, trimmed=False)["error"]
