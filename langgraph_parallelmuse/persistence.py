@@ -55,10 +55,8 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
         return "postgres"
     # A libpq "host=... dbname=..." string would otherwise name a SQLite file, password and all (a
     # socket folder, host=/var/run/postgresql, holds a "/"; a path such as ./user=1.db does not match).
-    if _CONNINFO.match(target):
-        raise ConfigError(
-            f"--db {redact(target)!r} is a libpq key=value string: give the database as a URL, {_EXAMPLE_URL}"
-        )
+    if _CONNINFO.match(target):  # not shown: its password may be of any length
+        raise ConfigError(f"--db is a libpq key=value string: give the database as a URL, {_EXAMPLE_URL}")
     shown = redact(target)  # a path is no secret, but one mistyped from a URL may hold one
     try:
         import langgraph.checkpoint.sqlite.aio  # noqa: F401
@@ -85,15 +83,14 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
 
 def _check_postgres_url(target: str, scheme: str) -> None:
     """Refuse a ``SCHEME://`` target that libpq would not take, without connecting."""
-    head = target.partition("://")[2].split("?", 1)[0]
-    if "@" in head and ("@" in (user_info := head[: head.rfind("@")]) or "/" in user_info):
-        # libpq splits at the first "@" or "/": the rest of the password became the host or the port, and
-        # no message could show the URL without it.
+    shown = repr(redact(target))
+    if scheme in _POSTGRES_SCHEMES and _raw_in_user_info(target):
+        # libpq ends the user info at the first "@" or "/": the rest of the password became the host or
+        # the port, and no message could show the URL without it.
         raise ConfigError(
             f"--db {scheme}://***: the user or password holds a raw '@' or '/': percent-encode them "
             f"('@' as %40, '/' as %2F), as in {_EXAMPLE_URL}"
         )
-    shown = repr(redact(target))
     if scheme not in _POSTGRES_SCHEMES:
         base = scheme.partition("+")[0]
         if base in _POSTGRES_SCHEMES:  # SQLAlchemy's dialect+driver form
@@ -125,6 +122,25 @@ def _check_postgres_url(target: str, scheme: str) -> None:
                 f"--db {shown}: port {port!r} is not a TCP port: use a number from 1 to 65535 "
                 "(PostgreSQL's default is 5432)"
             )
+
+
+def _raw_in_user_info(target: str) -> bool:
+    """Whether a PostgreSQL URL's user info holds a raw "@" or "/" (a database name may hold "@").
+
+    Example:
+        >>> _raw_in_user_info("postgresql://app:p@ss@db/runs"), _raw_in_user_info("postgresql://app:pa/ss@db/runs")
+        (True, True)
+        >>> _raw_in_user_info("postgresql://app:pw@db/team@runs"), _raw_in_user_info("postgresql://db/team@runs")
+        (False, False)
+    """
+    rest = target.partition("://")[2]
+    authority, slash, path = rest.partition("/")
+    if authority.count("@") > 1:
+        return True
+    # "app:pa/ss@db": no "@" before the first "/", a port that is no number, and an "@" after it.
+    host_port = authority.rpartition("@")[2]
+    port = host_port.rpartition(":")[2] if ":" in host_port and not host_port.endswith("]") else ""
+    return "@" not in authority and bool(port) and not port.isdigit() and "@" in path.split("?", 1)[0]
 
 
 def _postgres_url(target: str) -> str:

@@ -37,8 +37,8 @@ _PATTERNS = (
     # A URL's query credentials: named so (?access_token=...), or a long value of ?key= (Google's
     # API keys); a short ?key=value or ?sig= of an ordinary link stays.
     re.compile(r"(?i)([?&](?:api_?key|access_token|auth_token|token)=)[^&\s\"']{6,}"),
-    # A password is one however short (?password=pw1 of a connection URL).
-    re.compile(r"(?i)((?:[?&]|\b)password=)[^&\s\"']+"),
+    # A connection URL's password is one however short (?password=pw1).
+    re.compile(r"(?i)([?&]password=)[^&\s\"']+"),
     re.compile(r"(?i)([?&](?:key|auth|sig|signature)=)[^&\s\"']{24,}"),
     # The password of a URL (postgresql://user:password@host/db, http://user:key@host, an empty user);
     # it never holds a raw "/" (RFC 3986), so host:port/path@... is not one.

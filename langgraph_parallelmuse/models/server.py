@@ -445,6 +445,11 @@ class _Client:
                 f"{self.base} is unreachable ({reason}){self._checking}: start the server, or fix base_url= "
                 "(the OpenAI API root, e.g. http://127.0.0.1:8000/v1; --base-url on the command line)."
             ) from exc
+        except http.client.InvalidURL as exc:
+            raise ServerCheckError(
+                f"{self.base} is not a valid URL ({exc}): fix base_url= (the OpenAI API root, e.g. "
+                "http://127.0.0.1:8000/v1; --base-url on the command line)."
+            ) from exc
         except http.client.HTTPException as exc:  # a reply cut off mid-body, or no HTTP server on the port
             raise ServerCheckError(
                 f"{self.base}{path} broke off its reply ({type(exc).__name__}: {str(exc)[:200]}){self._checking}: the "

@@ -49,9 +49,9 @@ alive() {
     [ -n "$state" ] && [ "$state" != Z ]
 }
 (
-    while alive "$parent" && kill -0 $$ 2>/dev/null && [ "$ticks" -gt 0 ]; do sleep 0.5; ticks=$((ticks - 1)); done
+    while alive "$parent" && alive $$ && [ "$ticks" -gt 0 ]; do sleep 0.5; ticks=$((ticks - 1)); done
     trap '' "$sig"
-    if kill -0 $$ 2>/dev/null; then kill -s "$sig" 0; sleep "$grace"; fi
+    if alive $$; then kill -s "$sig" 0; sleep "$grace"; fi
     kill -s KILL 0
 ) &
 exec "$@"
@@ -159,6 +159,9 @@ def serve(
         ...     server.log_tail()
         'up\\n'
     """
+    if not (math.isfinite(max_seconds) and max_seconds > 0):
+        # `timeout` would read 0 or inf as no bound at all: every server here has one.
+        raise ConfigError(f"max_seconds={max_seconds}: give a positive number of seconds (default 3600)")
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
     started: list[tuple[Server, subprocess.Popen, ServerSpec]] = []

@@ -109,9 +109,16 @@ def test_a_sqlite_path_with_a_folder_is_a_file_even_with_an_equals_sign(name: st
         "postgresql://app:pa/hunter2@db.example:5432/runs",  # and "hunter2" for the port
         "host=/var/run/postgresql dbname=runs user=app password=hunter2",  # a socket folder: read as a file path
         "postgresql://db.example:99999/runs?user=app&password=hunt2",  # a short password is one too
+        "postgresql://app:Se?c@hunt99@db.example:5432/runs",  # libpq does not end the user info at "?"
+        "host=/tmp dbname=runs password=hunt",  # a libpq string, its password short
     ],
 )
 def test_a_db_error_never_shows_the_password(target: str) -> None:
     with pytest.raises(ConfigError) as err:
         check_db(target)
     assert "hunt" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["postgresql://app@db.example:5432/team@runs", "postgresql://u:pw@[::1]:5432/db"])
+def test_an_at_sign_in_the_database_name_or_an_ipv6_host_is_accepted(url: str) -> None:
+    assert check_db(url) == "postgres"

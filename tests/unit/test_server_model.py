@@ -411,3 +411,8 @@ def test_a_hung_server_is_asked_once_per_library_try_and_its_error_names_it() ->
         assert len(fake.requests) == 1
     dead = ServerChatModel(base_url=f"{fake.url}/v1", model="smollm2")
     assert f"({fake.url}/v1)" in _ended_by(err.value, 2, dead, trimmed=False)["error"]
+
+
+def test_a_mistyped_base_url_is_named_as_one() -> None:
+    with pytest.raises(ServerCheckError, match=r"http://127.0.0.1:80OO/v1 is not a valid URL .*base_url="):
+        served_models("http://127.0.0.1:80OO/v1")

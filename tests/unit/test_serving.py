@@ -391,3 +391,11 @@ def test_a_vllm_server_serving_a_non_ascii_name_is_seen_ready(tmp_path: Path, ve
         assert spec.ready("")
     with fake_http({"GET /v1/models": lambda _: (200, listing.replace("modèle", "modèle-2"))}, port=spec.port):
         assert not spec.ready("")
+
+
+@pytest.mark.parametrize("max_seconds", [0, -1, float("inf"), float("nan")])
+def test_a_server_always_has_a_lifetime(tmp_path: Path, max_seconds: float) -> None:
+    """`timeout` reads 0 and inf as no bound; the watchdog killed a server at once or crashed."""
+    with pytest.raises(ConfigError, match="max_seconds="):
+        with serve([sh("s", "echo up; exec sleep 30")], max_seconds=max_seconds, log_dir=tmp_path):
+            pass
