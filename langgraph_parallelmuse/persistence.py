@@ -18,7 +18,7 @@ from typing import Literal
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.redact import redact
+from langgraph_parallelmuse.redact import redact, secrets_of
 
 __all__ = ["adelete_thread_with_trajectories", "check_db", "open_checkpointer"]
 
@@ -83,7 +83,8 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
 
 def _check_postgres_url(target: str, scheme: str) -> None:
     """Refuse a ``SCHEME://`` target that libpq would not take, without connecting."""
-    shown = repr(redact(target))
+    secrets = [*_password_of(target), *secrets_of()]
+    shown = repr(redact(target, secrets))
     if scheme in _POSTGRES_SCHEMES and _raw_in_user_info(target):
         # libpq ends the user info at the first "@" or "/": the rest of the password became the host or
         # the port, and no message could show the URL without it.
@@ -113,7 +114,7 @@ def _check_postgres_url(target: str, scheme: str) -> None:
     except ProgrammingError as exc:
         reason = " ".join(str(exc).split())
         raise ConfigError(
-            f"--db {shown} is not a valid PostgreSQL URL ({redact(reason)}): write {_EXAMPLE_URL}"
+            f"--db {shown} is not a valid PostgreSQL URL ({redact(reason, secrets)}): write {_EXAMPLE_URL}"
         ) from None
     for port in str(params.get("port") or "").split(","):
         port = port.strip()
@@ -122,6 +123,18 @@ def _check_postgres_url(target: str, scheme: str) -> None:
                 f"--db {shown}: port {port!r} is not a TCP port: use a number from 1 to 65535 "
                 "(PostgreSQL's default is 5432)"
             )
+
+
+def _password_of(target: str) -> list[str]:
+    """The password of a URL's user info, as written (the redaction patterns stop at a space in it).
+
+    Example:
+        >>> _password_of("postgresql://app:Sec ret99@db/runs"), _password_of("postgresql://db/runs")
+        (['Sec ret99'], [])
+    """
+    user_info, at, _host = target.partition("://")[2].partition("/")[0].rpartition("@")
+    password = user_info.partition(":")[2] if at else ""
+    return [password] if password else []
 
 
 def _raw_in_user_info(target: str) -> bool:

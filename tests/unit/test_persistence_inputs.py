@@ -111,6 +111,7 @@ def test_a_sqlite_path_with_a_folder_is_a_file_even_with_an_equals_sign(name: st
         "postgresql://db.example:99999/runs?user=app&password=hunt2",  # a short password is one too
         "postgresql://app:Se?c@hunt99@db.example:5432/runs",  # libpq does not end the user info at "?"
         "host=/tmp dbname=runs password=hunt",  # a libpq string, its password short
+        "postgresql://app:Sec hunt99@db.example:5432/runs",  # libpq's reason quoted it, space and all
     ],
 )
 def test_a_db_error_never_shows_the_password(target: str) -> None:
