@@ -147,7 +147,7 @@ def _raw_in_user_info(target: str) -> bool:
         (False, False)
     """
     rest = target.partition("://")[2]
-    authority, slash, path = rest.partition("/")
+    authority, _, path = rest.partition("/")
     if authority.count("@") > 1:
         return True
     # "app:pa/ss@db": no "@" before the first "/", a port that is no number, and an "@" after it.

@@ -49,21 +49,17 @@ def _interval(
     if _np is not None:
         picks = _np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
         tops, bottoms = _np.asarray(num)[picks].sum(axis=1), _np.asarray(den)[picks].sum(axis=1)
-        ratios = tops[bottoms > 0] / bottoms[bottoms > 0]
-        if not ratios.size:
-            raise ValueError("no resample had a positive reference: use more n_resamples")
-        low, high = _np.percentile(ratios, [100 * alpha, 100 * (1 - alpha)])
-        return float(low), float(high)
-    rng = random.Random(seed)
-    values = []
-    for _ in range(n_resamples):
-        picks = rng.choices(range(n), k=n)
-        bottom = math.fsum(den[i] for i in picks)
-        if bottom > 0:
-            values.append(math.fsum(num[i] for i in picks) / bottom)
+        values = sorted((tops[bottoms > 0] / bottoms[bottoms > 0]).tolist())
+    else:
+        rng = random.Random(seed)
+        values = []
+        for _ in range(n_resamples):
+            picks = rng.choices(range(n), k=n)
+            if (bottom := math.fsum(den[i] for i in picks)) > 0:
+                values.append(math.fsum(num[i] for i in picks) / bottom)
+        values.sort()
     if not values:
         raise ValueError("no resample had a positive reference: use more n_resamples")
-    values.sort()
     return _percentile(values, alpha), _percentile(values, 1 - alpha)
 
 
