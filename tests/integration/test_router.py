@@ -186,11 +186,17 @@ async def test_a_hung_replicas_question_is_retried_on_the_other(serving_venv, ki
                 )
                 b.routes["POST /v1/chat/completions"] = hang
                 started = len(b.requests)
-                llm = ServerChatModel(  # the defaults but the timeout (600 s)
-                    base_url=f"{router.url}/v1", model=SERVED_MODEL, routing_header=router.routing_header, timeout=2
+                # The defaults but the timeout (600 s). 2 s timed out the healthy replica's answer
+                # too once in CI, under load; the log tail below says where the tries went if it recurs.
+                llm = ServerChatModel(
+                    base_url=f"{router.url}/v1", model=SERVED_MODEL, routing_header=router.routing_header, timeout=5
                 )
-                with routing_scope(key):
-                    turn = await generate_turn(llm, [HumanMessage(key)], [Gen(max_tokens=1)], sampling=Sampling())
+                try:
+                    with routing_scope(key):
+                        turn = await generate_turn(llm, [HumanMessage(key)], [Gen(max_tokens=1)], sampling=Sampling())
+                except Exception as exc:  # noqa: BLE001 - the failure is reported with what explains it
+                    tries = [[r.headers.get(router.routing_header) for r in w.requests[-3:]] for w in workers]
+                    pytest.fail(f"{exc!r}; last routing headers at a, b: {tries}; router log:\n{router.log_tail()}")
         finally:
             released.set()
     assert turn.text == "A"
