@@ -186,8 +186,8 @@ async def test_a_hung_replicas_question_is_retried_on_the_other(serving_venv, ki
                 )
                 b.routes["POST /v1/chat/completions"] = hang
                 started = len(b.requests)
-                # The defaults but the timeout (600 s). 2 s timed out the healthy replica's answer
-                # too once in CI, under load; the log tail below says where the tries went if it recurs.
+                # The defaults but the timeout (600 s). With 2 s every try timed out once in CI, under
+                # load, and nothing said where the tries went: the failure below says it, with the log.
                 llm = ServerChatModel(
                     base_url=f"{router.url}/v1", model=SERVED_MODEL, routing_header=router.routing_header, timeout=5
                 )
