@@ -37,7 +37,10 @@ _CONNECT = r"(?:of|the|de|del|da|di|du|la|le|von|van|der|den|and|&|for)"
 # "6,960" is one number, not "6" and "960".
 _CAP_WORD = rf"(?:{CAPITAL}[\w'’.\-]*|[0-9]{{1,3}}(?:,[0-9]{{3}})+|[0-9]+[A-Za-z]*)"
 _NAMED = re.compile(rf"{_CAP_WORD}(?:\s+(?:{_CONNECT}\s+)?{_CAP_WORD})*")
-_DATE = re.compile(rf"\b(?:(?:\d{{1,2}}\s+)?(?:{_MONTHS})(?:\s+\d{{1,2}},?)?\s+\d{{3,4}}|\d{{3,4}}s?)\b")
+# A bare year is no piece of a grouped or decimal number ("960" of "6,960", "1415" of "3.1415").
+_DATE = re.compile(
+    rf"\b(?:(?:\d{{1,2}}\s+)?(?:{_MONTHS})(?:\s+\d{{1,2}},?)?\s+\d{{3,4}}|(?<!\d[,.])\d{{3,4}}s?(?![,.]\d))\b"
+)
 _NUMBER = re.compile(
     r"(?<![\w.])[$£€]?\d[\d,]*(?:\.\d+)?(?:\s*(?:%|percent|million|billion|thousand|km|miles|metres|meters|feet|"
     r"years|people|acres))?(?!\w)"
@@ -79,17 +82,40 @@ _DETERMINER = re.compile(r"^(?:the|a|an)\s+", re.I)
 
 
 def _option(side: str) -> str:
-    """One option of a comparison as the evidence would name it: no determiner, no event noun.
+    """One option of a comparison as the evidence would name it: no determiner, event noun or note.
 
-    "the Pterocarya" is Pterocarya and "the birth of Robert Young" Robert Young; an option the
-    evidence does not hold is dropped by :func:`candidates`.
+    "the Pterocarya" is Pterocarya, "the birth of Robert Young" Robert Young and "Sid Haig
+    (actor)" Sid Haig; an option the evidence does not hold is dropped by :func:`candidates`.
     """
     # A determiner may stand before the event noun and after it ("the birth of the Beatles").
-    return _trim(_DETERMINER.sub("", _EVENT_OF.sub("", _DETERMINER.sub("", side.strip()))))
+    side = re.sub(r"\s*\([^()]*\)\s*$", "", side.strip())
+    return _trim(_DETERMINER.sub("", _EVENT_OF.sub("", _DETERMINER.sub("", side))))
+
+
+# Words by which a question compares its two options ("Who is older, X or Y?").
+_COMPARES = re.compile(
+    r"\b(?:first|last|earlier|earliest|later|latest|older|oldest|younger|youngest|newer|newest|more|most|less|"
+    r"least|fewer|fewest|larger|largest|bigger|biggest|smaller|smallest|longer|longest|shorter|shortest|taller|"
+    r"tallest|higher|highest|lower|lowest|greater|greatest|wider|widest|deeper|deepest|heavier|heaviest|"
+    r"faster|fastest|closer|closest|farther|further|better|best|worse|worst)\b",
+    re.IGNORECASE,
+)
+
+
+def _ends_the_question(option: str) -> bool:
+    """True when the right option is all that follows the "or": a name ends it ("the director
+    of Alien") or it names none ("cats"), where "Lust born" (of "the singer of Love or Lust
+    born") goes on after its name."""
+    named = re.search(rf"{CAPITAL}|\d", option)
+    return "," not in option and (not named or bool(re.search(rf"(?:{CAPITAL}|\d)\S*$", option)))
 
 
 def choice_options(question: str) -> list[str]:
     """The two options of a comparison question ("Who is older, X or Y?", "Between X and Y, which …?"), else ``[]``.
+
+    An "or" compares when the options stand after a comma or the question has a word that
+    compares ("first", "older", "more", …), and the right option ends the question: in "When
+    was the singer of Love or Lust born?" the "or" is part of a title.
 
     Example:
         >>> choice_options("Who is the oldest, Sid Haig or Vic Darchinyan?")
@@ -98,6 +124,8 @@ def choice_options(question: str) -> list[str]:
         ['Dandy Warhols', 'Robert Young']
         >>> choice_options("Between Iain Banks and Irwin Shaw, which writer has had a more diverse career?")
         ['Iain Banks', 'Irwin Shaw']
+        >>> choice_options("When was the singer of Love or Lust born?")
+        []
     """
     q = " ".join(question.split()).rstrip("?").strip()
     between = re.match(r"^between\s+(.+?)\s+and\s+(.+?),\s*(?:which|who|what)\b", q, re.IGNORECASE)
@@ -105,15 +133,24 @@ def choice_options(question: str) -> list[str]:
         sides = list(between.groups())
     elif q.count(" or ") == 1 and _WH.match(q):
         left, right = q.split(" or ")
-        if "," not in left:
+        if "," in left:
+            left = left.rsplit(",", 1)[-1]
+            # "When was the singer born, who sang Love or Lust?": what follows the comma asks.
+            if _WH.search(left):
+                return []
+        elif _COMPARES.search(q):
             # No comma: the option is the name nearest the "or" ("Which band was formed first The
             # Exies or …"); a side naming nothing ("shot in or around Leland") compares nothing.
             names = [n for m in _NAMED.finditer(left) if (n := _trim(m.group(0))) and not _WH.fullmatch(n)]
             left = names[-1] if names else ""
-        sides = [left.rsplit(",", 1)[-1], right]
+        else:
+            return []
+        sides = [left, right]
     else:
         return []
     options = [_option(side) for side in sides]
+    if not between and not _ends_the_question(options[1]):
+        return []
     # "Between 1939 and 1945, which country …" is a period, not two options.
     return options if all(options) and not any(re.fullmatch(r"[\d\s,.\-–]+", o) for o in options) else []
 
@@ -227,14 +264,43 @@ def compound_parts(question: str) -> tuple[str, str] | None:
     return m.group(1).rstrip(" ,?") + "?", m.group(2)
 
 
-def follow_up(part: str, first_answer: str) -> str:
+# A pronoun that refers to the first part's answer; "her" before a noun is possessive ("her
+# album"), else an object ("who married her").
+_PRONOUN = re.compile(
+    rf"\b(?:(its|his|her(?=\s+(?!(?:{'|'.join(sorted(_STOPWORDS))})\b)\w))|it|he|she|him|her)\b", re.IGNORECASE
+)
+
+
+def follow_up(part: str, first_answer: str, *, first: str) -> str:
     """The second part of a compound question with its reference to the first answer resolved.
 
+    The reference is a phrase naming the first part's answer by its type ("that country" after
+    "Which country …?"), else a pronoun ("it", "its capital"); a "that" of a relative clause ("the
+    river that flows …") is no reference. A part naming no reference is returned as it is.
+
+    Args:
+        part: The second part.
+        first_answer: The answer chosen for the first part.
+        first: The first part, whose answer type names its answer in ``part``.
+
     Example:
-        >>> follow_up("what is the capital of that country?", "France")
+        >>> first = "Which country is the Eiffel Tower in?"
+        >>> follow_up("what is the capital of that country?", "France", first=first)
         'what is the capital of France?'
+        >>> follow_up("what is the river that flows through that country?", "France", first=first)
+        'what is the river that flows through France?'
+        >>> follow_up("what is its capital?", "France", first=first)
+        "what is France's capital?"
+        >>> follow_up("when was he born?", "Steven Spielberg", first="Who directed Jaws?")
+        'when was Steven Spielberg born?'
     """
-    return re.sub(r"\b(?:that|this|the same)\s+\w+|\bit\b", first_answer, part, count=1)
+    noun = answer_type(first)
+    if noun:
+        named = re.compile(rf"\b(?:that|this|the same|the)\s+{re.escape(noun)}\b", re.IGNORECASE)
+        if named.search(part):
+            return named.sub(lambda _: first_answer, part, count=1)
+    # A function is the replacement: an answer's backslash is no group reference.
+    return _PRONOUN.sub(lambda m: f"{first_answer}'s" if m.group(1) else first_answer, part, count=1)
 
 
 # "What position did he play?", "Lilu is what?": the answer is a description ("striker", "a
@@ -319,7 +385,8 @@ def candidates(
         # Both options once the evidence names either: a lone option would be answered unread
         # (its share 1.0), while the two scored side by side leave an unsure pick to another hop.
         options = choice_options(question)
-        if any(o.lower() in evidence.lower() for o in options):
+        # Whole words: "Ian Jones" is not named by a page on Brian Jones.
+        if any(re.search(rf"(?<!\w){re.escape(o)}(?!\w)", evidence, re.IGNORECASE) for o in options):
             return options
         kind = "name"
     asked = _words(question)

@@ -462,15 +462,36 @@ def _read_free(turn: TurnResult) -> tuple[dict[str, str], str | None]:
     return sections, _malformed(sections, answer, cut_off=turn.finish_reason == "length")
 
 
+# What a reasoning line may not start with: a label or section name of the guided prompt, which a
+# small model copies ("Question: Capital of France?") instead of reasoning.
+_PROMPT_LABELS = tuple(label.lower() for label in _FINDINGS_DELIMITERS)
+
+
+def _malformed_line(line: str) -> bool:
+    """True when a reasoning line says nothing: it copies a prompt label, has fewer than two
+    alphabetic words ("1 1 1 1"), or is mostly one repeated token ("Paris Paris Paris").
+
+    Example:
+        >>> [_malformed_line(x) for x in ("find the capital", "Question: Capital?", "1 1 1 1", "x x x y")]
+        [False, True, True, True]
+    """
+    tokens = re.findall(r"\w+", line.lower())
+    if line.lstrip(" #*>-").lower().startswith(_PROMPT_LABELS) or len(re.findall(r"\b[^\W\d_]+\b", line)) < 2:
+        return True
+    return max(map(tokens.count, tokens)) * 2 > len(tokens)
+
+
 def _read_guided(turn: TurnResult, methods: str) -> tuple[dict[str, str], str | None]:
-    """A guided report's sections (its facts, and the reasoning lines the model wrote), and what is wrong."""
+    """A guided report's sections (its facts, and the reasoning lines the model wrote well), and what is wrong."""
     sections = {SECTIONS[1]: methods}
+    problems = []
     for name, stem in _STEMS.items():
         line = next((reasoning_line(x) for x in turn.segments.get(name, "").splitlines() if re.search(r"\w", x)), "")
-        if line:
+        if not line or _malformed_line(line):
+            problems.append(f"{name} ({'malformed' if line else 'empty'})")
+        else:
             sections[name] = f"{stem} {neutralize(line)}"
-    missing = [name for name in SECTIONS if name not in sections]
-    return sections, ("empty reasoning line(s): " + ", ".join(missing)) if missing else None
+    return sections, ("reasoning line(s) not written: " + ", ".join(problems)) if problems else None
 
 
 async def _attempt(

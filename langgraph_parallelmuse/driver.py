@@ -152,7 +152,8 @@ class GuidedDriver:
         bridge_from_opened: A phrase's bridge is chosen from the opened documents only (their
             search snippets beside them distract a small model: ``benchmarks/bridge_choice.py``).
         retries: Resamples of a step whose thought repeats a 4-gram of earlier thoughts, or whose
-            query/document repeats an earlier call, or that came out empty.
+            query/document repeats an earlier call, or that came out empty or unreadable (a query
+            whose JSON a tab broke, an answer cut off by its bound).
 
     Example:
         >>> plan = GuidedDriver().plan(StepContext("q", [], [], 0, False, 128, frozenset({"search"})))
@@ -285,7 +286,9 @@ class GuidedDriver:
             )
         ]
 
-    def options(self, ctx: StepContext, question: str, *, answered: Sequence[str] = ()) -> list[str]:
+    def options(
+        self, ctx: StepContext, question: str, *, answered: Sequence[str] = (), opened: bool = False
+    ) -> list[str]:
         """Candidates from the evidence for ``question`` (the whole question or one part of it).
 
         An earlier hop's bridge was a way to the answer, not the answer, except in a question
@@ -295,12 +298,13 @@ class GuidedDriver:
         Paris"). An unsure pick of a plain question stays out of the last choice too: let back
         in, it put the gold answer among the options more often but lost as many answers as it
         gained (BENCHMARKS.md section 11, session 22). A part answered already (``answered``) and
-        the whole question's own entities are not the answer of the next part.
+        the whole question's own entities are not the answer of the next part. ``opened``: from
+        the opened documents only (:meth:`evidence`).
         """
         bridges = [] if compound_parts(ctx.question) else _bridges(ctx)
         return candidates(
             question,
-            self.evidence(ctx),
+            self.evidence(ctx, opened=opened),
             limit=self.candidate_limit,
             exclude=[*bridges, *answered],
             within=ctx.question,
@@ -314,20 +318,45 @@ class GuidedDriver:
         the question words it ("what is the capital of France?"), instead of answering it from what
         was read for the first part (the 135M model took "Sorbonne University" for France's capital
         from the Eiffel Tower's search hits, and a query it wrote from "France" described France).
+        The first pick is that search's bridge.
         """
         head = [Lit("</think>\n<answer>"), replace(first, name="answer")]
         parts = compound_parts(ctx.question)
-        second = follow_up(parts[1], first.text) if parts else None
-        options = self.options(ctx, second, answered=[first.text]) if second else []
+        second = follow_up(parts[1], first.text, first=parts[0]) if parts else None
+        if not second:
+            return [*head, Lit("</answer>")]
+        # From the opened pages only: with the search snippets after France's capital's own page,
+        # the 135M model chose "Bordeaux" ("the capital of the Nouvelle-Aquitaine region": -1.6
+        # nats against Paris's -3.3; -7.7 against -1.9 from the pages alone). The options come
+        # from the evidence the prompt shows, so the model is not scored on a span it was not shown.
+        options = self.options(ctx, second, answered=[first.text], opened=True)
+        opened = bool(options)
+        options = options or self.options(ctx, second, answered=[first.text])
         if not options:
             return [*head, Lit("</answer>")]
         if not settled and second not in _queries(ctx):
-            return [Lit("</think>\n" + render_tool_call("search", {"query": second}))]
-        # From the opened pages only: with the search snippets after France's capital's own page,
-        # the 135M model chose "Bordeaux" ("the capital of the Nouvelle-Aquitaine region": -1.6
-        # nats against Paris's -3.3; -7.7 against -1.9 from the pages alone).
-        prompt = self.evidence_prompt(ctx, question=second, opened=True)
+            return self.asked(second, bridge=first)
+        prompt = self.evidence_prompt(ctx, question=second, opened=opened)
         return [*head, Lit("; "), Choose(tuple(options), prompt, then=lambda pick: [pick, Lit("</answer>")])]
+
+    @staticmethod
+    def asked(query: str, *, bridge: Pick) -> list[Segment]:
+        """A search for ``query`` as it is, with ``bridge`` (a span of it) recorded as the hop's bridge.
+
+        Example:
+            >>> pick = Pick(0, "France", (), (0.0,), (1.0,))
+            >>> [type(s).__name__ for s in GuidedDriver.asked("capital of France?", bridge=pick)]
+            ['Lit', 'Pick', 'Lit']
+        """
+        call = render_tool_call("search", {"query": query})
+        value = call.index('"query": "') + len('"query": "')
+        at = call.find(bridge.text, value) if bridge.text else -1
+        # Not verbatim in the rendered call (an angle bracket is written as its JSON escape): no
+        # bridge segment, the call as rendered.
+        if at < 0:
+            return [Lit("</think>\n" + call)]
+        end = at + len(bridge.text)
+        return [Lit("</think>\n" + call[:at]), replace(bridge, name="bridge"), Lit(call[end:])]
 
     def written_answer(self, ctx: StepContext) -> list[Segment]:
         """The answer the model writes itself from the evidence (no candidates, or it cannot score)."""
@@ -353,8 +382,9 @@ class GuidedDriver:
         if bridge is not None:
             start.append(replace(bridge, name="bridge"))
         return start + [
+            # A quote, backslash or line break would end or break the query's JSON string.
             Gen(
-                stop=('"', "\n"),
+                stop=('"', "\\", "\n"),
                 max_tokens=self.argument_tokens,
                 name="argument",
                 messages=self.query_prompt(ctx, bridge=bridge.text if bridge else None, question=question),
@@ -394,7 +424,9 @@ class GuidedDriver:
             text = SEARCH_HIT.sub(r"\1", obs["content"]).strip()
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal").
-                text, budget = text[: max(text.rfind(" ", 0, budget + 1), 0)], 0
+                # A page with no space before the budget (Japanese, a long URL) is cut at the budget.
+                cut = text.rfind(" ", 0, budget + 1)
+                text, budget = text[: cut if cut > 0 else budget], 0
             if text:
                 parts.append(quote_untrusted(text, PROMPT_LINES))
             budget -= len(text)
@@ -454,6 +486,9 @@ class GuidedDriver:
         return prompt + prefill
 
     def reject(self, ctx: StepContext, text: str, action: Action) -> str | None:
+        # A query with a character that breaks its JSON (a tab), or an answer cut off: resampled.
+        if action.get("type") == "invalid":
+            return f"invalid action: {action.get('error', 'unreadable')}"
         thought = text.split("</think>", 1)[0].removeprefix("<think>").strip()
         if not thought:
             return "empty thought"

@@ -38,7 +38,13 @@ def top_logprobs_problem(value: object) -> str | None:
 _FLOOR = -9999.0
 
 
-def _num(value: Any) -> float:
+def checked_logprob(value: Any) -> float:
+    """A logprob as a float: a number, not NaN, and no lower than the floor servers use for -inf.
+
+    Example:
+        >>> checked_logprob("-0.5"), checked_logprob(float("-inf"))
+        (-0.5, -9999.0)
+    """
     try:
         out = float(value)
     except (TypeError, ValueError, OverflowError):
@@ -59,16 +65,16 @@ def _tops(raw: Any) -> list[list[Any]]:
     if raw is None:
         return []
     if isinstance(raw, Mapping):  # completions API: {token: logprob}
-        pairs = [[str(t), _num(lp)] for t, lp in raw.items()]
+        pairs = [[str(t), checked_logprob(lp)] for t, lp in raw.items()]
     else:
         pairs = []
         for alt in raw:
             if not isinstance(alt, Mapping):
                 raise ProtocolError(f"top_logprobs entry {alt!r} is not an object")
             if "logprob" in alt:
-                lp = _num(alt["logprob"])
+                lp = checked_logprob(alt["logprob"])
             elif "prob" in alt:  # old llama.cpp: probabilities, not logs
-                p = _num(alt["prob"])
+                p = checked_logprob(alt["prob"])
                 lp = math.log(p) if p > 0 else _FLOOR
             else:
                 raise ProtocolError("top_logprobs entry has neither logprob nor prob")
@@ -91,7 +97,7 @@ def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | No
             tops = payload.get("top_logprobs") or [None] * len(tokens)
             if not (len(tokens) == len(lps) == len(tops)):
                 raise ProtocolError("completions logprobs: tokens, token_logprobs, top_logprobs differ in length")
-            return [(str(t), _num(lp), _tops(tp), None) for t, lp, tp in zip(tokens, lps, tops, strict=True)]
+            return [(str(t), checked_logprob(lp), _tops(tp), None) for t, lp, tp in zip(tokens, lps, tops, strict=True)]
         else:
             raise ProtocolError(f"unknown logprobs payload with keys {sorted(payload)}")
     elif isinstance(payload, Sequence) and not isinstance(payload, (str, bytes)):
@@ -104,9 +110,9 @@ def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | No
             raise ProtocolError(f"logprob entry {entry!r} is not an object")
         text = _token_text(entry)
         if "logprob" in entry:
-            lp = _num(entry["logprob"])
+            lp = checked_logprob(entry["logprob"])
         elif "probs" in entry:  # old llama.cpp: the sampled token's prob is among its candidates
-            cands = {c.get("tok_str"): _num(c.get("prob")) for c in entry["probs"] if isinstance(c, Mapping)}
+            cands = {c.get("tok_str"): checked_logprob(c.get("prob")) for c in entry["probs"] if isinstance(c, Mapping)}
             # Not among them: less likely than each listed one, so the least listed bounds it (the
             # floor alone made one such token the most uncertain step of its trajectory).
             p = cands.get(text, min((q for q in cands.values() if q > 0), default=0.0))

@@ -12,6 +12,7 @@ from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.candidates import answer_kind, candidates, choice_options
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
+from langgraph_parallelmuse.errors import ProtocolError
 from langgraph_parallelmuse.logprobs import tokens_in_span
 from langgraph_parallelmuse.segments import Choose, Lit, Sampling, generate_turn
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
@@ -201,6 +202,31 @@ def test_choose_refuses_a_model_that_cannot_score():
     seg = [Lit("<answer>"), Choose(("a", "b"), [HumanMessage("q")])]
     with pytest.raises(TypeError, match="cannot score"):
         asyncio.run(generate_turn(FakeListChatModel(responses=["x"]), [], seg, sampling=Sampling()))
+
+
+class _EndScoringModel(ScoringChatModel):
+    """Scores options as :class:`ScoringChatModel` does, with ``end`` as every end-of-reply logprob."""
+
+    end: float = 0.0
+
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        result = await super()._agenerate(messages, stop, run_manager, **kwargs)
+        result.generations[0].message.response_metadata["end_logprob"] = self.end
+        return result
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6])
+def test_an_end_of_reply_logprob_is_checked_as_every_logprob_is(temperature):
+    picks = []
+    seg = [Choose(("A", "B"), [HumanMessage("q")], then=lambda pick: picks.append(pick) or [pick])]
+    sampling = Sampling(temperature=temperature)
+    # -inf is the floor (vLLM's -inf for a token outside its kept vocabulary), not NaN shares.
+    model = _EndScoringModel(option_logprobs={"A": -1.0, "B": -2.0}, end=float("-inf"))
+    asyncio.run(generate_turn(model, [], seg, sampling=sampling, seed=1))
+    assert picks[0].shares == pytest.approx((0.731, 0.269), abs=1e-3)
+    model = _EndScoringModel(option_logprobs={"A": -1.0, "B": -2.0}, end=float("nan"))
+    with pytest.raises(ProtocolError, match="NaN"):
+        asyncio.run(generate_turn(model, [], seg, sampling=sampling, seed=1))
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,17 @@ async def test_guided_reasoning_empty_twice_keeps_the_facts_and_counts_as_a_fall
     assert compression_stats([report])["fallback_reports"] == 1
 
 
+async def test_guided_reasoning_that_says_nothing_is_malformed(fake_model):
+    # A copied prompt label, digits only, one word repeated: each was accepted as reasoning.
+    for line in (" Question: Capital of France?", " 1 1 1 1 1 1", " Paris Paris Paris", " End of findings. Next"):
+        model = fake_model([line, " the page names Paris", line, " the page names Paris"])
+        report = await compress_trajectory(model, QUESTION, researched(), guided=True)
+        assert report["status"] == "fallback", line
+        assert report["text"].startswith("Solution planning: (none written)\n")
+        assert "Final reasoning: The answer follows because the page names Paris\n" in report["text"]
+        assert "malformed" in report["problem"]
+
+
 async def test_free_report_cut_off_by_the_token_limit_is_not_accepted(fake_model, make_trajectory):
     model = fake_model([(FREE_OK, "length"), (FREE_OK, "length")])
     report = await compress_trajectory(model, QUESTION, make_trajectory(), guided=False)

@@ -130,3 +130,76 @@ def test_a_bridge_from_evidence_with_a_tab_still_makes_a_valid_tool_call():
             "name": "search",
             "arguments": {"query": option + " lyrics"},
         }
+
+
+EIFFEL = "Which country is the Eiffel Tower in, and what is the capital of that country?"
+
+
+async def test_the_search_for_a_second_part_records_the_first_answer_as_its_bridge(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    docs = [
+        {"id": "et", "title": "Eiffel Tower", "text": "The Eiffel Tower is a lattice tower in Paris, France."},
+        {"id": "fr", "title": "France", "text": "Paris is the capital of France."},
+    ]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    script = ["Find the tower", "Eiffel Tower", "Open it", "France it is", "Open the page", "Done", "x"]
+    model = ScoringChatModel(script=script, option_logprobs={"France": -0.01, "Paris": -4.0})
+    runner = RolloutRunner(model, make_corpus_tools(CorpusIndex.from_jsonl(path)), driver=GuidedDriver())
+    traj = await runner.run(EIFFEL, trajectory_id="t", thread_id="e/t", config=ParallelMuseConfig(temperature=0))
+    # The first part was sure before the hops ran out: its second part is searched as the question
+    # words it, from the first answer, which is that hop's bridge.
+    step = traj["steps"][2]
+    assert step["action"]["arguments"] == {"query": "what is the capital of France?"}
+    assert step["bridge"] == "France"
+    assert traj["answer"] == "France; Paris"
+
+
+def test_a_bridge_the_rendered_query_does_not_hold_verbatim_is_no_segment():
+    pick = Pick(0, "A<B", (), (0.0,), (1.0,))
+    segments = GuidedDriver.asked("what is the capital of A<B?", bridge=pick)
+    assert not any(isinstance(s, Pick) for s in segments)
+    text = "".join(s.text for s in segments)
+    assert parse_action("<think>t" + text)["arguments"] == {"query": "what is the capital of A<B?"}
+
+
+def _second_choice(evidence: list[dict]) -> Choose:
+    ctx = StepContext(EIFFEL, [_step(0, "search"), _step(1, "visit")], evidence, 2, True, 64, TOOLS, scoring=True)
+    first = Pick(0, "France", (), (0.0,), (1.0,))
+    choose = GuidedDriver().answer(ctx, first)[-1]
+    assert isinstance(choose, Choose)
+    return choose
+
+
+def test_the_second_part_is_chosen_among_spans_of_the_evidence_its_prompt_shows():
+    hit = "[1] Bordeaux (id: b)\nBordeaux is the capital of the Nouvelle-Aquitaine region."
+    snippets = _obs(0, "search", hit, ["b"])
+    page = _obs(1, "visit", "The Eiffel Tower is a lattice tower in Paris, France.", ["e"])
+    choose = _second_choice([snippets, page])
+    assert "Paris" in choose.options and not {"Bordeaux", "Nouvelle-Aquitaine"} & set(choose.options)
+    # The opened page names no span of the kind: the options and the prompt are of all the evidence.
+    snippets = _obs(0, "search", "[1] Paris (id: p)\nParis is the capital of France.", ["p"])
+    page = _obs(1, "visit", "France is a country.", ["f"])
+    choose = _second_choice([snippets, page])
+    assert choose.options == ("Paris",) and "Paris is the capital of France." in choose.messages[-1].content
+
+
+def test_a_page_with_no_space_before_the_budget_is_cut_at_the_budget():
+    page = "東京は日本の首都である。" * 200
+    ctx = StepContext("Which country is Tokyo in?", [], [_obs(1, "visit", page, ["t"])], 2, False, 64, TOOLS)
+    assert GuidedDriver(evidence_chars=1500).evidence(ctx) == page[:1500]
+
+
+def test_a_query_with_a_backslash_or_a_tab_still_makes_a_tool_call_or_is_resampled():
+    ctx = StepContext("Who wrote Hamlet?", [], [], 0, False, 64, TOOLS, scoring=True)
+    driver = GuidedDriver()
+    for written, query in (("C:\\Windows path", "C:"), ("ends with backslash\\", "ends with backslash")):
+        model = ScoringChatModel(script=["Look it up", written])
+        turn = asyncio.run(generate_turn(model, [], driver.plan(ctx), sampling=Sampling(temperature=0)))
+        action = parse_action(turn.text)
+        assert action["arguments"] == {"query": query} and driver.reject(ctx, turn.text, action) is None
+    # A tab breaks the call's JSON: the driver resamples the step (within its retries).
+    model = ScoringChatModel(script=["Look it up", "tab\there"])
+    turn = asyncio.run(generate_turn(model, [], driver.plan(ctx), sampling=Sampling(temperature=0)))
+    action = parse_action(turn.text)
+    assert action["type"] == "invalid" and driver.reject(ctx, turn.text, action) is not None
