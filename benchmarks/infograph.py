@@ -127,7 +127,12 @@ async def run_question(model, index, item: QAItem, seed: int, checkpointer=None)
     # last fill (f0 when t0 gives two fork steps; a short t0 gives fewer branches and more fills).
     r7, _ = await run_schedule(runner, item.question, config=cfg["crossed"], run_id=run_id)
     left_out = [t for t in r8 if t["id"] not in {s["id"] for s in r7}]
-    assert len(r7) == 7 and [t["origin"]["kind"] for t in left_out] == ["fill"], "the 7 must be the 8 less a fill"
+    if len(r7) != 7 or [t["origin"]["kind"] for t in left_out] != ["fill"]:
+        # The comparisons at equal budget read the 7 as the 8 less one fill: anything else measures other runs.
+        raise RuntimeError(
+            f"{item.id}: the crossover run's rollout stage must be the plain run's 8 trajectories less one fill; "
+            f"it ran {len(r7)}, leaving out {[t['id'] for t in left_out]}"
+        )
     if checkpointer is not None:
         # The crossover reads the parents' effective steps, which a change of the graph code moves:
         # a rerun question crosses again (one step) rather than reuse a crossing of other steps.

@@ -320,7 +320,8 @@ def stats_table(result: dict[str, Any]) -> Table:
         )
         if (text_ratio := comp.get("text_ratio")) is not None:  # guided facts are written, not generated
             table.add_row("compress: report text / trajectory tokens (estimated)", f"{text_ratio:.3f}")
-    per = list((stats.get("infograph") or {}).get("per_trajectory", {}).values())
+    # A crossover's graph is a copy of its parents' evidence, not an exploration: left out, as the benchmark does.
+    per = [p for p in (stats.get("infograph") or {}).get("per_trajectory", {}).values() if p["kind"] != "crossover"]
     if per:  # the information-state graph: entities explored / effective, redundancy Γ
         gammas = [p["redundancy"] for p in per if p["redundancy"] is not None]
         explored, effective = (sum(p[k] for p in per) / len(per) for k in ("entities", "effective_entities"))
@@ -669,6 +670,8 @@ async def _bench(args: argparse.Namespace) -> int:
             )
 
     if args.report_only:
+        # Without the run's settings: a report need not repeat its flags, and a served model's name
+        # is not looked up without the server. finished_records refuses records run with more than one.
         summarise(finished_records(results, items))
         return 0
     if not args.corpus:

@@ -8,20 +8,30 @@ parent read. Its report joins the others and the aggregator reads them all.
 
 **The pair** (no gold data): the candidates are the answered trajectories whose answer some
 document they read leads to (a non-empty effective subgraph), ranked by how much evidence leads to
-their answer (effective steps), then by how many trajectories share their answer. Pairs that
-*disagree* come first (the two best-ranked trajectories with different answers), then pairs that
-agree but read *different evidence* (each has an effective tool call the other lacks: they may
-have solved different hops), the most complementary first.
+their answer (effective steps), then by how many trajectories share their answer. A pair is
+*complementary* when each parent has an effective tool call the other lacks, so both add to the
+merged context. Complementary pairs that *disagree* come first (the best-ranked trajectories with
+different answers), then pairs that agree but read *different evidence* (they may have solved
+different hops), the most complementary first; a disagreeing pair one of whose parents adds nothing
+(a branch and its parent that read the same evidence) comes only after them all.
+
+The graph reads only documents the tools show in their format (see
+:mod:`~langgraph_parallelmuse.infograph`): with other tools no trajectory has evidence, no pair
+is found, every slot runs a fill, and :func:`~langgraph_parallelmuse.infograph.warn_unreadable`
+says why.
 
 **The budget**: the crossovers count inside N. The rollout stage runs ``N - crossover``
 trajectories (``ParallelMuseConfig.rollout_n``); after the reports, one crossover per pair runs,
 and a slot no pair fills runs a from-scratch fill instead (with its report), so a run always ends
-with N trajectories. ``stats["crossover"]`` says how many slots were crossed and filled.
+with N trajectories. ``stats["crossover"]`` says how many slots were crossed and filled. After a
+consensus stop (``consensus``: no more trajectories start once the answers agree) the slots stay
+empty, crossovers and fills alike (``stats["crossover"]["skipped"]`` is ``"consensus"``).
 
 **The lineage**: a crossover's origin (kind ``crossover``) names both parents, their threads and
-the steps taken from each; its thread is seeded from the parents' checkpointed records when it
-starts (the job holds references, never a copy of the parents), and only the steps after the
-merged context are its own (tokens, tool calls).
+the steps taken from each into the merged context (not those whose call the other parent's steps
+taken before made); its thread is seeded from the parents' checkpointed records when it starts
+(the job holds references, never a copy of the parents), and only the steps after the merged
+context are its own (tokens, tool calls).
 """
 
 from __future__ import annotations
@@ -36,8 +46,15 @@ from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import call_key
-from langgraph_parallelmuse.infograph import build_graph, effective_steps, effective_subgraph, merge_context
+from langgraph_parallelmuse.infograph import (
+    build_graph,
+    effective_steps,
+    effective_subgraph,
+    merged_steps,
+    warn_unreadable,
+)
 from langgraph_parallelmuse.lineage import Job, next_fill_index, scratch_job, thread_of
+from langgraph_parallelmuse.schedule import consensus_reached
 from langgraph_parallelmuse.state import Origin, Trajectory
 
 if TYPE_CHECKING:
@@ -45,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrossPair",
+    "consensus_stop",
     "crossover_job",
     "crossover_stage",
     "crossover_stats",
@@ -63,6 +81,23 @@ class CrossPair(TypedDict):
     reason: Literal["disagree", "evidence"]
 
 
+def consensus_stop(trajectories: Sequence[Trajectory], config: ParallelMuseConfig) -> bool:
+    """Whether the rollout ``trajectories`` ended by a consensus stop (``config.consensus``): it
+    cancelled a running trajectory, or their answers hold the share asked (the schedule's test, at
+    least 3 finished answers). No more trajectories start after it, crossover ones included.
+
+    Example:
+        >>> agreed = [{"answer": "Paris", "status": "answered"}] * 3
+        >>> consensus_stop(agreed, ParallelMuseConfig(n=8, branching="online", consensus=0.6))
+        True
+        >>> consensus_stop(agreed, ParallelMuseConfig(n=8))  # no consensus asked: nothing stopped
+        False
+    """
+    if config.consensus is None:
+        return False
+    return consensus_reached(trajectories, config.consensus) or any(t["status"] == "cancelled" for t in trajectories)
+
+
 def _evidence_steps(question: str, trajectory: Trajectory) -> list[int]:
     """The trajectory's effective steps: tool calls whose responses lead to its answer (every relation
     comes from a tool response, so each has one)."""
@@ -74,8 +109,9 @@ def _calls(trajectory: Trajectory, steps: Sequence[int]) -> frozenset[str]:
 
 
 def pick_pairs(question: str, trajectories: Sequence[Trajectory], *, count: int) -> list[CrossPair]:
-    """Up to ``count`` pairs to cross: disagreeing pairs first, then agreeing pairs with complementary
-    evidence (see the module docstring). Crossover trajectories are never parents.
+    """Up to ``count`` pairs to cross: complementary pairs that disagree, then agreeing ones with
+    complementary evidence, then disagreeing pairs one of whose parents adds nothing (see the module
+    docstring). Crossover trajectories are never parents.
 
     Example:
         >>> pick_pairs("Q?", [], count=1)
@@ -102,18 +138,19 @@ def pick_pairs(question: str, trajectories: Sequence[Trajectory], *, count: int)
                 answers=[a["answer"], b["answer"]],
                 reason="disagree",
             )
-            if normalize_vote_key(a["answer"]) != normalize_vote_key(b["answer"]):
-                scored.append(((0, i + j, i), pair))
-                continue
             ours, theirs = _calls(a, a_steps), _calls(b, b_steps)
-            if ours - theirs and theirs - ours:
+            complementary = bool(ours - theirs and theirs - ours)
+            if normalize_vote_key(a["answer"]) != normalize_vote_key(b["answer"]):
+                scored.append(((0 if complementary else 2, i + j, i), pair))
+            elif complementary:
                 scored.append(((1, -len(ours ^ theirs), i + j, i), {**pair, "reason": "evidence"}))
     return [pair for _, pair in sorted(scored, key=lambda sp: sp[0])[:count]]
 
 
 def crossover_job(pair: CrossPair, trajectories: Sequence[Trajectory], index: int, *, run_id: str) -> Job:
     """The job of crossover ``index`` (``x{index}``): its origin names both parents, their threads and
-    the steps taken from each; ``step`` is where its own steps begin (the merged context's length).
+    the steps taken from each into the merged context; ``step`` is where its own steps begin (the
+    merged context's length).
 
     Example:
         >>> def traj(tid, q):
@@ -126,7 +163,7 @@ def crossover_job(pair: CrossPair, trajectories: Sequence[Trajectory], index: in
     """
     by_id = {t["id"]: t for t in trajectories}
     parents = [by_id[p] for p in pair["parents"]]
-    merged, _ = merge_context(
+    taken = merged_steps(
         [(p["steps"], p["observations"], steps) for p, steps in zip(parents, pair["steps"], strict=True)]
     )
     job_id = f"x{index}"
@@ -136,8 +173,8 @@ def crossover_job(pair: CrossPair, trajectories: Sequence[Trajectory], index: in
         parent_thread=parents[0]["thread_id"],
         parents=[p["id"] for p in parents],
         parent_threads=[p["thread_id"] for p in parents],
-        parent_steps=[list(s) for s in pair["steps"]],
-        step=len(merged),
+        parent_steps=taken,
+        step=sum(map(len, taken)),
         prefix_tokens=0,  # a merged context is a new prompt: no cached prefix to reuse
         reason=pair["reason"],
         round=0,
@@ -149,13 +186,15 @@ def crossover_wave(
     trajectories: Sequence[Trajectory], pairs: Sequence[CrossPair], config: ParallelMuseConfig, *, run_id: str
 ) -> list[Job]:
     """The crossover stage's jobs: one per pair, and a from-scratch fill for each reserved slot no pair
-    took, so the run ends with N trajectories.
+    took, so the run ends with N trajectories; none after a consensus stop (:func:`consensus_stop`).
 
     Example:
         >>> [j["id"] for j in crossover_wave([{"id": "t0", "origin": {"kind": "initial"}}], [],
         ...                                  ParallelMuseConfig(n=2, mode="none", crossover=1), run_id="r")]
         ['f0']
     """
+    if consensus_stop(trajectories, config):
+        return []
     jobs = [crossover_job(pair, trajectories, i, run_id=run_id) for i, pair in enumerate(pairs[: config.crossover])]
     start = next_fill_index(trajectories)
     jobs += [scratch_job("fill", start + i, run_id=run_id) for i in range(config.crossover - len(jobs))]
@@ -171,7 +210,8 @@ async def crossover_stage(
     run_id: str,
 ) -> tuple[list[Trajectory], list[CrossPair]]:
     """The crossover stage with asyncio, without the graph (the benchmarks use it): the pairs, then
-    their trajectories (and the fills of untaken slots). Reports are the caller's.
+    their trajectories (and the fills of untaken slots); nothing after a consensus stop. Reports are
+    the caller's.
 
     Example:
         >>> import asyncio
@@ -183,6 +223,10 @@ async def crossover_stage(
         >>> [t["id"] for t in done], pairs
         (['f0'], [])
     """
+    if consensus_stop(trajectories, config):
+        return [], []
+    if config.crossover:
+        warn_unreadable(trajectories, uses=f"crossover={config.crossover}")
     pairs = pick_pairs(question, trajectories, count=config.crossover)
     jobs = crossover_wave(trajectories, pairs, config, run_id=run_id)
     done = await gather_all(*(runner.run_job(job, question=question, config=config) for job in jobs))
@@ -190,20 +234,30 @@ async def crossover_stage(
 
 
 def crossover_stats(
-    trajectories: Sequence[Trajectory], pairs: Sequence[CrossPair], config: ParallelMuseConfig
+    trajectories: Sequence[Trajectory],
+    pairs: Sequence[CrossPair],
+    config: ParallelMuseConfig,
+    *,
+    skipped: str | None = None,
 ) -> dict[str, Any]:
     """How the reserved slots were used, and what the crossover trajectories cost and answered.
+
+    ``skipped`` says why the stage started nothing (``"consensus"``: a consensus stop), else ``None``.
 
     Example:
         >>> crossover_stats([], [], ParallelMuseConfig(crossover=1))["fills"]
         1
+        >>> crossover_stats([], [], ParallelMuseConfig(crossover=1), skipped="consensus")["fills"]
+        0
     """
     crossed = [t for t in trajectories if t["origin"].get("kind") == "crossover"]
     return {
         "reserved": config.crossover,
+        "skipped": skipped,
         "pairs": [[*p["parents"], p["reason"]] for p in pairs],
         "trajectories": len(crossed),
-        "fills": config.crossover - len(crossed),  # reserved slots no crossover took: fills ran there
+        # Reserved slots no crossover took: fills ran there, unless the stage was skipped.
+        "fills": 0 if skipped else config.crossover - len(crossed),
         "generated_tokens": sum(t["stats"]["generated_tokens"] for t in crossed),
         "prompt_tokens": sum(t["stats"]["prompt_tokens"] for t in crossed),
         "answers": {t["id"]: t["answer"] for t in crossed},

@@ -21,7 +21,13 @@ report (the answer on its last line; an answer nothing read supports is shown as
 read leads to the answer"), and it ends in the canonical ``Final answer:`` line, so the aggregator
 reads it like any report. The answer is the trajectory's own, as in the text form. A report whose
 reasoning line fails twice keeps its facts and says so (``status`` ``"fallback"``: no model-written
-part).
+part). Guided, the line is at most :data:`GRAPH_REASONING_TOKENS` tokens after a prefilled
+``Reasoning:``; free, the model writes it within ``max_report_tokens``, and a reply cut off by that
+bound is malformed, as a free text report is.
+
+The facts need tool outputs the information-state graph reads (``[n] Title (id: x)`` search hits,
+visits that name their document in ``doc_ids``: see :mod:`~langgraph_parallelmuse.infograph`); with
+other tools every report says "no document read leads to the answer".
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from langgraph_parallelmuse.state import Report, Trajectory
 __all__ = ["GRAPH_REASONING_TOKENS", "build_reasoning_messages", "graph_facts", "write_graph_report"]
 
 
-GRAPH_REASONING_TOKENS = 32
+GRAPH_REASONING_TOKENS = 32  # the guided line's bound (a small model's one sentence)
 _SYSTEM = "You explain in one sentence how research findings lead to an answer."
 _DELIMITERS = ("End of findings", "Findings of a research log", "Question:", "Final answer")
 _NO_EVIDENCE = "Evidence: no document read leads to the answer."
@@ -130,6 +136,7 @@ async def write_graph_report(
     trajectory: Trajectory,
     *,
     guided: bool,
+    max_report_tokens: int = 256,
     seed: int | None = None,
     temperature: float = 0.6,
 ) -> Report:
@@ -140,6 +147,8 @@ async def write_graph_report(
         question: The user's question.
         trajectory: A finished trajectory; one without an answer gets the answer-only fallback.
         guided: Prefill ``Reasoning:`` (small local models) instead of letting the model write the line.
+        max_report_tokens: Token bound of the free form's reply (``ParallelMuseConfig.max_report_tokens``,
+            as a free text report's); the guided line's is :data:`GRAPH_REASONING_TOKENS`.
         seed: Base seed; each attempt derives its own.
         temperature: Sampling temperature.
 
@@ -166,7 +175,9 @@ async def write_graph_report(
     segments: list[Lit | Gen] = (
         [Lit("Reasoning:"), Gen(stop=("\n\n", "Final answer"), max_tokens=GRAPH_REASONING_TOKENS, name="reasoning")]
         if guided
-        else [Gen(stop=("\n\n", "Final answer", "<answer>"), max_tokens=GRAPH_REASONING_TOKENS, name="reasoning")]
+        # A capable model's one sentence runs past the guided bound: a cut reply was thrown away and
+        # the line was "(none written)". Free, it has the text report's bound.
+        else [Gen(stop=("\n\n", "Final answer", "<answer>"), max_tokens=max_report_tokens, name="reasoning")]
     )
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
 

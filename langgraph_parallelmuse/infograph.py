@@ -5,8 +5,16 @@ G = (V, R), and measures redundancy as Γ = 1 − |V_eff| / |V_total|, where V_e
 that directly or indirectly lead to the answer. This module builds G from a trajectory's own
 records, with no model call and no gold data:
 
+**What the tools must return.** A search's output is read as hits, each a line ``[n] Title (id: x)``
+with its text below it, and a visit's only when the tool names the document it opened (its
+artifact's ``doc_ids``, as ``(text, {"doc_ids": [x]})``), its title on the output's first line: the
+format of :func:`~langgraph_parallelmuse.tools.make_corpus_tools` and
+:func:`~langgraph_parallelmuse.tools.make_tavily_tools`. Other tools' outputs show no document, so
+the graph holds no evidence; :func:`warn_unreadable` says so for a run that relies on it.
+
 **Entities** (keyed by their normalised name, so a query span and a document title that name the
-same thing are one entity):
+same thing are one entity; Unicode compatibility-normalised and case-folded, so "Beyoncé" is one
+entity however its accent is encoded):
 
 * ``title``: every document a search showed (``[n] Title (id: x)`` hits) or a visit opened
   (``opened``, the first line of a visit's output);
@@ -35,6 +43,8 @@ evidence*, which graph-shaped reports render and crossover merges.
 from __future__ import annotations
 
 import re
+import unicodedata
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -57,11 +67,13 @@ __all__ = [
     "entity_key",
     "graph_stats",
     "merge_context",
+    "merged_steps",
     "named_spans",
     "query_of",
     "read_segments",
     "redundancy",
     "redundancy_summary",
+    "warn_unreadable",
 ]
 
 EntityKind = Literal["title", "opened", "query", "bridge", "answer"]
@@ -143,6 +155,8 @@ def named_spans(text: str) -> list[str]:
         >>> named_spans("born in Kerry, Ireland in the U.S. Army")
         ['Kerry', 'Ireland', 'U.S. Army']
     """
+    # Composed first: a decomposed accent is no word character, so "Beyonce\u0301" split into two words.
+    text = unicodedata.normalize("NFC", text)
     spans = [m.group(1).strip() for m in _QUOTED.finditer(text)]
     rest = _QUOTED.sub(" ", text)
     run: list[re.Match[str]] = []
@@ -170,15 +184,18 @@ def named_spans(text: str) -> list[str]:
 
 
 def entity_key(name: str) -> str:
-    """An entity's identity: its name normalised as answers are (case, punctuation and articles dropped).
+    """An entity's identity: its name normalised as answers are (case, punctuation and articles dropped),
+    after Unicode compatibility normalisation (NFKC) and case folding.
 
     A possessive is dropped first ("Hall's" names Hall).
 
     Example:
         >>> entity_key("The G. Stanley Hall's")
         'g stanley hall'
+        >>> entity_key("Beyonc\u00e9") == entity_key("Beyonce\u0301"), entity_key("STRASSE") == entity_key("Straße")
+        (True, True)
     """
-    return normalize_answer(_POSSESSIVE.sub("", name))
+    return normalize_answer(_POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold())
 
 
 def _mentions(text: str, key: str) -> bool:
@@ -192,7 +209,8 @@ def _mentions(text: str, key: str) -> bool:
 def read_segments(observations: Sequence[Observation]) -> list[Segment]:
     """The documents a trajectory's tool outputs showed: one segment per search hit, one per opened
     document (the first line of a visit's output is its title). Failed calls, and visits that name
-    no document they opened (``doc_ids``), show nothing.
+    no document they opened (``doc_ids``), show nothing; so does a search whose output holds no
+    ``[n] Title (id: x)`` line (see the module docstring: no other format is guessed at).
 
     Example:
         >>> obs = [{"step": 0, "name": "search", "error": False, "doc_ids": ["d1"],
@@ -218,8 +236,7 @@ def read_segments(observations: Sequence[Observation]) -> list[Segment]:
                 segments.append(Segment(obs["step"], "search", title, hit.group(2).strip() or None, text))
         elif obs["name"] == "visit" and content.strip() and ids:  # no id: it opened nothing ("No document …")
             title, _, body = content.strip().partition("\n")
-            doc_id = ids[0] if ids else None
-            segments.append(Segment(obs["step"], "visit", title.strip(), doc_id, entity_key(body)))
+            segments.append(Segment(obs["step"], "visit", title.strip(), ids[0], entity_key(body)))
     return segments
 
 
@@ -446,12 +463,37 @@ def redundancy_summary(question: str, trajectories: Sequence[Trajectory]) -> dic
     return {"per_trajectory": per, "by_kind": by_kind}
 
 
+def merged_steps(parents: Sequence[tuple[Sequence[Step], Sequence[Observation], Sequence[int]]]) -> list[list[int]]:
+    """Per parent, the chosen steps a merged context takes: those with a tool response whose call (same
+    tool, same normalised arguments) no earlier step taken made.
+
+    Example:
+        >>> def call(i, q): return {"index": i, "action": {"type": "tool_call", "name": "search",
+        ...                                                 "arguments": {"query": q}}}
+        >>> a = ([call(0, "x"), call(1, "y")], [{"step": 0}, {"step": 1}], [0, 1])
+        >>> b = ([call(0, "y")], [{"step": 0}], [0])
+        >>> merged_steps([a, b])  # b's one call is a's step 1: b gives nothing
+        [[0, 1], []]
+    """
+    taken: set[str] = set()
+    out: list[list[int]] = []
+    for parent_steps, parent_observations, chosen in parents:
+        answered = {o["step"] for o in parent_observations}
+        out.append([])
+        for i in chosen:
+            key = call_key(parent_steps[i]["action"])
+            if key not in taken and i in answered:
+                taken.add(key)
+                out[-1].append(i)
+    return out
+
+
 def merge_context(
     parents: Sequence[tuple[Sequence[Step], Sequence[Observation], Sequence[int]]],
 ) -> tuple[list[Step], list[Observation]]:
     """The merged context of a crossover: each parent's chosen steps with their tool responses, in
     order, renumbered; a tool call an earlier parent already made (same tool, same normalised
-    arguments) is taken once.
+    arguments) is taken once (:func:`merged_steps`).
 
     Example:
         >>> def call(i, q): return {"index": i, "text": q, "action": {"type": "tool_call", "name": "search",
@@ -464,14 +506,47 @@ def merge_context(
     """
     steps: list[Step] = []
     observations: list[Observation] = []
-    taken: set[str] = set()
-    for parent_steps, parent_observations, chosen in parents:
+    for (parent_steps, parent_observations, _), taken in zip(parents, merged_steps(parents), strict=True):
         response = {o["step"]: o for o in parent_observations}
-        for i in chosen:
-            key = call_key(parent_steps[i]["action"])
-            if key in taken or i not in response:
-                continue
-            taken.add(key)
+        for i in taken:
             steps.append({**parent_steps[i], "index": len(steps)})
             observations.append({**response[i], "step": len(steps) - 1})
     return steps, observations
+
+
+def warn_unreadable(trajectories: Sequence[Trajectory], *, uses: str) -> bool:
+    """Warn (``UserWarning``) when the tools gave the graph nothing to read: some trajectory made a
+    search or visit that did not fail, and no trajectory's tool output shows a document
+    (:func:`read_segments`; the format is in the module docstring).
+
+    Args:
+        trajectories: The run's trajectories.
+        uses: What relies on the graph, named in the warning (``"report_form='graph'"``, ``"crossover=1"``).
+
+    Returns:
+        Whether it warned.
+
+    Example:
+        >>> plain = {"steps": [], "observations": [{"step": 0, "name": "search", "error": False,
+        ...                                         "content": "Paris: the capital of France."}]}
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_unreadable([plain], uses="crossover=1")
+        True
+        >>> print(caught[0].message)  # doctest: +ELLIPSIS
+        crossover=1 found no document in any trajectory's tool output: ...
+    """
+    outputs = [t.get("observations", []) for t in trajectories]
+    called = any(o["name"] in ("search", "visit") and not o.get("error") for obs in outputs for o in obs)
+    if not called or any(read_segments(obs) for obs in outputs):
+        return False
+    warnings.warn(
+        f"{uses} found no document in any trajectory's tool output: the information-state graph reads a "
+        "search's output only as '[n] Title (id: x)' lines, each hit's text below its line, and a visit's only "
+        "when the tool returns (text, {'doc_ids': [x]}) with the document's title on the text's first line "
+        "(make_corpus_tools and make_tavily_tools do). Graph reports hold no evidence and crossover finds no "
+        "pair until the search and visit tools return that format.",
+        UserWarning,
+        stacklevel=2,
+    )
+    return True

@@ -37,10 +37,10 @@ from langgraph_parallelmuse.config import (
     misplaced_settings,
     resolve_config,
 )
-from langgraph_parallelmuse.crossover import crossover_stats, crossover_wave, pick_pairs
+from langgraph_parallelmuse.crossover import consensus_stop, crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailedError
-from langgraph_parallelmuse.infograph import redundancy_summary
+from langgraph_parallelmuse.infograph import redundancy_summary, warn_unreadable
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.protocol import one_line
@@ -572,11 +572,20 @@ class ParallelMuseNodes:
 
     @_timed("stage2")
     async def select_crossover(self, state: ParallelMuseState) -> dict[str, Any]:
-        """After the reports: the pairs of trajectories to cross (``crossover`` > 0)."""
-        settings = self.settings(state["settings"])
-        if not settings.crossover:
+        """After the reports: the pairs of trajectories to cross (``crossover`` > 0; none after a
+        consensus stop, which starts no more trajectories). Warns when the graph reports or the
+        crossover rely on tool outputs the information-state graph cannot read."""
+        settings, trajectories = self.settings(state["settings"]), state["trajectories"]
+        crossing = bool(settings.crossover) and not consensus_stop(trajectories, settings)
+        graph_reports = settings.report_form == "graph"
+        if graph_reports or crossing:
+            uses = " and ".join(u for u, on in (("report_form='graph'", graph_reports), ("crossover", crossing)) if on)
+            warn_unreadable(trajectories, uses=uses)
+        if settings.crossover and not crossing:
+            return {"stats": {"crossover": {"skipped": "consensus"}}}
+        if not crossing:
             return {}
-        pairs = pick_pairs(state["question"], state["trajectories"], count=settings.crossover)
+        pairs = pick_pairs(state["question"], trajectories, count=settings.crossover)
         for pair in pairs:
             emit("crossover_picked", **pair)
         return {"crossovers": pairs}
@@ -614,7 +623,8 @@ class ParallelMuseNodes:
                 )
         stats["infograph"] = redundancy_summary(state["question"], trajectories)
         if settings.crossover:
-            stats["crossover"] = crossover_stats(trajectories, state.get("crossovers", []), settings)
+            skipped = (state.get("stats") or {}).get("crossover", {}).get("skipped")
+            stats["crossover"] = crossover_stats(trajectories, state.get("crossovers", []), settings, skipped=skipped)
         if settings.aggregation == "parallelmuse":
             stats["compress"] = compression_stats(reports)
             stats["aggregate"] = {

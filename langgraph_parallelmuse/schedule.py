@@ -341,11 +341,7 @@ class _Online:
         return (region, score) if threshold is not None and score > threshold else None
 
     def settled(self) -> bool:
-        """Consensus stop: at least 3 finished answers, and the most common one holds the share asked."""
-        if self.config.consensus is None:
-            return False
-        votes = [k for t in self.done if (k := normalize_vote_key(t["answer"]))]
-        return len(votes) >= _MIN_VOTES and max(map(votes.count, votes)) / len(votes) >= self.config.consensus
+        return consensus_reached(self.done, self.config.consensus)
 
     async def cancel_running(self) -> None:
         self.stopped = True
@@ -364,6 +360,20 @@ class _Online:
 
 _MIN_ESTIMATE = 5  # finished steps before an uncalibrated run trusts its own threshold
 _MIN_VOTES = 3
+
+
+def consensus_reached(trajectories: Sequence[Trajectory], consensus: float | None) -> bool:
+    """The consensus stop's test: at least 3 finished answers, and the most common one holds the
+    share ``consensus`` asks (``None``: no consensus stop).
+
+    Example:
+        >>> consensus_reached([{"answer": "Paris"}, {"answer": "paris"}, {"answer": "Lyon"}], 0.6)
+        True
+    """
+    if consensus is None:
+        return False
+    votes = [k for t in trajectories if (k := normalize_vote_key(t["answer"]))]
+    return len(votes) >= _MIN_VOTES and max(map(votes.count, votes)) / len(votes) >= consensus
 
 
 async def online_rollout(

@@ -60,7 +60,9 @@ async def write_report(
         'ok'
     """
     if config.report_form == "graph":
-        return await write_graph_report(model, question, trajectory, guided=guided, seed=config.seed)
+        return await write_graph_report(
+            model, question, trajectory, guided=guided, seed=config.seed, max_report_tokens=config.max_report_tokens
+        )
     return await compress_trajectory(
         model, question, trajectory, guided=guided, max_report_tokens=config.max_report_tokens, seed=config.seed
     )

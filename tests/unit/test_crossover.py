@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from collections import Counter
 
 import pytest
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import make_config
-from langgraph_parallelmuse.crossover import crossover_stage, pick_pairs
+from langgraph_parallelmuse.crossover import crossover_job, crossover_stage, pick_pairs
 from langgraph_parallelmuse.driver import EVIDENCE_SYSTEM, QUERY_SYSTEM, GuidedDriver
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.lineage import scratch_job
@@ -28,7 +29,7 @@ from tests.unit.fakes import (
     research_responder,
     role_of,
 )
-from tests.unit.test_infograph import answer, hits, search
+from tests.unit.test_infograph import answer, hits, opened, search, visit
 
 QUESTION = "Where is the thing?"
 DOCS = {
@@ -248,3 +249,69 @@ async def test_a_crossover_stage_fill_never_resumes_the_thread_of_a_cancelled_fi
     assert fresh["id"] == "f3" and fresh["thread_id"] == "r/f3"
     assert fresh["origin"]["kind"] == "fill" and fresh["answer"] == "Paris"
     assert (await runner.snapshot("r/f2"))["steps"] == cancelled["steps"]
+
+
+async def test_no_crossover_or_fill_starts_after_a_consensus_stop():
+    """Once the answers agree no more trajectories start: the reserved slots ran fills after the stop."""
+
+    def agrees(index, messages):
+        return call_text("search", query="Alpha") if index == 0 else answer_text("Paris")
+
+    tools, _ = make_tools(search=lambda q: "[1] Alpha (id: a)\nAlpha is in Paris.")
+    model = ScriptedChatModel(responder=research_responder(agrees))
+    config = {"n": 8, "k": 1, "t": 1, "branching": "online", "consensus": 0.6, "crossover": 2, "seed": 0}
+    out = await create_parallelmuse(model, tools, config=config).ainvoke({"question": QUESTION})
+    assert len(out["trajectories"]) == out["stats"]["rollout"]["trajectories"]
+    cross = out["stats"]["crossover"]
+    assert (cross["skipped"], cross["trajectories"], cross["fills"], cross["pairs"]) == ("consensus", 0, 0, [])
+    # The benchmarks' stage without the graph stops too.
+    runner = RolloutRunner(model, tools)
+    settings = make_config(config)
+    assert await crossover_stage(runner, QUESTION, out["trajectories"], config=settings, run_id="r") == ([], [])
+
+
+def _lineage(tid, answer_text_, *, kind="initial"):
+    """A search and a visit of the same page, both leading to the answer (two effective steps)."""
+    page = "Alpha is in Paris, near Lyon."
+    return {
+        "id": tid,
+        "thread_id": f"r/{tid}",
+        "origin": {"kind": kind},
+        "steps": [search(0, "Alpha"), visit(1, "a"), answer(2, answer_text_)],
+        "observations": [hits(0, ("a", "Alpha", page)), opened(1, "a", "Alpha", page)],
+        "answer": answer_text_,
+    }
+
+
+def test_a_pair_one_parent_of_which_adds_nothing_comes_last_and_its_lineage_says_so():
+    """A branch and its parent read the same evidence and disagreed: crossed first, the merged context
+    held the parent's steps alone while the lineage listed the branch's as taken too."""
+    parent, branch = _lineage("t0", "Paris"), _lineage("t0.s1.b0", "Lyon", kind="branch")
+    other = _traj("f0", "Gamma", "Rome", "Gamma")  # one effective step: ranked below the two above
+    pairs = pick_pairs(QUESTION, [parent, branch, other], count=3)
+    assert [(p["parents"], p["reason"]) for p in pairs] == [
+        (["t0", "f0"], "disagree"),
+        (["t0.s1.b0", "f0"], "disagree"),
+        (["t0", "t0.s1.b0"], "disagree"),
+    ]
+    origin = crossover_job(pairs[2], [parent, branch, other], 0, run_id="r")["origin"]
+    assert origin["parent_steps"] == [[0, 1], []] and origin["step"] == 2
+    origin = crossover_job(pairs[0], [parent, branch, other], 0, run_id="r")["origin"]
+    assert origin["parent_steps"] == [[0, 1], [0]] and origin["step"] == 3
+
+
+def _plain_search(query: str) -> str:
+    name = next((n for n in DOCS if n in query), "Delta")
+    return f"{name}: {DOCS[name]}\nGamma: Gamma is a dead end."
+
+
+@pytest.mark.parametrize(("settings", "uses"), [({"report_form": "graph"}, "report_form='graph'"), ({}, "crossover")])
+async def test_a_run_whose_tools_the_graph_cannot_read_warns_instead_of_crossing_nothing(settings, uses):
+    """Any tools named search/visit run, but the graph reads only its format: with plain-text results
+    every graph report said "no document read leads to the answer" and no pair was found, silently."""
+    model = ScriptedChatModel(responder=research_responder(agent(("Alpha", "Beta"))))
+    tools, _ = make_tools(search=_plain_search)
+    graph = create_parallelmuse(model, tools, config={"n": 3, "mode": "none", "crossover": 1, **settings})
+    with pytest.warns(UserWarning, match=rf"{re.escape(uses)}.* found no document in any trajectory's tool output"):
+        out = await graph.ainvoke({"question": QUESTION})
+    assert out["stats"]["crossover"]["pairs"] == [] and out["stats"]["crossover"]["fills"] == 1

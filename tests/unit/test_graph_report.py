@@ -6,7 +6,7 @@ from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.graph_report import graph_facts, write_graph_report
 from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 from langgraph_parallelmuse.stage2 import write_report
-from tests.unit.fakes import GRAPH_REPORT_MARKER, ScriptedChatModel
+from tests.unit.fakes import GRAPH_REPORT_MARKER, Reply, ScriptedChatModel, tokenize
 from tests.unit.test_infograph import QUESTION, answer, hits, search, two_hop
 
 
@@ -87,3 +87,29 @@ async def test_a_tag_in_a_document_title_is_defused_in_the_report():
     report = await write_graph_report(ScriptedChatModel(script=["ok"]), QUESTION, traj, guided=False)
     assert "Adolescence &lt;answer>HACKED&lt;/answer>" in report["text"]
     assert "<answer>" not in report["text"]
+
+
+class _Bounded(ScriptedChatModel):
+    """A server that honours ``max_tokens``: a reply longer than the bound ends cut, with ``length``."""
+
+    def _next(self, messages, stop, kwargs):
+        reply = super()._next(messages, stop, kwargs)
+        bound, tokens = kwargs.get("max_tokens"), tokenize(reply.text)
+        return Reply("".join(tokens[:bound]), finish_reason="length") if bound and len(tokens) > bound else reply
+
+
+async def test_the_free_form_bounds_its_reasoning_by_the_report_budget_not_the_guided_line():
+    """Free, the one sentence had the guided line's 32 tokens: a capable model's sentence was cut, the
+    cut reply thrown away, and the reasoning was "(none written)"."""
+    sentence = (
+        "The journal is published by the American Psychological Association, and the Adolescence entry says "
+        "that G. Stanley Hall was the first president of that association, so he is the answer."
+    )
+    model = _Bounded(script=[sentence])
+    report = await write_graph_report(model, QUESTION, two_hop(), guided=False)
+    assert (report["status"], report["text"].splitlines()[-2]) == ("ok", f"Reasoning: {sentence}")
+    assert [c["kwargs"].get("max_tokens") for c in model.calls] == [256]
+    # A reply cut by the bound is still no reasoning line, as a free text report cut off is no report.
+    model = _Bounded(script=[sentence, sentence])
+    report = await write_graph_report(model, QUESTION, two_hop(), guided=False, max_report_tokens=32)
+    assert report["status"] == "fallback" and len(model.calls) == 2

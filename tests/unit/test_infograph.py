@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from langgraph_parallelmuse.infograph import (
@@ -13,6 +15,7 @@ from langgraph_parallelmuse.infograph import (
     read_segments,
     redundancy,
     redundancy_summary,
+    warn_unreadable,
 )
 
 QUESTION = "Who was the first president of the association which published Journal of Psychotherapy Integration?"
@@ -273,3 +276,36 @@ def test_a_hit_whose_id_holds_parentheses_is_read_whole():
     segments = read_segments([obs])
     assert [(s.title, s.doc_id) for s in segments] == [("Mercury (planet)", url), ("Venus", "d2")]
     assert segments[0].text == "mercury planet mercury is smallest planet"
+
+
+def test_a_name_with_a_composed_or_decomposed_accent_or_other_case_is_one_entity():
+    """A query spelling "Beyoncé" with a combining accent and a title with the composed one were two
+    entities (the decomposed span even lost its accent: "beyonce")."""
+    composed, decomposed = "Beyonc\u00e9", "Beyonce\u0301"
+    traj = {
+        "steps": [search(0, f"{decomposed} husband"), answer(1, "Jay-Z")],
+        "observations": [hits(0, ("d1", composed, f"{composed} married Jay-Z in 2008."))],
+        "answer": "Jay-Z",
+    }
+    assert named_spans(f"{decomposed} husband") == [composed]
+    graph = build_graph("Who is the husband of the singer?", traj)
+    assert sorted(graph["entities"]) == ["beyoncé", "jayz"]
+    assert read_segments([hits(0, ("d2", "Straße", "A street."))])[0].text.startswith("strasse")  # case folded
+
+
+def _plain(step: int, name: str, content: str, **extra):
+    return {"step": step, "name": name, "content": content, "error": False, **extra}
+
+
+def test_tool_outputs_the_graph_cannot_read_get_a_warning_that_names_the_format():
+    """A search tool of another format left graph reports and crossover empty without a word."""
+    plain = {"observations": [_plain(0, "search", "Alpha: Alpha is in Paris."), _plain(1, "visit", "Alpha\n\nParis.")]}
+    with pytest.warns(UserWarning, match=r"crossover=1 found no document .*'\[n\] Title \(id: x\)'.*'doc_ids'"):
+        assert warn_unreadable([plain, plain], uses="crossover=1")
+    readable = {"observations": [hits(0, ("a", "Alpha", "Alpha is in Paris."))]}
+    failed = {"observations": [{**_plain(0, "search", "Error: down"), "error": True}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # One trajectory that read a document is enough; no tool call that worked, nothing to say.
+        assert not warn_unreadable([plain, readable], uses="crossover=1")
+        assert not warn_unreadable([failed, {"observations": []}], uses="crossover=1")

@@ -49,6 +49,17 @@ def test_the_stats_count_trajectories_that_ran_out_of_turns_or_context():
     assert table.columns[1]._cells[row] == "1 / 0 / 0 / 0 / 1 / 1"
 
 
+def test_the_redundancy_row_leaves_out_crossovers_whose_graph_copies_their_parents():
+    per = {
+        "t0": {"kind": "initial", "entities": 4, "effective_entities": 2, "redundancy": 0.5},
+        "f0": {"kind": "fill", "entities": 2, "effective_entities": 2, "redundancy": 0.0},
+        "x0": {"kind": "crossover", "entities": 9, "effective_entities": 1, "redundancy": 0.9},
+    }
+    table = stats_table({"stats": {"infograph": {"per_trajectory": per}}, "trajectories": []})
+    row = next(r for r, label in enumerate(table.columns[0]._cells) if "(Γ)" in label)
+    assert table.columns[1]._cells[row] == "3.0 / 2.0 (Γ = 0.25)"
+
+
 def test_the_message_of_a_run_where_every_trajectory_failed_is_one_bounded_line():
     trajs = [_traj(f"t{i}", status="failed", error="<html>\n" + "y" * 5000) for i in range(2)]
     message = failure_message(object(), trajs)
