@@ -297,8 +297,8 @@ def report(records: list[dict]) -> None:
 
     # Ratios of totals over the questions (each question weighs by its size), with a paired
     # bootstrap interval over questions; the mean of per-question ratios is printed beside it.
-    def ratio(field: str, num: str, den: str) -> str:
-        a, b = [r[num][field] for r in records], [r[den][field] for r in records]
+    def ratio(field: str, num: str, den: str, rows: list[dict] = records) -> str:
+        a, b = ([figure(r[k], field) for r in rows] for k in (num, den))
         value, low, high = bootstrap_ratio(a, b)
         per_question = statistics.mean(x / y for x, y in zip(a, b, strict=True) if y)
         return f"{value:.3f} [{low:.3f}, {high:.3f}] (mean of per-question ratios {per_question:.3f})"
@@ -307,11 +307,36 @@ def report(records: list[dict]) -> None:
     print(f"online vs 8 from-scratch, x faster: {ratio('seconds', 'scratch', 'online')} (target >= 1.3)")
     print(f"online vs post-hoc ParallelMuse, x faster: {ratio('seconds', 'post_hoc', 'online')} (target >= 1.2)")
     print(f"online + stops, tokens vs scratch: {ratio('generated', 'online_stop', 'scratch')} (target <= 0.60)")
+    # The trajectories' records count the output of their checkpointed steps' calls (sampled
+    # tokens, and the options a choice scored): a call a consensus stop cancelled in flight is
+    # missing from online_stop's count and from no other variant's. The engine counts every token
+    # it sampled or scored, cancelled calls' too.
+    for field, (what, counters) in ENGINE_TOKENS.items():
+        if rows := [r for r in records if all(set(counters) <= r[k].get("engine", {}).keys() for k in VARIANTS)]:
+            by_records = ratio("generated", "online_stop", "scratch", rows)
+            print(f"  {what} ({len(rows)} questions): {ratio(field, 'online_stop', 'scratch', rows)}")
+            print(f"    the same questions by the trajectories' records: {by_records}")
     forks = [s for r in records for s in r["online"]["fork_steps"]]
     print(f"online fork steps (0-based): {dict(sorted((s, forks.count(s)) for s in set(forks)))}")
     median = statistics.median(r["scratch"]["seconds"] / r["online"]["seconds"] for r in records)
     print(f"per-question seconds, scratch / online, median: {median:.2f}")
     split(records)
+
+
+# The engine's token counts: what each counts, and the counters it sums (rows written before a
+# counter existed lack it).
+ENGINE_TOKENS = {
+    "sampled": ("the engine's sampled tokens, cancelled calls included", ("decode_tokens",)),
+    "sampled + scored": (
+        "the engine's sampled and scored tokens, cancelled calls included",
+        ("decode_tokens", "scored_tokens"),
+    ),
+}
+
+
+def figure(entry: dict, field: str) -> float:
+    """A variant's figure: its own (``seconds``, ``generated``) or a sum of its engine's counters."""
+    return sum(entry["engine"][c] for c in ENGINE_TOKENS[field][1]) if field in ENGINE_TOKENS else entry[field]
 
 
 # the engine figures the split reads (every row that has an "engine" entry holds them)
