@@ -37,7 +37,7 @@ from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.eval import eval_data_dir, load_questions, paired_bootstrap_diff, within_noise
-from langgraph_parallelmuse.eval.bench import documents_seen
+from langgraph_parallelmuse.eval.bench import documents_seen, well_formed
 from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
 from langgraph_parallelmuse.tools import make_corpus_tools
@@ -94,8 +94,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
         "id": item.id,
         "hops": _hops(item.id),
         "answer": traj["answer"],
-        "well_formed": bool(traj["answer"])
-        and any(o["name"] == "search" and not o["error"] for o in traj["observations"]),
+        "well_formed": well_formed(traj),
         "steps": len(traj["steps"]),
         "searches": sum(o["name"] == "search" for o in traj["observations"]),
         "bridges": sum("bridge" in s for s in traj["steps"]),

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from langgraph_parallelmuse.eval import eval_data_dir
+from langgraph_parallelmuse.eval import eval_data_dir, load_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,8 +76,15 @@ def run_dir(out: Path, commit: str, args: argparse.Namespace) -> Path:
     return out / f"{commit}-{args.dataset}-seed{args.seed}-{args.modes.replace(',', '+')}"
 
 
-def _records(path: Path) -> dict[str, dict]:
-    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+def question_ids(args: argparse.Namespace) -> set[str]:
+    """The ids of the first ``--limit`` questions of ``--dataset``: the ones the bench runs."""
+    return {item.id for item in load_questions(eval_data_dir() / f"{args.dataset}.questions.jsonl", limit=args.limit)}
+
+
+def _records(path: Path, ids: set[str]) -> dict[str, dict]:
+    # Only the questions compared: a folder a larger --limit left holds more, which the other
+    # revision's need not.
+    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines()) if r and r["id"] in ids}
 
 
 def differences(before: dict[str, dict], after: dict[str, dict]) -> list[str]:
@@ -118,12 +125,13 @@ def main() -> int:
     args = parser.parse_args()
     commits = {rev: commit_of(rev) for rev in (args.before, args.after)}
     dirs = {rev: run_dir(Path(args.out), commit, args) for rev, commit in commits.items()}
+    ids = question_ids(args)
     seconds = {}
     for rev, target in dirs.items():
-        if not (target / "results.jsonl").exists() or len(_records(target / "results.jsonl")) < args.limit:
+        if not (target / "results.jsonl").exists() or len(_records(target / "results.jsonl", ids)) < len(ids):
             # The commit, not the name: the worktree must hold what its folder is named after.
             seconds[rev] = _run(commits[rev], target.resolve(), args)
-    before, after = (_records(dirs[rev] / "results.jsonl") for rev in (args.before, args.after))
+    before, after = (_records(dirs[rev] / "results.jsonl", ids) for rev in (args.before, args.after))
     diffs = differences(before, after)
     trajectories = sum(len(r["trajectories"]) for r in before.values())
     names = " vs ".join(f"{rev} ({commits[rev][:10]})" for rev in (args.before, args.after))

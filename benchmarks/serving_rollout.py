@@ -19,11 +19,12 @@ emptied before each one):
 
 Each chunk's figures are appended to ``--out`` (JSON lines) as soon as they are measured, with the
 settings they were measured with (``--dataset``, ``--seed``, ``--precision``, ``--eager``,
-``--block-size``); a rerun with the same ``--out`` skips what is there under its own settings and
-prints the tables over everything measured under them. Rows that record no settings (written
-before rows carried them, as the committed ``benchmarks/results/serving_rollout*.jsonl``) are never
-taken for a run's own; ``report`` shows them apart. Needs the serving venv
-(``make setup-serving``); hours on a loaded 2-core machine.
+``--block-size``) and the ids of its questions; a rerun with the same ``--out`` skips the chunks
+there under its own settings (the same questions at the same concurrency: a larger ``--limit``
+measures the chunks it adds) and prints the tables over its own chunks. Rows that record no
+settings (written before rows carried them, as the committed
+``benchmarks/results/serving_rollout*.jsonl``) are never taken for a run's own; ``report`` shows
+them apart. Needs the serving venv (``make setup-serving``); hours on a loaded 2-core machine.
 
     python benchmarks/serving_rollout.py [--limit 10] [--concurrency 1,5] [--parts a,b,c (in this order)]
         [--out bench-results/serving_rollout.jsonl] [--venv .venv-serving] [--eager] [--precision float32]
@@ -138,7 +139,7 @@ def run_settings(args: argparse.Namespace) -> dict:
 
 class Records:
     """The JSON lines of ``--out``: what is measured, keyed by (settings, part, backend, method,
-    concurrency, chunk); ``settings`` are this run's, which every row it adds records."""
+    concurrency, the chunk's question ids); ``settings`` are this run's, which every row it adds records."""
 
     def __init__(self, path: Path, settings: dict) -> None:
         self.path = path
@@ -149,16 +150,21 @@ class Records:
 
     @staticmethod
     def key(row: dict) -> tuple:
-        # A row without settings (written before rows recorded them) matches no run's.
-        return row.get("settings"), row["part"], row["backend"], row["method"], row["concurrency"], row["chunk"]
+        # A row without settings (written before rows recorded them) matches no run's. The question
+        # ids, not the chunk's index: the last chunk of a run with a smaller --limit has the index
+        # of a longer chunk of a larger one.
+        return row.get("settings"), row["part"], row["backend"], row["method"], row["concurrency"], questions(row)
 
     def has(self, **key: Any) -> bool:
         wanted = self.key({**key, "settings": self.settings})
         return any(self.key(r) == wanted for r in self.rows)
 
-    def measured(self) -> list[dict]:
-        """The rows measured with this run's settings."""
-        return [r for r in self.rows if r.get("settings") == self.settings]
+    def measured(self, chunks: set[tuple]) -> list[dict]:
+        """The rows of ``chunks`` ((concurrency, question ids) pairs, as ``run_chunks`` gives them)
+        measured with this run's settings: a chunk left by a run with another ``--limit`` is not this run's."""
+        return [
+            r for r in self.rows if r.get("settings") == self.settings and (r["concurrency"], questions(r)) in chunks
+        ]
 
     def add(self, row: dict) -> None:
         row = {**row, "settings": self.settings}
@@ -194,6 +200,16 @@ def chunks_of(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def questions(row: dict) -> tuple[str, ...]:
+    """The ids of the questions a row measured: the chunk it is of."""
+    return tuple(row["questions"])
+
+
+def run_chunks(items: list, sizes: list[int]) -> set[tuple]:
+    """(concurrency, question ids) of every chunk a run over ``items`` at ``sizes`` measures."""
+    return {(c, tuple(item.id for item in chunk)) for c in sizes for chunk in chunks_of(items, c)}
+
+
 async def warm_up(model, items, index, reset: Callable[[], None]) -> None:
     """A short untimed run: the first requests after a start pay one-off costs."""
     cfg = make_config(n=2, mode="none", max_turns=2, driver="guided", seed=12345)
@@ -206,10 +222,12 @@ async def run_ab(args, items, index, methods: dict, records: Records, parts: set
     todo = [
         (c, n, b, m)
         for c in args.sizes
-        for n in range(len(chunks_of(items, c)))
+        for n, chunk in enumerate(chunks_of(items, c))
         for b in backends
         for m in methods
-        if not records.has(part="a" if b == "vllm" else "b", backend=b, method=m, concurrency=c, chunk=n)
+        if not records.has(
+            part="a" if b == "vllm" else "b", backend=b, method=m, concurrency=c, questions=[i.id for i in chunk]
+        )
     ]
     if not todo:
         return
@@ -256,9 +274,9 @@ async def run_c(args, items, index, pm: ParallelMuseConfig, records: Records) ->
     chunks = chunks_of(items, c)
     todo = [
         (c, n, route)
-        for n in range(len(chunks))
+        for n, chunk in enumerate(chunks)
         for route in ("key", "round_robin")
-        if not records.has(part="c", backend=route, method="pm", concurrency=c, chunk=n)
+        if not records.has(part="c", backend=route, method="pm", concurrency=c, questions=[i.id for i in chunk])
     ]
     if not todo:
         return
@@ -290,10 +308,10 @@ def share(sums: dict, group: str, kind: str) -> str:
     return f"{cached / prompt:.3f} ({cached}/{prompt})" if prompt else "-"
 
 
-def totals(rows: list[dict], chunks: set[int]) -> dict:
+def totals(rows: list[dict], chunks: set[tuple[str, ...]]) -> dict:
     out: dict = {"seconds": 0.0, "chunks": 0}
     for row in rows:
-        if row["chunk"] in chunks:
+        if questions(row) in chunks:
             out["seconds"] += row["seconds"]
             out["chunks"] += 1
             add(out, {g: row[g] for g in ("branch", "all", "generated")})
@@ -310,10 +328,10 @@ def report(rows: list[dict], n_questions: int) -> None:
             (row["backend"], row["method"]), []
         ).append(row)
     for (settings, part, c), configs in sorted(groups.items()):
-        common = set.intersection(*({r["chunk"] for r in rows} for rows in configs.values()))
-        questions = sum(len(r["questions"]) for r in next(iter(configs.values())) if r["chunk"] in common)
+        common = set.intersection(*({questions(r) for r in rows} for rows in configs.values()))
+        measured = sum(len(chunk) for chunk in common)
         title = "(a) vLLM and (b) in-process engine" if part == "ab" else "(c) two vLLM replicas behind vllm-router"
-        print(f"\n## {title}: {c} question(s) in flight, {questions} of {n_questions} questions measured\n")
+        print(f"\n## {title}: {c} question(s) in flight, {measured} of {n_questions} questions measured\n")
         print(f"settings: {settings}\n")
         print(
             "| backend | method | rollout s | s/question | generated tok/question | branch conversation cached "
@@ -322,7 +340,7 @@ def report(rows: list[dict], n_questions: int) -> None:
         print("|---|---|---|---|---|---|---|---|---|")
         sums = {cfg: totals(rows, common) for cfg, rows in configs.items()}
         for (backend, method), t in sorted(sums.items()):
-            q = max(questions, 1)
+            q = max(measured, 1)
             print(
                 f"| {backend} | {method} | {t['seconds']:.0f} | {t['seconds'] / q:.1f} | "
                 f"{t.get('generated', {}).get('tokens', 0) / q:.0f} | {share(t, 'branch', 'conv')} | "
@@ -331,7 +349,7 @@ def report(rows: list[dict], n_questions: int) -> None:
         ratios(sums, part, configs, common)
 
 
-def ratios(sums: dict, part: str, configs: dict, common: set[int]) -> None:
+def ratios(sums: dict, part: str, configs: dict, common: set[tuple[str, ...]]) -> None:
     def sec(backend: str, method: str) -> float | None:
         return sums[(backend, method)]["seconds"] if (backend, method) in sums else None
 
@@ -358,7 +376,7 @@ def ratios(sums: dict, part: str, configs: dict, common: set[int]) -> None:
         for route in ("key", "round_robin"):
             if (route, "pm") in configs:
                 split = [
-                    sum(r["replica_requests"][i] for r in configs[(route, "pm")] if r["chunk"] in common)
+                    sum(r["replica_requests"][i] for r in configs[(route, "pm")] if questions(r) in common)
                     for i in range(2)
                 ]
                 print(
@@ -390,7 +408,7 @@ async def main() -> None:
     # machine that is busy for a while.
     for step in dict.fromkeys("c" if p == "c" else "ab" for p in args.parts.split(",") if p.strip()):
         await steps[step]()
-    report(records.measured(), len(items))
+    report(records.measured(run_chunks(items, args.sizes)), len(items))
 
 
 if __name__ == "__main__":

@@ -179,6 +179,20 @@ def documents_seen(traj: Trajectory, kind: str | None = None) -> list[str]:
     ]
 
 
+def well_formed(traj: Trajectory) -> bool:
+    """Whether a trajectory followed the protocol: it searched at least once and gave an answer.
+
+    A search whose tool failed counts: the agent made the call the protocol asks for.
+
+    Example:
+        >>> well_formed({"answer": "Paris", "observations": [{"name": "search", "error": False}]})
+        True
+        >>> well_formed({"answer": "Paris", "observations": [{"name": "visit", "error": False}]})
+        False
+    """
+    return bool(traj["answer"]) and any(o["name"] == "search" for o in traj["observations"])
+
+
 _COST_KEYS = ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "cached_prompt_tokens", "tool_calls")
 
 
@@ -317,7 +331,7 @@ def _trajectory_record(t: Trajectory, item: QAItem) -> dict[str, Any]:
         "steps": len(t["steps"]),
         # [step, tool + normalised arguments] of every tool call: sibling diversity is read off these.
         "calls": [[s["index"], call_key(s["action"])] for s in t["steps"] if s["action"].get("type") == "tool_call"],
-        "well_formed": bool(t["answer"]) and any(o["name"] == "search" for o in t["observations"]),
+        "well_formed": well_formed(t),
         "recall_seen": retrieval_recall(documents_seen(t), support) if support else None,
         "recall_opened": retrieval_recall(documents_seen(t, "visit"), support) if support else None,
         **score_answer(t["answer"], item.answers),
@@ -625,24 +639,77 @@ def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> s
 def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSettings | None = None) -> list[dict]:
     """The records in ``path`` of the questions ``items`` asks, in the order of ``items``.
 
+    Args:
+        path: The ``results.jsonl`` of a run.
+        items: The questions asked; records of other questions are left out.
+        settings: The settings of the run that continues ``path``; every record must have been
+            run with them. ``None`` (summarising alone, as ``bench --report-only``): the records
+            must all have been run with one settings, whichever.
+
     Raises:
-        ConfigError: ``settings`` is given and a record was run with other settings (continuing
-            would put two experiments in one table).
+        ConfigError: ``settings`` is given and a record was run with other settings or does not
+            record one of them (an older record), or ``settings`` is ``None`` and the records were
+            run with more than one; the message names the fields (one table would mix two experiments).
+
+    Example:
+        >>> import json, tempfile
+        >>> from langgraph_parallelmuse.eval.datasets import QAItem
+        >>> path = Path(tempfile.mkdtemp()) / "results.jsonl"
+        >>> rows = [{"id": q, "settings": {"seed": s}} for q, s in (("q0", 0), ("q1", 1))]
+        >>> _ = path.write_text("".join(json.dumps(r) + "\\n" for r in rows))
+        >>> [r["id"] for r in finished_records(path, [QAItem("q0", "?", ["a"], [], [], "toy")])]
+        ['q0']
+        >>> finished_records(path, [QAItem(q, "?", ["a"], [], [], "toy") for q in ("q0", "q1")])
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: ... seed 0 (q0), 1 (q1); ...
     """
     done = load_done(path)
     records = [done[i.id] for i in items if i.id in done]
-    if settings is not None:
-        # Through JSON, as stored: tuples become lists. A field an older record lacks is not compared.
-        wanted = json.loads(json.dumps(asdict(settings)))
-        for rec in records:
-            stored = rec.get("settings") or {}
-            clash = [f"{k} {stored[k]!r} (now {wanted[k]!r})" for k in wanted if k in stored and stored[k] != wanted[k]]
-            if clash:
-                raise ConfigError(
-                    f"{path} holds question {rec['id']!r} run with other settings: {', '.join(clash)}; "
-                    "run with those settings to continue it, or choose another output directory"
-                )
+    if settings is None:
+        _check_one_settings(path, records)
+        return records
+    # Through JSON, as stored: tuples become lists.
+    wanted = json.loads(json.dumps(asdict(settings)))
+    for rec in records:
+        stored = rec.get("settings") or {}
+        # A field the record lacks was added after it ran: what it was run with is unknown, so it
+        # is no match (a served-model run must not continue an embedded model's file).
+        missing = [f"{k} not recorded (now {wanted[k]!r})" for k in wanted if k not in stored]
+        other = [f"{k} {stored[k]!r} (now {wanted[k]!r})" for k in wanted if k in stored and stored[k] != wanted[k]]
+        if other or missing:
+            # A setting the record lacks cannot be given back to it: only a new directory is a fix.
+            fix = "" if missing else "run with those settings to continue it, or "
+            raise ConfigError(
+                f"{path} holds question {rec['id']!r} run with other settings: {', '.join(other + missing)}; "
+                f"{fix}choose another output directory"
+            )
     return records
+
+
+def _check_one_settings(path: Path, records: Sequence[dict]) -> None:
+    """Refuse records run with different settings (a field one record lacks counts as a value)."""
+    names = sorted({name for rec in records for name in rec.get("settings") or {}})
+    values: dict[str, dict[str, list[str]]] = {name: {} for name in names}  # field -> value -> question ids
+    for rec in records:
+        stored = rec.get("settings") or {}
+        for name in names:
+            value = json.dumps(stored[name], sort_keys=True) if name in stored else "not recorded"
+            values[name].setdefault(value, []).append(rec["id"])
+
+    def shown(ids: list[str]) -> str:
+        return ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+
+    mixed = [
+        f"{name} " + ", ".join(f"{value} ({shown(ids)})" for value, ids in seen.items())
+        for name, seen in values.items()
+        if len(seen) > 1
+    ]
+    if mixed:
+        raise ConfigError(
+            f"{path} mixes questions run with different settings: {'; '.join(mixed)}; one table would mix "
+            "two experiments: move the lines of each settings to their own output directory and summarise each"
+        )
 
 
 def check_doc_ids(index: Any, items: Sequence[QAItem], *, setting: str = "distractor") -> None:

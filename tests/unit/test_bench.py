@@ -184,6 +184,24 @@ async def test_continuing_a_bench_with_other_settings_is_refused_not_mixed_into_
     assert [r["id"] for r in records] == ["q1", "q2"]
 
 
+async def test_a_record_that_does_not_record_a_setting_is_not_continued(index, tmp_path):
+    # Before: a field missing from an older record was never compared, so a served-model run
+    # continued a file of the embedded model's records.
+    out = tmp_path / "results.jsonl"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), out)
+    (rec,) = load_done(out).values()
+    del rec["settings"]["model"]
+    out.write_text(json.dumps(rec) + "\n")
+    model = _model()
+    with pytest.raises(
+        ConfigError, match=r"'q1' run with other settings: model not recorded \(now 'http://x m'\); choose"
+    ):
+        await run_bench(model, index, ITEMS, BenchSettings(**SMALL, model="http://x m"), out)
+    with pytest.raises(ConfigError, match=r"model not recorded \(now 'embedded'\)"):
+        await run_bench(model, index, ITEMS, BenchSettings(**SMALL), out)
+    assert model.calls == []
+
+
 async def test_rollout_table_puts_partial_rollout_beside_from_scratch_sampling(index, tmp_path):
     records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl")
     lines = rollout_table(records).splitlines()
@@ -329,6 +347,28 @@ async def test_report_only_summarises_the_finished_questions_without_loading_a_m
     assert await asyncio.to_thread(cli.main, argv) == 0
     assert json.loads((out_dir / "summary.json").read_text())["majority"]["questions"] == 2
     assert (out_dir / "summary.md").read_text().startswith("| method |")
+
+
+async def test_report_only_refuses_a_file_that_mixes_settings(index, tmp_path, monkeypatch, capsys):
+    # Before: --report-only summarised records of two seeds (or models) as one run, which the
+    # run path refuses to write.
+    from langgraph_parallelmuse import cli
+
+    out_dir = tmp_path / "run"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "seed0.jsonl")
+    await run_bench(_model(), index, ITEMS[1:2], BenchSettings(**SMALL, seed=1), tmp_path / "seed1.jsonl")
+    out_dir.mkdir()
+    (out_dir / "results.jsonl").write_text(
+        (tmp_path / "seed0.jsonl").read_text() + (tmp_path / "seed1.jsonl").read_text()
+    )
+    monkeypatch.setattr(cli, "_model", lambda *a, **k: pytest.fail("--report-only loaded a model"))
+    questions = _questions_file(tmp_path / "q.jsonl", ITEMS)
+    argv = ["bench", "--questions", questions, "--out", str(out_dir), "--report-only"]
+    assert await asyncio.to_thread(cli.main, argv) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert "mixes questions run with different settings: seed 0 (q1), 1 (q2);" in said
+    assert "move the lines of each settings to their own output directory" in said
+    assert not (out_dir / "summary.json").exists()
 
 
 def test_an_interrupted_bench_command_summarises_what_finished(index, tmp_path, monkeypatch):

@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 
 from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.eval import QAItem
+from langgraph_parallelmuse.eval.bench import well_formed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import agent_protocol  # noqa: E402
+import candidate_recall  # noqa: E402
 import common  # noqa: E402
 import compare_revisions  # noqa: E402
 import engine_precision  # noqa: E402
@@ -67,19 +70,61 @@ def test_serving_rollout_takes_only_chunks_measured_with_its_own_settings(tmp_pa
     # Chunk 0: a row that records no settings (the committed files); chunk 1: measured in bfloat16.
     write_rows(path, [serving_row(0), serving_row(1, settings=bf16)])
     key = {"part": "b", "backend": "engine", "method": "pm", "concurrency": 1}
+    chunks = serving_rollout.run_chunks(items(2), [1])
     float32 = serving_rollout.Records(path, SERVING)
-    assert not float32.has(**key, chunk=0) and not float32.has(**key, chunk=1)
-    assert float32.measured() == []
-    assert serving_rollout.Records(path, bf16).has(**key, chunk=1)
+    assert not float32.has(**key, questions=["q0"]) and not float32.has(**key, questions=["q1"])
+    assert float32.measured(chunks) == []
+    assert serving_rollout.Records(path, bf16).has(**key, questions=["q1"])
 
     float32.add(serving_row(0))
     again = serving_rollout.Records(path, SERVING)
-    assert again.has(**key, chunk=0) and [r["chunk"] for r in again.measured()] == [0]
+    assert again.has(**key, questions=["q0"]) and [r["chunk"] for r in again.measured(chunks)] == [0]
     # The report over the whole file keeps the three apart: no table mixes two experiments.
     serving_rollout.report(again.rows, 2)
     printed = capsys.readouterr().out
     assert printed.count("settings: ") == 3 and "settings: not recorded" in printed
     assert printed.count("1 of 2 questions measured") == 3
+
+
+def run_serving(monkeypatch, tmp_path, limit: int) -> list[list[str]]:
+    """``serving_rollout.py --parts b --concurrency 5 --limit LIMIT`` with the engine and the
+    rollouts stubbed: the chunks it measured, by their question ids."""
+    measured = []
+
+    async def measure(model, chunk, index, cfg, tag, reset):
+        if tag != "warm-up":
+            measured.append([i.id for i in chunk])
+        sums = {"conv_prompt": 10, "conv_cached": 5, "plain_prompt": 4, "plain_cached": 2}
+        return {
+            "seconds": 1.0,
+            "questions": [i.id for i in chunk],
+            "branch": sums,
+            "all": sums,
+            "generated": {"tokens": 7},
+        }
+
+    engine = type("Engine", (), {"engine": type("Cache", (), {"clear_cache": staticmethod(lambda: None)})()})()
+    monkeypatch.setattr(serving_rollout, "dev_set", lambda name, limit: (items(limit), None))
+    monkeypatch.setattr(serving_rollout, "measure", measure)
+    monkeypatch.setattr(LocalChatModel, "embedded", staticmethod(lambda **options: engine))
+    out = ["--out", str(tmp_path / "rows.jsonl")]
+    monkeypatch.setattr(
+        sys, "argv", ["serving_rollout.py", "--parts", "b", "--concurrency", "5", "--limit", str(limit), *out]
+    )
+    asyncio.run(serving_rollout.main())
+    return measured
+
+
+def test_serving_rollout_resumed_with_a_larger_limit_measures_the_questions_it_adds(monkeypatch, tmp_path, capsys):
+    # Before: chunks were known by their index, so chunk 1 of --limit 7 ([q5, q6]) stood for chunk 1
+    # of --limit 10 ([q5 .. q9]): q7-q9 were never measured ("7 of 10 questions measured").
+    assert run_serving(monkeypatch, tmp_path, 7) == [[f"q{i}" for i in range(5)]] * 2 + [["q5", "q6"]] * 2
+    capsys.readouterr()
+    assert run_serving(monkeypatch, tmp_path, 10) == [[f"q{i}" for i in range(5, 10)]] * 2
+    printed = capsys.readouterr().out
+    # The [q5, q6] chunk of the first run is not this run's: no question counts twice.
+    assert "10 of 10 questions measured" in printed and printed.count("| engine | ") == 2
+    assert run_serving(monkeypatch, tmp_path, 10) == []  # all there: nothing runs again
 
 
 ONLINE_CAL = Calibration(
@@ -196,6 +241,75 @@ def test_online_rollout_from_start_measures_only_later_questions_and_reports_eve
     assert "2 questions, one in flight" in capsys.readouterr().out
 
 
+def test_agent_protocol_calls_a_trajectory_well_formed_as_the_bench_does(monkeypatch):
+    # Before: a trajectory whose only search failed was well formed in the bench's records and
+    # not in this script's rows.
+    search = {"type": "tool_call", "name": "search", "arguments": {"query": "France"}}
+    traj = {
+        "answer": "Paris",
+        "steps": [{"index": 0, "text": "", "action": search}, {"index": 1, "text": "", "action": {"type": "answer"}}],
+        "observations": [
+            {
+                "step": 0,
+                "name": "search",
+                "arguments": {},
+                "content": "Error: tool 'search' timed out after 30 s.",
+                "error": True,
+                "seconds": 30.0,
+                "doc_ids": [],
+            }
+        ],
+        "stats": {"generated_tokens": 9},
+    }
+
+    class Runner:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        async def run(self, *args, **kwargs):
+            return traj
+
+    async def compress(*args, **kwargs):
+        return {"status": "ok", "tokens": 1, "trajectory_tokens": 9}
+
+    monkeypatch.setattr(agent_protocol, "RolloutRunner", Runner)
+    monkeypatch.setattr(agent_protocol, "compress_trajectory", compress)
+    monkeypatch.setattr(agent_protocol, "make_corpus_tools", lambda index, doc_ids: [])
+    item = QAItem("q0", "Which city is the capital of France?", ["Paris"], ["d0"], ["d0"], "toy")
+    row = asyncio.run(agent_protocol._row(None, item, None, agent_protocol.make_config(), GuidedDriver(), None))
+    assert row["well_formed"] is well_formed(traj) is True
+
+
+def test_candidate_recall_reads_the_evidence_the_driver_shows_after_opening_the_supporting_paragraphs(
+    monkeypatch, tmp_path
+):
+    # Before: the evidence was "Title: text" of every paragraph, uncut, where the driver shows the
+    # opened pages newest first, cut at evidence_chars: a ceiling on answers the agent never sees.
+    long = " ".join(["word"] * 170)  # a page the visit tool shows whole; two are more than the evidence holds
+    docs = [{"id": f"d{i}", "title": f"Page {i}", "text": f"Page {i} is a page. {long}"} for i in range(3)]
+    write_rows(tmp_path / "hotpotqa_train100.corpus.jsonl", docs)
+    question = {"id": "q0", "question": "Which page?", "answers": ["Page 1"], "supporting_doc_ids": ["d0", "d1"]}
+    write_rows(tmp_path / "hotpotqa_train100.questions.jsonl", [{**question, "context_doc_ids": ["d0", "d1", "d2"]}])
+    monkeypatch.setenv("PARALLELMUSE_EVAL_DATA", str(tmp_path))
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    seen = []
+
+    def candidates(question, evidence, **options):
+        seen.append(evidence)
+        return []
+
+    monkeypatch.setattr(candidate_recall, "candidates", candidates)
+    monkeypatch.setattr(sys, "argv", ["candidate_recall.py", "--limit", "1"])
+    ran = candidate_recall.main()
+    if asyncio.iscoroutine(ran):
+        asyncio.run(ran)
+    assert len(seen) == len(candidate_recall.LIMITS)
+    evidence = seen[0]
+    # The page opened last first, then what the budget leaves of the first, cut at a space.
+    assert evidence.startswith("Page 1\n\nPage 1 is a page. word") and "\n\nPage 0\n\nPage 0 is a page." in evidence
+    assert len(evidence) < 2 * len(docs[0]["text"]) and evidence.endswith(" word")
+
+
 def test_agent_protocol_refuses_before_loading_the_model(monkeypatch, tmp_path):
     out = tmp_path / "rows.jsonl"
     default = {"dataset": "hotpotqa_train100", "seed": 0, "max_turns": 8, "guided": {}}
@@ -234,7 +348,16 @@ def test_agent_protocol_pairs_in_dev_set_order_whatever_order_the_file_holds(mon
     assert agent_protocol.pair(base, new) == in_order
 
 
+def dev_sets(path: Path, ids: list[str]) -> None:
+    """Both dev sets' questions files in ``path``, each asking ``ids``, as the benchmarks read them."""
+    for name in common.DATASETS:
+        rows = [{"id": i, "question": f"{i}?", "answers": ["a"]} for i in ids]
+        write_rows(path / f"{name}.questions.jsonl", rows)
+
+
 def test_compare_revisions_runs_again_when_a_revision_moved_or_the_settings_changed(monkeypatch, tmp_path):
+    dev_sets(tmp_path, ["q"])
+    monkeypatch.setenv("PARALLELMUSE_EVAL_DATA", str(tmp_path))
     commits = {"old": "a" * 40, "HEAD": "b" * 40}
     ran = []
 
@@ -259,6 +382,36 @@ def test_compare_revisions_runs_again_when_a_revision_moved_or_the_settings_chan
     commits["HEAD"] = "c" * 40  # a commit since: HEAD names another revision now
     compare()
     assert ran == ["a", "b", "a", "b", "a", "b", "c"]
+
+
+def test_compare_revisions_compares_only_the_first_limit_questions_of_a_larger_run(monkeypatch, tmp_path, capsys):
+    # Before: the folder of "old", left by a run with --limit 5, was read whole, so --limit 4
+    # reported "q4: only in before" and exited 1.
+    dev_sets(tmp_path, [f"q{i}" for i in range(6)])
+    monkeypatch.setenv("PARALLELMUSE_EVAL_DATA", str(tmp_path))
+    commits = {"old": "a" * 40, "HEAD": "b" * 40}
+    trajectory = {"t0": {"stats": {"generated_tokens": 1, "tool_calls": 1}, "answer": "x"}}
+    ran = []
+
+    def run(commit, target, args):
+        ran.append((commit[0], args.limit))
+        target.mkdir(parents=True, exist_ok=True)
+        write_rows(
+            target / "results.jsonl",
+            [{"id": f"q{i}", "trajectories": trajectory, "methods": {}} for i in range(args.limit)],
+        )
+        return 0.0
+
+    monkeypatch.setattr(compare_revisions, "commit_of", commits.__getitem__)
+    monkeypatch.setattr(compare_revisions, "_run", run)
+    out = ["--out", str(tmp_path / "runs")]
+    monkeypatch.setattr(sys, "argv", ["compare_revisions.py", "old", "old", "--limit", "5", *out])
+    assert compare_revisions.main() == 0
+    monkeypatch.setattr(sys, "argv", ["compare_revisions.py", "old", "HEAD", "--limit", "4", *out])
+    assert compare_revisions.main() == 0
+    assert ran == [("a", 5), ("b", 4)]  # the larger run of "old" serves the smaller one
+    printed = capsys.readouterr().out
+    assert "4 questions, 4 trajectories" in printed and "identical" in printed
 
 
 def test_stage2_reports_reuses_stage1_only_when_made_with_the_same_settings(monkeypatch, tmp_path):
