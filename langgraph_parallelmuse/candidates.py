@@ -138,9 +138,10 @@ def choice_options(question: str) -> list[str]:
             # "When was the singer born, who sang Love or Lust?": what follows the comma asks.
             if _WH.search(left):
                 return []
-        elif _COMPARES.search(q):
+        elif _COMPARES.search(q) and _ends_the_question(_option(right)):
             # No comma: the option is the name nearest the "or" ("Which band was formed first The
             # Exies or …"); a side naming nothing ("shot in or around Leland") compares nothing.
+            # After a comma the right option may go on ("the Amazon river", "London, England").
             names = [n for m in _NAMED.finditer(left) if (n := _trim(m.group(0))) and not _WH.fullmatch(n)]
             left = names[-1] if names else ""
         else:
@@ -149,8 +150,6 @@ def choice_options(question: str) -> list[str]:
     else:
         return []
     options = [_option(side) for side in sides]
-    if not between and not _ends_the_question(options[1]):
-        return []
     # "Between 1939 and 1945, which country …" is a period, not two options.
     return options if all(options) and not any(re.fullmatch(r"[\d\s,.\-–]+", o) for o in options) else []
 
@@ -271,12 +270,23 @@ _PRONOUN = re.compile(
 )
 
 
+# Nouns a demonstrative names an answer by when the first part names no type ("Who directed
+# Jaws, and when was that director born?"). A list, not "this + any word": in "did this happen"
+# the word is a verb.
+_REFERRING = frozenset(
+    "person man woman director writer author actor actress singer musician artist player band group "
+    "city town country nation state place region team club company film movie book album song river "
+    "university school building organization event".split()
+)
+
+
 def follow_up(part: str, first_answer: str, *, first: str) -> str:
     """The second part of a compound question with its reference to the first answer resolved.
 
     The reference is a phrase naming the first part's answer by its type ("that country" after
-    "Which country …?"), else a pronoun ("it", "its capital"); a "that" of a relative clause ("the
-    river that flows …") is no reference. A part naming no reference is returned as it is.
+    "Which country …?") or by a noun a demonstrative names a person, place or work by ("that
+    director"), else a pronoun ("it", "its capital"); a "that" of a relative clause ("the river
+    that flows …") is no reference. A part naming no reference is returned as it is.
 
     Args:
         part: The second part.
@@ -295,8 +305,11 @@ def follow_up(part: str, first_answer: str, *, first: str) -> str:
         'when was Steven Spielberg born?'
     """
     noun = answer_type(first)
-    if noun:
-        named = re.compile(rf"\b(?:that|this|the same|the)\s+{re.escape(noun)}\b", re.IGNORECASE)
+    nouns = "|".join(map(re.escape, sorted(_REFERRING)))
+    for named in (
+        *([re.compile(rf"\b(?:that|this|the same|the)\s+{re.escape(noun)}\b", re.IGNORECASE)] if noun else []),
+        re.compile(rf"\b(?:that|this|the same)\s+(?:{nouns})\b", re.IGNORECASE),
+    ):
         if named.search(part):
             return named.sub(lambda _: first_answer, part, count=1)
     # A function is the replacement: an answer's backslash is no group reference.

@@ -36,6 +36,8 @@ QUERY_SYSTEM = "Write a short web search query for the question."
 PROMPT_LINES = ("Question:", "Answer", "Already searched:", "Write a new search query")
 # Answered among their own options whatever their hops: yes/no and either-or questions.
 DIRECT_KINDS = frozenset({"yesno", "choice"})
+# How far back from the evidence budget a cut looks for a space: longer than a word.
+_WORD_BACKOFF = 40
 
 
 @dataclass(frozen=True)
@@ -423,9 +425,10 @@ class GuidedDriver:
             # copies it into its answer, so the evidence keeps titles and text only.
             text = SEARCH_HIT.sub(r"\1", obs["content"]).strip()
             if len(text) > budget:
-                # A word cut in two would be a candidate of its own ("Journ" of "Journal").
-                # A page with no space before the budget (Japanese, a long URL) is cut at the budget.
-                cut = text.rfind(" ", 0, budget + 1)
+                # A word cut in two would be a candidate of its own ("Journ" of "Journal"). Text
+                # with no space near the budget (Japanese after a spaced title, a long URL) is cut at
+                # the budget: backing off to the title's space would drop the page.
+                cut = text.rfind(" ", max(budget - _WORD_BACKOFF, 0), budget + 1)
                 text, budget = text[: cut if cut > 0 else budget], 0
             if text:
                 parts.append(quote_untrusted(text, PROMPT_LINES))

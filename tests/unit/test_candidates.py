@@ -36,6 +36,9 @@ def test_an_or_that_compares_nothing_gives_no_options(question, kind):
         ("Which is longer, the Nile or the Amazon (river)?", ["Nile", "Amazon"]),
         # What follows the comma asks (a relative clause): no option.
         ("When was the singer born, who sang Love or Lust?", []),
+        # After a comma the right option may go on past its name.
+        ("Which river is longer, the Nile or the Amazon river?", ["Nile", "Amazon river"]),
+        ("Which city is larger, Paris or London, England?", ["Paris", "London, England"]),
     ],
 )
 def test_a_comparison_names_its_options_whole(question, options):
@@ -71,6 +74,9 @@ def test_a_year_is_no_piece_of_a_grouped_or_decimal_number():
         ("who founded it and when?", EIFFEL, "who founded France and when?"),
         ("when was he born?", "Who directed Jaws?", "when was France born?"),
         ("who married her?", "Who sang Jolene?", "who married France?"),
+        # A demonstrative before a noun that names a person, place or work, whatever the first part's type.
+        ("when was that director born?", "Who directed Jaws?", "when was France born?"),
+        ("what is the capital of that nation?", EIFFEL, "what is the capital of France?"),
         # No reference: the part as it is, not a phrase replaced by the answer.
         ("what year did this happen?", EIFFEL, "what year did this happen?"),
     ],
