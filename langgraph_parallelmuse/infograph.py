@@ -54,6 +54,7 @@ from typing_extensions import TypedDict
 from langgraph_parallelmuse.answers import normalize_answer
 from langgraph_parallelmuse.driver import SEARCH_HIT, call_key
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
+from langgraph_parallelmuse.tools.local_tools import NO_HITS
 
 __all__ = [
     "Entity",
@@ -537,7 +538,12 @@ def warn_unreadable(trajectories: Sequence[Trajectory], *, uses: str) -> bool:
         crossover=1 found no document in any trajectory's tool output: ...
     """
     outputs = [t.get("observations", []) for t in trajectories]
-    called = any(o["name"] in ("search", "visit") and not o.get("error") for obs in outputs for o in obs)
+    # A search that found nothing shows no document in any format: no sign of an unreadable tool.
+    called = any(
+        o["name"] in ("search", "visit") and not o.get("error") and not str(o.get("content", "")).startswith(NO_HITS)
+        for obs in outputs
+        for o in obs
+    )
     if not called or any(read_segments(obs) for obs in outputs):
         return False
     warnings.warn(

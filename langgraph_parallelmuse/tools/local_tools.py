@@ -21,9 +21,24 @@ from pydantic import BaseModel, Field
 from langgraph_parallelmuse.errors import CorpusError
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
-__all__ = ["SearchInput", "VisitInput", "echo", "goal_excerpt", "make_corpus_tools", "pasted_id"]
+__all__ = [
+    "EMPTY_QUERY",
+    "NO_HITS",
+    "NO_RESULTS",
+    "SearchInput",
+    "VisitInput",
+    "echo",
+    "goal_excerpt",
+    "make_corpus_tools",
+    "pasted_id",
+]
 
 ELLIPSIS = "[...]"
+EMPTY_QUERY = "empty query: give search some words to look for."
+# How the search tools (corpus and Tavily) begin a reply that shows no document: a search that
+# found nothing is not a tool whose output the information-state graph cannot read.
+NO_RESULTS = "No results for "
+NO_HITS = (EMPTY_QUERY, NO_RESULTS)
 SEARCH_DESCRIPTION = (
     "Search the knowledge base. Returns a ranked list of documents, each with its title, id and a "
     "short snippet. Use visit with an id to read a document."
@@ -215,10 +230,10 @@ def make_corpus_tools(
 
     async def search(query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
-            return "empty query: give search some words to look for.", {"doc_ids": []}
+            return EMPTY_QUERY, {"doc_ids": []}
         hits = await _lookup_thread(index.search, query, k=k, doc_ids=subset)
         if not hits:
-            return f"No results for {echo(query)}. Try other words.", {"doc_ids": []}
+            return f"{NO_RESULTS}{echo(query)}. Try other words.", {"doc_ids": []}
         # A hit is two lines, whatever the document holds: its newlines could forge hit lines.
         lines = [f"[{n}] {_line(h.title)} (id: {h.id})\n{_line(h.snippet)}" for n, h in enumerate(hits, 1)]
         return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}

@@ -25,6 +25,8 @@ from tavily.errors import UsageLimitExceededError
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.tools.local_tools import (
+    EMPTY_QUERY,
+    NO_RESULTS,
     SEARCH_DESCRIPTION,
     VISIT_DESCRIPTION,
     SearchInput,
@@ -198,14 +200,14 @@ class _Tavily:
 
     async def search(self, query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
-            return "empty query: give search some words to look for.", {"doc_ids": []}
+            return EMPTY_QUERY, {"doc_ids": []}
         try:
             data = await self.call(lambda c: c.search(query, max_results=self.max_results, timeout=self.timeout))
         except Exception as exc:
             return self.failure("web search", exc)
         results = [r for r in _listed(data, "results") if isinstance(r.get("url"), str) and r["url"]]
         if not results:
-            return f"No results for {echo(query)}. Try other words.", {"doc_ids": []}
+            return f"{NO_RESULTS}{echo(query)}. Try other words.", {"doc_ids": []}
         per_hit = max(self.max_chars // len(results) - 100, 80)
         lines = []
         for n, r in enumerate(results, 1):

@@ -309,3 +309,6 @@ def test_tool_outputs_the_graph_cannot_read_get_a_warning_that_names_the_format(
         # One trajectory that read a document is enough; no tool call that worked, nothing to say.
         assert not warn_unreadable([plain, readable], uses="crossover=1")
         assert not warn_unreadable([failed, {"observations": []}], uses="crossover=1")
+        # The library's own tools when every search found nothing: no sign of another format.
+        none_found = {"observations": [_plain(0, "search", "No results for 'Alpha'. Try other words.")]}
+        assert not warn_unreadable([none_found], uses="crossover=1")
