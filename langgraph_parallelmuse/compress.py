@@ -468,17 +468,20 @@ _PROMPT_LABELS = tuple(label.lower() for label in _FINDINGS_DELIMITERS)
 
 
 def _malformed_line(line: str) -> bool:
-    """True when a reasoning line says nothing: it copies a prompt label, has fewer than two
-    alphabetic words ("1 1 1 1"), or is mostly one repeated token ("Paris Paris Paris").
+    """True when a reasoning line says nothing: it copies a prompt label, holds fewer than 4
+    letters ("1 1 1 1", "a."), or is mostly one repeated token ("Paris Paris Paris").
+
+    Letters, not words: Chinese or Japanese reasoning has no spaces between its words.
 
     Example:
-        >>> [_malformed_line(x) for x in ("find the capital", "Question: Capital?", "1 1 1 1", "x x x y")]
-        [False, True, True, True]
+        >>> lines = ("find the capital", "Question: Capital?", "1 1 1 1", "x x x y", "首都是巴黎。")
+        >>> [_malformed_line(x) for x in lines]
+        [False, True, True, True, False]
     """
     tokens = re.findall(r"\w+", line.lower())
-    if line.lstrip(" #*>-").lower().startswith(_PROMPT_LABELS) or len(re.findall(r"\b[^\W\d_]+\b", line)) < 2:
+    if line.lstrip(" #*>-").lower().startswith(_PROMPT_LABELS) or len(re.findall(r"[^\W\d_]", line)) < 4:
         return True
-    return max(map(tokens.count, tokens)) * 2 > len(tokens)
+    return len(tokens) >= 3 and max(map(tokens.count, tokens)) * 2 > len(tokens)
 
 
 def _read_guided(turn: TurnResult, methods: str) -> tuple[dict[str, str], str | None]:

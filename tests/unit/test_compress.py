@@ -212,6 +212,13 @@ async def test_guided_reasoning_that_says_nothing_is_malformed(fake_model):
         assert "malformed" in report["problem"]
 
 
+async def test_guided_reasoning_without_spaces_between_words_is_reasoning(fake_model):
+    # Chinese and Japanese write no spaces: "fewer than two words" made every such report a fallback.
+    model = fake_model([" 先找国家，再找首都。", " エッフェル塔はパリにある。"])
+    report = await compress_trajectory(model, QUESTION, researched(), guided=True)
+    assert report["status"] == "ok", report["problem"]
+
+
 async def test_free_report_cut_off_by_the_token_limit_is_not_accepted(fake_model, make_trajectory):
     model = fake_model([(FREE_OK, "length"), (FREE_OK, "length")])
     report = await compress_trajectory(model, QUESTION, make_trajectory(), guided=False)
