@@ -688,14 +688,16 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
 
 
 def _check_one_settings(path: Path, records: Sequence[dict]) -> None:
-    """Refuse records run with different settings (a field one record lacks counts as a value)."""
+    """Refuse records run with different settings. A field a record lacks (written before the field
+    existed) is not compared: those records were continued by the code of their day, and refusing
+    them would make every file unreadable each time a field is added."""
     names = sorted({name for rec in records for name in rec.get("settings") or {}})
     values: dict[str, dict[str, list[str]]] = {name: {} for name in names}  # field -> value -> question ids
     for rec in records:
         stored = rec.get("settings") or {}
         for name in names:
-            value = json.dumps(stored[name], sort_keys=True) if name in stored else "not recorded"
-            values[name].setdefault(value, []).append(rec["id"])
+            if name in stored:
+                values[name].setdefault(json.dumps(stored[name], sort_keys=True), []).append(rec["id"])
 
     def shown(ids: list[str]) -> str:
         return ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")

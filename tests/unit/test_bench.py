@@ -371,6 +371,25 @@ async def test_report_only_refuses_a_file_that_mixes_settings(index, tmp_path, m
     assert not (out_dir / "summary.json").exists()
 
 
+async def test_report_only_reads_records_written_before_a_setting_was_recorded(index, tmp_path, monkeypatch):
+    # Records from before `model` and `judge` were recorded sit beside later ones of the same run:
+    # a field one record lacks is no second value.
+    from langgraph_parallelmuse import cli
+
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), out_dir / "results.jsonl")
+    first, *rest = (out_dir / "results.jsonl").read_text().splitlines()
+    old = json.loads(first)
+    del old["settings"]["model"], old["settings"]["judge"]
+    (out_dir / "results.jsonl").write_text("\n".join([json.dumps(old), *rest]) + "\n")
+    monkeypatch.setattr(cli, "_model", lambda *a, **k: pytest.fail("--report-only loaded a model"))
+    questions = _questions_file(tmp_path / "q.jsonl", ITEMS[:2])
+    argv = ["bench", "--questions", questions, "--out", str(out_dir), "--report-only"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    assert (out_dir / "summary.json").exists()
+
+
 def test_an_interrupted_bench_command_summarises_what_finished(index, tmp_path, monkeypatch):
     from langgraph_parallelmuse import cli
 
