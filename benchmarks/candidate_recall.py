@@ -18,9 +18,8 @@ import asyncio
 from collections import Counter
 
 from common import arguments, dev_set
-from langgraph.runtime import Runtime
 
-from langgraph_parallelmuse.agent import _StepNodes
+from langgraph_parallelmuse.agent import observe
 from langgraph_parallelmuse.candidates import answer_kind, candidates
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
@@ -35,21 +34,18 @@ LIMITS = (8, 16, 32)
 async def opened_evidence(item: QAItem, index: CorpusIndex) -> tuple[str, list[str]]:
     """The driver's evidence once the supporting paragraphs are opened, and their titles.
 
-    Each is opened as the driver's visit step does (``{"doc": id}``, no goal) and recorded by the
-    agent's act node, so the evidence holds what a trajectory that opened them holds.
+    Each is opened as the driver's visit step does (``{"doc": id}``, no goal) and recorded as the
+    agent's act node records it, so the evidence holds what a trajectory that opened them holds.
     """
     hops = item.meta.get("question_decomposition")
     opened = [item.context_doc_ids[hop["paragraph_support_idx"]] for hop in hops] if hops else item.supporting_doc_ids
     tools = {t.name: t for t in make_corpus_tools(index, doc_ids=item.context_doc_ids)}
-    # Only the act node runs, which reads the tools alone: no model, driver or prompt is needed.
-    act = _StepNodes(model=None, by_name=tools, driver_for=None, system="", taken_calls=None)
-    runtime = Runtime(context=make_config())
     steps, observations = [], []
     for at, doc in enumerate(opened):
         steps.append(
             {"index": at, "text": "", "action": {"type": "tool_call", "name": "visit", "arguments": {"doc": doc}}}
         )
-        observations += (await act.act({"steps": steps, "trajectory_id": item.id}, runtime))["observations"]
+        observations.append(await observe(tools, steps[-1], trajectory_id=item.id, config=make_config()))
     ctx = StepContext(item.question, steps, observations, len(steps), False, 64, frozenset({"search", "visit"}))
     return GuidedDriver().evidence(ctx), [index.get(doc).title for doc in item.supporting_doc_ids]
 

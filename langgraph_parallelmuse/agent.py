@@ -296,30 +296,50 @@ class _StepNodes:
     async def act(self, state: AgentState, runtime: Runtime[ParallelMuseConfig]) -> dict[str, Any]:
         """Run the last step's action and record the tool response (errors included)."""
         cfg = runtime.context or _DEFAULT_CONFIG
-        step = state["steps"][-1]
-        started = time.perf_counter()
-        content, error, doc_ids = await _run_tool(self.by_name, step, state.get("trajectory_id"), cfg)
-        # Lone surrogates cannot be sent as UTF-8 and would be stored differently than sent.
-        content = content.encode("utf-8", "replace").decode("utf-8")
-        name = step["action"].get("name", "")
-        if not content.strip() and not error:
-            content, error = f"Error: tool {name!r} returned nothing.", True
-        if len(content) > cfg.max_observation_chars:
-            content = content[: cfg.max_observation_chars] + " …[truncated]"
-        obs = Observation(
-            step=step["index"],
-            name=name or "invalid",
-            arguments=step["action"].get("arguments", {}),
-            content=content,
-            error=error,
-            seconds=time.perf_counter() - started,
-            doc_ids=doc_ids,
-        )
+        obs = await observe(self.by_name, state["steps"][-1], trajectory_id=state.get("trajectory_id"), config=cfg)
         return {"observations": [obs]}
 
     @staticmethod
     def route(state: AgentState) -> str:
         return "act" if state.get("status") == "running" else END
+
+
+async def observe(
+    by_name: dict[str, BaseTool], step: Step, *, trajectory_id: str | None, config: ParallelMuseConfig
+) -> Observation:
+    """Run ``step``'s action with the tools ``by_name`` and record the response as a trajectory does:
+    every failure an error text, lone surrogates replaced, cut at ``config.max_observation_chars``.
+
+    Example:
+        >>> import asyncio
+        >>> from langchain_core.tools import tool
+        >>> @tool
+        ... def search(query: str) -> str:
+        ...     "Search."
+        ...     return "[1] Paris (id: p)"
+        >>> step = {"index": 0, "text": "", "action": {"type": "tool_call", "name": "search",
+        ...                                            "arguments": {"query": "capital"}}}
+        >>> asyncio.run(observe({"search": search}, step, trajectory_id="t0", config=_DEFAULT_CONFIG))["content"]
+        '[1] Paris (id: p)'
+    """
+    started = time.perf_counter()
+    content, error, doc_ids = await _run_tool(by_name, step, trajectory_id, config)
+    # Lone surrogates cannot be sent as UTF-8 and would be stored differently than sent.
+    content = content.encode("utf-8", "replace").decode("utf-8")
+    name = step["action"].get("name", "")
+    if not content.strip() and not error:
+        content, error = f"Error: tool {name!r} returned nothing.", True
+    if len(content) > config.max_observation_chars:
+        content = content[: config.max_observation_chars] + " …[truncated]"
+    return Observation(
+        step=step["index"],
+        name=name or "invalid",
+        arguments=step["action"].get("arguments", {}),
+        content=content,
+        error=error,
+        seconds=time.perf_counter() - started,
+        doc_ids=doc_ids,
+    )
 
 
 def build_rollout_graph(
