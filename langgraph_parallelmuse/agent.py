@@ -319,7 +319,7 @@ async def observe(
         ...     return "[1] Paris (id: p)"
         >>> step = {"index": 0, "text": "", "action": {"type": "tool_call", "name": "search",
         ...                                            "arguments": {"query": "capital"}}}
-        >>> asyncio.run(observe({"search": search}, step, trajectory_id="t0", config=_DEFAULT_CONFIG))["content"]
+        >>> asyncio.run(observe({"search": search}, step, trajectory_id="t0", config=ParallelMuseConfig()))["content"]
         '[1] Paris (id: p)'
     """
     started = time.perf_counter()

@@ -113,9 +113,9 @@ def _ends_the_question(option: str) -> bool:
 def choice_options(question: str) -> list[str]:
     """The two options of a comparison question ("Who is older, X or Y?", "Between X and Y, which …?"), else ``[]``.
 
-    An "or" compares when the options stand after a comma or the question has a word that
-    compares ("first", "older", "more", …), and the right option ends the question: in "When
-    was the singer of Love or Lust born?" the "or" is part of a title.
+    An "or" compares when the question has a word that compares ("first", "older", "more", …) or
+    its right option ends the question, and, without a comma before the options, the right option
+    ends it in any case: in "When was the singer of Love or Lust born?" the "or" is part of a title.
 
     Example:
         >>> choice_options("Who is the oldest, Sid Haig or Vic Darchinyan?")
@@ -135,8 +135,10 @@ def choice_options(question: str) -> list[str]:
         left, right = q.split(" or ")
         if "," in left:
             left = left.rsplit(",", 1)[-1]
-            # "When was the singer born, who sang Love or Lust?": what follows the comma asks.
-            if _WH.search(left):
+            # "When was the singer born, who sang Love or Lust?": what follows the comma asks. A
+            # comma of an aside ("When, exactly, was the singer of Love or Lust born?") compares
+            # nothing: the question must compare, or its right option end it.
+            if _WH.search(left) or not (_COMPARES.search(q) or _ends_the_question(_option(right))):
                 return []
         elif _COMPARES.search(q) and _ends_the_question(_option(right)):
             # No comma: the option is the name nearest the "or" ("Which band was formed first The
@@ -270,22 +272,18 @@ _PRONOUN = re.compile(
 )
 
 
-# Nouns a demonstrative names an answer by when the first part names no type ("Who directed
-# Jaws, and when was that director born?"). A list, not "this + any word": in "did this happen"
-# the word is a verb.
-_REFERRING = frozenset(
-    "person man woman director writer author actor actress singer musician artist player band group "
-    "city town country nation state place region team club company film movie book album song river "
-    "university school building organization event".split()
-)
+# Nouns a demonstrative names a person by, when the first part asks "who" ("Who directed Jaws,
+# and when was that director born?"). Only persons: after "Who sang Jolene", "that song" is the
+# first part's subject, not its answer; and a list, not "this + any word" ("did this happen").
+_PERSONS = frozenset("person man woman director writer author actor actress singer musician artist player".split())
 
 
 def follow_up(part: str, first_answer: str, *, first: str) -> str:
     """The second part of a compound question with its reference to the first answer resolved.
 
     The reference is a phrase naming the first part's answer by its type ("that country" after
-    "Which country …?") or by a noun a demonstrative names a person, place or work by ("that
-    director"), else a pronoun ("it", "its capital"); a "that" of a relative clause ("the river
+    "Which country …?") or, after a "who" question, a demonstrative before a noun that names a
+    person ("that director"), else a pronoun ("it", "its capital"); a "that" of a relative clause ("the river
     that flows …") is no reference. A part naming no reference is returned as it is.
 
     Args:
@@ -304,12 +302,11 @@ def follow_up(part: str, first_answer: str, *, first: str) -> str:
         >>> follow_up("when was he born?", "Steven Spielberg", first="Who directed Jaws?")
         'when was Steven Spielberg born?'
     """
-    noun = answer_type(first)
-    nouns = "|".join(map(re.escape, sorted(_REFERRING)))
-    for named in (
-        *([re.compile(rf"\b(?:that|this|the same|the)\s+{re.escape(noun)}\b", re.IGNORECASE)] if noun else []),
-        re.compile(rf"\b(?:that|this|the same)\s+(?:{nouns})\b", re.IGNORECASE),
-    ):
+    nouns = [re.escape(noun)] if (noun := answer_type(first)) else []
+    patterns = [rf"\b(?:that|this|the same|the)\s+{n}\b" for n in nouns]
+    if re.match(r"\s*(?:who|whom|whose)\b", first, re.IGNORECASE):
+        patterns.append(rf"\b(?:that|this|the same)\s+(?:{'|'.join(sorted(_PERSONS))})\b")
+    for named in (re.compile(p, re.IGNORECASE) for p in patterns):
         if named.search(part):
             return named.sub(lambda _: first_answer, part, count=1)
     # A function is the replacement: an answer's backslash is no group reference.

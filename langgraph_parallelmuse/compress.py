@@ -469,7 +469,7 @@ _PROMPT_LABELS = tuple(label.lower() for label in _FINDINGS_DELIMITERS)
 
 def _malformed_line(line: str) -> bool:
     """True when a reasoning line says nothing: it copies a prompt label, holds fewer than 4
-    letters ("1 1 1 1", "a."), or is mostly one repeated token ("Paris Paris Paris").
+    letters ("1 1 1 1", "a."), or is mostly one repeated token ("Paris Paris").
 
     Letters, not words: Chinese or Japanese reasoning has no spaces between its words.
 
@@ -481,7 +481,7 @@ def _malformed_line(line: str) -> bool:
     tokens = re.findall(r"\w+", line.lower())
     if line.lstrip(" #*>-").lower().startswith(_PROMPT_LABELS) or len(re.findall(r"[^\W\d_]", line)) < 4:
         return True
-    return len(tokens) >= 3 and max(map(tokens.count, tokens)) * 2 > len(tokens)
+    return len(tokens) >= 2 and max(map(tokens.count, tokens)) * 2 > len(tokens)
 
 
 def _read_guided(turn: TurnResult, methods: str) -> tuple[dict[str, str], str | None]:

@@ -643,8 +643,9 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
         path: The ``results.jsonl`` of a run.
         items: The questions asked; records of other questions are left out.
         settings: The settings of the run that continues ``path``; every record must have been
-            run with them. ``None`` (summarising alone, as ``bench --report-only``): the records
-            must all have been run with one settings, whichever.
+            run with them and record each. ``None`` (summarising alone, as ``bench --report-only``):
+            the records must all have been run with one settings, whichever; a field some records
+            lack (older than the field) is compared among the records that have it.
 
     Raises:
         ConfigError: ``settings`` is given and a record was run with other settings or does not
@@ -689,8 +690,8 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
 
 def _check_one_settings(path: Path, records: Sequence[dict]) -> None:
     """Refuse records run with different settings. A field a record lacks (written before the field
-    existed) is not compared: those records were continued by the code of their day, and refusing
-    them would make every file unreadable each time a field is added."""
+    existed) is not compared: a file a run continued across a release that added a field would be
+    unreadable otherwise, though the code of the day accepted every line of it."""
     names = sorted({name for rec in records for name in rec.get("settings") or {}})
     values: dict[str, dict[str, list[str]]] = {name: {} for name in names}  # field -> value -> question ids
     for rec in records:

@@ -14,6 +14,7 @@ EIFFEL = "Which country is the Eiffel Tower in?"
     [
         # A title with "or" in it is no comparison: the question asks for a date, a number, a person.
         ("When was the singer of Love or Lust born?", "date"),
+        ("When, exactly, was the singer of Love or Lust born?", "date"),
         ("How many copies did the song Love or Lust sell?", "number"),
         ("Who directed Dr. Strangelove or How I Learned to Stop Worrying?", "person"),
         # A phrase naming an entity (a hop's question) with an "or" in it compares nothing either.
@@ -74,9 +75,10 @@ def test_a_year_is_no_piece_of_a_grouped_or_decimal_number():
         ("who founded it and when?", EIFFEL, "who founded France and when?"),
         ("when was he born?", "Who directed Jaws?", "when was France born?"),
         ("who married her?", "Who sang Jolene?", "who married France?"),
-        # A demonstrative before a noun that names a person, place or work, whatever the first part's type.
+        # After a "who" question, a demonstrative before a noun that names a person; a work it names
+        # is the first part's subject, not its answer ("Who directed Jaws, and when was that film released?").
         ("when was that director born?", "Who directed Jaws?", "when was France born?"),
-        ("what is the capital of that nation?", EIFFEL, "what is the capital of France?"),
+        ("when was that film released?", "Who directed Jaws?", "when was that film released?"),
         # No reference: the part as it is, not a phrase replaced by the answer.
         ("what year did this happen?", EIFFEL, "what year did this happen?"),
     ],
