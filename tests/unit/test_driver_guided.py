@@ -69,17 +69,22 @@ def test_an_either_or_question_is_asked_as_it_is_whatever_was_recorded_as_a_brid
     assert [s.options for s in driver.plan(ctx) if isinstance(s, Choose)] == [("Dandy Warhols", "Robert Young")]
 
 
+def _guided_runner(tmp_path, docs: list[dict], script: list[str], option_logprobs: dict[str, float]) -> RolloutRunner:
+    """A guided rollout on a corpus of ``docs`` whose model writes ``script`` and scores options so."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    model = ScoringChatModel(script=script, option_logprobs=option_logprobs)
+    return RolloutRunner(model, make_corpus_tools(CorpusIndex.from_jsonl(path)), driver=GuidedDriver())
+
+
 async def test_a_yes_no_rollout_keeps_its_question_and_answers_yes_or_no(tmp_path, monkeypatch):
     monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
     docs = [
         {"id": "hl", "title": "Hello Love", "text": "Hello Love is a 1974 album by Hank Snow."},
         {"id": "hs", "title": "Hank Snow", "text": "Hank Snow was born in 1914 in Nova Scotia."},
     ]
-    path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
     script = ["Find the album", "Hello Love album", "Open it", "Check age", "Hank Snow", "Open", "Done", "x", "y"]
-    model = ScoringChatModel(script=script, option_logprobs={"yes": -0.6, "no": -0.8})
-    runner = RolloutRunner(model, make_corpus_tools(CorpusIndex.from_jsonl(path)), driver=GuidedDriver())
+    runner = _guided_runner(tmp_path, docs, script, {"yes": -0.6, "no": -0.8})
     traj = await runner.run(YES_NO, trajectory_id="t", thread_id="yn/t", config=ParallelMuseConfig(temperature=0))
     queries = [s["action"]["arguments"]["query"] for s in traj["steps"] if s["action"].get("name") == "search"]
     assert len(queries) > 1 and not any(q.lower().startswith(("yes", "no")) for q in queries)
@@ -143,11 +148,8 @@ async def test_the_search_for_a_second_part_records_the_first_answer_as_its_brid
         {"id": "et", "title": "Eiffel Tower", "text": "The Eiffel Tower is a lattice tower in Paris, France."},
         {"id": "fr", "title": "France", "text": "Paris is the capital of France."},
     ]
-    path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
     script = ["Find the tower", "Eiffel Tower", "Open it", "France it is", "Open the page", "Done", "x"]
-    model = ScoringChatModel(script=script, option_logprobs={"France": -0.01, "Paris": -4.0})
-    runner = RolloutRunner(model, make_corpus_tools(CorpusIndex.from_jsonl(path)), driver=GuidedDriver())
+    runner = _guided_runner(tmp_path, docs, script, {"France": -0.01, "Paris": -4.0})
     traj = await runner.run(EIFFEL, trajectory_id="t", thread_id="e/t", config=ParallelMuseConfig(temperature=0))
     # The first part was sure before the hops ran out: its second part is searched as the question
     # words it, from the first answer, which is that hop's bridge.
