@@ -24,12 +24,12 @@ from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 __all__ = [
     "EMPTY_QUERY",
     "NO_HITS",
-    "NO_RESULTS",
     "SearchInput",
     "VisitInput",
     "echo",
     "goal_excerpt",
     "make_corpus_tools",
+    "no_results",
     "pasted_id",
 ]
 
@@ -37,8 +37,8 @@ ELLIPSIS = "[...]"
 EMPTY_QUERY = "empty query: give search some words to look for."
 # How the search tools (corpus and Tavily) begin a reply that shows no document: a search that
 # found nothing is not a tool whose output the information-state graph cannot read.
-NO_RESULTS = "No results for "
-NO_HITS = (EMPTY_QUERY, NO_RESULTS)
+_NO_RESULTS = "No results for "
+NO_HITS = (EMPTY_QUERY, _NO_RESULTS)
 SEARCH_DESCRIPTION = (
     "Search the knowledge base. Returns a ranked list of documents, each with its title, id and a "
     "short snippet. Use visit with an id to read a document."
@@ -86,6 +86,16 @@ def echo(text: str, *, limit: int = 200) -> str:
         ("'Eiffel'", 203)
     """
     return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def no_results(query: str) -> str:
+    """The search tools' reply to a query that found nothing (one of :data:`NO_HITS`).
+
+    Example:
+        >>> no_results("capital of Atlantis")
+        "No results for 'capital of Atlantis'. Try other words."
+    """
+    return f"{_NO_RESULTS}{echo(query)}. Try other words."
 
 
 def pasted_id(text: str) -> str | None:
@@ -233,7 +243,7 @@ def make_corpus_tools(
             return EMPTY_QUERY, {"doc_ids": []}
         hits = await _lookup_thread(index.search, query, k=k, doc_ids=subset)
         if not hits:
-            return f"{NO_RESULTS}{echo(query)}. Try other words.", {"doc_ids": []}
+            return no_results(query), {"doc_ids": []}
         # A hit is two lines, whatever the document holds: its newlines could forge hit lines.
         lines = [f"[{n}] {_line(h.title)} (id: {h.id})\n{_line(h.snippet)}" for n, h in enumerate(hits, 1)]
         return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}

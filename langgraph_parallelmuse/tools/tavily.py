@@ -26,13 +26,13 @@ from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.tools.local_tools import (
     EMPTY_QUERY,
-    NO_RESULTS,
     SEARCH_DESCRIPTION,
     VISIT_DESCRIPTION,
     SearchInput,
     VisitInput,
     echo,
     goal_excerpt,
+    no_results,
     pasted_id,
 )
 
@@ -207,7 +207,7 @@ class _Tavily:
             return self.failure("web search", exc)
         results = [r for r in _listed(data, "results") if isinstance(r.get("url"), str) and r["url"]]
         if not results:
-            return f"{NO_RESULTS}{echo(query)}. Try other words.", {"doc_ids": []}
+            return no_results(query), {"doc_ids": []}
         per_hit = max(self.max_chars // len(results) - 100, 80)
         lines = []
         for n, r in enumerate(results, 1):
