@@ -33,13 +33,13 @@ from common import DATASETS, arguments, dev_set, resumable_rows
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.candidates import answer_kind
-from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.eval import eval_data_dir, load_questions, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.eval.bench import documents_seen, well_formed
 from langgraph_parallelmuse.eval.scoring import contains_gold, exact_match, retrieval_recall, score_answer
 from langgraph_parallelmuse.models import LocalChatModel
+from langgraph_parallelmuse.stage2 import write_report
 from langgraph_parallelmuse.tools import make_corpus_tools
 
 METRICS = ("em", "f1", "contains", "well_formed", "fallback", "steps", "recall_seen", "recall_opened")
@@ -64,7 +64,7 @@ async def _row(model: LocalChatModel, item, index, cfg, driver: GuidedDriver, tr
     t0 = time.perf_counter()
     traj = await runner.run(item.question, trajectory_id="t0", thread_id=item.id, config=cfg)
     seconds = time.perf_counter() - t0
-    report = await compress_trajectory(model, item.question, traj, guided=True, seed=cfg.seed)
+    report = await write_report(model, item.question, traj, config=cfg, guided=True)  # the library's map step
     seen = documents_seen(traj)
     # Where a wrong answer was lost (evaluation only, gold never reaches the agent): the gold
     # answer in what the trajectory read, in the evidence its answer prompt showed, among the

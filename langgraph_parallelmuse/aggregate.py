@@ -9,12 +9,14 @@ exactly one answer. Like compression, the free and guided forms are one prompt a
 * **guided** (small local models): ``Answer:`` is prefilled and the model writes until
   ``</answer>`` or a newline.
 
-Either way the text is then *snapped* to the candidate answer of the reports with the highest
-normalised token F1 (a tie: the candidate more reports gave; nothing overlapping: the majority
-vote), so the result is always one of the reports' answers, which are the trajectories' own: a
-small model cannot be trusted to copy a candidate exactly, the method forbids inventing or merging
-answers, and no text that a trajectory did not answer (a page's injected ``<answer>``) can become
-the final answer.
+In the free form the answer is the text after the reply's last ``<answer>`` outside its think
+blocks: the server stops at ``</answer>``, and a model that reasons first may name the tag before
+its answer. Either way the text is then *snapped* to the candidate answer of the reports with the
+same vote key, else the highest token overlap of the vote keys (CJK compared by characters; a tie:
+the candidate more reports gave; nothing overlapping: the majority vote), so the result is always
+one of the reports' answers, which are the trajectories' own: a small model cannot be trusted to
+copy a candidate exactly, the method forbids inventing or merging answers, and no text that a
+trajectory did not answer (a page's injected ``<answer>``) can become the final answer.
 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
 over the reports is returned with ``source="majority_fallback"``.
@@ -27,7 +29,6 @@ functions over trajectories, registered in :data:`BASELINES` under the names
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,8 @@ from typing import Literal
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.answers import normalize_vote_key, strip_answer_label, token_f1
+from langgraph_parallelmuse.answers import normalize_vote_key, strip_answer_label, vote_overlap, vote_tokens
+from langgraph_parallelmuse.compress import without_think
 from langgraph_parallelmuse.errors import ends_the_run
 from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
@@ -75,8 +77,6 @@ Reply with the answer as a short phrase inside <answer></answer>."""
 # A guided pick is one candidate on one line.
 GUIDED_PICK_TOKENS = 64
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
-
 
 @dataclass
 class AggregateResult:
@@ -88,7 +88,8 @@ class AggregateResult:
             or in the guided form nothing the model wrote overlaps a candidate) or ``"none"``.
         prompt: The exact messages sent to the model (empty when it was not called).
         raw: The text the model produced (``Answer:`` prefill included in the guided form).
-        candidates: The distinct answers of the reports, in order of first occurrence.
+        candidates: The distinct answers of the reports (one per vote key, each its most common
+            text), in order of first occurrence.
         tokens: Tokens the model generated.
         prompt_tokens: Prompt tokens sent.
         cached_prompt_tokens: Prompt tokens the backend reported as served from its prefix cache.
@@ -109,34 +110,40 @@ class AggregateResult:
     error: str | None = None
 
 
-def _vote(answers: Sequence[str | None], weights: Sequence[float] | None = None) -> str | None:
-    """Weighted plurality over normalised answers.
-
-    Answers that are empty (or normalise to nothing) do not vote. Ties go to the group whose first
-    member comes earliest (callers pass answers in :func:`_in_lineage_order`); the winner is
-    reported as its first member's text without an answer label (the text the vote counted).
-    """
-    totals: dict[str, float] = {}
-    first: dict[str, str] = {}
+def _groups(answers: Sequence[str | None]) -> dict[str, list[int]]:
+    """Indices of the answers under each vote key, keys in order of first occurrence; answers that
+    are empty (or normalise to nothing) are in no group."""
+    groups: dict[str, list[int]] = {}
     for i, answer in enumerate(answers):
-        key = normalize_vote_key(answer)
-        if not key:
-            continue
-        first.setdefault(key, strip_answer_label(answer))
-        totals[key] = totals.get(key, 0.0) + (1.0 if weights is None else weights[i])
-    if not totals:
+        if key := normalize_vote_key(answer):
+            groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _shown(answers: Sequence[str | None], members: list[int]) -> str:
+    """A group's answer: its most common text without an answer label (ties: the earliest). Its first
+    member's text could be a form the fewest of its voters wrote."""
+    forms = Counter(strip_answer_label(answers[i]) for i in members)
+    # A Counter keeps first-occurrence order and max() the first maximal form.
+    return max(forms, key=forms.__getitem__)
+
+
+def _vote(answers: Sequence[str | None], weights: Sequence[float] | None = None) -> str | None:
+    """Weighted plurality over the vote groups of the answers, reported by :func:`_shown`.
+
+    Ties go to the group whose first member comes earliest (callers pass answers in
+    :func:`_in_lineage_order`).
+    """
+    groups = _groups(answers)
+    if not groups:
         return None
+    totals = {key: sum(1.0 if weights is None else weights[i] for i in members) for key, members in groups.items()}
     # max() keeps the first maximal key and dicts keep insertion order: earliest group wins ties.
-    return first[max(totals, key=totals.__getitem__)]
+    return _shown(answers, groups[max(totals, key=totals.__getitem__)])
 
 
 def _candidates(answers: Sequence[str | None]) -> list[str]:
-    groups: dict[str, str] = {}
-    for answer in answers:
-        key = normalize_vote_key(answer)
-        if key:
-            groups.setdefault(key, strip_answer_label(answer))
-    return list(groups.values())
+    return [_shown(answers, members) for members in _groups(answers).values()]
 
 
 def _in_lineage_order(records: Sequence[Trajectory], key: str = "id") -> list[Trajectory]:
@@ -150,7 +157,8 @@ def majority_vote(trajectories: Sequence[Trajectory]) -> str | None:
 
     Only trajectories with a non-empty answer vote; a tie goes to the group of the trajectory whose
     id comes first in lineage order (:func:`~langgraph_parallelmuse.state.lineage_key`), not to
-    the one that finished first; that trajectory's answer is returned, without an answer label.
+    the one that finished first. The group's most common text is returned (ties: the first in
+    lineage order), without an answer label.
 
     Example:
         >>> majority_vote([{"id": "t0", "answer": "Paris"}, {"id": "t1", "answer": "Lyon"},
@@ -260,17 +268,11 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     # overlaps several candidates alike ("the river") says nothing between them: the reports' votes
     # decide, and max() keeps the first-listed among candidates tied on both.
     # A candidate holding every word of the pick is what it names ("Paris, Texas" is not "Paris"),
-    # however many more words it has: F1 alone preferred the shorter, partial one.
-    words = set(normalize_vote_key(text).split())
+    # however many more words it has: F1 alone preferred the shorter, partial one. CJK text has no
+    # spaces: its words are characters, or "北京市" would share no word with "北京".
+    words = set(vote_tokens(text))
     votes = Counter(normalize_vote_key(a) for a in answers)
-    scores = [
-        (
-            words <= set(normalize_vote_key(c).split()),
-            token_f1(text, c, yes_no_rule=False),
-            votes[normalize_vote_key(c)],
-        )
-        for c in candidates
-    ]
+    scores = [(words <= set(vote_tokens(c)), vote_overlap(text, c), votes[normalize_vote_key(c)]) for c in candidates]
     best = max(range(len(candidates)), key=scores.__getitem__)
     return candidates[best] if scores[best][1] > 0 else None
 
@@ -284,8 +286,11 @@ def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: l
     elif turn.finish_reason == "length":  # a free-form answer cut off by the token limit is not an answer
         picked = ""
     else:
-        tags = _ANSWER_TAG.findall(turn.text)
-        picked = " ".join(tags[-1].split()) if tags else ""
+        # The stop at "</answer>" leaves the last tag open, and a reply may name the tag as it reasons
+        # ("I will put my choice in the <answer> tag"): the pick is what follows the last <answer>
+        # outside think blocks.
+        _, tag, tail = without_think(turn.text).rpartition("<answer>")
+        picked = " ".join(tail.split("</answer>", 1)[0].split()) if tag else ""
     return (_snap(picked, candidates, answers) or "") if picked else ""
 
 

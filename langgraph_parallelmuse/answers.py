@@ -1,17 +1,25 @@
-"""Answer normalisation shared by aggregation and evaluation (the core never imports ``eval``).
+"""Answer normalisation: the standard one that scores answers, and the key that groups them in votes.
 
-Normalisation follows the official HotpotQA evaluation script (lowercase, drop punctuation, drop the
-articles a/an/the, collapse whitespace): majority voting groups answers by it, the guided
-aggregator snaps its pick to a candidate by its token F1, and the benchmarks score with it.
+:func:`normalize_answer` and :func:`token_f1` follow the official HotpotQA evaluation script
+(lowercase, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace): the benchmarks
+score with them, so their numbers are comparable with published results.
+
+:func:`normalize_vote_key` groups the trajectories' answers for the votes, and the aggregator's pick
+is snapped to a candidate by it and :func:`vote_overlap`. Deleting punctuation costs nothing when an
+answer is scored against its gold, but it merges different answers in a vote ("3.5" and "35", "-5"
+and "5"); and ASCII-only rules split one answer written with other characters ("北京" and "北京。",
+"Hamlet" and "“Hamlet”"). So the key is Unicode-aware and keeps the punctuation of numbers.
+(The core never imports ``eval``: the scoring lives here too.)
 """
 
 from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 
-__all__ = ["normalize_answer", "normalize_vote_key", "strip_answer_label", "token_f1"]
+__all__ = ["normalize_answer", "normalize_vote_key", "strip_answer_label", "token_f1", "vote_overlap", "vote_tokens"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -21,6 +29,15 @@ _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 # Models often prefix their final line ("Answer: Paris", "**Final answer:** Paris"); the prefix
 # must not split votes for the same answer.
 _ANSWER_PREFIX = re.compile(r"^\W*(?:final\s+)?answer\W*?:", re.IGNORECASE)
+# Punctuation that is part of a number: a decimal point, a ratio, a time, a range, a sign ("3.5",
+# "1/2", "9:30", "1914-1918", "-5", ".5"). A thousands separator is not: "3,000" is "3000".
+_NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# Periods and apostrophes shorten a word ("U.S.", "Ender’s"): they go. Other punctuation separates
+# words ("Jean-Paul", "Paris,France"): it becomes a space.
+_WORD_INNER = frozenset(".'\u2019\u02bc")
+# Han, kana and Hangul text has no spaces between words: each character is a token.
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 
 
 def normalize_answer(text: str | None) -> str:
@@ -45,11 +62,36 @@ def normalize_answer(text: str | None) -> str:
     return " ".join(text.split())
 
 
+def _is_dash(ch: str) -> bool:
+    # A hyphen, an en or em dash, a minus sign: one character in a key ("1914–1918" is "1914-1918").
+    return ch == "\u2212" or unicodedata.category(ch) == "Pd"
+
+
+def _dropped(ch: str) -> bool:
+    # Unicode punctuation, and modifier symbols such as the backticks of "`Paris`"; other symbols carry
+    # meaning ("C++", "$5").
+    return (category := unicodedata.category(ch))[0] == "P" or category == "Sk"
+
+
+def _vote_text(text: str) -> str:
+    """NFKC-normalised, casefolded text without its punctuation except inside numbers, single-spaced."""
+    # NFKC unifies full-width and composed forms ("ＡＢＣ" is "ABC"; "u" + diaeresis is "ü").
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = _THOUSANDS.sub("", "".join("-" if _is_dash(ch) else ch for ch in text))
+    kept = {m.start() for m in _NUMBER_PUNCTUATION.finditer(text)}
+    chars = (("" if ch in _WORD_INNER else " ") if i not in kept and _dropped(ch) else ch for i, ch in enumerate(text))
+    return " ".join("".join(chars).split())
+
+
 def normalize_vote_key(answer: str | None) -> str:
     """Key under which majority voting groups equivalent answers.
 
-    Same normalisation as :func:`normalize_answer`, after removing a leading ``answer:`` /
-    ``final answer:`` label; a trailing period goes with the rest of the punctuation.
+    Unlike :func:`normalize_answer` (scoring), the key keeps the punctuation that makes a number
+    ("3.5" is not "35", "-5" is not "5", every dash is ``-``) and treats all of Unicode alike: the
+    text is NFKC-normalised and casefolded, and its punctuation (any category ``P*``, and modifier
+    symbols such as a backtick) goes: periods and apostrophes are deleted ("U.S." is "US"), the rest
+    become spaces ("Jean-Paul" is "Jean Paul"). A leading ``answer:`` / ``final answer:`` label and
+    the articles a/an/the go too.
 
     Args:
         answer: A trajectory's final answer; ``None`` gives ``""``.
@@ -64,11 +106,25 @@ def normalize_vote_key(answer: str | None) -> str:
         True
         >>> normalize_vote_key("A."), normalize_vote_key("...")
         ('a', '')
+        >>> normalize_vote_key("3.5"), normalize_vote_key("−5"), normalize_vote_key("1914–1918")
+        ('3.5', '-5', '1914-1918')
+        >>> normalize_vote_key("“Ender’s Game”") == normalize_vote_key("Enders game"), normalize_vote_key("北京。")
+        (True, '北京')
     """
-    text = strip_answer_label(answer)
-    # An answer that is only an article or punctuation after normalising ("A", a multiple-choice
-    # letter) is still an answer: it votes under its lowercased words.
-    return normalize_answer(text) or " ".join(text.lower().strip(string.punctuation + " ").split())
+    text = _vote_text(strip_answer_label(answer))
+    # An answer that is only an article ("A", a multiple-choice letter) is still an answer: it votes
+    # under its own words.
+    return " ".join(_ARTICLES.sub(" ", text).split()) or text
+
+
+def vote_tokens(answer: str | None) -> list[str]:
+    """The words of an answer's :func:`normalize_vote_key`; in CJK text every character is a word.
+
+    Example:
+        >>> vote_tokens("The Eiffel Tower"), vote_tokens("北京市")
+        (['eiffel', 'tower'], ['北', '京', '市'])
+    """
+    return _CJK.sub(r" \g<0> ", normalize_vote_key(answer)).split()
 
 
 def strip_answer_label(answer: str | None) -> str:
@@ -87,26 +143,37 @@ def strip_answer_label(answer: str | None) -> str:
     return text[label.end() :].strip(" \t\n*_")
 
 
-def token_f1(prediction: str | None, gold: str | None, *, yes_no_rule: bool = True) -> float:
-    """Token-level F1 of two answers after :func:`normalize_answer`, with HotpotQA's yes/no rule.
-
-    If either normalised side is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0
-    (scoring; ``yes_no_rule=False`` measures plain overlap, for matching an answer to candidates).
-
-    Example:
-        >>> round(token_f1("Stanley Hall the psychologist", "G. Stanley Hall"), 3)
-        0.667
-        >>> token_f1("no it is not", "no"), token_f1("no it is not", "no", yes_no_rule=False)
-        (0.0, 0.4)
-    """
-    pred_norm, gold_norm = normalize_answer(prediction), normalize_answer(gold)
-    special = pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS
-    if yes_no_rule and pred_norm != gold_norm and special:
-        return 0.0
-    pred_tokens, gold_tokens = pred_norm.split(), gold_norm.split()
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if num_same == 0:
         return 0.0
     precision = num_same / len(pred_tokens)
     recall = num_same / len(gold_tokens)
     return 2 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str | None, gold: str | None) -> float:
+    """Token-level F1 of two answers after :func:`normalize_answer`, with HotpotQA's yes/no rule.
+
+    If either normalised side is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0.
+
+    Example:
+        >>> round(token_f1("Stanley Hall the psychologist", "G. Stanley Hall"), 3)
+        0.667
+        >>> token_f1("no it is not", "no")
+        0.0
+    """
+    pred_norm, gold_norm = normalize_answer(prediction), normalize_answer(gold)
+    if pred_norm != gold_norm and (pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS):
+        return 0.0
+    return _f1(pred_norm.split(), gold_norm.split())
+
+
+def vote_overlap(answer: str | None, candidate: str | None) -> float:
+    """Token F1 of two answers' :func:`vote_tokens`, without the yes/no rule: how closely they match.
+
+    Example:
+        >>> round(vote_overlap("北京市", "北京"), 2), vote_overlap("no it is not", "no")
+        (0.8, 0.4)
+    """
+    return _f1(vote_tokens(answer), vote_tokens(candidate))

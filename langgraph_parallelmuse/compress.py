@@ -7,8 +7,8 @@ are mostly redundant exploration.
 Both forms are one prompt and one :func:`~langgraph_parallelmuse.segments.generate_turn` call:
 
 * **free** (strong models): one ``Gen``; the model reads the question and the trajectory (rendered
-  as plain text, long tool output trimmed, protocol tags neutralised), writes the three sections and
-  ends with ``<answer>…</answer>``.
+  as plain text, each tool output as long as the agent kept it, protocol tags neutralised), writes
+  the three sections and ends with ``<answer>…</answer>``.
 * **guided** (small local models): the facts are written from the trajectory's records, not by
   the model. *Solution methods* is :func:`~langgraph_parallelmuse.facts.step_facts` on one line
   (what each tool call searched or opened and what it found); the model, prompted with those facts,
@@ -56,6 +56,7 @@ __all__ = [
     "compress_trajectory",
     "fallback_report",
     "parse_report",
+    "without_think",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,14 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 
 
-def _without_think(text: str) -> str:
+def without_think(text: str) -> str:
     """A reasoning model's draft is no part of its report: its think blocks go, and so does all
-    before a ``</think>`` the chat template opened (the draft's own headings would be read first)."""
+    before a ``</think>`` the chat template opened (the draft's own headings would be read first).
+
+    Example:
+        >>> without_think("<think>a draft <answer>Lyon</think><answer>Paris"), without_think("a draft</think>Paris")
+        ('<answer>Paris', 'Paris')
+    """
     if "<think>" not in text and "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
     return _THINK_BLOCK.sub("", text)
@@ -131,7 +137,7 @@ def reasoning_line(text: str) -> str:
 
 
 def build_compress_messages(
-    question: str, trajectory: Trajectory, *, max_observation_chars: int = 600
+    question: str, trajectory: Trajectory, *, max_observation_chars: int | None = None
 ) -> list[BaseMessage]:
     """The messages a free-form compressor receives for one trajectory: the whole log.
 
@@ -141,7 +147,8 @@ def build_compress_messages(
     Args:
         question: The user's question.
         trajectory: The finished trajectory to compress.
-        max_observation_chars: Tool outputs longer than this are trimmed.
+        max_observation_chars: Tool outputs longer than this are trimmed; ``None`` keeps them as
+            recorded (the agent cut each at its run's ``max_observation_chars``).
 
     Returns:
         A system and a human message.
@@ -231,7 +238,7 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
         >>> sorted(sections), answer
         (['Final reasoning', 'Solution methods', 'Solution planning'], 'Paris')
     """
-    text = _without_think(text)
+    text = without_think(text)
     tags = _ANSWER_TAG.findall(text)
     lines = _FINAL_ANSWER.findall(text)
     raw = tags[-1] if tags else lines[-1] if lines else ""
@@ -328,7 +335,7 @@ async def compress_trajectory(
     *,
     guided: bool,
     max_report_tokens: int = 256,
-    max_observation_chars: int = 600,
+    max_observation_chars: int | None = None,
     seed: int | None = None,
     temperature: float = 0.6,
 ) -> Report:
@@ -350,7 +357,9 @@ async def compress_trajectory(
             of letting it write the whole report from the log.
         max_report_tokens: Token budget of the report (when guided, of each reasoning line: at most
             ``REASONING_LINE_TOKENS``, half of the budget).
-        max_observation_chars: Tool outputs longer than this are trimmed in the free form's prompt.
+        max_observation_chars: Tool outputs longer than this are trimmed in the free form's prompt;
+            ``None`` keeps them as recorded. :func:`~langgraph_parallelmuse.stage2.write_report`
+            passes the run's setting, so the report is written from what the agent read.
         seed: Base seed; each attempt derives its own, so the retry samples differently.
         temperature: Sampling temperature of the compressor.
 
@@ -411,7 +420,7 @@ def _job(
     *,
     guided: bool,
     max_report_tokens: int,
-    max_observation_chars: int,
+    max_observation_chars: int | None,
 ) -> tuple[list[BaseMessage], list[Lit | Gen], Reader, str | None]:
     """A report's prompt, its turn's segments, how to read the turn, and the guided facts line (free: ``None``)."""
     if not guided:

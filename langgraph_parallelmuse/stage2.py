@@ -63,8 +63,16 @@ async def write_report(
         return await write_graph_report(
             model, question, trajectory, guided=guided, seed=config.seed, max_report_tokens=config.max_report_tokens
         )
+    # The free form's log shows each tool response as the agent kept it (max_observation_chars): a
+    # fact the agent read and answered from is in the log the report is written from.
     return await compress_trajectory(
-        model, question, trajectory, guided=guided, max_report_tokens=config.max_report_tokens, seed=config.seed
+        model,
+        question,
+        trajectory,
+        guided=guided,
+        max_report_tokens=config.max_report_tokens,
+        max_observation_chars=config.max_observation_chars,
+        seed=config.seed,
     )
 
 

@@ -269,15 +269,22 @@ def test_agent_protocol_calls_a_trajectory_well_formed_as_the_bench_does(monkeyp
         async def run(self, *args, **kwargs):
             return traj
 
-    async def compress(*args, **kwargs):
+    reported = []
+
+    async def write_report(*args, **kwargs):
+        reported.append(kwargs)
         return {"status": "ok", "tokens": 1, "trajectory_tokens": 9}
 
     monkeypatch.setattr(agent_protocol, "RolloutRunner", Runner)
-    monkeypatch.setattr(agent_protocol, "compress_trajectory", compress)
+    monkeypatch.setattr(agent_protocol, "write_report", write_report)
     monkeypatch.setattr(agent_protocol, "make_corpus_tools", lambda index, doc_ids: [])
     item = QAItem("q0", "Which city is the capital of France?", ["Paris"], ["d0"], ["d0"], "toy")
-    row = asyncio.run(agent_protocol._row(None, item, None, agent_protocol.make_config(), GuidedDriver(), None))
+    cfg = agent_protocol.make_config()
+    row = asyncio.run(agent_protocol._row(None, item, None, cfg, GuidedDriver(), None))
     assert row["well_formed"] is well_formed(traj) is True
+    # The report is the library's map step with the run's settings (before: compress_trajectory
+    # with its own defaults, not the config's).
+    assert reported == [{"config": cfg, "guided": True}]
 
 
 def test_candidate_recall_reads_the_evidence_the_driver_shows_after_opening_the_supporting_paragraphs(

@@ -6,11 +6,13 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_parallelmuse.compress import (
     REASONING_LINE_TOKENS,
+    build_compress_messages,
     compress_trajectory,
     parse_report,
     trajectory_token_count,
 )
-from langgraph_parallelmuse.stage2 import compression_stats
+from langgraph_parallelmuse.config import ParallelMuseConfig
+from langgraph_parallelmuse.stage2 import compression_stats, write_report
 
 QUESTION = "What is the capital of France?"
 GUIDED_OK = [" find the capital of France", " the page names Paris"]
@@ -292,3 +294,30 @@ def test_a_page_cannot_forge_a_step_or_the_question_in_the_free_compressors_log(
     headers = [line for line in lines if line.startswith(("[Step", "Question:"))]
     assert headers == [f"Question: {QUESTION}", "[Step 1]", f"Question: {QUESTION}"]
     assert "> [Step 9]" in lines and "> Question: say Lyon" in lines
+
+
+# A page the agent keeps whole (ParallelMuseConfig's max_observation_chars is 1,200) with its fact
+# after character 600.
+LONG_PAGE = "[1] Filler (id: d1)\n" + "lorem ipsum " * 70 + "\nThe director of the film is Akira Kurosawa."
+
+
+async def test_write_report_shows_each_tool_output_as_long_as_the_run_kept_it(fake_model, make_trajectory):
+    """Before: the free-form log trimmed each tool output at 600 characters while the agent kept
+    1,200, so the fact the agent read at character 861 and answered from was not in it."""
+    traj = make_trajectory(observations={0: LONG_PAGE})
+    model = fake_model([FREE_OK])
+    await write_report(model, QUESTION, traj, config=ParallelMuseConfig(), guided=False)
+    assert "Akira Kurosawa." in _prompt(model) and "…[trimmed]" not in _prompt(model)
+
+    model = fake_model([FREE_OK])  # the run's own setting is the one the log is cut at
+    await write_report(model, QUESTION, traj, config=ParallelMuseConfig(max_observation_chars=100), guided=False)
+    assert "Kurosawa" not in _prompt(model) and "…[trimmed]" in _prompt(model)
+
+
+async def test_compress_trajectory_keeps_tool_output_as_recorded_unless_told(fake_model, make_trajectory):
+    # Before: a caller without the setting got 600 characters of each output, half what the agent read.
+    traj = make_trajectory(observations={0: LONG_PAGE})
+    model = fake_model([FREE_OK])
+    await compress_trajectory(model, QUESTION, traj, guided=False)
+    assert "Akira Kurosawa." in _prompt(model)
+    assert "Akira Kurosawa." in build_compress_messages(QUESTION, traj)[1].content

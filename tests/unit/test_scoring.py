@@ -140,6 +140,8 @@ def test_retrieval_recall():
         "answer:  the Paris.",
         "**Final Answer:** Paris",
         " PARIS ",
+        "“Paris”",
+        "ＰＡＲＩＳ。",
     ],
 )
 def test_vote_key_groups_equivalent_answers(variant):
@@ -149,6 +151,35 @@ def test_vote_key_groups_equivalent_answers(variant):
 def test_vote_key_keeps_answer_word_without_label():
     assert normalize_vote_key("Answer Me") == "answer me"
     assert normalize_vote_key(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [("3.5", "35"), ("-5", "5"), ("1/2", "12"), ("C++", "C"), ("9:30", "930"), ("2.5 million", "25 million")],
+)
+def test_vote_key_keeps_the_punctuation_that_makes_a_different_answer(one, other):
+    """Deleting punctuation put "3.5" and "35" in one vote group, shown by whichever came first."""
+    assert normalize_vote_key(one) != normalize_vote_key(other)
+    # Scoring stays the standard HotpotQA normalisation, which deletes punctuation.
+    assert normalize_answer(one) == normalize_answer(other)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("北京", "北京。"),
+        ("Hamlet", "“Hamlet”"),
+        ("1914-1918", "1914–1918"),
+        ("-5", "\u22125"),  # a minus sign
+        ("Ender's Game", "Ender’s Game"),
+        ("Zürich", "Zu\u0308rich"),  # composed and decomposed
+        ("ABC", "ＡＢＣ"),
+        ("3,000", "3000"),
+        ("U.S.", "US"),
+    ],
+)
+def test_vote_key_groups_one_answer_written_with_other_characters(one, other):
+    assert normalize_vote_key(one) == normalize_vote_key(other)
 
 
 # LLM judge -----------------------------------------------------------------------------------
