@@ -343,13 +343,24 @@ def _context_model() -> type[BaseModel]:
 ParallelMuseContext = _context_model()
 
 
+#: The entry of a parent graph's context that holds ParallelMuse's settings alone (see :func:`context_overrides`).
+CONTEXT_ENTRY = "parallelmuse"
+
+
 def context_overrides(context: object) -> dict[str, object]:
     """The settings a run's context sets explicitly (a full config sets them all).
 
     As a node of another graph, the graph runs under that graph's context (a dict, a dataclass, a
     model of its own): only the fields named like ours are read from it, and a ``None`` where our
-    setting cannot be ``None`` counts as unset. At the top level LangGraph
-    builds a :data:`ParallelMuseContext`, which refuses unknown fields.
+    setting cannot be ``None`` counts as unset. When that context has an entry named
+    :data:`CONTEXT_ENTRY` (``parallelmuse``: a key, an attribute, a dataclass field), only that entry
+    is read, as a dict of settings, a :class:`ParallelMuseConfig` or a :data:`ParallelMuseContext`
+    (``None``: no settings), and the app's own fields stay its own, even those named like ours. At
+    the top level LangGraph builds a :data:`ParallelMuseContext`, which refuses unknown fields.
+
+    Raises:
+        ConfigError: The context carries no named settings, or its ``parallelmuse`` entry is not
+            one of the above or names an unknown setting.
 
     Example:
         >>> context_overrides(ParallelMuseContext(n=4))
@@ -358,35 +369,71 @@ def context_overrides(context: object) -> dict[str, object]:
         {'temperature': 0.2}
         >>> context_overrides({"temperature": None, "seed": None})  # the parent's unset temperature
         {'seed': None}
+        >>> context_overrides({"k": 4, "temperature": 0.0, "parallelmuse": {"n": 4, "k": 1}})  # the app's k stays
+        {'n': 4, 'k': 1}
     """
+    context, _ = _own_context(context)
     if context is None:
         return {}
     if isinstance(context, ParallelMuseConfig):
         return context.model_dump()
     if isinstance(context, _Context):  # its schema shows every field nullable: {"n": None} is unset
-        values = {k: getattr(context, k) for k in context.model_fields_set}
-    elif isinstance(context, Mapping):
-        values = context
-    elif dataclasses.is_dataclass(context):  # slotted dataclasses have no __dict__
-        values = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
-    elif hasattr(context, "_asdict"):  # a NamedTuple
-        values = context._asdict()
-    elif hasattr(context, "__dict__") and not isinstance(context, type):
-        values = vars(context)
-    elif slots := [n for c in type(context).__mro__ for n in getattr(c, "__slots__", ()) if hasattr(context, n)]:
-        values = {n: getattr(context, n) for n in slots}  # attrs' @define, hand-written __slots__
+        # In the fields' order: the set of those given has none.
+        values = {k: getattr(context, k) for k in type(context).model_fields if k in context.model_fields_set}
     else:
-        # A string, a list or a number carries no named settings: read as none, the run would
-        # silently use the defaults.
-        raise ConfigError(
-            f"context must be a mapping of settings or an object with them as attributes, got "
-            f"{type(context).__name__}: pass e.g. context={{'n': 4, 'k': 1}}"
-        )
+        values = _fields(context)
     # A None where a setting cannot be None is "unset": a parent's own field named like a setting and
     # left None is not one of ours (read as ours, every run of the parent app would fail validation).
     return {
         k: v for k, v in values.items() if k in ParallelMuseConfig.model_fields and (v is not None or _takes_none(k))
     }
+
+
+def _own_context(context: object) -> tuple[object, bool]:
+    """The context our settings are read from, and whether it is a parent's own (read by same-named fields).
+
+    A parent's ``parallelmuse`` entry stands for the whole context: a dict there is read strictly
+    (an unknown name is a typo, not the app's own field), and ``None`` sets nothing.
+    """
+    if context is None or isinstance(context, ParallelMuseConfig | _Context):
+        return context, False
+    if isinstance(context, Mapping):
+        found, entry = CONTEXT_ENTRY in context, context.get(CONTEXT_ENTRY)
+    else:
+        found, entry = hasattr(context, CONTEXT_ENTRY), getattr(context, CONTEXT_ENTRY, None)
+    if not found:
+        return context, True
+    if isinstance(entry, Mapping):
+        try:
+            return ParallelMuseContext(**entry), False
+        except ConfigError as exc:
+            raise ConfigError(f"context[{CONTEXT_ENTRY!r}]: {exc}") from None
+    if entry is None or isinstance(entry, ParallelMuseConfig | _Context):
+        return entry, False
+    raise ConfigError(
+        f"context[{CONTEXT_ENTRY!r}] is of type {type(entry).__name__}: give a dict of ParallelMuse's settings "
+        "(e.g. {'n': 4, 'k': 1}), a ParallelMuseConfig or a ParallelMuseContext"
+    )
+
+
+def _fields(context: object) -> Mapping[str, object]:
+    """The named values of a context that is not ours: a mapping's items, an object's attributes."""
+    if isinstance(context, Mapping):
+        return context
+    if dataclasses.is_dataclass(context):  # slotted dataclasses have no __dict__
+        return {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
+    if hasattr(context, "_asdict"):  # a NamedTuple
+        return context._asdict()
+    if hasattr(context, "__dict__") and not isinstance(context, type):
+        return vars(context)
+    if slots := [n for c in type(context).__mro__ for n in getattr(c, "__slots__", ()) if hasattr(context, n)]:
+        return {n: getattr(context, n) for n in slots}  # attrs' @define, hand-written __slots__
+    # A string, a list or a number carries no named settings: read as none, the run would
+    # silently use the defaults.
+    raise ConfigError(
+        f"context must be a mapping of settings or an object with them as attributes, got "
+        f"{type(context).__name__}: pass e.g. context={{'n': 4, 'k': 1}}"
+    )
 
 
 def _takes_none(name: str) -> bool:
@@ -408,14 +455,18 @@ def misplaced_settings(configurable: Mapping[str, Any] | None, context: object) 
         {}
         >>> misplaced_settings({"temperature": None}, {"temperature": None})  # a mirrored unset field
         {}
+        >>> misplaced_settings({"k": 4, "n": 4}, {"k": 4, "parallelmuse": {}})  # the app's own k, mirrored
+        {'n': 4}
     """
     given = context_overrides(context) if context is not None else {}
-    # A None is nobody's setting: langgraph-api copies a run's context into configurable, and a
-    # parent's unset context field (None) is not one of ours (context_overrides leaves it out).
+    # langgraph-api copies a run's context into configurable: a parent's own field there (its k beside
+    # its parallelmuse entry) is the app's, and a None is nobody's setting (a parent's unset field).
+    own, _ = _own_context(context)
+    theirs = _fields(context) if own is not context else {}  # read from its entry: the rest is the app's
     return {
         k: v
         for k, v in (configurable or {}).items()
-        if k in ParallelMuseConfig.model_fields and k not in given and v is not None
+        if k in ParallelMuseConfig.model_fields and k not in given and k not in theirs and v is not None
     }
 
 
@@ -430,4 +481,17 @@ def resolve_config(base: ParallelMuseConfig, context: object) -> ParallelMuseCon
     if isinstance(context, ParallelMuseConfig):
         return context
     overrides = context_overrides(context)
-    return make_config(base, **overrides) if overrides else base
+    if not overrides:
+        return base
+    try:
+        return make_config(base, **overrides)
+    except ConfigError as exc:
+        if not _own_context(context)[1]:
+            raise
+        # A parent app's own field that happens to share a setting's name: say how to keep it out.
+        names = ", ".join(repr(k) for k in overrides)
+        field = "field" if len(overrides) == 1 else "fields"
+        raise ConfigError(
+            f"{exc} (read from the parent graph's context {field} {names}; put ParallelMuse's settings under "
+            f"context[{CONTEXT_ENTRY!r}] to keep the app's own {names} out)"
+        ) from None

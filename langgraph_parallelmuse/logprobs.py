@@ -11,6 +11,7 @@ so functional regions (char spans of protocol tags) can be mapped onto tokens.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,20 +39,33 @@ def top_logprobs_problem(value: object) -> str | None:
 _FLOOR = -9999.0
 
 
-def checked_logprob(value: Any) -> float:
-    """A logprob as a float: a number, not NaN, and no lower than the floor servers use for -inf.
-
-    Example:
-        >>> checked_logprob("-0.5"), checked_logprob(float("-inf"))
-        (-0.5, -9999.0)
-    """
+def _number(value: Any, what: str) -> float:
+    """``value`` as a float, not NaN (a NaN would make every later comparison false)."""
     try:
         out = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ProtocolError(f"logprob {value!r} is not a number") from None
+        raise ProtocolError(f"{what} {value!r} is not a number") from None
     if math.isnan(out):
-        raise ProtocolError("logprob is NaN")
-    return max(out, _FLOOR)
+        raise ProtocolError(f"{what} is NaN")
+    return out
+
+
+def checked_logprob(value: Any) -> float:
+    """A logprob as a float in ``[-9999, 0]``: a number, not NaN, no lower than the floor servers
+    use for -inf, and no higher than 0 (a probability is at most 1; a positive or +inf logprob, a
+    server's rounding or a broken payload, would turn the entropy estimate into ``inf - inf``).
+
+    Example:
+        >>> checked_logprob("-0.5"), checked_logprob(float("-inf")), checked_logprob(float("inf"))
+        (-0.5, -9999.0, 0.0)
+    """
+    return min(max(_number(value, "logprob"), _FLOOR), 0.0)
+
+
+def _prob_logprob(value: Any) -> float:
+    """The logprob of a probability (old llama.cpp sends probabilities, not logs); 0 gives the floor."""
+    p = _number(value, "prob")
+    return checked_logprob(math.log(p)) if p > 0 else _FLOOR
 
 
 def _token_text(entry: Mapping[str, Any]) -> str:
@@ -74,8 +88,7 @@ def _tops(raw: Any) -> list[list[Any]]:
             if "logprob" in alt:
                 lp = checked_logprob(alt["logprob"])
             elif "prob" in alt:  # old llama.cpp: probabilities, not logs
-                p = checked_logprob(alt["prob"])
-                lp = math.log(p) if p > 0 else _FLOOR
+                lp = _prob_logprob(alt["prob"])
             else:
                 raise ProtocolError("top_logprobs entry has neither logprob nor prob")
             pairs.append([_token_text(alt), lp])
@@ -112,11 +125,10 @@ def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | No
         if "logprob" in entry:
             lp = checked_logprob(entry["logprob"])
         elif "probs" in entry:  # old llama.cpp: the sampled token's prob is among its candidates
-            cands = {c.get("tok_str"): checked_logprob(c.get("prob")) for c in entry["probs"] if isinstance(c, Mapping)}
+            cands = {c.get("tok_str"): _prob_logprob(c.get("prob")) for c in entry["probs"] if isinstance(c, Mapping)}
             # Not among them: less likely than each listed one, so the least listed bounds it (the
             # floor alone made one such token the most uncertain step of its trajectory).
-            p = cands.get(text, min((q for q in cands.values() if q > 0), default=0.0))
-            lp = math.log(p) if p > 0 else _FLOOR
+            lp = cands.get(text, min((q for q in cands.values() if q > _FLOOR), default=_FLOOR))
         else:
             raise ProtocolError("logprob entry has neither 'logprob' nor 'probs'")
         tops = _tops(entry.get("top_logprobs", entry.get("probs")))
@@ -128,13 +140,87 @@ def _entries(payload: Any) -> list[tuple[str, float, list[list[Any]], bytes | No
     return out
 
 
+# What a token holding part of a multi-byte character decodes to, alone (vLLM sends it as the token,
+# with the replacement character's bytes; its prompt logprobs' decoded tokens are the same).
+SPLIT_CHAR = "\ufffd"
+
+
+def _parts(pieces: Sequence[str]) -> list[str]:
+    """The token strings joined, split into literal text and runs of :data:`SPLIT_CHAR` marks."""
+    return [part for part in re.split(f"({SPLIT_CHAR}+)", "".join(pieces)) if part]
+
+
+def _spellings(parts: Sequence[str], text: str) -> dict[int, tuple[str, ...]]:
+    """Where each way of spelling ``parts`` from the start of ``text`` ends: the text position, with
+    the characters each run of marks stood for (the first way found, for each end).
+
+    A mark is 1 to 3 bytes (an incomplete character, or one byte that cannot start one), so a run
+    of n marks is n to 3n bytes of non-ASCII characters: where a literal character after a run
+    repeats in the text, the run takes only as many characters as its marks allow.
+    """
+    reach: dict[int, tuple[str, ...]] = {0: ()}
+    for part in parts:
+        after: dict[int, tuple[str, ...]] = {}
+        for at, runs in reach.items():
+            if not part.startswith(SPLIT_CHAR):
+                if text.startswith(part, at):
+                    after.setdefault(at + len(part), runs)
+                continue
+            size, end = 0, at
+            # Lone surrogates have no UTF-8 bytes: no run stands for one.
+            while end < len(text) and ord(text[end]) > 0x7F and not 0xD800 <= ord(text[end]) < 0xE000:
+                size, end = size + len(text[end].encode()), end + 1
+                if size > 3 * len(part):
+                    break
+                if size >= len(part):
+                    after.setdefault(end, (*runs, text[at:end]))
+        reach = after
+    return reach
+
+
+def piece_bytes(pieces: Sequence[str], text: str) -> list[bytes] | None:
+    """The UTF-8 bytes of each token when the token strings ``pieces`` spell ``text``, else ``None``.
+
+    A run of n :data:`SPLIT_CHAR` marks stands for the non-ASCII characters of n to 3n bytes there
+    (see :func:`_spellings`). Which of those bytes each token of the run held is not sent: they are
+    spread evenly over the run's marks, so the bytes join to ``text`` and each token of a run covers
+    a character of it (every token of a run that is one character covers that character).
+
+    Example:
+        >>> piece_bytes(["D", "\ufffd", "\ufffd", "sseldorf"], "Düsseldorf")
+        [b'D', b'\\xc3', b'\\xbc', b'sseldorf']
+        >>> piece_bytes(["a", "\ufffd"], "ab") is None
+        True
+    """
+    parts = _parts(pieces)
+    spelled = _spellings(parts, text).get(len(text))
+    if spelled is None:
+        return None
+    owner = [i for i, piece in enumerate(pieces) for _ in piece]  # the token of each character of the strings
+    out = [b"" for _ in pieces]
+    at, runs = 0, iter(spelled)
+    for part in parts:
+        if part.startswith(SPLIT_CHAR):
+            data, n = next(runs).encode(), len(part)
+            chunks = [data[k * len(data) // n : (k + 1) * len(data) // n] for k in range(n)]
+        else:
+            chunks = [char.encode() for char in part]
+        for k, chunk in enumerate(chunks):
+            out[owner[at + k]] += chunk
+        at += len(part)
+    return out
+
+
 def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecord]:
     """Turn any supported logprobs payload into token records with char offsets.
 
     Offsets come from the tokens' UTF-8 bytes when given (a multi-byte character can be split
     across tokens, whose ``token`` strings then hold replacement characters), else from the token
     strings. When ``text`` is given the tokens are aligned to it; tokens that run past its end
-    (e.g. a stop string the server dropped from the text) are clipped.
+    (e.g. a stop string the server dropped from the text) are clipped. When the tokens' bytes (or
+    strings) do not spell ``text`` because split characters came as U+FFFD with the replacement
+    character's own bytes (vLLM's chat logprobs), each run of them is matched to the characters it
+    stands for (:func:`piece_bytes`), so later tokens keep their offsets.
 
     Args:
         payload: ``response_metadata["logprobs"]`` of a chat model, or a completions/llama.cpp
@@ -163,11 +249,12 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
     except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
         raise ProtocolError(f"malformed logprobs payload: {type(exc).__name__}: {exc}") from None
     records: list[TokenRecord] = []
-    if all(raw is not None for *_, raw in entries) and entries:
+    raws = _byte_pieces(entries, text)
+    if raws is not None:
         # Byte-accurate offsets. A token starts where the complete characters before it end and
         # ends after any character it touches, so each token of a split character covers it.
-        whole, at = b"".join(raw for *_, raw in entries), 0
-        for token, lp, tops, raw in entries:
+        whole, at = b"".join(raws), 0
+        for (token, lp, tops, _), raw in zip(entries, raws, strict=True):
             start = _chars_before(whole, at)
             at += len(raw)
             end = max(start, len(whole[:at].decode("utf-8", errors="replace")))
@@ -183,6 +270,30 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
             rec["start"] = min(rec["start"], limit)
             rec["end"] = min(rec["end"], limit)
     return records
+
+
+def _byte_pieces(
+    entries: list[tuple[str, float, list[list[Any]], bytes | None]], text: str | None
+) -> list[bytes] | None:
+    """Each token's UTF-8 bytes: as sent, unless the tokens do not spell ``text`` and their strings
+    hold split-character marks; then read from the text (``None``: no bytes, offsets by strings)."""
+    sent = [raw for *_, raw in entries]
+    raws = sent if entries and all(raw is not None for raw in sent) else None
+    pieces = [token for token, *_ in entries]
+    spelled = b"".join(raws).decode("utf-8", errors="replace") if raws is not None else "".join(pieces)
+    if text is None or spelled.startswith(text) or SPLIT_CHAR not in "".join(pieces):
+        return raws
+    return _realigned(pieces, text) or raws
+
+
+def _realigned(pieces: list[str], text: str) -> list[bytes] | None:
+    """:func:`piece_bytes` for tokens that may run past ``text``: the server drops a stop string
+    from the text but not its tokens. Only a tail after the last split character may be dropped."""
+    joined = "".join(pieces)
+    tail = joined[joined.rfind(SPLIT_CHAR) + 1 :]
+    ends = _spellings(_parts([joined[: len(joined) - len(tail)]]), text)
+    at = min((end for end in ends if tail.startswith(text[end:])), default=None)  # the longest kept tail
+    return None if at is None else piece_bytes(pieces, text[:at] + tail)
 
 
 def _chars_before(data: bytes, at: int) -> int:

@@ -155,7 +155,8 @@ def select_branch_steps(
     """Pick the top-k most uncertain steps of one trajectory.
 
     Args:
-        uncertainty: Per-step region scores from :func:`score_steps`.
+        uncertainty: Per-step region scores from :func:`score_steps`; a missing or non-finite
+            score is never picked.
         mode: A key of :data:`REGIONS_OF_MODE`: ``exploration``, ``reasoning``, ``all``, ``mixed``
             (ceil(k/2) by exploration then floor(k/2) by reasoning, no step twice) or ``none``.
         k: Steps to pick; fewer come back when fewer steps have the region.
@@ -184,10 +185,11 @@ def select_branch_steps(
     picks: list[tuple[int, str, float]] = []
     for i, region in enumerate(regions):
         chosen = {p[0] for p in picks}
+        # A non-finite score is no score: NaN compares false either way, so the sort could not place it.
         scored = [
             (step, region, u[region])
             for step, u in enumerate(uncertainty)
-            if step in allowed and step not in chosen and u.get(region) is not None
+            if step in allowed and step not in chosen and u.get(region) is not None and math.isfinite(u[region])
         ]
         # Ties go to the earlier step: it shares less prefix but is where the paper finds
         # uncertainty peaks, and a deterministic order keeps runs reproducible.

@@ -14,10 +14,9 @@ import hashlib
 import http.client
 import json
 import os
-import re
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field
 
 from langgraph_parallelmuse.errors import ConfigError, ProtocolError
+from langgraph_parallelmuse.logprobs import SPLIT_CHAR, piece_bytes
 from langgraph_parallelmuse.models.routing import routing_key
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import current_attempt
@@ -73,7 +73,8 @@ class ServerChatModel(ChatOpenAI):
     (4) scores ``continuation="text"`` (the guided driver's :class:`~.segments.Choose`) from vLLM's
     ``prompt_logprobs``: the conversation with ``text`` as a closed assistant reply, one token
     generated; the reply is ``text`` with its prompt logprobs and ``end_logprob``, the logprob of
-    the template's end-of-turn token after it, as :class:`~.local.LocalChatModel` returns them.
+    the template's end-of-turn token after it, as :class:`~.local.LocalChatModel` returns them;
+    a scoring call is never streamed, not even under LangGraph's ``stream_mode="messages"``.
 
     Args:
         supports_prefill: Declares the continuation to the driver (``auto`` then guides); set
@@ -87,7 +88,10 @@ class ServerChatModel(ChatOpenAI):
         **kwargs: ``ChatOpenAI`` fields (``base_url``, ``model``, ``logprobs``, ``top_logprobs``, ...);
             ``max_retries`` defaults to 0 (the library retries transient failures itself);
             ``api_key`` defaults to ``OPENAI_API_KEY`` or a placeholder (local servers need none);
-            ``timeout`` to :data:`DEFAULT_TIMEOUT` (600 s; ``ChatOpenAI``'s own is none at all).
+            ``timeout`` to :data:`DEFAULT_TIMEOUT` (600 s; ``ChatOpenAI``'s own is none at all);
+            ``stream_usage`` to ``True`` (a streamed call asks for its token usage, which
+            ``ChatOpenAI`` does only for OpenAI's own URL; pass ``False`` for a server that refuses
+            ``stream_options``).
 
     Example:
         >>> from langchain_core.messages import AIMessage, HumanMessage
@@ -117,6 +121,10 @@ class ServerChatModel(ChatOpenAI):
         # (route_id): the openai client's own retries inside those sent a hung request 9 times, 600 s
         # each, and resent a routed one to the replica that had failed.
         kwargs.setdefault("max_retries", 0)
+        # ChatOpenAI asks a stream for its token usage (stream_options.include_usage) only on OpenAI's
+        # own URL: streamed (any astream(stream_mode="messages") of a graph), every call to vLLM or
+        # SGLang then reported 0 prompt tokens, and max_context_tokens never forced an answer.
+        kwargs.setdefault("stream_usage", True)
         super().__init__(**kwargs)
 
     @property
@@ -136,6 +144,24 @@ class ServerChatModel(ChatOpenAI):
             headers = payload.get("extra_headers") or {}
             payload["extra_headers"] = {**headers, self.routing_header: route_id(key, attempt=current_attempt())}
         return payload
+
+    # ------------------------------------------------------------------ streaming
+
+    def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        # langchain-core streams every call made under a streaming handler (LangGraph's
+        # stream_mode="messages"), through ChatOpenAI's _astream, which knows no continuation= and
+        # hands it to the openai client (a TypeError). A scoring call generates one token: nothing to
+        # stream, so it always goes through _agenerate.
+        return "continuation" not in kwargs and super()._should_stream(
+            async_api=async_api, run_manager=run_manager, **kwargs
+        )
+
+    def _should_use_protocol_streaming(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        # The same for langchain-core's v2 event streaming (astream_events(version="v3")), which also
+        # drives _astream.
+        return "continuation" not in kwargs and super()._should_use_protocol_streaming(
+            async_api=async_api, run_manager=run_manager, **kwargs
+        )
 
     # ------------------------------------------------------------------ scoring (Choose)
 
@@ -198,7 +224,7 @@ def _scored(result: ChatResult, continuation: str, top: int, server: str | None)
         {
             "token": piece,
             "logprob": float(own["logprob"]),
-            "bytes": raw,
+            "bytes": list(raw),
             "top_logprobs": [
                 {"token": alt.get("decoded_token") or "", "logprob": float(alt["logprob"])}
                 for alt in sorted(position, key=lambda a: a["rank"])[:top]
@@ -206,7 +232,7 @@ def _scored(result: ChatResult, continuation: str, top: int, server: str | None)
         }
         for piece, raw, own, position in zip(
             pieces[start:end],
-            _piece_bytes(pieces[start:end], continuation),
+            piece_bytes(pieces[start:end], continuation),  # the run spells it: _spelling checked
             entries[start:end],
             positions[start:end],
             strict=True,
@@ -220,16 +246,6 @@ def _scored(result: ChatResult, continuation: str, top: int, server: str | None)
     usage = message.usage_metadata
     reply = AIMessage(continuation, response_metadata=metadata, usage_metadata=usage)
     return ChatResult(generations=[ChatGeneration(message=reply)], llm_output=result.llm_output)
-
-
-_SPLIT = "\ufffd"  # what a token holding part of a multi-byte character decodes to
-
-
-def _pattern(run: Sequence[str]) -> str:
-    """A regex for the text ``run`` spells: n split-character tokens stand for 1 to n non-ASCII
-    characters (a character is 2-4 bytes, a token one or more of them), each run a group."""
-    parts = re.split(f"({_SPLIT}+)", "".join(run))
-    return "".join(f"([^\\x00-\\x7f]{{1,{len(p)}}})" if p.startswith(_SPLIT) else re.escape(p) for p in parts)
 
 
 def _spelling(pieces: list[str], text: str) -> tuple[int, int] | None:
@@ -248,41 +264,16 @@ def _spelling(pieces: list[str], text: str) -> tuple[int, int] | None:
     """
 
     def splits(left: str, right: str) -> bool:
-        return left.endswith(_SPLIT) and right.startswith(_SPLIT)
+        return left.endswith(SPLIT_CHAR) and right.startswith(SPLIT_CHAR)
 
     reach = len(text.encode()) + 8  # a token per byte at most
     for start in range(len(pieces) - 2, max(-1, len(pieces) - 2 - reach), -1):
         if start > 0 and splits(pieces[start - 1], pieces[start]):
             continue
         for end in range(start + 1, min(len(pieces), start + reach)):
-            if not splits(pieces[end - 1], pieces[end]) and re.fullmatch(_pattern(pieces[start:end]), text, re.DOTALL):
+            if not splits(pieces[end - 1], pieces[end]) and piece_bytes(pieces[start:end], text) is not None:
                 return start, end
     return None
-
-
-def _piece_bytes(run: Sequence[str], text: str) -> list[list[int]]:
-    """The UTF-8 bytes of each token of a run that spells ``text`` (see :func:`_spelling`): a split
-    character's bytes go to the first token of its run, so the bytes join to ``text``.
-
-    Example:
-        >>> [bytes(b) for b in _piece_bytes(["D", "\ufffd", "\ufffd", "sseldorf"], "Düsseldorf")]
-        [b'D', b'\\xc3\\xbc', b'', b'sseldorf']
-    """
-    match = re.fullmatch(_pattern(run), text, re.DOTALL)
-    if match is None:
-        return [list(p.encode()) for p in run]
-    owner = [i for i, piece in enumerate(run) for _ in piece]  # the token of each character of the run
-    out: list[bytes] = [b"" for _ in run]
-    at, group = 0, 0
-    for part in re.split(f"({_SPLIT}+)", "".join(run)):
-        if part.startswith(_SPLIT):
-            group += 1
-            out[owner[at]] += match.group(group).encode()
-        else:
-            for k, char in enumerate(part):
-                out[owner[at + k]] += char.encode()
-        at += len(part)
-    return [list(b) for b in out]
 
 
 def route_id(key: str, *, attempt: int = 0) -> str:

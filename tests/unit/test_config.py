@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
+from langgraph_parallelmuse.config import (
+    ParallelMuseConfig,
+    ParallelMuseContext,
+    context_overrides,
+    make_config,
+    misplaced_settings,
+    resolve_config,
+)
 from langgraph_parallelmuse.errors import ConfigError
 
 
@@ -141,3 +150,70 @@ def test_crossover_slots_come_out_of_the_rollout_stage():
     cfg = make_config(n=8, crossover=1)
     assert (cfg.rollout_n, cfg.branch_budget, cfg.fill_budget) == (7, 6, 0)
     assert make_config(n=4, mode="none", crossover=1).fill_budget == 2
+
+
+# ----------------------------------------------------------------------------- a parent graph's context
+
+
+class _Settings:
+    """A parent app's context object carrying ParallelMuse's settings as an attribute."""
+
+    def __init__(self, parallelmuse: object) -> None:
+        self.k, self.temperature, self.parallelmuse = 4, 0.0, parallelmuse
+
+
+@dataclass
+class _AppContext:
+    k: int = 4
+    parallelmuse: ParallelMuseConfig | None = None  # declared, unset: ParallelMuse's defaults
+
+
+@pytest.mark.parametrize(
+    ("context", "read"),
+    [
+        ({"k": 4, "parallelmuse": {"n": 4, "k": 1}}, {"n": 4, "k": 1}),
+        (_Settings({"k": 1}), {"k": 1}),
+        (_Settings(ParallelMuseContext(seed=7)), {"seed": 7}),
+        (_AppContext(), {}),
+        (_AppContext(parallelmuse=ParallelMuseConfig(k=1)), ParallelMuseConfig(k=1).model_dump()),
+        ({"temperature": 0.0, "parallelmuse": {}}, {}),
+    ],
+)
+def test_a_parents_parallelmuse_entry_is_read_alone(context, read):
+    """Before, every field of the parent's named like a setting was read: its retriever's k=4 failed
+    every run, and its model's temperature=0.0 made every sample greedy."""
+    assert context_overrides(context) == read
+    base = ParallelMuseConfig(temperature=0.3)
+    assert resolve_config(base, context) == make_config(base, **read)  # the app's temperature=0.0 unread
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"k": 1, "top_kk": 3}, r"context\['parallelmuse'\]: invalid context: top_kk"),
+        (4, "is of type int: give a dict"),
+    ],
+)
+def test_a_parallelmuse_entry_that_is_not_settings_is_refused(entry, said):
+    # A typo in the app's own entry for ParallelMuse is no field of the app's: it would go unused silently.
+    with pytest.raises(ConfigError, match=said):
+        context_overrides({"parallelmuse": entry})
+
+
+def test_only_a_parents_field_is_blamed_for_a_bad_setting():
+    base = ParallelMuseConfig(n=4, k=1, t=2)
+    with pytest.raises(
+        ConfigError, match=r"= 9: raise n or lower k/t \(read from the parent graph's context field 'k'; "
+    ):
+        resolve_config(base, {"user_id": "u1", "k": 4})
+    for ours in (ParallelMuseContext(k=4), {"parallelmuse": {"k": 4}}):
+        with pytest.raises(ConfigError, match=r"= 9: raise n or lower k/t$"):
+            resolve_config(base, ours)
+
+
+def test_a_parents_own_field_mirrored_into_configurable_is_not_a_misplaced_setting():
+    # langgraph-api copies a run's context into configurable: the app's k beside its parallelmuse entry
+    # would be reported as a setting ParallelMuse does not read, on every run.
+    assert misplaced_settings({"k": 4, "n": 4}, {"k": 4, "parallelmuse": {"n": 2}}) == {}
+    assert misplaced_settings({"k": 4, "n": 4}, _AppContext()) == {"n": 4}
+    assert misplaced_settings({"k": 4}, None) == {"k": 4}

@@ -5,17 +5,19 @@ time travel, a parent's interrupts, cancellation, and a parent's context."""
 from __future__ import annotations
 
 import asyncio
+import operator
 import warnings
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import BaseMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
+from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder, role_of
 
@@ -179,6 +181,91 @@ async def test_a_parents_unset_context_field_named_like_a_setting_keeps_the_fact
     assert out["messages"][-1].content == "Rome"
     agent = [c for c in model.calls if role_of(c["messages"]) == "agent"]
     assert agent and all(c["kwargs"].get("temperature") == 0.3 for c in agent)
+
+
+@dataclass
+class _RetrieverAppContext:
+    """A RAG app's context: its retriever's top-k and its own model's greedy temperature."""
+
+    k: int = 4
+    temperature: float = 0.0
+    parallelmuse: dict[str, Any] = field(default_factory=dict)
+
+
+class _ResearchState(MessagesState):
+    trajectories: list[dict[str, Any]]
+
+
+def _research_app(graph, context_schema: type | None = None):
+    parent = StateGraph(_ResearchState, context_schema=context_schema)
+    parent.add_node("research", graph)
+    parent.add_edge(START, "research")
+    return parent.compile()
+
+
+async def test_a_parents_parallelmuse_entry_is_read_alone_and_its_own_k_stays_its_own():
+    # Before the fix the app's retriever k=4 was read as ours: every run raised "n=4 < m + m*k*t = 9".
+    graph, _ = branching_graph()
+    context = {"user_id": "u1", "k": 4, "parallelmuse": {"n": 4, "k": 1}}
+    out = await _research_app(graph).ainvoke(
+        {"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}, context=context
+    )
+    assert out["messages"][-1].content == "Paris"
+    assert Counter(t["origin"]["kind"] for t in out["trajectories"]) == {"initial": 1, "branch": 2, "fill": 1}
+
+
+async def test_an_empty_parallelmuse_entry_keeps_the_factory_temperature_not_the_apps():
+    # Before the fix the app's own temperature=0.0 made every sample greedy, silently.
+    graph, model = make_graph({"n": 2, "mode": "none", "temperature": 0.3})
+    app = _research_app(graph, _RetrieverAppContext)
+    out = await app.ainvoke({"messages": [HumanMessage("Where is the Colosseum?")]}, context=_RetrieverAppContext())
+    assert out["messages"][-1].content == "Rome"
+    agent = [c for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert agent and all(c["kwargs"].get("temperature") == 0.3 for c in agent)
+
+
+async def test_a_parents_field_that_breaks_the_config_names_itself_and_the_way_out():
+    graph, _ = branching_graph()
+    app = _research_app(graph)
+    with pytest.raises(ConfigError, match=r"n=4 < m \+ m\*k\*t = 9") as err:
+        await app.ainvoke(
+            {"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}, context={"user_id": "u1", "k": 4}
+        )
+    assert str(err.value).endswith(
+        "(read from the parent graph's context field 'k'; put ParallelMuse's settings under "
+        "context['parallelmuse'] to keep the app's own 'k' out)"
+    )
+    # The graph's own context is ours: no parent to blame.
+    with pytest.raises(ConfigError, match=r"n=4 < m \+ m\*k\*t = 9") as err:
+        await graph.ainvoke({"question": "Which city is the Eiffel Tower in?"}, context={"k": 4})
+    assert "parent" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- a parent's fan-out
+
+
+class _FanOut(TypedDict):
+    questions: list[str]
+    answers: Annotated[list[str], operator.add]
+
+
+async def test_a_parents_send_fan_out_through_a_node_function_collects_every_answer():
+    # README "Composition": the graph itself as the node that Send targets writes `question` once per
+    # branch into a key without a reducer (InvalidUpdateError); a node function returning only what
+    # the parent collects does not.
+    graph, model = make_graph()
+
+    async def research(question: str) -> dict:
+        out = await graph.ainvoke({"question": question})
+        return {"answers": [out["answer"]]}
+
+    builder = StateGraph(_FanOut)
+    builder.add_node("research", research)
+    builder.add_conditional_edges(START, lambda s: [Send("research", q) for q in s["questions"]])
+    app = builder.compile()
+    out = await app.ainvoke({"questions": ["Where is the Eiffel Tower?", "Where is the Colosseum?"]})
+    assert sorted(out["answers"]) == ["Paris", "Rome"]
+    assert asked_questions(model) == {"Where is the Eiffel Tower?", "Where is the Colosseum?"}
 
 
 # ----------------------------------------------------------------------------- a parent's interrupts

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from langgraph_parallelmuse.errors import ProtocolError
-from langgraph_parallelmuse.logprobs import normalize_logprobs, shift, tokens_in_span
+from langgraph_parallelmuse.logprobs import normalize_logprobs, piece_bytes, shift, tokens_in_span
 from langgraph_parallelmuse.protocol import region_spans
 
 
@@ -272,6 +272,82 @@ def test_tokens_running_past_the_text_are_clipped():
     }
     recs = normalize_logprobs(payload, "Paris")
     assert _spans(recs) == [("Paris", 0, 5), ("</answer>", 5, 5)]
+
+
+def _vllm_entry(token: str, logprob: float = -0.1) -> dict:
+    """vLLM's chat logprobs: a token holding part of a character is U+FFFD with that character's
+    bytes (``token.encode("utf-8", errors="replace")``), not the bytes the token held."""
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def test_vllm_split_characters_sent_as_replacement_characters_keep_later_offsets():
+    """Before: each U+FFFD token counted as one character of its own, so every later token started
+    a character early and the exploration region scored the thought's last token."""
+    call = '{"name": "search", "arguments": {"query": "故宫"}}'
+    text = f"<think>去北京</think><tool_call>{call}</tool_call>"
+    toks = ["<think>", "去", "北", "\ufffd", "\ufffd", "</think>", "<tool_call>"]
+    toks += ['{"name": "search", "arguments": {"query": "', "故", "宫", '"}}', "</tool_call>"]
+    recs = normalize_logprobs({"content": [_vllm_entry(t) for t in toks]}, text)
+    assert [text[r["start"] : r["end"]] for r in recs] == [t if t != "\ufffd" else "京" for t in toks]
+    spans = region_spans(text)
+    assert [r["token"] for r in tokens_in_span(recs, spans["reasoning"])] == ["去", "北", "\ufffd", "\ufffd"]
+    assert [r["token"] for r in tokens_in_span(recs, spans["exploration"])] == toks[7:11]
+    # The same tokens without bytes (token strings only) line up the same way.
+    bare = normalize_logprobs({"content": [{"token": t, "logprob": -0.1, "top_logprobs": []} for t in toks]}, text)
+    assert _spans(bare) == _spans(recs)
+
+
+def test_vllm_split_characters_are_matched_by_their_bytes_and_a_dropped_stop_string_is_clipped():
+    # 京 (3 bytes) came as 1 + 2 marks, 😀 (4 bytes) as 1 + 3; the literal 京 between them repeats in
+    # the text, and only the marks' byte counts tell which 京 it is. The server dropped "</answer>".
+    toks = ["\ufffd", "\ufffd\ufffd", "京", "\ufffd", "\ufffd\ufffd", "\ufffd", "\ufffd\ufffd\ufffd", "</", "answer>"]
+    recs = normalize_logprobs({"content": [_vllm_entry(t) for t in toks]}, "京京京😀")
+    assert [(r["start"], r["end"]) for r in recs] == [
+        (0, 1),
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (2, 3),
+        (3, 4),
+        (3, 4),
+        (4, 4),
+        (4, 4),
+    ]
+    assert piece_bytes(toks[:7], "京京京😀") == [
+        b"\xe4",
+        b"\xba\xac",
+        "京".encode(),
+        b"\xe4",
+        b"\xba\xac",
+        b"\xf0",
+        b"\x9f\x98\x80",
+    ]
+
+
+def test_thirty_split_characters_in_a_thought_leave_the_tool_call_its_own_tokens():
+    call = '{"name": "search", "arguments": {"query": "q"}}'
+    text = f"<think>{'京' * 30}</think><tool_call>{call}</tool_call>"
+    toks = ["<think>", *["\ufffd"] * 60, "</think>", "<tool_call>", call, "</tool_call>"]
+    recs = normalize_logprobs({"content": [_vllm_entry(t) for t in toks]}, text)
+    spans = region_spans(text)
+    assert len(tokens_in_span(recs, spans["reasoning"])) == 60
+    assert [r["token"] for r in tokens_in_span(recs, spans["exploration"])] == [call]
+    # Each pair of marks covers its own character: one byte to the first, two to the second.
+    assert [(r["start"], r["end"]) for r in recs[1:5]] == [(7, 8), (7, 8), (8, 9), (8, 9)]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"content": [{"token": "a", "logprob": float("inf"), "top_logprobs": [{"token": "a", "logprob": 3.0}]}]},
+        {"tokens": ["a"], "token_logprobs": ["inf"], "top_logprobs": [{"a": 1e-9}]},
+        {"completion_probabilities": [{"content": "a", "probs": [{"tok_str": "a", "prob": 1.5}]}]},
+    ],
+)
+def test_a_positive_or_infinite_logprob_is_certainty_not_more(payload):
+    """Before: +inf passed as a number, and the entropy estimator's exp(inf - inf) made a NaN score."""
+    (rec,) = normalize_logprobs(payload, "a")
+    assert rec["logprob"] == 0.0 and all(lp == 0.0 for _, lp in rec["top_logprobs"])
 
 
 # ----------------------------------------------------------------------------- errors

@@ -5,12 +5,19 @@ tests/integration/test_vllm.py runs the same code against a real vLLM.
 
 from __future__ import annotations
 
+import json
+import warnings
+from typing import Any, TypedDict
+
 import pytest
+from langchain_core._api import LangChainBetaWarning
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langgraph.graph import START, StateGraph
 
 from langgraph_parallelmuse.agent import pick_driver
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
 from langgraph_parallelmuse.errors import ProtocolError
+from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import (
     CONTINUE_FINAL_MESSAGE,
@@ -23,7 +30,9 @@ from langgraph_parallelmuse.models.server import (
     served_models,
 )
 from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
-from tests.unit.http_fakes import fake_http
+from tests.unit.fakes import ScriptedChatModel, make_tools, research_responder
+from tests.unit.http_fakes import Route, fake_http
+from tests.unit.test_dropin import STEPS
 
 QUESTION = [SystemMessage("Answer."), HumanMessage("Which river flows through Vienna?")]
 
@@ -260,6 +269,13 @@ def test_a_server_that_dies_mid_request_is_not_called_unreachable() -> None:
             check_server(f"{fake.url}/v1", "smollm2")
 
 
+def _prompt_logprobs(prompt: list[tuple[str, float | None]]) -> list[dict | None]:
+    """vLLM's prompt_logprobs of ``(token text, logprob)`` pairs (``None``: the first token, unscored)."""
+    return [
+        {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
+    ]
+
+
 async def test_a_continuation_is_scored_from_vllms_prompt_logprobs() -> None:
     """vLLM-shaped prompt_logprobs: the continuation's tokens and the template's end of turn after it."""
     prompt = [("<|im_start|>", None), ("assistant", -3.0), ("\n", -0.5), ("D", -1.0), ("\ufffd", -0.2)]
@@ -267,10 +283,7 @@ async def test_a_continuation_is_scored_from_vllms_prompt_logprobs() -> None:
 
     def chat(body: dict) -> tuple[int, dict]:
         reply = _completion(len(prompt), None)
-        logprobs = [
-            {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
-        ]
-        return 200, {**reply, "prompt_logprobs": logprobs}
+        return 200, {**reply, "prompt_logprobs": _prompt_logprobs(prompt)}
 
     with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
         reply = await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation="Düsseldorf")
@@ -303,10 +316,7 @@ async def test_an_option_no_prompt_tokens_spell_fails_its_trajectory_not_the_run
     ]
 
     def chat(body: dict) -> tuple[int, dict]:
-        logprobs = [
-            {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
-        ]
-        return 200, {**_completion(len(prompt), None), "prompt_logprobs": logprobs}
+        return 200, {**_completion(len(prompt), None), "prompt_logprobs": _prompt_logprobs(prompt)}
 
     with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
         with pytest.raises(ProtocolError, match="no run of prompt tokens spells the continuation '\ufb01sh'") as info:
@@ -329,10 +339,7 @@ async def test_a_continuation_with_characters_split_over_tokens_is_scored_to_its
     prompt += [(p, -1.0 - i) for i, p in enumerate(pieces)] + [("<|im_end|>", -0.7), ("\n", -0.01)]
 
     def chat(body: dict) -> tuple[int, dict]:
-        logprobs = [
-            {str(i): {"logprob": lp, "rank": 1, "decoded_token": t}} if lp else None for i, (t, lp) in enumerate(prompt)
-        ]
-        return 200, {**_completion(len(prompt), None), "prompt_logprobs": logprobs}
+        return 200, {**_completion(len(prompt), None), "prompt_logprobs": _prompt_logprobs(prompt)}
 
     with fake_http({**fake_server(), "POST /v1/chat/completions": chat}) as fake:
         reply = await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation=continuation)
@@ -340,6 +347,90 @@ async def test_a_continuation_with_characters_split_over_tokens_is_scored_to_its
     assert reply.response_metadata["end_logprob"] == -0.7
     assert [e["logprob"] for e in content] == [-1.0 - i for i in range(len(pieces))]
     assert b"".join(bytes(e["bytes"]) for e in content).decode() == continuation
+
+
+# ----------------------------------------------------------------------------- streamed, as a chat UI runs a graph
+
+
+async def _streamed(graph: Any, inp: dict, how: str) -> dict:
+    """The final state of a run streamed ``how``: LangGraph's ``stream_mode="messages"`` (the README's
+    chat mode), or langchain-core's v2 event streaming (``astream_events(version="v3")``)."""
+    if how == "v3":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LangChainBetaWarning)  # the v3 protocol is experimental
+            run = await graph.astream_events(inp, version="v3")
+        return await run.output()
+    final: dict = {}
+    async for mode, chunk in graph.astream(inp, stream_mode=["messages", "values"]):
+        final = chunk if mode == "values" else final
+    return final
+
+
+def _streaming(route: Route) -> Route:
+    """``route`` answered as an SSE stream when the request asks to stream, with the usage only
+    when asked for (``stream_options.include_usage``), as vLLM does."""
+
+    def answer(body: dict) -> tuple[int, Any]:
+        status, reply = route(body)
+        if not body.get("stream"):
+            return status, reply
+        choice = reply["choices"][0]
+        chunks = [
+            {"choices": [{"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"]}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({"choices": [], "usage": reply["usage"]})
+        head = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+        return status, "".join(f"data: {json.dumps({**head, **c})}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    return answer
+
+
+@pytest.mark.parametrize("how", ["messages", "v3"])
+async def test_the_guided_aggregators_scoring_calls_are_not_streamed_under_a_streaming_chat(how: str) -> None:
+    """Streamed, langchain-core sent every call through ChatOpenAI's _astream, which passed continuation=
+    to the openai client (a TypeError): the guided aggregator fell back to the majority vote."""
+
+    def scoring(body: dict) -> tuple[int, dict]:  # vLLM scoring the closed reply, one token per character
+        option = [(c, -0.3) for c in body["messages"][-1]["content"]]
+        prompt = [("<|im_start|>", None), ("assistant", -3.0), *option, ("<|im_end|>", -0.7), ("\n", -0.01)]
+        return 200, {**_completion(len(prompt), None), "prompt_logprobs": _prompt_logprobs(prompt)}
+
+    with fake_http({**fake_server(), "POST /v1/chat/completions": _streaming(scoring)}) as fake:
+        agent = ScriptedChatModel(responder=research_responder(lambda i, messages: STEPS[min(i, 2)]))
+        aggregator = llm(f"{fake.url}/v1")
+        graph = create_parallelmuse(
+            agent, make_tools()[0], aggregator_model=aggregator, config={"n": 2, "mode": "none"}
+        )
+        out = await _streamed(graph, {"messages": [HumanMessage("Which city is the Eiffel Tower in?")]}, how)
+    assert (out["answer_source"], out["answer"]) == ("aggregator", "Paris")
+    assert fake.requests and all("prompt_logprobs" in r.body and not r.body.get("stream") for r in fake.requests)
+
+
+class _Turn(TypedDict, total=False):
+    context_tokens: int
+
+
+async def test_a_streamed_call_asks_for_its_usage_so_its_prompt_tokens_count() -> None:
+    """ChatOpenAI asks a stream for its usage only on OpenAI's own URL: streamed, every call to vLLM
+    counted 0 prompt tokens, and a step's context never reached max_context_tokens."""
+    with fake_http(
+        {**fake_server(), "POST /v1/chat/completions": _streaming(fake_server()["POST /v1/chat/completions"])}
+    ) as fake:
+        model = llm(f"{fake.url}/v1")
+
+        async def step(_state: _Turn) -> _Turn:
+            turn = await generate_turn(model, QUESTION, [Gen(max_tokens=3)], sampling=Sampling(), seed=1)
+            return {"context_tokens": turn.context_tokens}
+
+        graph = StateGraph(_Turn)
+        graph.add_node("step", step)
+        graph.add_edge(START, "step")
+        out = await _streamed(graph.compile(), {}, "messages")
+    assert fake.requests[-1].body["stream"] is True
+    assert out["context_tokens"] == 30  # the fake's prompt
+    assert llm(stream_usage=False).stream_usage is False  # a server that refuses stream_options
 
 
 # A str route is sent as it is: '"Not Found"' is the JSON string, "Not Found" plain text.

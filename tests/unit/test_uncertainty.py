@@ -239,6 +239,20 @@ def test_ties_go_to_the_earlier_step_and_eligible_filters():
     ]
 
 
+def test_a_non_finite_score_is_never_picked():
+    """Before: a NaN score was picked (NaN compares false, so the sort left it in place)."""
+    u = [{"exploration": 2.0}, {"exploration": math.nan}, {"exploration": 5.0}, {"exploration": math.inf}]
+    assert select_branch_steps(u, mode="exploration", k=2) == [(2, "exploration", 5.0), (0, "exploration", 2.0)]
+
+
+def test_an_infinite_logprob_from_a_payload_gives_a_finite_entropy():
+    from langgraph_parallelmuse.logprobs import normalize_logprobs
+
+    tops = [{"token": "a", "logprob": math.inf}, {"token": "b", "logprob": -1.0}]
+    recs = normalize_logprobs({"content": [{"token": "a", "logprob": math.inf, "top_logprobs": tops}]}, "a")
+    assert math.isfinite(perplexity(recs, "entropy")) and perplexity(recs, "nll") == 1.0
+
+
 def test_unknown_mode_raises():
     with pytest.raises(ValueError, match="unknown mode"):
         select_branch_steps(U, mode="random", k=1)
