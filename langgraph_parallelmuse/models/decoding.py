@@ -8,6 +8,7 @@ pieces concatenate to the decoded whole even for tokenizers that drop a leading 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = ["Decoder", "byte_decoder", "choose", "eos_ids"]
 
 _TOP_P_HEAD = 512
 _GREEDY_BELOW = 1e-5
+# A SentencePiece byte-fallback piece: one byte of a character the vocabulary has no piece for.
+_BYTE_PIECE = re.compile(r"<0x([0-9A-F]{2})>")
 
 
 def byte_decoder() -> dict[str, int]:
@@ -48,6 +51,16 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         ids.update(value if isinstance(value, list | tuple) else [value])
     ids.add(tokenizer.eos_token_id)
     return frozenset(i for i in ids if i is not None)
+
+
+def _byte_level(tokenizer: Any) -> bool:
+    """Whether the tokenizer spells its pieces in :func:`byte_decoder`'s alphabet (GPT-2, SmolLM2, Llama 3).
+
+    Its piece for the space byte, ``"Ġ"``, decodes to a space; a SentencePiece vocabulary has no
+    such piece (or one that decodes to itself).
+    """
+    space = tokenizer.convert_tokens_to_ids("Ġ")
+    return isinstance(space, int) and tokenizer.decode([space]) == " "
 
 
 def choose(logits: torch.Tensor, requests: Sequence[GenerationRequest], generators: Sequence[Any]) -> list[int]:
@@ -106,18 +119,32 @@ class Decoder:
     def __init__(self, tokenizer: Any, eos: frozenset[int]) -> None:
         self.tokenizer = tokenizer
         self.eos = eos
-        self._bytes_of_char = byte_decoder()
+        # SentencePiece pieces ("▁the", "<0x0A>") are not spelled in the byte-level alphabet, though
+        # plain ASCII ones look as if they were: read that way, "<0x0A>" would be its six letters.
+        self._bytes_of_char = byte_decoder() if _byte_level(tokenizer) else None
+        # A token decoded after this keeps the leading space a SentencePiece decoder strips from the
+        # start of the text.
+        self._anchor = list(tokenizer("a", add_special_tokens=False).input_ids)
         self.token_info = functools.lru_cache(maxsize=65536)(self._token_info)
 
     def _token_info(self, token_id: int) -> tuple[str, list[int]]:
-        """A token's own text and bytes (byte-level pieces map back to their exact bytes)."""
+        """A token's own text and bytes (byte-level and byte-fallback pieces map to their exact bytes)."""
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        if isinstance(piece, str) and all(ch in self._bytes_of_char for ch in piece):
-            raw = [self._bytes_of_char[ch] for ch in piece]
-            text = bytes(raw).decode("utf-8", errors="replace")
-            return text, raw
-        text = self.decode([token_id])
+        raw = self._spelled_bytes(piece) if isinstance(piece, str) else None
+        if raw is not None:
+            return bytes(raw).decode("utf-8", errors="replace"), raw
+        text = self.decode([*self._anchor, token_id])[len(self.decode(self._anchor)) :]
         return text, list(text.encode("utf-8"))
+
+    def _spelled_bytes(self, piece: str) -> list[int] | None:
+        """The bytes a piece spells: byte-level characters, or a SentencePiece byte ``<0xNN>``."""
+        if self._bytes_of_char is not None:
+            if all(ch in self._bytes_of_char for ch in piece):
+                return [self._bytes_of_char[ch] for ch in piece]
+            return None
+        if (byte := _BYTE_PIECE.fullmatch(piece)) is not None:
+            return [int(byte[1], 16)]
+        return None
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens and spacing kept as they are."""

@@ -13,6 +13,8 @@ Log-probabilities are *raw*: ``log_softmax`` of the unwarped logits, before temp
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import operator
 import os
 import queue
 import threading
@@ -47,9 +49,39 @@ _live_engines: weakref.WeakSet[InferenceEngine] = weakref.WeakSet()
 @atexit.register
 def _close_all() -> None:
     # A worker still blocked in the queue at interpreter teardown makes torch's thread pool abort
-    # ("terminate called without an active exception"); stop the workers first.
+    # ("terminate called without an active exception"); stop the workers first. Nobody reads a
+    # result after exit, so the requests still queued or decoding are dropped, not served.
     for engine in list(_live_engines):
-        engine.close()
+        engine.close(cancel_pending=True)
+
+
+def _token_ids(ids: Any, name: str) -> list[int]:
+    """``ids`` as a list of plain ints (numpy or torch integers are converted), else InputError.
+
+    Converted once here: a float or array id reaching the worker fails every request of its batch.
+
+    Example:
+        >>> _token_ids((3, 5), "prompt_ids")
+        [3, 5]
+        >>> _token_ids([7, 5.0], "forced_ids")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.InputError: forced_ids holds 5.0: pass a list of integer token ids
+    """
+    try:
+        items = None if isinstance(ids, str) else list(ids)
+    except TypeError:  # not iterable: None, a number, a 0-d array
+        items = None
+    if items is None:
+        raise InputError(f"{name}={ids!r}: pass a list of integer token ids")
+    converted = []
+    for token in items:
+        try:
+            converted.append(operator.index(token))
+        except TypeError:
+            # The offending id, not the whole prompt, goes into the message.
+            raise InputError(f"{name} holds {token!r}: pass a list of integer token ids") from None
+    return converted
 
 
 class InferenceEngine:
@@ -106,6 +138,8 @@ class InferenceEngine:
         self._counters = Counters()
         self._closed = False
         self._submit_lock = threading.Lock()
+        # Held weakly: a finished future leaves with its caller's last reference. For close(cancel_pending=True).
+        self._futures: weakref.WeakSet[RequestFuture] = weakref.WeakSet()
         #: The :class:`~.runner.ModelRunner` (its ``weight_bytes``, ``bytes_per_token``, ``score``).
         self.runner = ModelRunner(model, precision=precision)
         scheduler = Scheduler(
@@ -127,37 +161,46 @@ class InferenceEngine:
 
         Cancelling the future (directly, or by cancelling the asyncio task awaiting it through
         ``asyncio.wrap_future``) also stops a request already being decoded (:class:`RequestFuture`).
+        Token ids may be any integers (numpy, torch); a copy with plain ``int`` lists is queued.
 
         Raises:
-            InputError: The prompt is empty, a token id is outside the vocabulary, the seed is not an
-                unsigned 64-bit integer, or a sampling setting is out of range (``temperature`` ≥ 0,
-                ``0 ≤ top_p ≤ 1``, ``max_new_tokens`` ≥ 0).
+            InputError: The prompt is empty, a token id is not an integer or is outside the
+                vocabulary, the seed is not an unsigned 64-bit integer, or a sampling setting is out
+                of range (``temperature`` ≥ 0, ``0 ≤ top_p ≤ 1``, ``max_new_tokens`` ≥ 0).
             ContextOverflowError: The prompt fills the model's context window.
         """
-        if not request.prompt_ids:
-            raise InputError("the prompt is empty: send at least one message")
-        if len(request.prompt_ids) + len(request.forced_ids) >= self.max_context_tokens:
-            raise ContextOverflowError(
-                f"the prompt has {len(request.prompt_ids)} tokens (+ {len(request.forced_ids)} to score) but the "
-                f"model's context is {self.max_context_tokens}: shorten the messages"
-            )
-        if bad := [t for t in (*request.prompt_ids, *request.forced_ids) if not 0 <= t < self.vocab_size]:
-            # Found in the worker, it would fail every request of the batch, not this one.
-            raise InputError(f"token id {bad[0]} is not in the model's vocabulary of {self.vocab_size}")
-        if (problem := top_logprobs_problem(request.top_logprobs)) is not None:
-            raise InputError(problem)
-        if request.seed is not None and not 0 <= request.seed < 2**64:
-            raise InputError(f"seed={request.seed} is out of range: pass an integer in [0, 2**64)")
-        if (problem := sampling_problem(request)) is not None:
-            raise InputError(problem)
+        request = self._checked(request)
         future: Future[GenerationResult] = RequestFuture()
         with self._submit_lock:  # a request put after close()'s sentinel would never be served
             if self._closed:
                 raise RuntimeError("engine is closed")
             if not self._thread.is_alive():  # queued, the request would wait forever
                 raise RuntimeError("the engine's worker is not running in this process (forked after it started)")
+            self._futures.add(future)
             self._queue.put((request, future))
         return future
+
+    def _checked(self, request: GenerationRequest) -> GenerationRequest:
+        """``request`` with plain-int token ids, after the checks of :meth:`submit`.
+
+        Found in the worker, a bad request would fail every request of the batch, not itself.
+        """
+        prompt = _token_ids(request.prompt_ids, "prompt_ids")
+        forced = _token_ids(request.forced_ids, "forced_ids")
+        if not prompt:
+            raise InputError("the prompt is empty: send at least one message")
+        if len(prompt) + len(forced) >= self.max_context_tokens:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt)} tokens (+ {len(forced)} to score) but the "
+                f"model's context is {self.max_context_tokens}: shorten the messages"
+            )
+        if bad := [t for t in (*prompt, *forced) if not 0 <= t < self.vocab_size]:
+            raise InputError(f"token id {bad[0]} is not in the model's vocabulary of {self.vocab_size}")
+        if (problem := top_logprobs_problem(request.top_logprobs)) is not None:
+            raise InputError(problem)
+        if (problem := sampling_problem(request)) is not None:
+            raise InputError(problem)
+        return dataclasses.replace(request, prompt_ids=prompt, forced_ids=forced)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Submit and wait; a wait given up (Ctrl-C) cancels the request, so the worker stops it."""
@@ -206,12 +249,21 @@ class InferenceEngine:
         process forked after the engine started has no copy of the worker's thread)."""
         return not self._closed and self._thread.is_alive()
 
-    def close(self) -> None:
-        """Stop the worker after the queued requests are served."""
+    def close(self, *, cancel_pending: bool = False) -> None:
+        """Stop the worker after the queued requests are served, or dropped with ``cancel_pending``.
+
+        Args:
+            cancel_pending: Cancel the requests still queued or being decoded instead of serving
+                them (their futures raise ``CancelledError``); the interpreter's exit hook does,
+                so a script that ends does not wait for results nobody reads.
+        """
         with self._submit_lock:
             if self._closed:
                 return
             self._closed = True
+            if cancel_pending:
+                for future in list(self._futures):
+                    future.cancel()  # a running one is abandoned: the worker drops it at its next step
             self._queue.put(None)
         self._thread.join()
 

@@ -79,10 +79,15 @@ def sampling_problem(request: GenerationRequest) -> str | None:
         'temperature=None: pass a number >= 0 (0 is greedy)'
         >>> sampling_problem(GenerationRequest([1], top_p=0.0)) is None
         True
+        >>> sampling_problem(GenerationRequest([1], seed=1.5))
+        'seed=1.5: pass an integer in [0, 2**64)'
     """
 
     def number(x: object) -> bool:
         return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+    def integer(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
 
     if not number(request.temperature) or request.temperature < 0:
         return f"temperature={request.temperature!r}: pass a number >= 0 (0 is greedy)"
@@ -90,12 +95,11 @@ def sampling_problem(request: GenerationRequest) -> str | None:
         return f"top_p={request.top_p!r}: pass a number in [0, 1]"
     if isinstance(request.stop, str) or not all(isinstance(s, str) for s in request.stop):
         return f"stop={request.stop!r}: pass a list of strings"
-    if (
-        not isinstance(request.max_new_tokens, int)
-        or isinstance(request.max_new_tokens, bool)
-        or request.max_new_tokens < 0
-    ):
+    if not integer(request.max_new_tokens) or request.max_new_tokens < 0:
         return f"max_new_tokens={request.max_new_tokens!r}: pass an integer >= 0"
+    # Not refused here, a float or bool seed failed later, in the worker's manual_seed.
+    if request.seed is not None and (not integer(request.seed) or not 0 <= request.seed < 2**64):
+        return f"seed={request.seed!r}: pass an integer in [0, 2**64)"
     return None
 
 

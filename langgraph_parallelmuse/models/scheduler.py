@@ -304,29 +304,45 @@ class Scheduler:
             for seq in ready:
                 seq.future.set_exception(exc)
             return []
-        logits = []
+        kept = []
         for seq, fed, (state, rows) in zip(ready, tokens, done, strict=True):
-            self.counters.add(
-                requests=1,
-                prefill_tokens_computed=len(seq.prompt) - seq.cached,
-                prefill_tokens_reused=seq.cached,
-                _hits=int(seq.cached > 0),
-            )
-            if self.cache is not None:
-                self.cache.insert(fed, state, start=seq.cached, adopt=True)
-            seq.pieces.append((state, len(fed) - seq.cached))
-            logits.append(rows)
-            if seq.max_new == 0:
-                seq.finish = "length"
-        for seq, rows in zip(ready, logits, strict=True):
-            if seq.req.forced_ids:
-                for i in range(len(rows)):  # the decoder scores a row's tokens in order
-                    self.decoder.step([seq], rows[i : i + 1])
-                self.counters.add(scored_tokens=len(rows))
-        sampled = [i for i, seq in enumerate(ready) if seq.finish is None]
+            try:
+                self._take_prefill(seq, fed, state, rows)
+            except Exception as exc:  # noqa: BLE001 - only this request is wrong: the others go on
+                # Raised out of _prefill, it would fail the running rows and those admitted with it.
+                seq.future.set_exception(exc)
+            else:
+                kept.append((seq, rows))
+        finished = [seq for seq, _ in kept if seq.finish is not None]
+        sampled = [(seq, rows) for seq, rows in kept if seq.finish is None]
         if sampled:
-            self._consume([ready[i] for i in sampled], torch.cat([logits[i] for i in sampled]))
-        return ready
+            try:
+                self._consume([seq for seq, _ in sampled], torch.cat([rows for _, rows in sampled]))
+            except Exception as exc:  # noqa: BLE001 - fails the requests admitted now, not the running rows
+                for seq, _ in sampled:
+                    seq.future.set_exception(exc)
+                return finished
+        return [seq for seq, _ in kept]
+
+    def _take_prefill(
+        self, seq: RequestState, fed: list[int], state: tuple[torch.Tensor, ...], rows: torch.Tensor
+    ) -> None:
+        """Count and cache one request's prefill; a scored request is scored (and finished) here."""
+        self.counters.add(
+            requests=1,
+            prefill_tokens_computed=len(seq.prompt) - seq.cached,
+            prefill_tokens_reused=seq.cached,
+            _hits=int(seq.cached > 0),
+        )
+        if self.cache is not None:
+            self.cache.insert(fed, state, start=seq.cached, adopt=True)
+        seq.pieces.append((state, len(fed) - seq.cached))
+        if seq.max_new == 0:
+            seq.finish = "length"
+        if seq.req.forced_ids:
+            for i in range(len(rows)):  # the decoder scores a row's tokens in order
+                self.decoder.step([seq], rows[i : i + 1])
+            self.counters.add(scored_tokens=len(rows))
 
     def _join(self, admitted: list[RequestState]) -> None:
         """Add freshly prefilled requests to the running batch."""

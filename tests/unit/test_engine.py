@@ -10,17 +10,20 @@ import asyncio
 import os
 import time
 import warnings
+import weakref
 from concurrent.futures import CancelledError
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from langgraph_parallelmuse.errors import ConfigError, InputError
 from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
+from langgraph_parallelmuse.models.decoding import Decoder, byte_decoder
 from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
 from tests.unit.processes import ctrl_c_after, in_forked_child
-from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
+from tests.unit.tiny_model import tiny_llama, tiny_sentencepiece_tokenizer, tiny_tokenizer
 
 # float32 batched (shared segments, private rows) vs unbatched attention reorders sums: ~1e-6 here.
 LOGPROB_TOL = 1e-4
@@ -64,6 +67,17 @@ def ids(tokenizer, text: str) -> list[int]:
 
 def greedy(tokenizer, text: str, **kwargs) -> GenerationRequest:
     return GenerationRequest(ids(tokenizer, text), **{"max_new_tokens": 12, "temperature": 0.0, **kwargs})
+
+
+def slow_steps(engine: InferenceEngine, monkeypatch) -> None:
+    """Decode steps of 10 ms or more: long enough that a row is surely still running when the test acts."""
+    decode = engine.runner.decode
+
+    def slow_decode(*args, **kwargs):
+        time.sleep(0.01)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "decode", slow_decode)
 
 
 def teacher_forced(model, prompt: list[int], generated: list[int]) -> torch.Tensor:
@@ -210,13 +224,7 @@ async def test_a_request_cancelled_while_decoding_leaves_the_batch(model, tokeni
     # asyncio.wrap_future; a running concurrent future cannot be cancelled, so its row went on
     # decoding to max_new_tokens beside the requests still wanted.
     engine = InferenceEngine(model, tokenizer)
-    decode = engine.runner.decode
-
-    def slow_decode(*args, **kwargs):  # a step long enough that the row is surely cancelled mid-way
-        time.sleep(0.01)
-        return decode(*args, **kwargs)
-
-    monkeypatch.setattr(engine.runner, "decode", slow_decode)
+    slow_steps(engine, monkeypatch)  # the row is surely cancelled mid-way
     try:
         future = engine.submit(GenerationRequest(ids(tokenizer, PROMPTS[1]), max_new_tokens=240, ignore_eos=True))
         waiting = asyncio.ensure_future(asyncio.wrap_future(future))
@@ -240,13 +248,7 @@ def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokeni
     # The sync path (LocalChatModel.invoke, a sync chain) waits in generate(): after Ctrl-C the row
     # went on to max_new_tokens, and the exit hook that closes the engine waited for it.
     engine = InferenceEngine(model, tokenizer)
-    decode = engine.runner.decode
-
-    def slow_decode(*args, **kwargs):
-        time.sleep(0.01)
-        return decode(*args, **kwargs)
-
-    monkeypatch.setattr(engine.runner, "decode", slow_decode)
+    slow_steps(engine, monkeypatch)
     try:
         with ctrl_c_after(0.3), pytest.raises(KeyboardInterrupt):
             engine.generate(GenerationRequest(ids(tokenizer, PROMPTS[1]), max_new_tokens=240, ignore_eos=True))
@@ -358,7 +360,7 @@ def test_bad_requests_are_refused(engine, tokenizer) -> None:
         engine.submit(greedy(tokenizer, "hi", top_logprobs=21))
     with pytest.raises(InputError, match="context"):
         engine.submit(GenerationRequest(list(range(5)) * 60))
-    with pytest.raises(InputError, match=r"seed=18446744073709551616 is out of range"):
+    with pytest.raises(InputError, match=r"seed=18446744073709551616: pass an integer in \[0, 2\*\*64\)"):
         engine.submit(greedy(tokenizer, "hi", temperature=0.7, seed=2**64))
     # Out-of-vocabulary ids found in the worker would fail every request of the running batch.
     vocab = engine.vocab_size
@@ -371,7 +373,10 @@ def test_bad_requests_are_refused(engine, tokenizer) -> None:
 def test_bad_sampling_settings_are_refused_before_they_reach_a_batch(engine, tokenizer) -> None:
     # Before the fix temperature=None raised inside the worker's admission: the requests admitted
     # with it, and the rows already decoding, never resolved.
-    for setting, value in [("temperature", None), ("temperature", -1.0), ("top_p", 1.5), ("max_new_tokens", None)]:
+    # A float or bool seed passed the range check and failed later, in the worker's manual_seed.
+    settings = [("temperature", None), ("temperature", -1.0), ("top_p", 1.5), ("max_new_tokens", None)]
+    settings += [("seed", 1.5), ("seed", 2.0), ("seed", True)]
+    for setting, value in settings:
         with pytest.raises(InputError, match=f"{setting}={value!r}"):
             engine.submit(greedy(tokenizer, "hi", **{setting: value}))
 
@@ -578,3 +583,99 @@ def test_max_tokens_none_is_the_models_bound_and_an_empty_prefill_alone_is_refus
     assert 0 < reply.usage_metadata["output_tokens"] <= chat_model.max_tokens
     with pytest.raises(InputError, match="no messages left"):
         chat_model.invoke([AIMessage("")])
+
+
+def test_token_ids_of_any_integer_type_are_taken_and_others_refused_at_submit(engine, tokenizer) -> None:
+    # A float id passed the vocabulary check and failed in the worker, with every request of its
+    # batch; a numpy prompt failed at submit ("truth value of an array is ambiguous").
+    prompt, option = ids(tokenizer, PROMPTS[0]), ids(tokenizer, " the bees")
+    with pytest.raises(InputError, match=r"forced_ids holds 5\.0: pass a list of integer token ids"):
+        engine.submit(GenerationRequest(prompt, forced_ids=[5.0]))
+    with pytest.raises(InputError, match=r"prompt_ids holds \d+\.0"):
+        engine.submit(GenerationRequest([float(t) for t in prompt]))
+    with pytest.raises(InputError, match=r"forced_ids holds tensor\(5\.\)"):
+        engine.submit(GenerationRequest(prompt, forced_ids=torch.tensor([5.0])))
+    scored = engine.generate(GenerationRequest(prompt, temperature=0.0, top_logprobs=2, forced_ids=option))
+    for forced in (np.array(option), torch.tensor(option)):
+        again = engine.generate(GenerationRequest(np.array(prompt), temperature=0.0, top_logprobs=2, forced_ids=forced))
+        assert again.token_ids == option and again.prompt_tokens == len(prompt)
+        for entry, reference in zip(again.logprobs, scored.logprobs, strict=True):
+            assert abs(entry["logprob"] - reference["logprob"]) < LOGPROB_TOL
+
+
+def test_a_bad_request_the_checks_missed_fails_alone(model, tokenizer, plain, monkeypatch) -> None:
+    # Put on the queue past submit's checks: before the fix a bad scored row raised outside the
+    # prefill's guard and the worker failed every running and admitted request with it.
+    from langgraph_parallelmuse.models.requests import RequestFuture
+
+    engine = InferenceEngine(model, tokenizer, batch_window=0.0)
+    slow_steps(engine, monkeypatch)
+    running = greedy(tokenizer, PROMPTS[2], max_new_tokens=30, ignore_eos=True)
+    option = ids(tokenizer, " the bees")
+    good = GenerationRequest(ids(tokenizer, PROMPTS[0]), temperature=0.0, forced_ids=option)
+    bad_scored = GenerationRequest(ids(tokenizer, PROMPTS[1]), temperature=0.0, forced_ids=[5.0])
+    bad_sampled = GenerationRequest(ids(tokenizer, PROMPTS[3]), temperature=0.7, top_p=None)
+    try:
+        victim = engine.submit(running)
+        while engine.stats()["decode_tokens"] < 2:
+            time.sleep(0.005)
+        futures = [RequestFuture() for _ in range(3)]
+        for request, future in zip((bad_scored, good, bad_sampled), futures, strict=True):
+            engine._queue.put((request, future))
+        for future in (futures[0], futures[2]):
+            assert future.exception(timeout=60) is not None
+        assert futures[1].result(timeout=60).token_ids == option
+        assert victim.result(timeout=60).token_ids == plain.generate(running).token_ids
+    finally:
+        engine.close()
+
+
+def test_the_exit_hook_drops_the_requests_nobody_will_read(model, tokenizer, monkeypatch) -> None:
+    # A script that ended after submitting waited in the exit hook until every queued request was
+    # generated (minutes at real budgets); a plain close() still serves the queue.
+    from langgraph_parallelmuse.models import engine as engine_module
+
+    engine = InferenceEngine(model, tokenizer, max_batch_size=1)
+    slow_steps(engine, monkeypatch)
+    request = GenerationRequest(ids(tokenizer, PROMPTS[0]), max_new_tokens=200, ignore_eos=True)
+    futures = [engine.submit(request) for _ in range(3)]
+    while engine.stats()["decode_tokens"] < 2:
+        time.sleep(0.005)
+    monkeypatch.setattr(engine_module, "_live_engines", weakref.WeakSet([engine]))  # not the other tests'
+    engine_module._close_all()
+    with pytest.raises(CancelledError, match="cancelled by its caller"):
+        futures[0].result(timeout=0)
+    assert all(f.cancelled() for f in futures[1:]) and engine.stats()["decode_tokens"] < 100
+    served = InferenceEngine(model, tokenizer, max_batch_size=1)
+    futures = [served.submit(greedy(tokenizer, p, max_new_tokens=3, ignore_eos=True)) for p in PROMPTS]
+    served.close()
+    assert [f.result(timeout=0).completion_tokens for f in futures] == [3] * len(PROMPTS)
+
+
+def test_sentencepiece_logprob_bytes_are_the_tokens_own(monkeypatch) -> None:
+    # Read in the byte-level alphabet, "<0x0A>" was its six letters, and "▁the" decoded alone lost
+    # its space: normalize_logprobs, which trusts bytes for offsets, put regions on the wrong tokens.
+    sp = tiny_sentencepiece_tokenizer()
+    info = Decoder(sp, frozenset()).token_info
+    piece = sp.convert_tokens_to_ids
+    assert info(piece("▁the")) == (" the", list(b" the")) and info(piece("at")) == ("at", list(b"at"))
+    assert info(piece("<0x0A>")) == ("\n", [10]) and info(piece("<0xC3>")) == ("\ufffd", [0xC3])
+    engine = InferenceEngine(tiny_llama(sp), sp)
+    try:
+        forced = sp(" the cat\nsat é", add_special_tokens=False).input_ids
+        result = engine.generate(GenerationRequest(sp("the cat").input_ids, forced_ids=forced, top_logprobs=3))
+    finally:
+        engine.close()
+    assert result.text == "  the cat\nsat é"
+    assert b"".join(bytes(e["bytes"]) for e in result.logprobs) == result.text.encode()
+    for top in (t for e in result.logprobs for t in e["top_logprobs"]):
+        assert bytes(top["bytes"]).decode("utf-8", "replace") == top["token"]
+
+
+def test_byte_level_logprob_bytes_are_read_from_the_byte_alphabet(tokenizer) -> None:
+    # The byte-level path (SmolLM2, the default) is unchanged: every piece maps back to its bytes.
+    info = Decoder(tokenizer, frozenset()).token_info
+    byte_of = byte_decoder()
+    for token_id in range(len(tokenizer)):
+        raw = [byte_of[ch] for ch in tokenizer.convert_ids_to_tokens(token_id)]
+        assert info(token_id) == (bytes(raw).decode("utf-8", "replace"), raw)

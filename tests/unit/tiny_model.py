@@ -1,4 +1,4 @@
-"""A tiny random-weight Llama and a byte-level BPE tokenizer built in memory (no files, no download).
+"""A tiny random-weight Llama and BPE tokenizers built in memory (no files, no download).
 
 The real engine code runs on it in milliseconds, so the fast suite exercises the transformers calls
 the engine makes (a transformers release that drops or renames one fails here, not only in the
@@ -35,6 +35,25 @@ def tiny_tokenizer() -> Any:
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>")
+
+
+def tiny_sentencepiece_tokenizer() -> Any:
+    """A Llama-2-style tokenizer: ``▁`` for spaces, 256 ``<0xNN>`` byte-fallback pieces, a few merges."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))])}
+    for ch in "abcdefghijklmnopqrstuvwxyz▁":
+        vocab[ch] = len(vocab)
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("▁", "c"), ("a", "t"), ("▁c", "at"), ("▁", "s"), ("▁s", "at")]
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
 def tiny_llama(tokenizer: Any, *, seed: int = 0) -> Any:
