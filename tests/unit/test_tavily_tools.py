@@ -189,11 +189,28 @@ async def test_rate_limit_is_retried(fake: FakeTavily) -> None:
 
 
 async def test_timeout_is_retried(fake: FakeTavily) -> None:
-    fake.script["/search"] = [Reply(200, SEARCH_OK.body, delay=1.0), SEARCH_OK]
-    search, _ = tools(fake, timeout=0.2)
+    fake.script["/search"] = [Reply(200, SEARCH_OK.body, delay=2.0), SEARCH_OK]
+    search, _ = tools(fake, timeout=0.5)
     msg = await call(search, query="eiffel")
     assert len(msg.artifact["doc_ids"]) == 2
     assert fake.count("/search") == 2
+
+
+async def test_the_timeout_does_not_count_the_clients_setup(fake: FakeTavily, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before the fix the client's setup (it loads the TLS certificates: 0.4-1.3 s on a loaded
+    # machine) ran inside the timeout, and a search timed out twice before any request was sent.
+    import langgraph_parallelmuse.tools.tavily as tavily_module
+
+    class SlowSetup(tavily_module.AsyncTavilyClient):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(0.4)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(tavily_module, "AsyncTavilyClient", SlowSetup)
+    fake.script["/search"] = [SEARCH_OK]
+    search, _ = tools(fake, timeout=0.3, retries=1)
+    msg = await call(search, query="eiffel")
+    assert len(msg.artifact["doc_ids"]) == 2 and fake.count("/search") == 1
 
 
 async def test_a_dropped_connection_is_retried(fake: FakeTavily) -> None:
