@@ -603,9 +603,13 @@ def test_token_ids_of_any_integer_type_are_taken_and_others_refused_at_submit(en
             assert abs(entry["logprob"] - reference["logprob"]) < LOGPROB_TOL
 
 
-def test_a_bad_request_the_checks_missed_fails_alone(model, tokenizer, plain, monkeypatch) -> None:
+def test_a_bad_request_the_checks_missed_fails_no_running_row_and_no_scored_one(
+    model, tokenizer, plain, monkeypatch
+) -> None:
     # Put on the queue past submit's checks: before the fix a bad scored row raised outside the
-    # prefill's guard and the worker failed every running and admitted request with it.
+    # prefill's guard and the worker failed every running and admitted request with it. A bad
+    # sampled row still fails the sampled rows admitted in its round (their first token is one
+    # step), never a running row or a scored request.
     from langgraph_parallelmuse.models.requests import RequestFuture
 
     engine = InferenceEngine(model, tokenizer, batch_window=0.0)
