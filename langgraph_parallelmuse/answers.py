@@ -30,12 +30,21 @@ _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 # must not split votes for the same answer.
 _ANSWER_PREFIX = re.compile(r"^\W*(?:final\s+)?answer\W*?:", re.IGNORECASE)
 # Punctuation that is part of a number: a decimal point, a ratio, a time, a range, a sign ("3.5",
-# "1/2", "9:30", "1914-1918", "-5", ".5"). A thousands separator is not: "3,000" is "3000".
-_NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)")
+# "1/2", "9:30", "1914-1918", "-5", ".5"), and the mark of an exponent ("10^6", "10^-6"). A
+# thousands separator is not: "3,000" is "3000".
+_NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|\^(?=[-+]?\d)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 # Periods and apostrophes shorten a word ("U.S.", "Ender’s"): they go. Other punctuation separates
-# words ("Jean-Paul", "Paris,France"): it becomes a space.
+# words ("Paris,France"): it becomes a space.
 _WORD_INNER = frozenset(".'\u2019\u02bc")
+# A hyphen with a letter on one side and a letter or digit on the other joins one word, written
+# either way ("Spider-Man" and "Spiderman", "B-52" and "B52", as the scorer has them): it goes too.
+# (NFKC makes a non-breaking hyphen U+2010.) Between digits it is a range: "1914-1918" stays.
+_WORD_HYPHEN = re.compile(r"(?<=[^\W_])[-\u2010](?=[^\W\d_])|(?<=[^\W\d_])[-\u2010](?=[^\W_])")
+# NFKC makes superscript digits plain, and an exponent another number ("10⁶" would be "106"): they
+# are marked as one is typed ("10^6", "10⁻⁶" is "10^-6"). Subscript digits stay plain: "H₂O" is "H2O".
+_EXPONENT = re.compile("[⁺⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+_VOTE_ARTICLES = frozenset({"a", "an", "the"})
 # Han, kana and Hangul text has no spaces between words: each character is a token.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 
@@ -73,10 +82,22 @@ def _dropped(ch: str) -> bool:
     return (category := unicodedata.category(ch))[0] == "P" or category == "Sk"
 
 
-def _vote_text(text: str) -> str:
-    """NFKC-normalised, casefolded text without its punctuation except inside numbers, single-spaced."""
+def _folded(text: str) -> str:
+    """NFKC-normalised, casefolded text, superscript digits marked as an exponent (``^6``)."""
+    marked = _EXPONENT.sub(lambda m: "^" + m[0], text)
     # NFKC unifies full-width and composed forms ("ＡＢＣ" is "ABC"; "u" + diaeresis is "ü").
-    text = unicodedata.normalize("NFKC", text).casefold()
+    return unicodedata.normalize("NFKC", marked).casefold()
+
+
+def _is_article(word: str) -> bool:
+    # An article is a word between spaces, whatever punctuation surrounds it ("“The"); one joined to
+    # another word is part of a name ("A-ha", "A&M", "The A-Team").
+    return word.strip("".join(ch for ch in word if _dropped(ch))) in _VOTE_ARTICLES
+
+
+def _vote_text(text: str) -> str:
+    """Folded text without its punctuation except inside numbers, single-spaced."""
+    text = _WORD_HYPHEN.sub("", text)
     text = _THOUSANDS.sub("", "".join("-" if _is_dash(ch) else ch for ch in text))
     kept = {m.start() for m in _NUMBER_PUNCTUATION.finditer(text)}
     chars = (("" if ch in _WORD_INNER else " ") if i not in kept and _dropped(ch) else ch for i, ch in enumerate(text))
@@ -88,10 +109,12 @@ def normalize_vote_key(answer: str | None) -> str:
 
     Unlike :func:`normalize_answer` (scoring), the key keeps the punctuation that makes a number
     ("3.5" is not "35", "-5" is not "5", every dash is ``-``) and treats all of Unicode alike: the
-    text is NFKC-normalised and casefolded, and its punctuation (any category ``P*``, and modifier
-    symbols such as a backtick) goes: periods and apostrophes are deleted ("U.S." is "US"), the rest
-    become spaces ("Jean-Paul" is "Jean Paul"). A leading ``answer:`` / ``final answer:`` label and
-    the articles a/an/the go too.
+    text is NFKC-normalised and casefolded (superscript digits are an exponent: "10⁶" is ``10^6``,
+    not "106"), and its punctuation (any category ``P*``, and modifier symbols such as a
+    backtick) goes: periods, apostrophes and the hyphens inside a word are deleted ("U.S." is "US",
+    "Spider-Man" is "Spiderman", "B-52" is "B52"), the rest become spaces ("Paris,France" is "Paris
+    France"). A leading ``answer:`` / ``final answer:`` label goes too, and so do the articles
+    a/an/the that stand as words of their own ("The A-Team" is "ateam", not "team").
 
     Args:
         answer: A trajectory's final answer; ``None`` gives ``""``.
@@ -110,11 +133,14 @@ def normalize_vote_key(answer: str | None) -> str:
         ('3.5', '-5', '1914-1918')
         >>> normalize_vote_key("“Ender’s Game”") == normalize_vote_key("Enders game"), normalize_vote_key("北京。")
         (True, '北京')
+        >>> normalize_vote_key("Spider-Man"), normalize_vote_key("The A-Team"), normalize_vote_key("10⁶")
+        ('spiderman', 'ateam', '10^6')
     """
-    text = _vote_text(strip_answer_label(answer))
-    # An answer that is only an article ("A", a multiple-choice letter) is still an answer: it votes
-    # under its own words.
-    return " ".join(_ARTICLES.sub(" ", text).split()) or text
+    text = _folded(strip_answer_label(answer))
+    # The articles go before punctuation becomes spaces, which would free the "a" of "A&M". An answer
+    # that is only an article ("A", a multiple-choice letter) is still an answer: it votes under its
+    # own words.
+    return _vote_text(" ".join(w for w in text.split() if not _is_article(w))) or _vote_text(text)
 
 
 def vote_tokens(answer: str | None) -> list[str]:

@@ -150,21 +150,30 @@ def _parts(pieces: Sequence[str]) -> list[str]:
     return [part for part in re.split(f"({SPLIT_CHAR}+)", "".join(pieces)) if part]
 
 
-def _spellings(parts: Sequence[str], text: str) -> dict[int, tuple[str, ...]]:
-    """Where each way of spelling ``parts`` from the start of ``text`` ends: the text position, with
-    the characters each run of marks stood for (the first way found, for each end).
+# A run of marks fits several lengths of text, so the ends of the ways to spell the tokens add up
+# where the text repeats (a repetition loop "哈哈…" has hundreds): only this many, the nearest to the
+# start, are followed. A way that needed a farther one is not found (then the sent bytes stand).
+_MAX_ENDS = 16
+
+
+def _spellings(parts: Sequence[str], text: str) -> list[dict[int, int]]:
+    """Where each way of spelling ``parts`` from the start of ``text`` ends: for the start and after
+    each part, every text position reached, with where the part that reached it began (the first way
+    found, for each end; of one part's ends the :data:`_MAX_ENDS` nearest to the start).
 
     A mark is 1 to 3 bytes (an incomplete character, or one byte that cannot start one), so a run
     of n marks is n to 3n bytes of non-ASCII characters: where a literal character after a run
-    repeats in the text, the run takes only as many characters as its marks allow.
+    repeats in the text, the run takes only as many characters as its marks allow. Each end keeps
+    only where its part began (:func:`_runs` follows them back): a copy of the runs so far for each
+    end made a long repetitive text cubic.
     """
-    reach: dict[int, tuple[str, ...]] = {0: ()}
+    steps: list[dict[int, int]] = [{0: 0}]
     for part in parts:
-        after: dict[int, tuple[str, ...]] = {}
-        for at, runs in reach.items():
+        after: dict[int, int] = {}
+        for at in steps[-1]:
             if not part.startswith(SPLIT_CHAR):
                 if text.startswith(part, at):
-                    after.setdefault(at + len(part), runs)
+                    after.setdefault(at + len(part), at)
                 continue
             size, end = 0, at
             # Lone surrogates have no UTF-8 bytes: no run stands for one.
@@ -173,9 +182,22 @@ def _spellings(parts: Sequence[str], text: str) -> dict[int, tuple[str, ...]]:
                 if size > 3 * len(part):
                     break
                 if size >= len(part):
-                    after.setdefault(end, (*runs, text[at:end]))
-        reach = after
-    return reach
+                    after.setdefault(end, at)
+        # Bounded, the nearest kept: a repetition loop aligns with them (tests/unit/test_logprobs.py).
+        steps.append(dict(sorted(after.items())[:_MAX_ENDS]) if len(after) > _MAX_ENDS else after)
+    return steps
+
+
+def _runs(steps: Sequence[dict[int, int]], parts: Sequence[str], text: str, end: int) -> list[str]:
+    """The characters each run of marks in ``parts`` stood for, on the way :func:`_spellings` found
+    to ``end``."""
+    runs = []
+    for part, began in zip(reversed(parts), reversed(steps[1:]), strict=True):
+        at = began[end]
+        if part.startswith(SPLIT_CHAR):
+            runs.append(text[at:end])
+        end = at
+    return runs[::-1]
 
 
 def piece_bytes(pieces: Sequence[str], text: str) -> list[bytes] | None:
@@ -184,21 +206,25 @@ def piece_bytes(pieces: Sequence[str], text: str) -> list[bytes] | None:
     A run of n :data:`SPLIT_CHAR` marks stands for the non-ASCII characters of n to 3n bytes there
     (see :func:`_spellings`). Which of those bytes each token of the run held is not sent: they are
     spread evenly over the run's marks, so the bytes join to ``text`` and each token of a run covers
-    a character of it (every token of a run that is one character covers that character).
+    a character of it (every token of a run that is one character covers that character). Where
+    the runs fit the text in many ways (a repetition loop of split characters), the ways that give
+    each run the fewest characters are followed.
 
     Example:
         >>> piece_bytes(["D", "\ufffd", "\ufffd", "sseldorf"], "Düsseldorf")
         [b'D', b'\\xc3', b'\\xbc', b'sseldorf']
         >>> piece_bytes(["a", "\ufffd"], "ab") is None
         True
+        >>> len(piece_bytes(["哈\ufffd", "\ufffd\ufffd"] * 100, "哈" * 200))  # a repetition loop
+        200
     """
     parts = _parts(pieces)
-    spelled = _spellings(parts, text).get(len(text))
-    if spelled is None:
+    steps = _spellings(parts, text)
+    if len(text) not in steps[-1]:
         return None
     owner = [i for i, piece in enumerate(pieces) for _ in piece]  # the token of each character of the strings
     out = [b"" for _ in pieces]
-    at, runs = 0, iter(spelled)
+    at, runs = 0, iter(_runs(steps, parts, text, len(text)))
     for part in parts:
         if part.startswith(SPLIT_CHAR):
             data, n = next(runs).encode(), len(part)
@@ -291,7 +317,7 @@ def _realigned(pieces: list[str], text: str) -> list[bytes] | None:
     from the text but not its tokens. Only a tail after the last split character may be dropped."""
     joined = "".join(pieces)
     tail = joined[joined.rfind(SPLIT_CHAR) + 1 :]
-    ends = _spellings(_parts([joined[: len(joined) - len(tail)]]), text)
+    ends = _spellings(_parts([joined[: len(joined) - len(tail)]]), text)[-1]
     at = min((end for end in ends if tail.startswith(text[end:])), default=None)  # the longest kept tail
     return None if at is None else piece_bytes(pieces, text[:at] + tail)
 

@@ -124,6 +124,15 @@ async def test_a_pick_in_cjk_is_snapped_by_its_characters(fake_model, pick, guid
     assert (result.answer, result.source) == ("北京", "aggregator")
 
 
+@pytest.mark.parametrize("guided", [True, False])
+async def test_a_hyphenated_pick_is_snapped_to_the_answer_written_without_the_hyphen(fake_model, guided):
+    """The key made "Spider-Man" "spider man": it matched no candidate and the majority won."""
+    reports = [_report("t0", "Batman"), _report("t1", "Batman"), _report("t2", "Spiderman")]
+    model = fake_model(["Spider-Man" if guided else "<answer>Spider-Man</answer>"])
+    result = await aggregate_reports(model, "Which hero?", reports, guided=guided)
+    assert (result.answer, result.source) == ("Spiderman", "aggregator")
+
+
 @pytest.mark.parametrize(
     "reply",
     [
@@ -270,6 +279,9 @@ def test_a_vote_group_is_shown_by_its_most_common_text(make_trajectory):
     [
         (["35", "3.5", "3.5", "4"], "3.5"),  # "3.5" and "35" were one group, shown as "35"
         (["上海", "北京", "北京。"], "北京"),  # "北京" and "北京。" were two votes against "上海"
+        (["Batman", "Spider-Man", "Spiderman"], "Spider-Man"),  # "Spider-Man" and "Spiderman" were two
+        (["The A-Team", "Bravo", "Bravo", "The Team"], "Bravo"),  # "The A-Team" was "The Team"
+        (["106", "10⁶", "10^6"], "10⁶"),  # NFKC made "10⁶" "106"
     ],
 )
 def test_majority_vote_counts_different_answers_apart_and_one_answer_together(make_trajectory, answers, expected):

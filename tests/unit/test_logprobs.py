@@ -336,6 +336,33 @@ def test_thirty_split_characters_in_a_thought_leave_the_tool_call_its_own_tokens
     assert [(r["start"], r["end"]) for r in recs[1:5]] == [(7, 8), (7, 8), (8, 9), (8, 9)]
 
 
+def _repetition(n):
+    """A repetition loop of ``n`` 哈 in a thought, as vLLM sends it: byte-level BPE tokens
+    [E5 93 88 E5][93 88] per two characters, decoded "哈\ufffd" and "\ufffd\ufffd"."""
+    return ["<think>", *["哈\ufffd", "\ufffd\ufffd"] * (n // 2), "</think>"], f"<think>{'哈' * n}</think>"
+
+
+def test_a_short_repetition_of_split_characters_is_aligned():
+    pieces, text = _repetition(20)
+    assert b"".join(piece_bytes(pieces, text)) == text.encode()
+
+
+@pytest.mark.parametrize("n", [200, 2_400, 20_000])
+def test_a_repetition_loop_of_split_characters_is_aligned_without_blowing_up(n):
+    """Each run of three marks fits one to three 哈, so the ends the tokens could reach grew with the
+    loop, each kept with a copy of its runs so far: 2,400 characters took 75 s, synchronously in the
+    async generate path (20,000 would take hours). Only the nearest ends are followed now."""
+    pieces, text = _repetition(n)
+    assert b"".join(piece_bytes(pieces, text)) == text.encode()
+
+
+def test_a_repetition_loop_of_split_characters_keeps_the_later_regions_offsets():
+    pieces, text = _repetition(2_400)
+    recs = normalize_logprobs({"content": [_vllm_entry(t) for t in pieces]}, text)
+    assert _spans(recs[:2]) == [("<think>", 0, 7), ("哈\ufffd", 7, 9)]
+    assert _spans(recs[-1:]) == [("</think>", len(text) - 8, len(text))]
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -176,10 +176,38 @@ def test_vote_key_keeps_the_punctuation_that_makes_a_different_answer(one, other
         ("ABC", "ＡＢＣ"),
         ("3,000", "3000"),
         ("U.S.", "US"),
+        # Hyphens inside a word became spaces: "Spider-Man" and "Spiderman" voted apart.
+        ("Spider-Man", "Spiderman"),
+        ("e-mail", "email"),
+        ("Wi-Fi", "WiFi"),
+        ("B-52", "B52"),
+        ("COVID-19", "COVID19"),
+        ("“The Hamlet”", "Hamlet"),
+        ("10⁻⁶", "10^-6"),
+        ("H₂O", "H2O"),
     ],
 )
 def test_vote_key_groups_one_answer_written_with_other_characters(one, other):
     assert normalize_vote_key(one) == normalize_vote_key(other)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("A-ha", "Ha"),
+        ("The A-Team", "The Team"),
+        ("A-League", "League"),
+        ("Texas A&M", "Texas M"),
+        ("10⁶", "106"),
+        ("2³", "23"),
+        ("Jean-Paul", "Jean Paul"),
+    ],
+)
+def test_vote_key_keeps_apart_what_the_scorer_keeps_apart(one, other):
+    """Punctuation became spaces before the articles went ("A-ha" voted as "Ha", "The A-Team" as
+    "The Team"), and NFKC made the exponent of "10⁶" a digit of "106"."""
+    assert normalize_vote_key(one) != normalize_vote_key(other)
+    assert normalize_answer(one) != normalize_answer(other)
 
 
 # LLM judge -----------------------------------------------------------------------------------
