@@ -44,7 +44,6 @@ _WORD_HYPHEN = re.compile(r"(?<=[^\W_])[-\u2010](?=[^\W\d_])|(?<=[^\W\d_])[-\u20
 # NFKC makes superscript digits plain, and an exponent another number ("10⁶" would be "106"): they
 # are marked as one is typed ("10^6", "10⁻⁶" is "10^-6"). Subscript digits stay plain: "H₂O" is "H2O".
 _EXPONENT = re.compile("[⁺⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
-_VOTE_ARTICLES = frozenset({"a", "an", "the"})
 # Han, kana and Hangul text has no spaces between words: each character is a token.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 
@@ -92,7 +91,7 @@ def _folded(text: str) -> str:
 def _is_article(word: str) -> bool:
     # An article is a word between spaces, whatever punctuation surrounds it ("“The"); one joined to
     # another word is part of a name ("A-ha", "A&M", "The A-Team").
-    return word.strip("".join(ch for ch in word if _dropped(ch))) in _VOTE_ARTICLES
+    return _ARTICLES.fullmatch(word.strip("".join(ch for ch in word if _dropped(ch)))) is not None
 
 
 def _vote_text(text: str) -> str:

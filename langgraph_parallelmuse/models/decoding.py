@@ -125,6 +125,7 @@ class Decoder:
         # A token decoded after this keeps the leading space a SentencePiece decoder strips from the
         # start of the text.
         self._anchor = list(tokenizer("a", add_special_tokens=False).input_ids)
+        self._anchor_chars = len(self.decode(self._anchor))
         self.token_info = functools.lru_cache(maxsize=65536)(self._token_info)
 
     def _token_info(self, token_id: int) -> tuple[str, list[int]]:
@@ -133,7 +134,7 @@ class Decoder:
         raw = self._spelled_bytes(piece) if isinstance(piece, str) else None
         if raw is not None:
             return bytes(raw).decode("utf-8", errors="replace"), raw
-        text = self.decode([*self._anchor, token_id])[len(self.decode(self._anchor)) :]
+        text = self.decode([*self._anchor, token_id])[self._anchor_chars :]
         return text, list(text.encode("utf-8"))
 
     def _spelled_bytes(self, piece: str) -> list[int] | None:
