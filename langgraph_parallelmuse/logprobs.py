@@ -279,11 +279,16 @@ def normalize_logprobs(payload: Any, text: str | None = None) -> list[TokenRecor
     if raws is not None:
         # Byte-accurate offsets. A token starts where the complete characters before it end and
         # ends after any character it touches, so each token of a split character covers it.
-        whole, at = b"".join(raws), 0
+        spans = _char_spans(b"".join(raws))
+        done = touched = at = 0  # characters ending at or before ``at``; characters starting before it
         for (token, lp, tops, _), raw in zip(entries, raws, strict=True):
-            start = _chars_before(whole, at)
+            while done < len(spans) and spans[done][1] <= at:
+                done += 1
+            start = done
             at += len(raw)
-            end = max(start, len(whole[:at].decode("utf-8", errors="replace")))
+            while touched < len(spans) and spans[touched][0] < at:
+                touched += 1
+            end = max(start, touched)
             records.append(TokenRecord(token=token, logprob=lp, top_logprobs=tops, start=start, end=end))
     else:
         pos = 0
@@ -322,28 +327,26 @@ def _realigned(pieces: list[str], text: str) -> list[bytes] | None:
     return None if at is None else piece_bytes(pieces, text[:at] + tail)
 
 
-def _chars_before(data: bytes, at: int) -> int:
-    """How many characters of ``data`` (decoded as the text is, an invalid byte sequence as one
-    U+FFFD) end at or before byte ``at``: the characters of ``data[:at]``, less the last when it
-    is the valid start of a character that the byte at ``at`` goes on with. Each lead byte allows
-    its own range next (after E0 only A0-BF, after ED only 80-9F), so ``decode`` decides.
+def _char_spans(data: bytes) -> list[tuple[int, int]]:
+    """The byte span of each character of ``data`` decoded as the text is (``errors="replace"``:
+    each maximal invalid subpart one U+FFFD), in one pass: decoding every token's prefix again made
+    offsets quadratic in the reply's length (20,000 split characters took 16 s).
+
+    Example:
+        >>> _char_spans("aü".encode() + b"\\xe4\\xbd" + b"x")
+        [(0, 1), (1, 3), (3, 5), (5, 6)]
     """
-    before = data[:at]
-    count = len(before.decode("utf-8", errors="replace"))
-    # A valid but incomplete character is at most 3 bytes: its lead byte and up to 2 more.
-    lead = next((p for p in range(at - 1, max(at - 3, 0) - 1, -1) if not 0x80 <= before[p] < 0xC0), None)
-    if lead is None or at == len(data) or _utf8(before[lead:]) != "start":
-        return count
-    return count - (_utf8(before[lead:] + data[at : at + 1]) != "invalid")
-
-
-def _utf8(data: bytes) -> str:
-    """What ``data`` is as UTF-8: ``whole`` characters, the valid ``start`` of one, or ``invalid``."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return "start" if exc.reason == "unexpected end of data" else "invalid"
-    return "whole"
+    spans, at = [], 0
+    for char in data.decode("utf-8", errors="replace"):
+        size = len(char.encode())
+        if char == SPLIT_CHAR and data[at : at + size] != char.encode():
+            try:  # a replacement: the invalid subpart the decoder replaced, which starts here
+                data[at : at + 4].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                size = exc.end
+        spans.append((at, at + size))
+        at += size
+    return spans
 
 
 def shift(records: list[TokenRecord], offset: int) -> list[TokenRecord]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -255,6 +256,34 @@ def test_an_invalid_byte_counts_as_its_replacement_character_for_every_later_tok
     lead = [("\ufffd", [0xE0]), ("\ufffd", [0x82]), ("a", [0x61])]
     payload = {"content": [{"token": t, "logprob": -0.1, "bytes": b, "top_logprobs": []} for t, b in lead]}
     assert [(r["start"], r["end"]) for r in normalize_logprobs(payload, "\ufffd\ufffda")] == [(0, 1), (1, 2), (2, 3)]
+
+
+def _decoded(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_byte_offsets_follow_the_decoded_text_for_random_bytes(seed):
+    """Offsets are computed in one pass over the reply (decoding every token's prefix again was
+    quadratic): on random valid and invalid bytes cut at random, a token starts after the
+    characters that end before it (a cut where decoding both sides gives the text) and ends after
+    every character its bytes touch."""
+    rng = random.Random(seed)
+    invalid = [b"\x80", b"\xbf", b"\xe0", b"\xe4\xbd", b"\xed", b"\xf0\x9f", b"\xff"]
+    pool = [*(c.encode() for c in "aü你😀\ufffd"), *invalid]
+    for _ in range(300):
+        data = b"".join(rng.choice(pool) for _ in range(rng.randint(1, 6)))
+        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(0, len(data) - 1)))
+        bounds = [0, *cuts, len(data)]
+        pieces = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        payload = [{"token": _decoded(p), "logprob": -0.1, "bytes": list(p), "top_logprobs": []} for p in pieces]
+        text = _decoded(data)
+        whole_cuts = [p for p in range(len(data) + 1) if _decoded(data[:p]) + _decoded(data[p:]) == text]
+        expected = [
+            (max(len(_decoded(data[:p])) for p in whole_cuts if p <= a), len(_decoded(data[:b])))
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+        assert [(r["start"], r["end"]) for r in normalize_logprobs(payload, text)] == expected, (data, pieces)
 
 
 def test_both_tokens_of_a_split_char_at_a_region_start_are_in_the_region():
