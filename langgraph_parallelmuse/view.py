@@ -33,10 +33,13 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
     ``R``/``E`` are the reasoning/exploration perplexities of each step; ``⑂`` marks a fork.
 
     Example:
+        >>> result = graph.invoke({"question": "What is the capital of France?"})  # doctest: +SKIP
         >>> print(render_tree(result["trajectories"]))  # doctest: +SKIP
         t0 (initial) answered: 'Paris'
         ├─ step 0  R= 3.10 E= 5.20  search(capital of France)
-        │  ⑂ t0.s0.b0 (branch, exploration PPL 5.20) answered: 'Paris'
+        │  ⑂ forked here:
+        │     t0.s0.b0 (branch, exploration PPL 5.20) answered: 'Paris'
+        ...
     """
     children: dict[tuple[str, int], list[Trajectory]] = {}
     for t in trajectories:

@@ -23,6 +23,9 @@ def uncertainty_profile(records: Sequence[dict]) -> dict[str, dict[int, tuple[fl
     regenerates from its fork, so its early steps are its parent's.
 
     Example:
+        >>> from pathlib import Path
+        >>> from langgraph_parallelmuse.eval.bench import load_done
+        >>> records = list(load_done(Path("bench-results/hotpot/results.jsonl")).values())  # a bench's rows
         >>> mean, count = uncertainty_profile(records)["reasoning"][0]  # doctest: +SKIP
     """
     values: dict[str, dict[int, list[float]]] = {"reasoning": defaultdict(list), "exploration": defaultdict(list)}
@@ -44,6 +47,7 @@ def plot_uncertainty_profile(profile: dict[str, dict[int, tuple[float, int]]], p
     """Mean step-wise perplexity per functional region (the paper's Figure 1 analogue).
 
     Example:
+        >>> records = []  # ``parallelmuse bench`` rows, as in :func:`uncertainty_profile`
         >>> plot_uncertainty_profile(uncertainty_profile(records), "profile.png")  # doctest: +SKIP
     """
     plt = _plt()
@@ -74,6 +78,8 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
     the same cost (every vote reads the same trajectories), where labels on the points overlap.
 
     Example:
+        >>> from langgraph_parallelmuse.eval.bench import summarize
+        >>> records = []  # ``parallelmuse bench`` rows, as in :func:`uncertainty_profile`
         >>> plot_accuracy_vs_tokens(summarize(records), "accuracy_vs_tokens.png")  # doctest: +SKIP
     """
     plt = _plt()

@@ -107,7 +107,7 @@ class InferenceEngine:
         >>> ids = loaded.tokenizer("The capital of France is").input_ids  # doctest: +SKIP
         >>> engine.generate(GenerationRequest(ids, max_new_tokens=4, temperature=0)).text
         ... # doctest: +SKIP
-        ' Paris.'
+        ' Paris.\\n\\n'
     """
 
     def __init__(

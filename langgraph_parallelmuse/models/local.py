@@ -251,8 +251,9 @@ class LocalChatModel(BaseChatModel):
         Example:
             >>> from langchain_core.messages import HumanMessage
             >>> llm = LocalChatModel.embedded()
-            >>> llm.count_prompt_tokens([HumanMessage("Hi")])  # doctest: +SKIP
-            17
+            >>> llm.count_prompt_tokens([HumanMessage("Hi")])  # the template adds its system prompt
+            ... # doctest: +SKIP
+            31
         """
         return len(self._prompt_ids(messages))
 

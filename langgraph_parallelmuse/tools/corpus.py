@@ -283,8 +283,8 @@ class CorpusIndex:
             Up to ``k`` hits, best first; empty when no term matches.
 
         Example:
-            >>> index = CorpusIndex.wikipedia()  # doctest: +SKIP
-            >>> [h.title for h in index.search('Eiffel "tower" AND (Paris)', k=2)]  # doctest: +SKIP
+            >>> index = CorpusIndex.wikipedia()
+            >>> [h.title for h in index.search('Eiffel "tower" AND (Paris)', k=2)]
             ['Eiffel Tower', 'Gustave Eiffel']
         """
         match = fts_query(query)
@@ -316,7 +316,7 @@ class CorpusIndex:
             doc_ids: If given, only these documents can be returned.
 
         Example:
-            >>> CorpusIndex.wikipedia().get("eiffel tower").id  # doctest: +SKIP
+            >>> CorpusIndex.wikipedia().get("eiffel tower").id
             'eiffel-tower'
         """
         key = id_or_title.strip()

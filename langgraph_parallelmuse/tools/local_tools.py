@@ -227,11 +227,12 @@ def make_corpus_tools(
 
     Example:
         >>> from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
-        >>> search, visit = make_corpus_tools(CorpusIndex.wikipedia(), k=3)  # doctest: +SKIP
-        >>> msg = asyncio.run(search.ainvoke(  # doctest: +SKIP
+        >>> search, visit = make_corpus_tools(CorpusIndex.wikipedia(), k=3)
+        >>> import asyncio
+        >>> msg = asyncio.run(search.ainvoke(
         ...     {"type": "tool_call", "id": "1", "name": "search", "args": {"query": "Eiffel"}}
         ... ))
-        >>> msg.artifact["doc_ids"][0]  # doctest: +SKIP
+        >>> msg.artifact["doc_ids"][0]
         'eiffel-tower'
     """
     subset = None if doc_ids is None else tuple(dict.fromkeys(doc_ids))

@@ -92,6 +92,7 @@ def make_tavily_tools(
 
     Example:
         >>> search, visit = make_tavily_tools(max_results=3)  # doctest: +SKIP
+        >>> import asyncio
         >>> msg = asyncio.run(search.ainvoke(  # doctest: +SKIP
         ...     {"type": "tool_call", "id": "1", "name": "search", "args": {"query": "LangGraph"}}
         ... ))
