@@ -84,6 +84,15 @@ def build_parallelmuse_graph(
     """The uncompiled ParallelMuse graph, for composing into larger graphs.
 
     Args and behaviour as :func:`create_parallelmuse` (which compiles this graph).
+
+    Example:
+        >>> from langgraph_parallelmuse import LocalChatModel
+        >>> from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
+        >>> tools = make_corpus_tools(CorpusIndex.wikipedia())
+        >>> builder = build_parallelmuse_graph(LocalChatModel.embedded(), tools, config={"n": 4, "k": 1})
+        >>> list(builder.nodes)[:3]  # add your own nodes and edges, then compile
+        ['prepare', 'initial_rollout', 'online_rollout']
+        >>> graph = builder.compile()
     """
     base_config = make_config(config)
     tools = list(tools)

@@ -21,7 +21,14 @@ _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("parallelmus
 
 @contextmanager
 def routing_scope(key: str) -> Iterator[None]:
-    """Route every model call made inside this block by ``key`` (the graph uses the question)."""
+    """Route every model call made inside this block by ``key`` (the graph uses the question).
+
+    Example:
+        >>> from langchain_core.messages import HumanMessage
+        >>> with routing_scope("Where is the Eiffel Tower?"):
+        ...     routing_key([HumanMessage("Compare these reports: ...")])
+        'Where is the Eiffel Tower?'
+    """
     token = _ROUTE.set(key)
     try:
         yield

@@ -36,6 +36,12 @@ def postgres_spec(data_dir: str | Path, *, bin_dir: str | Path | None = None) ->
     Raises:
         ConfigError: No PostgreSQL server binaries were found.
         ServerError: ``initdb`` failed (its output is in the message).
+
+    Example:
+        >>> from langgraph_parallelmuse.serving import serve
+        >>> with serve([postgres_spec("/tmp/parallelmuse-db")]) as (db,):  # doctest: +SKIP
+        ...     db.url
+        'postgresql://postgres@127.0.0.1:40123/postgres'
     """
     binaries = _postgres_bin(bin_dir)
     data = Path(data_dir).resolve()

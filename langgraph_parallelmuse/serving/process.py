@@ -225,7 +225,15 @@ def _failure(server: Server, what: str) -> str:
 
 
 def stop_group(proc: subprocess.Popen, *, stop_signal: int = signal.SIGTERM, grace: float = 15.0) -> None:
-    """Signal the process group led by ``proc``; SIGKILL it if it is still there after ``grace`` s."""
+    """Signal the process group led by ``proc``; SIGKILL it if it is still there after ``grace`` s.
+
+    Example:
+        >>> import subprocess, sys
+        >>> proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        >>> stop_group(proc, grace=5.0)
+        >>> proc.returncode == -signal.SIGTERM
+        True
+    """
     for sig, wait in ((stop_signal, grace), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
