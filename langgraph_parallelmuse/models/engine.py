@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import operator
 import os
 import queue
 import threading
@@ -31,6 +30,7 @@ from langgraph_parallelmuse.models.requests import (
     GenerationRequest,
     GenerationResult,
     RequestFuture,
+    integer,
     sampling_problem,
 )
 from langgraph_parallelmuse.models.runner import ModelRunner
@@ -76,11 +76,10 @@ def _token_ids(ids: Any, name: str) -> list[int]:
         raise InputError(f"{name}={ids!r}: pass a list of integer token ids")
     converted = []
     for token in items:
-        try:
-            converted.append(operator.index(token))
-        except TypeError:
+        if (value := integer(token)) is None:
             # The offending id, not the whole prompt, goes into the message.
-            raise InputError(f"{name} holds {token!r}: pass a list of integer token ids") from None
+            raise InputError(f"{name} holds {token!r}: pass a list of integer token ids")
+        converted.append(value)
     return converted
 
 
@@ -200,7 +199,10 @@ class InferenceEngine:
             raise InputError(problem)
         if (problem := sampling_problem(request)) is not None:
             raise InputError(problem)
-        return dataclasses.replace(request, prompt_ids=prompt, forced_ids=forced)
+        seed = None if request.seed is None else integer(request.seed)
+        return dataclasses.replace(
+            request, prompt_ids=prompt, forced_ids=forced, seed=seed, max_new_tokens=integer(request.max_new_tokens)
+        )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Submit and wait; a wait given up (Ctrl-C) cancels the request, so the worker stops it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -71,6 +72,24 @@ class RequestFuture(Future):
         return super().cancel()
 
 
+def integer(value: object) -> int | None:
+    """``value`` as a plain ``int`` when it is an integer of any type (numpy, torch), else ``None``.
+
+    A bool is not taken: ``True`` as a token id or a seed is a caller's mistake, not the number 1.
+
+    Example:
+        >>> import numpy as np
+        >>> integer(np.int64(7)), integer(2.0), integer(True)
+        (7, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def sampling_problem(request: GenerationRequest) -> str | None:
     """What is wrong with a request's sampling settings (``None``: nothing), checked before it is queued.
 
@@ -86,19 +105,16 @@ def sampling_problem(request: GenerationRequest) -> str | None:
     def number(x: object) -> bool:
         return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
-    def integer(x: object) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool)
-
     if not number(request.temperature) or request.temperature < 0:
         return f"temperature={request.temperature!r}: pass a number >= 0 (0 is greedy)"
     if not number(request.top_p) or not 0 <= request.top_p <= 1:
         return f"top_p={request.top_p!r}: pass a number in [0, 1]"
     if isinstance(request.stop, str) or not all(isinstance(s, str) for s in request.stop):
         return f"stop={request.stop!r}: pass a list of strings"
-    if not integer(request.max_new_tokens) or request.max_new_tokens < 0:
+    if (max_new := integer(request.max_new_tokens)) is None or max_new < 0:
         return f"max_new_tokens={request.max_new_tokens!r}: pass an integer >= 0"
     # Not refused here, a float or bool seed failed later, in the worker's manual_seed.
-    if request.seed is not None and (not integer(request.seed) or not 0 <= request.seed < 2**64):
+    if request.seed is not None and ((seed := integer(request.seed)) is None or not 0 <= seed < 2**64):
         return f"seed={request.seed!r}: pass an integer in [0, 2**64)"
     return None
 

@@ -375,10 +375,18 @@ def test_bad_sampling_settings_are_refused_before_they_reach_a_batch(engine, tok
     # with it, and the rows already decoding, never resolved.
     # A float or bool seed passed the range check and failed later, in the worker's manual_seed.
     settings = [("temperature", None), ("temperature", -1.0), ("top_p", 1.5), ("max_new_tokens", None)]
-    settings += [("seed", 1.5), ("seed", 2.0), ("seed", True)]
+    settings += [("seed", 1.5), ("seed", 2.0), ("seed", True), ("max_new_tokens", True)]
     for setting, value in settings:
         with pytest.raises(InputError, match=f"{setting}={value!r}"):
             engine.submit(greedy(tokenizer, "hi", **{setting: value}))
+
+
+def test_a_numpy_or_torch_integer_seed_and_token_limit_are_taken_as_ints(engine, tokenizer) -> None:
+    # Refused before: a seed drawn with numpy (np.random.default_rng().integers) was "not an integer".
+    plain = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=6, temperature=0.8, seed=11))
+    for seed, limit in ((np.int64(11), np.int32(6)), (torch.tensor(11), torch.tensor(6))):
+        again = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=limit, temperature=0.8, seed=seed))
+        assert again.token_ids == plain.token_ids
 
 
 def test_top_p_zero_is_greedy_and_fails_no_other_row(engine, tokenizer) -> None:
@@ -595,6 +603,9 @@ def test_token_ids_of_any_integer_type_are_taken_and_others_refused_at_submit(en
         engine.submit(GenerationRequest([float(t) for t in prompt]))
     with pytest.raises(InputError, match=r"forced_ids holds tensor\(5\.\)"):
         engine.submit(GenerationRequest(prompt, forced_ids=torch.tensor([5.0])))
+    # A bool is an int to Python: True was taken as token id 1.
+    with pytest.raises(InputError, match=r"forced_ids holds True"):
+        engine.submit(GenerationRequest(prompt, forced_ids=[True]))
     scored = engine.generate(GenerationRequest(prompt, temperature=0.0, top_logprobs=2, forced_ids=option))
     for forced in (np.array(option), torch.tensor(option)):
         again = engine.generate(GenerationRequest(np.array(prompt), temperature=0.0, top_logprobs=2, forced_ids=forced))
