@@ -41,6 +41,7 @@ from langgraph_parallelmuse.protocol import (
     SYSTEM_PROMPT,
     action_start,
     build_messages,
+    content_text,
     describe_tools,
     parse_action,
     region_spans,
@@ -62,18 +63,22 @@ _DEFAULT_CONFIG = ParallelMuseConfig()
 def close_open_tag(text: str) -> str:
     """Re-append the closing tag a stop string swallowed (``</tool_call>`` / ``</answer>``).
 
-    Only the action part counts, as :func:`~.protocol.parse_action` reads it: a tag the
-    reasoning mentions must not be the one closed.
+    The tag closed is the action's, as :func:`~.protocol.parse_action` reads it: the first one
+    opened after the reasoning. A tag the reasoning mentions, or one the action itself mentions
+    (an answer about ``<tool_call>`` tags), must not be the one closed.
 
     Example:
         >>> close_open_tag("<think>no <tool_call> needed</think><answer>Paris")
         '<think>no <tool_call> needed</think><answer>Paris</answer>'
+        >>> close_open_tag("<think>x</think><answer>wrap it in <tool_call> tags")
+        '<think>x</think><answer>wrap it in <tool_call> tags</answer>'
     """
     action = text[action_start(text) :]
-    for tag in ("tool_call", "answer"):
-        if action.rfind(f"<{tag}>") > action.rfind(f"</{tag}>"):
-            return text + f"</{tag}>"
-    return text
+    opened = [(at, tag) for tag in ("tool_call", "answer") if (at := action.find(f"<{tag}>")) >= 0]
+    if not opened:
+        return text
+    at, tag = min(opened)
+    return text if action.find(f"</{tag}>", at) >= 0 else text + f"</{tag}>"
 
 
 def _context_exhausted(steps: Sequence[Step], observations: Sequence[Observation], cfg: ParallelMuseConfig) -> bool:
@@ -101,14 +106,6 @@ def _ended_by(exc: BaseException, index: int, model: BaseChatModel, *, trimmed: 
         return None
     error = f"the context is exhausted at step {index}: {type(exc).__name__}: {exc}"
     return {"status": "context_exhausted", "answer": None, "error": redact(error, secrets_of(model))}
-
-
-def _tool_text(content: Any) -> str:
-    if isinstance(content, bytes):
-        return content.decode("utf-8", errors="replace")
-    if isinstance(content, list):
-        return "\n".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
-    return str(content)
 
 
 @dataclass
@@ -144,17 +141,24 @@ async def _sample_step(
     sampling: Sampling,
     seed: Callable[[int], int],
     spent: _Spent,
-) -> tuple[str, Action, TurnResult]:
-    """Generate one turn, resampling (up to ``driver.retries`` times) what the driver rejects."""
-    for attempt in range(driver.retries + 1):
+) -> tuple[str, Action, TurnResult, str | None]:
+    """Generate one turn, resampling (up to ``driver.retries`` times) what the driver rejects.
+
+    Returns:
+        The kept turn's text, action and result, and why the driver still rejects it (``None``:
+        accepted): when the resamples run out, the last one is kept, so the trajectory goes on.
+    """
+    # At temperature 0 every call is greedy: a resample would be the same turn again, paid for twice.
+    attempts = driver.retries + 1 if sampling.temperature > 0 else 1
+    for attempt in range(attempts):
         turn = await generate_turn(model, messages, driver.plan(ctx), sampling=sampling, seed=seed(attempt))
         truncated = turn.finish_reason == "length"
         text = turn.text if truncated else close_open_tag(turn.text)
         action = parse_action(text, truncated=truncated)
         spent.add(turn)
-        if driver.reject(ctx, text, action) is None:
+        if (rejected := driver.reject(ctx, text, action)) is None:
             break
-    return text, action, turn
+    return text, action, turn, rejected
 
 
 def _low_confidence(own: Sequence[Step], cfg: ParallelMuseConfig) -> str | None:
@@ -247,7 +251,7 @@ class _StepNodes:
                 max_observation_chars=trim,
             )
             try:
-                text, action, turn = await _sample_step(
+                text, action, turn, rejected = await _sample_step(
                     self.model,
                     driver,
                     ctx,
@@ -286,6 +290,8 @@ class _StepNodes:
         )
         if "bridge" in turn.segments:
             step["bridge"] = turn.segments["bridge"]
+        if rejected is not None:
+            step["rejected"] = rejected
         update = _outcome(step, final=ctx.final, exhausted=exhausted)
         if cfg.early_stop and update["status"] == "running":
             own = [*steps[origin.get("step") or 0 :], step] if origin.get("kind") == "branch" else [*steps, step]
@@ -361,9 +367,9 @@ def build_rollout_graph(
         taken_calls: With ``diverse_branches``, the tool calls a branch's first regenerated step
             must not repeat (its parent's and its siblings', read from their checkpoints).
     """
-    system = (
-        (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools)).replace("{{", "{").replace("}}", "}")
-    )
+    # Only {tools} is filled in: the braces of a custom prompt (a JSON example) and of the tool
+    # descriptions reach the model as written.
+    system = (system_prompt or SYSTEM_PROMPT).replace("{tools}", describe_tools(tools))
     nodes = _StepNodes(model, {t.name: t for t in tools}, driver_for, system, taken_calls)
     graph = StateGraph(AgentState, context_schema=ParallelMuseConfig)
     graph.add_node("think", nodes.think)
@@ -416,7 +422,8 @@ async def _run_tool(
     # A tool function that returns None comes back from LangChain as the JSON text "null".
     if content is None or (isinstance(result, ToolMessage) and content == "null"):
         return f"Error: tool {name!r} returned nothing (None).", True, doc_ids
-    return _tool_text(content), error, doc_ids
+    # A tool's several results (content blocks) go one a line, not run together.
+    return content_text(content, sep="\n"), error, doc_ids
 
 
 # The saver of the run a rollout serves (the ParallelMuse graph's own, which LangGraph Server

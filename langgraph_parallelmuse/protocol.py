@@ -20,16 +20,21 @@ from langgraph_parallelmuse.state import Action, Observation, Step
 REGION_TAGS = {"reasoning": "think", "exploration": "tool_call", "answer": "answer"}
 
 # Any opening or closing protocol tag, also with odd spacing/case, so a web page cannot
-# close a tool response, open an answer or inject a tool call.
-_TAG_RE = re.compile(r"<\s*(/?)\s*(think|tool_call|tool_response|answer)\s*>", re.IGNORECASE)
+# close a tool response, open an answer or inject a tool call. The quantifiers are possessive:
+# backtracking into "<", blanks, an empty "/?" and blanks again split a run of blanks every
+# possible way (quadratic: 14 s for 16,000 blanks after a "<" in a page); a blank is never "/",
+# a tag letter or ">", so no match needs a blank given back.
+_TAG_RE = re.compile(r"<\s*+(/?)\s*+(think|tool_call|tool_response|answer)\s*+>", re.IGNORECASE)
 
+# Sent as written except ``{tools}``, which becomes the tool list (build_rollout_graph fills a custom
+# prompt the same way), so no brace here is escaped.
 SYSTEM_PROMPT = """You are a deep research assistant. Answer the user's question by searching for \
 evidence step by step.
 
 Every reply has exactly this form:
 <think>your reasoning about what you know and what to find next</think>
 then EITHER one tool call
-<tool_call>{{"name": "<tool name>", "arguments": {{...}}}}</tool_call>
+<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>
 OR, once the evidence is sufficient, the final answer as a short phrase
 <answer>the answer</answer>
 
@@ -55,6 +60,35 @@ def one_line(text: object, limit: int | None = None) -> str:
     """
     line = " ".join(str(text).split())
     return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
+
+
+def content_text(content: object, sep: str = "") -> str:
+    """The text of a message's or a tool's content, joined by ``sep`` when it is a list of parts.
+
+    Content may be a list of content blocks (``ChatOpenAI(output_version="v1")``, the Responses
+    API, Anthropic's models; a tool's several results) rather than a string: its strings and text
+    blocks are the text, other blocks (reasoning, images, tool use) none of it. A model's turn
+    joins its parts with nothing between them, as LangChain's ``message.text`` does, so the text
+    is what the model wrote and its token logprobs line up with it.
+
+    Example:
+        >>> content_text([{"type": "reasoning", "reasoning": "hm"}, {"type": "text", "text": "<answer>4"}, "</answer>"])
+        '<answer>4</answer>'
+        >>> content_text(["[1] Paris", "[2] Lyon"], sep="\\n")
+        '[1] Paris\\n[2] Lyon'
+        >>> content_text(b"caf\\xc3\\xa9")
+        'café'
+    """
+    if isinstance(content, bytes):
+        return content.decode("utf-8", errors="replace")
+    if isinstance(content, list):
+        return sep.join(
+            part if isinstance(part, str) else part["text"]
+            for part in content
+            if isinstance(part, str)
+            or (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
+        )
+    return str(content)
 
 
 def neutralize(text: str) -> str:

@@ -23,6 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.logprobs import checked_logprob, normalize_logprobs, shift
+from langgraph_parallelmuse.protocol import content_text
 from langgraph_parallelmuse.retry import with_retries
 from langgraph_parallelmuse.state import TokenRecord
 
@@ -270,7 +271,7 @@ async def generate_turn(
         )
         stop = list(seg.stop) or None
         msg = await with_retries(lambda p=prompt, st=stop, kw=kwargs: model.ainvoke(p, stop=st, **kw))
-        content = msg.content if isinstance(msg.content, str) else str(msg.content)
+        content = content_text(msg.content)
         raw = (msg.response_metadata or {}).get("logprobs")
         tokens = normalize_logprobs(raw, content) if raw else []
         result.tokens.extend(shift(tokens, len(result.text)))

@@ -58,6 +58,9 @@ class Step(TypedDict):
     finish_reason: str
     seconds: float
     bridge: NotRequired[str]  # the entity this step's query starts from (the last hop's best span)
+    # Why the driver still objects to this turn (a repeated tool call, an empty thought): kept because
+    # its resamples ran out, or none was tried (temperature 0, where a resample is the same turn).
+    rejected: NotRequired[str]
 
 
 class Observation(TypedDict):

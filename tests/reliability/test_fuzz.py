@@ -154,6 +154,25 @@ def test_neutralised_text_has_no_tags_and_never_parses_as_an_action(text):
     assert ANY_TAG.search(neutralize(log)) is None
 
 
+# Tag-like text: angle brackets, slashes and runs of every kind of blank around tag names.
+tag_soup = st.lists(
+    st.sampled_from(
+        ["<", "</", "/", ">", " ", "  ", "\n", "\t", "\r\n", "answer", "THINK", "tool_call", "tool_response", "x"]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@FAST
+@given(tag_soup)
+@example("<  / \n answer \t>")
+@example("< //answer>")
+@example("<\n\n/\n\nthink\n\n>")
+def test_the_neutraliser_defuses_exactly_the_tags_the_backtracking_pattern_matched(text):
+    """Its pattern's quantifiers became possessive (linear time); it must match what it matched before."""
+    assert neutralize(text) == ANY_TAG.sub(lambda m: "&lt;" + m.group(0)[1:], text)
+
+
 # ----------------------------------------------------------------------------- logprob normaliser
 
 KEYS = [

@@ -247,6 +247,16 @@ def test_neutralize_keeps_other_markup():
     assert neutralize("<b>bold</b> a < b and <answers>") == "<b>bold</b> a < b and <answers>"
 
 
+@pytest.mark.timeout(30)  # the old pattern took minutes here (14 s at 16,000 blanks, quadratic); now milliseconds
+def test_a_long_run_of_blanks_after_a_lone_angle_bracket_is_read_in_linear_time():
+    """A stray ``<`` then indentation or blank lines (badly stripped HTML): the old pattern split the
+    run of blanks every possible way around its optional ``/`` before giving up."""
+    blanks = " \n" * 30_000
+    page = f"Intro <{blanks}body and a real tag <{blanks}/{blanks}answer{blanks}>"
+    assert neutralize(page) == page.replace(f"<{blanks}/", f"&lt;{blanks}/")
+    assert format_tool_response("<" + blanks) == f"<tool_response>\n<{blanks}\n</tool_response>"
+
+
 @pytest.mark.parametrize("doc", EVIL)
 def test_tool_response_has_exactly_its_own_two_tags(doc):
     wrapped = format_tool_response(doc)
