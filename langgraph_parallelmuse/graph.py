@@ -90,9 +90,8 @@ def build_parallelmuse_graph(
         >>> from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
         >>> tools = make_corpus_tools(CorpusIndex.wikipedia())
         >>> builder = build_parallelmuse_graph(LocalChatModel.embedded(), tools, config={"n": 4, "k": 1})
-        >>> list(builder.nodes)[:3]  # add your own nodes and edges, then compile
+        >>> list(builder.nodes)[:3]  # add your own nodes and edges, then builder.compile()
         ['prepare', 'initial_rollout', 'online_rollout']
-        >>> graph = builder.compile()
     """
     base_config = make_config(config)
     tools = list(tools)
