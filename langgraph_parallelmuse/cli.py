@@ -34,7 +34,7 @@ from rich.table import Table
 from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, RolloutFailedError
-from langgraph_parallelmuse.eval.bench import METHODS
+from langgraph_parallelmuse.eval.bench import METHODS, replacing
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE
@@ -254,7 +254,9 @@ def _progress(*, eta: bool = False) -> Progress:
     ]
     if eta:
         columns += [TextColumn("ETA"), TimeRemainingColumn()]
-    return Progress(*columns, console=console)
+    # Rich estimates the speed from the steps of the last speed_estimate_period seconds (30 by
+    # default): a bench question takes minutes, so its window held one step at most and no ETA.
+    return Progress(*columns, console=console, speed_estimate_period=7 * 24 * 3600)
 
 
 # Control characters but newline and tab: an escape sequence in a page or a model's text would drive
@@ -464,7 +466,8 @@ def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
     try:
         # Encoded before the file is opened: a text UTF-8 cannot encode left it emptied.
         data = json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8")
-        Path(args.json).write_bytes(data)
+        with replacing(args.json) as tmp:  # a full disk leaves the earlier file, not a cut one
+            tmp.write_bytes(data)
     except (OSError, UnicodeEncodeError) as exc:
         # Checked up front, but the disk can still fill or the folder go, and a text can hold a lone
         # surrogate UTF-8 cannot encode: the result is kept anyway, escaped as ASCII JSON.
@@ -644,7 +647,7 @@ async def _bench(args: argparse.Namespace) -> int:
         modes=_names(args.modes, flag="--modes", allowed=tuple(m for m in REGIONS_OF_MODE if m != "none")),
         methods=_names(args.methods, flag="--methods", allowed=tuple(METHODS)),
         estimator=args.estimator,
-        seed=args.seed,
+        seed=0 if args.seed is None else args.seed,
         setting=args.setting,
         max_turns=args.max_turns,
         extra=dict(args.set),
@@ -656,12 +659,17 @@ async def _bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--questions {args.questions} holds no questions: one {{id, question, answers}} per line")
     out_dir = Path(args.out)
     results = out_dir / "results.jsonl"
+    # A file on the way to --out made a traceback of the run's mkdir, and an empty report of --report-only.
+    if file := next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None):
+        raise ConfigError(
+            f"--out {out_dir}: {file} is a file; bench writes a directory (results.jsonl, summary, plots)"
+        )
 
-    def summarise(records: list[dict]) -> None:
+    def summarise(records: list[dict], *, seed: int) -> None:
         if not records:
             console.print(f"no finished question in {results}: nothing to summarise", markup=False)
             return
-        table, plotted = write_outputs(records, out_dir, seed=args.seed)
+        table, plotted = write_outputs(records, out_dir, seed=seed)
         # As written (Markdown): not wrapped at the terminal's width, nor read as markup.
         out.print(table, markup=False, soft_wrap=True)
         if not plotted:
@@ -672,16 +680,25 @@ async def _bench(args: argparse.Namespace) -> int:
     if args.report_only:
         # Without the run's settings: a report need not repeat its flags, and a served model's name
         # is not looked up without the server. finished_records refuses records run with more than one.
-        summarise(finished_records(results, items))
+        records = finished_records(results, items)
+        if not records:
+            raise ConfigError(
+                f"--report-only: no finished question of --questions {args.questions} in {results}: "
+                "is --out the directory of its run?"
+            )
+        # The bootstrap seed of the run (its tables' intervals), unless --seed asks for another.
+        stored = [r["settings"]["seed"] for r in records if "seed" in r.get("settings", {})]
+        summarise(records, seed=args.seed if args.seed is not None or not stored else stored[0])
         return 0
     if not args.corpus:
         sibling = Path(args.questions.replace(".questions.jsonl", ".corpus.jsonl"))
         hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
     already = len(finished_records(results, items, settings=settings))  # before loading anything
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file: bench writes a directory (results.jsonl, summary, plots)")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out_dir}: cannot create it ({exc.strerror}): pick another directory") from exc
     if not os.access(out_dir, os.W_OK):
         raise ConfigError(f"--out {out_dir} is not writable: pick another directory")
     judge = _judge(args)
@@ -697,44 +714,50 @@ async def _bench(args: argparse.Namespace) -> int:
         logprobs=partial or "weighted" in settings.methods,
     )
     started = time.perf_counter()
+    failure: RolloutFailedError | None = None
     try:
         with _progress(eta=True) as prog:
-            task = prog.add_task("questions", total=len(items))
+            # The resumed questions are done, not speed: the ETA is read from this run's own.
+            task = prog.add_task("questions", total=len(items), completed=already)
+            prog.advance(task, 0)  # the time the first question's speed is measured from
 
             def tick(rec: dict) -> None:
                 prog.advance(task)
-                pm = rec["methods"].get("parallelmuse_exploration", rec["methods"].get("majority", {}))
+                name = next((m for m in settings.method_names() if rec["methods"][m].get("answer")), None)
+                answer = f"{name}={_shown(repr(one_line(rec['methods'][name]['answer'], 50)))}" if name else "no answer"
                 prog.console.print(
-                    f"  {_shown(rec['id'])}: gold={_shown(repr(rec['answers'][0]))} "
-                    f"answer={_shown(repr(one_line(pm.get('answer') or '', 50)))} "
-                    f"({rec['seconds']:.0f}s)"
+                    f"  {_shown(rec['id'])}: gold={_shown(repr(rec['answers'][0]))} {answer} ({rec['seconds']:.0f}s)"
                 )
 
-            prog.advance(task, already)
-            records = await run_bench(
-                model,
-                index,
-                items,
-                settings,
-                results,
-                concurrency=args.concurrency,
-                judge=judge,
-                progress=tick,
-                log=functools.partial(prog.console.print, markup=False),
-            )
+            try:
+                records = await run_bench(
+                    model,
+                    index,
+                    items,
+                    settings,
+                    results,
+                    concurrency=args.concurrency,
+                    judge=judge,
+                    progress=tick,
+                    log=functools.partial(prog.console.print, markup=False),
+                )
+            except RolloutFailedError as exc:  # the others finished: summarised, then the failure is the exit
+                records, failure = exc.result["records"], exc
     except asyncio.CancelledError:
         # Ctrl-C: the finished questions are on disk; summarise them so the run's tables are
         # current, then let the interrupt end the command.
         records = finished_records(results, items)
-        summarise(records)
+        summarise(records, seed=settings.seed)
         console.print(
             f"{len(records)} of {len(items)} questions finished; rerun the same command to continue", markup=False
         )
         raise
-    summarise(records)
+    summarise(records, seed=settings.seed)
     console.print(
         f"{len(records)} questions in {time.perf_counter() - started:.0f}s; results in {out_dir}", markup=False
     )
+    if failure is not None:
+        raise failure
     return 0
 
 
@@ -849,7 +872,8 @@ async def _calibrate(args: argparse.Namespace) -> int:
         confidences=confidences,
         stop_quantile=args.stop_quantile,
     )
-    cal.save(args.out)
+    with replacing(args.out) as tmp:
+        cal.save(tmp)
     table = Table("threshold", "value", "from")
     for region, threshold in cal.thresholds.items():
         table.add_row(f"{region} perplexity (branch above)", f"{threshold:.3f}", f"{cal.samples[region]} steps")
@@ -921,7 +945,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--estimator", default="nll", choices=["nll", "entropy"])
     bench.add_argument("--max-turns", type=int, default=ParallelMuseConfig.model_fields["max_turns"].default)
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling and bootstrap seed (default: 0; with --report-only: the one the records were run with)",
+    )
     bench.add_argument("--concurrency", type=_positive, default=1, help="questions in flight at once (>= 1)")
     bench.add_argument(
         "--methods",

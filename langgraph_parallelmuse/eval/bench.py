@@ -9,16 +9,21 @@ differences between methods are paired. Each partial-rollout mode runs the graph
 Reports are written once per trajectory and shared by every method that aggregates it.
 
 Results are appended to a JSONL file one question at a time; a rerun skips finished questions.
+A question whose every trajectory of a set failed (the model could not be called) is not recorded:
+a rerun runs it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import os
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,12 +35,13 @@ from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.concurrency import gather_all
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.driver import GuidedDriver, call_key, pick_driver
-from langgraph_parallelmuse.errors import ConfigError, CorpusError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError, RolloutFailedError
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.lineage import Pick
+from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.stage2 import choose_answer, write_report
 from langgraph_parallelmuse.state import Trajectory
@@ -252,11 +258,28 @@ class _Rollouts:
     timings: dict[str, float]
 
 
+def _check_not_all_failed(item: QAItem, label: str, group: Sequence[Trajectory]) -> None:
+    """Stop a question when every trajectory of one of its sets failed (the model could not be
+    called), as the graph's ``collect`` stops such a run: its scores would be the outage's. A set
+    where only some failed goes on with the others, as the graph's run does.
+
+    Raises:
+        RolloutFailedError: Every trajectory of ``group`` failed; the message gives the first's error.
+    """
+    if group and all(t["status"] == "failed" for t in group):
+        first = one_line(group[0].get("error") or "no error recorded", 300)
+        raise RolloutFailedError(
+            f"every {label} trajectory failed ({len(group)} of {len(group)}), the first: {first}",
+            result={"id": item.id, "trajectories": list(group)},
+        )
+
+
 async def _rollouts(
     runner: RolloutRunner, item: QAItem, settings: BenchSettings, note: Callable[[str], None]
 ) -> _Rollouts:
     started = time.perf_counter()
     scratch, _ = await run_schedule(runner, item.question, config=settings.config(), run_id=f"{item.id}/scratch")
+    _check_not_all_failed(item, "from-scratch", scratch)  # before any branch is sent to a server that is down
     out = _Rollouts({"scratch": scratch}, {}, {"scratch_rollout": time.perf_counter() - started})
     note(f"{settings.n} from-scratch trajectories")
     for mode in settings.modes if settings.needs("partial") else ():
@@ -268,6 +291,7 @@ async def _rollouts(
         config = settings.config(mode)
         run_id = f"{item.id}/partial" + (f"-{mode}" if config.branching == "online" else "")
         group, picks = await run_schedule(runner, item.question, config=config, run_id=run_id, reuse=scratch)
+        _check_not_all_failed(item, f"{mode} partial-rollout", group)
         out.timings[f"branches_{mode}"] = time.perf_counter() - t0
         out.picks[mode] = [[p["step"], p["region"], p["score"], p["round"]] for p in picks]
         # Branch ids repeat across modes; this record holds every mode's trajectories, each branch
@@ -352,6 +376,10 @@ async def run_question(
 
     With a ``judge`` model every answer also gets a ``judge`` score (1.0 when the judge says it
     matches the gold answer; an unreadable verdict counts as 0.0).
+
+    Raises:
+        RolloutFailedError: Every trajectory of the from-scratch set, or of a partial-rollout mode's
+            set, failed (the rule of the graph's run); ``result`` holds the question id and that set.
     """
 
     def note(stage: str) -> None:
@@ -412,18 +440,99 @@ async def run_question(
     }
 
 
+# What every summary reads of a record, besides its id; run_question writes each.
+_RECORD_FIELDS = ("methods", "trajectories", "reports", "picks", "timings")
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _results_lines(path: Path) -> list[tuple[int, bytes]]:
+    """The non-blank lines of a results file with their 1-based numbers; none when it does not exist.
+
+    Split on newline bytes only: records are written with ``ensure_ascii=False``, and a text's
+    U+2028 or U+0085 (which ``str.splitlines`` splits at) would cut a record in two.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:  # a directory, unreadable
+        raise ConfigError(
+            f"cannot read {path} ({exc.strerror}): it is the file a bench run keeps its finished questions in; "
+            "move it away, or choose another output directory"
+        ) from exc
+    return [(number, line) for number, line in enumerate(data.split(b"\n"), 1) if line.strip()]
+
+
+def _parsed(line: bytes) -> tuple[Any, str | None]:
+    """A results line's JSON value, or ``None`` and why it is not UTF-8 JSON (a crash cut it)."""
+    try:
+        return json.loads(line.decode("utf-8")), None
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON: {exc.msg}"
+
+
+def _record_problem(value: Any) -> str | None:
+    """Why a results line's JSON value is not a question record, or ``None`` when it is one."""
+    if not isinstance(value, dict):
+        return f"{_JSON_TYPES.get(type(value), 'null')}, not an object"
+    if not isinstance(value.get("id"), str):
+        return "its id is not a string" if "id" in value else "it has no id"
+    if not isinstance(value.get("settings", {}), dict):  # absent from records older than the field
+        return "its settings are not an object"
+    if missing := [name for name in _RECORD_FIELDS if not isinstance(value.get(name), dict)]:
+        return f"missing or not an object: {', '.join(missing)}"
+    return None
+
+
 def load_done(path: Path) -> dict[str, dict]:
-    """Finished question records of an earlier (possibly interrupted) run, by question id."""
+    """Finished question records of an earlier (possibly interrupted) run, by question id.
+
+    A last line that is not UTF-8 JSON was cut by a crash: it is left out, and its question runs again.
+
+    Raises:
+        ConfigError: ``path`` cannot be read (a directory), or another line is not a question record;
+            the message names the line and what to do.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "results.jsonl"
+        >>> _ = path.write_bytes(b'[]\\n{"id": "q1", "answ')
+        >>> load_done(path)
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: ... line 1 is not a bench question record (an array, ...
+    """
+    lines = _results_lines(path)
     done: dict[str, dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a crash: that question reruns
-                    continue
-                done[rec["id"]] = rec
+    for number, line in lines:
+        value, unreadable = _parsed(line)
+        if unreadable and number == lines[-1][0]:
+            continue
+        if problem := unreadable or _record_problem(value):
+            raise ConfigError(
+                f"{path} line {number} is not a bench question record ({problem}): if it was damaged, delete "
+                "the line and its question runs again; if the file is not a bench run's, choose another "
+                "output directory"
+            )
+        done[value["id"]] = value
     return done
+
+
+def _drop_cut_line(path: Path) -> None:
+    """Drop a last line a crash cut, and end the file with a newline: the records appended next
+    start on a line of their own, so that only a last line is ever cut."""
+    data = path.read_bytes() if path.exists() else b""
+    if not (body := data.rstrip()):
+        return
+    last = body.rfind(b"\n") + 1
+    if _parsed(body[last:])[1] is not None:  # its question runs again
+        with path.open("r+b") as fh:
+            fh.truncate(last)
+    elif not data.endswith(b"\n"):
+        with path.open("ab") as fh:
+            fh.write(b"\n")
 
 
 def _metrics(rows: Sequence[dict], name: str) -> tuple[str, ...]:
@@ -656,7 +765,8 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
         >>> import json, tempfile
         >>> from langgraph_parallelmuse.eval.datasets import QAItem
         >>> path = Path(tempfile.mkdtemp()) / "results.jsonl"
-        >>> rows = [{"id": q, "settings": {"seed": s}} for q, s in (("q0", 0), ("q1", 1))]
+        >>> parts = dict.fromkeys(("methods", "trajectories", "reports", "picks", "timings"), {})
+        >>> rows = [{"id": q, "settings": {"seed": s}, **parts} for q, s in (("q0", 0), ("q1", 1))]
         >>> _ = path.write_text("".join(json.dumps(r) + "\\n" for r in rows))
         >>> [r["id"] for r in finished_records(path, [QAItem("q0", "?", ["a"], [], [], "toy")])]
         ['q0']
@@ -781,28 +891,44 @@ async def run_bench(
     progress: Any = None,
     log: Any = None,
 ) -> list[dict]:
-    """Run (or continue) a benchmark, appending one JSON line per finished question."""
+    """Run (or continue) a benchmark, appending one JSON line per finished question.
+
+    Returns:
+        The records of ``items``, earlier runs' included, in the order of ``items``.
+
+    Raises:
+        RolloutFailedError: After every other question, when some failed (every trajectory of one of
+            their sets did, as :func:`run_question` raises): they are not recorded, so a rerun runs
+            them again. ``result["records"]`` holds the finished records, ``result["failed"]`` the
+            failed questions' ids and reasons.
+    """
     from langgraph_parallelmuse.tools import make_corpus_tools
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
-        with out.open("a") as fh:  # a crash cut the last line: keep new records off it
-            fh.write("\n")
     records = finished_records(out, items, settings=settings)
+    _drop_cut_line(out)
     finished = {r["id"] for r in records}
     todo = [i for i in items if i.id not in finished]
     check_doc_ids(index, todo, setting=settings.setting)  # before any model call
     sem = asyncio.Semaphore(concurrency)
     lock = asyncio.Lock()
+    failed: dict[str, str] = {}
 
     async def one(item: QAItem) -> None:
         async with sem:
             subset = item.context_doc_ids if settings.setting == "distractor" else None
             tools = make_corpus_tools(index, doc_ids=subset)
-            rec = await run_question(model, tools, item, settings, judge=judge, log=log)
+            try:
+                rec = await run_question(model, tools, item, settings, judge=judge, log=log)
+            except RolloutFailedError as exc:
+                # Recorded, an outage would be a score of 0 that no rerun repairs: the others go on.
+                failed[item.id] = str(exc)
+                if log is not None:
+                    log(f"    {item.id}: failed, not recorded: {exc}")
+                return
             rec["settings"] = asdict(settings)
             async with lock:
-                with out.open("a") as fh:
+                with out.open("a", encoding="utf-8") as fh:  # as load_done reads it, whatever the locale
                     fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 records.append(rec)
                 if progress is not None:
@@ -810,7 +936,49 @@ async def run_bench(
 
     await gather_all(*(one(i) for i in todo))
     order = {i.id: n for n, i in enumerate(items)}
-    return sorted(records, key=lambda r: order.get(r["id"], 0))
+    records.sort(key=lambda r: order.get(r["id"], 0))
+    if failed:
+        reasons = [f"{i.id}: {failed[i.id]}" for i in items if i.id in failed]
+        more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+        raise RolloutFailedError(
+            f"{len(failed)} of {len(todo)} question(s) failed and were not recorded: {'; '.join(reasons[:3])}{more}. "
+            "Check that the model's server is up (--base-url, --model), then rerun the same command: the failed "
+            "questions run again, the finished ones are kept",
+            result={"records": records, "failed": failed},
+        )
+    return records
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A new file beside ``path`` to write, which replaces ``path`` once the block ends without error.
+
+    A crash or a full disk while writing leaves the old file (or none), never a cut one; the new
+    file is removed when the block raises. A path that cannot be replaced (``/dev/stdout``, an
+    existing file in a folder the user may not write) is yielded itself, to be written in place.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "summary.md"
+        >>> with replacing(path) as tmp:
+        ...     _ = tmp.write_text("| method |")
+        >>> path.read_text(), [p.name for p in path.parent.iterdir()]
+        ('| method |', ['summary.md'])
+    """
+    path = Path(path)
+    path = path.resolve() if path.is_symlink() else path  # a link's file is replaced, not the link
+    if path.exists() and not (path.is_file() and os.access(path.parent, os.W_OK)):
+        yield path
+        return
+    # The same suffix: a plot's format is read from it.
+    tmp = path.with_name(f".{path.stem}-{uuid.uuid4().hex[:12]}{path.suffix}")
+    try:
+        yield tmp
+        with tmp.open("rb+") as fh:  # on disk before the rename, which a power loss could otherwise outrun
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _fact(name: str, value: float | int) -> str:
@@ -834,16 +1002,22 @@ def write_outputs(records: Sequence[dict], out_dir: Path, *, seed: int = 0) -> t
     summary = summarize(records, seed=seed)
     facts = "\n".join(f"- {k}: {_fact(k, v)}" for k, v in run_facts(records).items())
     table = f"{markdown_table(summary)}\n\n{rollout_table(records)}\n\n{fork_table(records)}\n\n{facts}"
-    (out_dir / "summary.md").write_text(table + "\n")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     profile = uncertainty_profile(records)
     means = {region: {str(step): mean for step, (mean, _) in steps.items()} for region, steps in profile.items()}
-    (out_dir / "profile.json").write_text(json.dumps(means, indent=2))
+    for name, text in (
+        ("summary.md", table + "\n"),
+        ("summary.json", json.dumps(summary, indent=2)),
+        ("profile.json", json.dumps(means, indent=2)),
+    ):
+        with replacing(out_dir / name) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     from langgraph_parallelmuse.eval.plots import plot_accuracy_vs_tokens, plot_uncertainty_profile
 
     try:  # matplotlib is the optional extra "plot"; it is imported when the first plot is drawn
-        plot_accuracy_vs_tokens(summary, out_dir / "accuracy_vs_tokens.png")
-        plot_uncertainty_profile(profile, out_dir / "uncertainty_profile.png")
+        with replacing(out_dir / "accuracy_vs_tokens.png") as tmp:
+            plot_accuracy_vs_tokens(summary, tmp)
+        with replacing(out_dir / "uncertainty_profile.png") as tmp:
+            plot_uncertainty_profile(profile, tmp)
     except ImportError:
         return table, False
     return table, True

@@ -9,6 +9,7 @@ passes the question through the shell untouched.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import subprocess
@@ -465,6 +466,12 @@ def _bench_files(tmp_path) -> list[str]:
     return ["bench", "--questions", str(questions), "--corpus", str(corpus), "--out", str(tmp_path / "run")]
 
 
+def _record(settings: dict) -> str:
+    """A ``results.jsonl`` line of question q1 run with ``settings``, its results empty."""
+    parts = dict.fromkeys(("methods", "trajectories", "reports", "picks", "timings"), {})
+    return json.dumps({"id": "q1", "settings": settings, **parts}) + "\n"
+
+
 def test_a_bench_weighing_votes_by_confidence_checks_the_servers_logprobs(tmp_path, capsys):
     """The weighted vote reads the trajectories' logprobs: a server without them is named up front."""
     from tests.unit.http_fakes import fake_http
@@ -487,7 +494,7 @@ def test_a_bench_continued_with_another_model_is_refused_before_it_loads(tmp_pat
     argv = _bench_files(tmp_path)
     (tmp_path / "run").mkdir()
     began = asdict(BenchSettings(model="embedded float32"))
-    (tmp_path / "run" / "results.jsonl").write_text(json.dumps({"id": "q1", "settings": began}) + "\n")
+    (tmp_path / "run" / "results.jsonl").write_text(_record(began))
     assert cli.main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--model", "smollm2"]) == 1
     assert "model 'embedded float32' (now 'http://127.0.0.1:9/v1 smollm2')" in _err(capsys)
 
@@ -505,7 +512,7 @@ def test_a_bench_records_the_model_a_server_serves_when_no_model_is_named(tmp_pa
     with fake_http(_models("qwen")) as server:
         url = f"{server.url}/v1"
         began = asdict(BenchSettings(model=f"{url} smollm2"))
-        (tmp_path / "run" / "results.jsonl").write_text(json.dumps({"id": "q1", "settings": began}) + "\n")
+        (tmp_path / "run" / "results.jsonl").write_text(_record(began))
         assert cli.main([*argv, "--base-url", url]) == 1
     assert f"model '{url} smollm2' (now '{url} qwen')" in _err(capsys)
 
@@ -780,6 +787,46 @@ def test_bench_refuses_an_out_that_is_a_file_before_the_model_loads(tmp_path, mo
     assert "is a file" in _err(capsys)
 
 
+@pytest.mark.parametrize("flags", [[], ["--report-only"]])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("a file above --out", "afile is a file; bench writes a directory"),
+        ("results.jsonl a directory", "cannot read {results} (Is a directory)"),
+        (
+            "a record without its methods",
+            "{results} line 1 is not a bench question record (missing or not an object: methods",
+        ),
+    ],
+)
+def test_a_bench_out_it_cannot_use_is_one_line_before_the_model_loads(
+    damage, message, flags, tmp_path, monkeypatch, capsys
+):
+    # Before: a traceback (NotADirectoryError, IsADirectoryError, KeyError 'methods'), or a run.
+    _refuse_model(monkeypatch)
+    argv = _bench_files(tmp_path)
+    results = tmp_path / "run" / "results.jsonl"
+    if damage == "a file above --out":
+        (tmp_path / "afile").write_text("")
+        argv[-1] = str(tmp_path / "afile" / "sub")
+    elif damage == "results.jsonl a directory":
+        results.mkdir(parents=True)
+    else:
+        results.parent.mkdir()
+        results.write_text(json.dumps({"id": "q1"}) + "\n")
+    assert cli.main([*argv, *flags]) == 1
+    # Without spaces: rich breaks a path longer than the console's width.
+    assert message.format(results=results).replace(" ", "") in _err(capsys).replace(" ", "")
+
+
+def test_bench_report_only_without_a_finished_question_is_an_error(tmp_path, monkeypatch, capsys):
+    # Before: exit 0 with a note, so a mistyped --out went unnoticed in a script.
+    _refuse_model(monkeypatch)
+    assert cli.main([*_bench_files(tmp_path), "--report-only"]) == 1
+    said = f"--report-only: no finished question of --questions {tmp_path / 'q.jsonl'} in {tmp_path / 'run'}"
+    assert said.replace(" ", "") in _err(capsys).replace(" ", "")
+
+
 def test_bench_refuses_questions_whose_documents_are_not_in_the_corpus_before_the_model_loads(
     tmp_path, monkeypatch, capsys
 ):
@@ -816,6 +863,37 @@ def test_calibrate_names_a_bad_runs_file_in_one_line(content, message, tmp_path,
     assert cli.main(["calibrate", str(runs), "--out", str(tmp_path / "cal.json")]) == 1
     assert message in _err(capsys)
     assert not (tmp_path / "cal.json").exists()
+
+
+def test_a_calibration_or_result_whose_write_fails_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
+    # Before: both were written in place, and a full disk left the earlier file cut.
+    def full_disk(write):
+        def cut(self, data, *args, **kwargs):
+            write(self, data[: len(data) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        return cut
+
+    runs, cal = tmp_path / "runs.json", tmp_path / "cal.json"
+    runs.write_text(_run({"uncertainty": [{"exploration": 1.5, "reasoning": 2.0}]}))
+    assert cli.main(["calibrate", str(runs), "--out", str(cal)]) == 0
+    earlier = cal.read_bytes()
+    monkeypatch.setattr(Path, "write_text", full_disk(Path.write_text))
+    with pytest.raises(OSError, match="No space left"):
+        cli.main(["calibrate", str(runs), "--out", str(cal), "--quantile", "0.5"])
+    assert cal.read_bytes() == earlier
+    monkeypatch.undo()
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path / "kept"))
+    (tmp_path / "kept").mkdir()
+    target = tmp_path / "r.json"
+    target.write_text('{"answer": "earlier"}')
+    monkeypatch.setattr(Path, "write_bytes", full_disk(Path.write_bytes))
+    with pytest.raises(cli.ParallelMuseError, match="could not write --json .*No space left"):
+        cli._write_json({"answer": "Paris"}, cli.argparse.Namespace(json=str(target)))
+    assert json.loads(target.read_text()) == {"answer": "earlier"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json", "kept", "r.json", "runs.json"]
+    monkeypatch.undo()
+    cli._write_json({"answer": "Paris"}, cli.argparse.Namespace(json="/dev/null"))  # written in place
 
 
 def test_calibrate_refuses_an_out_it_cannot_write_before_reading_the_runs(tmp_path, capsys):

@@ -4,11 +4,14 @@ registry, paired samples, and resume without repeating a question."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import re
+from pathlib import Path
 
 import pytest
 
-from langgraph_parallelmuse.errors import ConfigError, CorpusError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError, RolloutFailedError
 from langgraph_parallelmuse.eval.bench import (
     METHODS,
     BenchSettings,
@@ -76,6 +79,18 @@ def _model(*, on: str | None = None, hook=None):
 
 
 SMALL = {"n": 4, "k": 1, "t": 2, "modes": ("exploration",)}
+
+
+def _refused():
+    raise ConnectionError("Connection refused")
+
+
+@pytest.fixture
+def fast_retries(monkeypatch):
+    """The library's retries of a refused connection, backing off in ms."""
+    from langgraph_parallelmuse import retry
+
+    monkeypatch.setattr(retry.with_retries, "__kwdefaults__", {"retries": 2, "base_delay": 0.005})
 
 
 async def test_every_registered_method_is_scored_on_paired_samples(index, tmp_path):
@@ -171,6 +186,90 @@ async def test_an_interrupted_bench_resumes_without_repeating_a_finished_questio
     assert sorted(load_done(out)) == ["q1", "q2", "q3"]
     summary = summarize(records)
     assert summary["majority"]["questions"] == 3 and summary["majority"]["em"][0] == 1.0
+
+
+async def test_a_question_whose_every_trajectory_failed_is_not_recorded_and_a_rerun_runs_it(
+    index, tmp_path, fast_retries
+):
+    # Before: its record scored every method 0 and a rerun skipped it: a server outage became a result.
+    out = tmp_path / "results.jsonl"
+    settings = BenchSettings(**SMALL)
+    down = _model(on=ITEMS[1].question, hook=_refused)
+    message = (
+        "1 of 3 question(s) failed and were not recorded: q2: every from-scratch trajectory failed (4 of 4), "
+        "the first: model call failed at step 0: ConnectionError: Connection refused. Check that the model's server"
+    )
+    with pytest.raises(RolloutFailedError, match=re.escape(message)) as failed:
+        await run_bench(down, index, ITEMS, settings, out)
+    assert [r["id"] for r in failed.value.result["records"]] == ["q1", "q3"]  # the others went on
+    assert list(failed.value.result["failed"]) == ["q2"]
+    assert sorted(load_done(out)) == ["q1", "q3"]
+    model = _model()
+    records = await run_bench(model, index, ITEMS, settings, out)
+    assert [r["id"] for r in records] == ["q1", "q2", "q3"]
+    assert {_question(c["messages"]) for c in model.calls} == {ITEMS[1].question}
+    assert records[1]["methods"]["majority"]["em"] == 1.0
+
+
+async def test_a_question_where_some_trajectories_failed_is_recorded_from_the_others(index, tmp_path):
+    # The rule of the graph's run (and `ask`): only a set whose every trajectory failed stops.
+    calls = []
+
+    def agent(index, messages):
+        calls.append(index)
+        return RuntimeError("the server dropped this request") if len(calls) == 1 else _agent(index, messages)
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    (rec,) = await run_bench(model, index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    statuses = [t["status"] for t in rec["trajectories"].values()]
+    assert statuses.count("failed") == 1 and statuses.count("answered") == len(statuses) - 1
+    assert rec["methods"]["majority"]["answer"] == "Paris"
+
+
+async def test_a_last_line_cut_inside_a_character_is_run_again_and_dropped(index, tmp_path):
+    # Before: read_text() raised UnicodeDecodeError at every later run and --report-only.
+    out = tmp_path / "results.jsonl"
+    settings = BenchSettings(**SMALL)
+    await run_bench(_model(), index, ITEMS[:1], settings, out)
+    whole = json.dumps({"id": "q2", "answers": ["Rôme"]}, ensure_ascii=False).encode()
+    with out.open("ab") as fh:
+        fh.write(whole[: whole.index("ô".encode()) + 1])  # the first byte of a two-byte character
+    assert list(load_done(out)) == ["q1"]
+    records = await run_bench(_model(), index, ITEMS[:2], settings, out)
+    assert [r["id"] for r in records] == ["q1", "q2"]
+    # The cut line is gone, not left between two records where it would read as damage.
+    assert [json.loads(line)["id"] for line in out.read_bytes().splitlines()] == ["q1", "q2"]
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (b"[]", "an array, not an object"),
+        (b"{}", "it has no id"),
+        (b'"x"', "a string, not an object"),
+        (b'{"id": ["q1"]}', "its id is not a string"),
+        (b'{"id": "q1", "settings": 5}', "its settings are not an object"),
+        (b'{"id": "q1"}', "missing or not an object: methods, trajectories, reports, picks, timings"),
+        (b'{"id": "q1", "answers": ["R\xc3', "not UTF-8"),
+        (b'{"id": "q1", "ans', "not JSON"),
+    ],
+)
+async def test_a_results_line_that_is_not_a_record_is_named_with_its_line_and_the_fix(line, problem, index, tmp_path):
+    # Before: a raw TypeError or KeyError, or a damaged line between records was skipped unseen.
+    out = tmp_path / "results.jsonl"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), out)
+    record = out.read_bytes()
+    out.write_bytes(record + line + b"\n" + record)
+    with pytest.raises(ConfigError, match=re.escape(f"{out} line 2 is not a bench question record ({problem}")) as e:
+        load_done(out)
+    assert "delete the line and its question runs again" in str(e.value)
+    if problem.startswith("not "):  # unparsable: cut by a crash when it is the last line
+        out.write_bytes(record + line)
+        assert list(load_done(out)) == ["q1"]
+    else:
+        out.write_bytes(record + line + b"\n")
+        with pytest.raises(ConfigError, match="line 2 is not a bench question record"):
+            load_done(out)
 
 
 async def test_continuing_a_bench_with_other_settings_is_refused_not_mixed_into_one_table(index, tmp_path):
@@ -287,6 +386,26 @@ async def test_write_outputs_writes_the_summary_files(index, tmp_path):
     assert set(json.loads((tmp_path / "profile.json").read_text())) >= {"exploration", "reasoning"}
 
 
+async def test_a_summary_whose_write_fails_leaves_the_earlier_files_whole(index, tmp_path, monkeypatch):
+    # Before: written in place, a full disk left summary.md cut.
+    records = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    write_outputs(records, tmp_path)
+    names = ("summary.md", "summary.json", "profile.json")
+    before = {name: (tmp_path / name).read_bytes() for name in names}
+    write_text = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):
+        write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_outputs(records, tmp_path)
+    monkeypatch.undo()
+    assert {name: (tmp_path / name).read_bytes() for name in names} == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing half-written is left
+
+
 async def test_uncertainty_profile_averages_the_from_scratch_steps_only(index, tmp_path):
     (rec,) = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
     scratch = [t for t in rec["trajectories"].values() if t["origin"]["kind"] in ("initial", "fill")]
@@ -349,6 +468,26 @@ async def test_report_only_summarises_the_finished_questions_without_loading_a_m
     assert (out_dir / "summary.md").read_text().startswith("| method |")
 
 
+async def test_report_only_bootstraps_with_the_runs_own_seed_unless_seed_is_given(index, tmp_path, monkeypatch):
+    # Before: the command line's --seed (default 0), whatever seed the run had.
+    from langgraph_parallelmuse import cli
+    from langgraph_parallelmuse.eval import bench
+
+    out_dir = tmp_path / "run"
+    await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL, seed=7), out_dir / "results.jsonl")
+    seeds = []
+
+    def write_outputs(records, out_dir, *, seed):
+        seeds.append(seed)
+        return "| method |", True
+
+    monkeypatch.setattr(bench, "write_outputs", write_outputs)
+    argv = ["bench", "--questions", _questions_file(tmp_path / "q.jsonl", ITEMS), "--out", str(out_dir)]
+    assert await asyncio.to_thread(cli.main, [*argv, "--report-only"]) == 0
+    assert await asyncio.to_thread(cli.main, [*argv, "--report-only", "--seed", "0"]) == 0
+    assert seeds == [7, 0]
+
+
 async def test_report_only_refuses_a_file_that_mixes_settings(index, tmp_path, monkeypatch, capsys):
     # Before: --report-only summarised records of two seeds (or models) as one run, which the
     # run path refuses to write.
@@ -407,6 +546,67 @@ def test_an_interrupted_bench_command_summarises_what_finished(index, tmp_path, 
         cli.main(argv)
     assert list(load_done(out_dir / "results.jsonl")) == ["q1"]
     assert json.loads((out_dir / "summary.json").read_text())["majority"]["questions"] == 1
+
+
+def _bench_argv(tmp_path, *flags: str) -> list[str]:
+    """The ``bench`` command over ``ITEMS`` and the ``index`` fixture's corpus, writing ``tmp_path / "run"``."""
+    argv = ["bench", "--questions", _questions_file(tmp_path / "q.jsonl", ITEMS), "--out", str(tmp_path / "run")]
+    return [*argv, "--corpus", str(tmp_path / "corpus.jsonl"), "--n", "4", "--k", "1", "--t", "2", *flags]
+
+
+def test_the_bench_command_summarises_the_finished_questions_and_fails_naming_the_failed_ones(
+    index, tmp_path, monkeypatch, capsys, fast_retries
+):
+    # Before: exit 0, and the failed question was recorded with a score of 0.
+    from langgraph_parallelmuse import cli
+
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: _model(on=ITEMS[1].question, hook=_refused))
+    assert cli.main(_bench_argv(tmp_path, "--modes", "exploration")) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "q2: failed, not recorded: every from-scratch trajectory failed (4 of 4)" in err
+    assert "error: 1 of 3 question(s) failed and were not recorded: q2: every from-scratch trajectory" in err
+    assert "ConnectionError: Connection refused" in err and "rerun the same command" in err
+    assert list(load_done(tmp_path / "run" / "results.jsonl")) == ["q1", "q3"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["majority"]["questions"] == 2
+
+
+def test_each_finished_question_shows_the_answer_of_the_first_method_that_has_one(index, tmp_path, monkeypatch, capsys):
+    # Before: parallelmuse_exploration's or majority's answer only: answer='' with other methods.
+    from langgraph_parallelmuse import cli
+
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: _model())
+    assert cli.main(_bench_argv(tmp_path, "--limit", "1", "--methods", "no_scaling,max_tool_calls")) == 0
+    assert "q1: gold='Paris' max_tool_calls='Paris' (" in capsys.readouterr().err
+
+
+def test_the_bench_eta_is_this_runs_pace_from_its_start(index, tmp_path, monkeypatch):
+    # Before: Rich kept 30 s of speed samples, less than a question takes: with one question in
+    # flight there was never an ETA (and with two, two finishing 2 s apart made it a few seconds).
+    from langgraph_parallelmuse import cli
+
+    clock, made, eta = [0.0], [], []
+    progress = cli._progress
+
+    def timed(**kwargs):
+        made.append(progress(**kwargs))
+        made[-1].get_time = lambda: clock[0]
+        return made[-1]
+
+    respond = research_responder(_agent)
+
+    def responder(messages):
+        if role_of(messages) == "agent":
+            if _question(messages) == ITEMS[2].question and not eta:
+                eta.append(made[-1].tasks[0].time_remaining)
+            clock[0] += 25.0  # 4 trajectories of 2 steps: 200 s a question
+        return respond(messages)
+
+    monkeypatch.setattr(cli, "_progress", timed)
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: ScriptedChatModel(responder=responder))
+    argv = _bench_argv(tmp_path, "--methods", "majority")
+    assert cli.main([*argv, "--limit", "1"]) == 0
+    assert cli.main(argv) == 0  # q1 resumed, then q2 in 200 s: q3 will take as long
+    assert eta == [200]
 
 
 def _raise(messages):
