@@ -12,7 +12,8 @@ cache reset between variants), the rollout stage only, with the library's own sc
 
 The thresholds come from a calibration fitted on *other* questions of the same set (``--calibrate-on``,
 by default questions 21..50: one from-scratch trajectory each, on the engine measured), written
-once to ``--calibration``.
+once to ``--calibration``; an existing file is reused only if it was fitted with ``--quantile`` (and,
+when it records them, on the ``--calibrate-on`` questions and the engine measured).
 
     .venv/bin/python benchmarks/online_rollout.py --dataset hotpotqa_train100 --limit 20 [--engine vllm]
 
@@ -30,11 +31,12 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from common import (
     ROOT,
+    SERVED_MODEL,
     arguments,
     dev_set,
     integer,
@@ -128,11 +130,21 @@ async def backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
         yield Backend(server_model(server.url), lambda: reset_prefix_cache(server.url), None)
 
 
-async def calibrate(model, index, items, path: Path, seed: int, quantile: float) -> Calibration:
+async def calibrate(
+    model, index, items, path: Path, seed: int, quantile: float, *, name: str | None = None
+) -> Calibration:
     """One from-scratch trajectory per calibration question; thresholds at ``quantile`` of step
-    perplexity, the confidence floor at the 10th percentile of the trajectories' lowest confidence."""
+    perplexity, the confidence floor at the 10th percentile of the trajectories' lowest confidence.
+    ``name`` is the engine's model, recorded in the file. An existing file is reused if it fits.
+
+    Raises:
+        SystemExit: ``path`` holds a calibration fitted otherwise (:func:`calibration_mismatch`).
+    """
     if path.exists():
-        return Calibration.load(path)
+        cal = Calibration.load(path)
+        if problem := calibration_mismatch(cal, path, quantile=quantile, questions=[i.id for i in items], name=name):
+            raise SystemExit(problem)
+        return cal
     cfg = make_config(n=1, mode="none", seed=seed)
     trajs = []
     for n, item in enumerate(items, 1):
@@ -143,9 +155,45 @@ async def calibrate(model, index, items, path: Path, seed: int, quantile: float)
         [t["uncertainty"] for t in trajs],
         quantile=quantile,
         confidences=[t["stats"]["lowest_confidence"] for t in trajs],
+        model=name,
+        top_logprobs=cfg.top_logprobs,
+        questions=[item.id for item in items],
     )
     cal.save(path)
     return cal
+
+
+def calibration_mismatch(
+    cal: Calibration, path: Path, *, quantile: float, questions: list[str], name: str | None
+) -> str | None:
+    """What in the calibration file ``path`` differs from what the run asks for (``None``: nothing).
+
+    Its quantile must be ``quantile``; its questions and model, when it records them (files written
+    before it did are taken on their quantile alone), must be ``questions`` and ``name``.
+
+    Example:
+        >>> cal = Calibration("nll", 0.5, {"all": 1.4}, {"all": 79})  # an older file: no questions recorded
+        >>> calibration_mismatch(cal, Path("cal.json"), quantile=0.5, questions=["q21"], name="embedded") is None
+        True
+        >>> print(calibration_mismatch(cal, Path("cal.json"), quantile=0.8, questions=["q21"], name="embedded"))
+        cal.json was fitted with --quantile 0.5, not 0.8: pass --quantile 0.5, or another --calibration to fit anew
+    """
+    fix = "or another --calibration to fit anew"
+    if cal.quantile != quantile:
+        wanted = f"--quantile {cal.quantile:g}"
+        return f"{path} was fitted with {wanted}, not {quantile:g}: pass {wanted}, {fix}"
+    if cal.questions is not None and sorted(cal.questions) != sorted(questions):
+        return (
+            f"{path} was fitted on other questions ({_shown(cal.questions)}) than those of --calibrate-on "
+            f"({_shown(questions)}): pass the --calibrate-on it was fitted on, {fix}"
+        )
+    if cal.model is not None and name is not None and cal.model != name:
+        return f"{path} was fitted on {cal.model!r}, not on this run's {name!r}: pass the --engine it ran on, {fix}"
+    return None
+
+
+def _shown(ids: Sequence[str]) -> str:
+    return f"{len(ids)}: " + ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
 
 
 def overlap(args: argparse.Namespace) -> str | None:
@@ -213,7 +261,8 @@ async def measure(args, first, held_out, index, engine: Backend, start: int, end
     )
     cal_path = Path(args.calibration or f"bench-results/online/{args.dataset}-calibration-{start}-{end}{suffix}.json")
     cal_path.parent.mkdir(parents=True, exist_ok=True)
-    cal = await calibrate(engine.model, index, held_out, cal_path, args.seed, args.quantile)
+    name = "embedded" if args.engine == "in-process" else f"vllm {SERVED_MODEL}"
+    cal = await calibrate(engine.model, index, held_out, cal_path, args.seed, args.quantile, name=name)
     print(f"calibration {cal_path}: thresholds {cal.thresholds}, confidence floor {cal.confidence_floor}")
     runs = configs(str(cal_path), args.seed, args.consensus)
     out = Path(args.out or f"bench-results/online/{args.dataset}-{args.limit}{suffix}.jsonl")
@@ -222,8 +271,9 @@ async def measure(args, first, held_out, index, engine: Backend, start: int, end
         "seed": args.seed,
         "consensus": args.consensus,
         "calibrate_on": [start, end],
-        # What the calibration holds, not only its file: a refitted file is another calibration.
-        "calibration": dataclasses.asdict(cal),
+        # What the calibration holds, not only its file: a refitted file is another calibration. As its
+        # file holds it: rows measured with a file that records no origin keep matching it.
+        "calibration": cal.to_dict(),
     }
     if args.engine == "vllm":  # only then: rows written before the option existed keep their settings
         settings["engine"] = {"vllm": "compiled" if not args.eager else "eager", "block_size": args.block_size}

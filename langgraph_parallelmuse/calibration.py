@@ -6,13 +6,15 @@ the perplexity quantile above which a step counts as uncertain, and branches at 
 (most uncertain first, capped by the budget; online branching forks at once when a finished step
 crosses it). It also learns DeepConf's confidence floor: the quantile of the trajectories' lowest
 sliding-window confidence below which ``early_stop`` ends a trajectory. It is a small JSON file, so
-one calibration serves many runs.
+one calibration serves many runs; it records what it was fitted on (model, questions, how many steps
+and trajectories), so a run can tell whether it fits.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -23,6 +25,12 @@ from langgraph_parallelmuse.uncertainty import CONFIDENCE_WINDOW, REGIONS_OF_MOD
 
 #: Share of calibration steps below the branching threshold (the top fifth of steps fork).
 DEFAULT_QUANTILE = 0.8
+#: Fewer steps of a region than this make its threshold noisy, and :meth:`Calibration.fit` warns.
+MIN_STEPS = 50
+#: Fewer trajectories than this (fewer questions, usually) make the thresholds and floor noisy: fit warns.
+MIN_TRAJECTORIES = 20
+# What a calibration records about where it came from; None when unknown (files written before).
+_PROVENANCE = ("model", "top_logprobs", "questions", "trajectories")
 
 
 def quantile_of(values: list[float], q: float) -> float:
@@ -44,7 +52,11 @@ class Calibration:
 
     Example:
         >>> steps = [{"reasoning": r, "exploration": e, "all": r} for r, e in [(1, 9), (2, 3), (3, 1), (4, None)]]
-        >>> cal = Calibration.fit([steps], quantile=0.5, estimator="nll")
+        >>> with warnings.catch_warnings(record=True) as caught:  # four steps of one trajectory: few
+        ...     warnings.simplefilter("always")
+        ...     cal = Calibration.fit([steps], quantile=0.5, estimator="nll", questions=["q7"])
+        >>> print(caught[0].message)  # doctest: +ELLIPSIS
+        calibration thresholds from few samples (reasoning: 4 steps; ...; 1 trajectories): ...
         >>> cal.thresholds["reasoning"], cal.thresholds["exploration"]
         (2.5, 3.0)
         >>> cal.excess({"reasoning": 5.0, "exploration": 1.0}, mode="mixed")
@@ -59,6 +71,13 @@ class Calibration:
     confidence_floor: float | None = None
     confidence_window: int = CONFIDENCE_WINDOW
     confidence_samples: int = 0
+    # Where it came from (None: not recorded, as in files written before these fields): the model
+    # and backend the steps were scored on, the top logprobs they were scored with, the ids of the
+    # questions fitted on (a run on them would test on its own calibration), and how many trajectories.
+    model: str | None = None
+    top_logprobs: int | None = None
+    questions: tuple[str, ...] | None = None
+    trajectories: int | None = None
 
     @classmethod
     def fit(
@@ -69,8 +88,14 @@ class Calibration:
         estimator: str = "nll",
         confidences: Iterable[float | None] = (),
         stop_quantile: float = 0.1,
+        model: str | None = None,
+        top_logprobs: int | None = None,
+        questions: Iterable[str] | None = None,
     ) -> Calibration:
         """Thresholds at ``quantile`` of each region's step perplexities.
+
+        Warns (``UserWarning``) when a threshold comes from fewer than :data:`MIN_STEPS` steps of its region
+        or from fewer than :data:`MIN_TRAJECTORIES` trajectories: runs would branch and stop more or less than asked.
 
         Args:
             uncertainties: Per trajectory, its per-step region scores (``Trajectory["uncertainty"]``).
@@ -78,13 +103,28 @@ class Calibration:
             estimator: The estimator the scores were computed with (checked when used).
             confidences: Per trajectory, its lowest group confidence (``stats["lowest_confidence"]``).
             stop_quantile: Share of such trajectories that ``early_stop`` would have stopped.
+            model: The model (and backend) the trajectories ran on, recorded in the file.
+            top_logprobs: The top logprobs their steps were scored with, recorded in the file.
+            questions: The ids of the questions the trajectories answered, recorded (once each, in
+                order) so a run can refuse to be measured on them.
+
+        Raises:
+            ConfigError: A quantile outside (0, 1), no scored step, or damaged scores.
+
+        Example:
+            >>> runs, ids = [[{"reasoning": 1 + i % 5, "all": 2}] * 3 for i in range(20)], [f"q{i}" for i in range(20)]
+            >>> cal = Calibration.fit(runs, quantile=0.5, model="embedded", top_logprobs=16, questions=ids)
+            >>> cal.thresholds["reasoning"], cal.samples["reasoning"], cal.trajectories, cal.questions[:2]
+            (3.0, 60, 20, ('q0', 'q1'))
         """
         for name, value in (("quantile", quantile), ("stop_quantile", stop_quantile)):
             if not 0.0 < value < 1.0:
                 raise ConfigError(f"{name}={value}: use a value strictly between 0 and 1")
         values: dict[str, list[float]] = {r: [] for r in ("reasoning", "exploration", "all")}
+        trajectories = 0
         try:
             for steps in uncertainties:
+                trajectories += 1
                 for step in steps:
                     for region, vals in values.items():
                         if step.get(region) is not None:
@@ -106,6 +146,7 @@ class Calibration:
                 f"{len(bad)} step scores or confidences are not finite perplexities >= 1 or confidences >= 0 "
                 f"(e.g. {bad[0]}): the runs are damaged; calibrate from other runs"
             )
+        _warn_if_few(values, trajectories=trajectories, floors=len(floors))
         return cls(
             estimator=estimator,
             quantile=quantile,
@@ -113,6 +154,10 @@ class Calibration:
             samples={r: len(v) for r, v in values.items()},
             confidence_floor=quantile_of(floors, stop_quantile) if floors else None,
             confidence_samples=len(floors),
+            model=model,
+            top_logprobs=top_logprobs,
+            questions=None if questions is None else tuple(dict.fromkeys(str(q) for q in questions)),
+            trajectories=trajectories,
         )
 
     def excess(self, scores: Mapping[str, float | None], *, mode: str) -> tuple[str, float] | None:
@@ -130,10 +175,30 @@ class Calibration:
                 best = (region, ratio)
         return best
 
+    def to_dict(self) -> dict:
+        """The calibration as its file holds it: what it does not record about its origin is left out.
+
+        So a calibration read from a file written before those fields were recorded gives back that
+        file's dict (a benchmark's rows that store it still match it).
+
+        Example:
+            >>> Calibration("nll", 0.8, {"all": 2.0}, {"all": 60}, model="embedded").to_dict()["model"]
+            'embedded'
+            >>> "questions" in Calibration("nll", 0.8, {"all": 2.0}, {"all": 60}).to_dict()
+            False
+        """
+        data = asdict(self)
+        for name in _PROVENANCE:
+            if data[name] is None:
+                del data[name]
+        if "questions" in data:
+            data["questions"] = list(data["questions"])
+        return data
+
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON and return the path."""
         path = Path(path)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     @staticmethod
@@ -154,12 +219,14 @@ class Calibration:
             raise ConfigError(
                 f"calibration {str(path)!r} is not a file: pass the JSON file `parallelmuse calibrate` wrote"
             )
-        return _load(str(path.resolve()), stat.st_mtime_ns)
+        # Not mtime alone: a file replaced by one with its old mtime (cp -p, rsync -t, a rewrite
+        # within the clock's tick) kept the old thresholds; a replacement changes inode or ctime.
+        return _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino, stat.st_ctime_ns)
 
 
 @lru_cache(maxsize=16)
-def _load(path: str, mtime_ns: int) -> Calibration:
-    # Keyed by mtime: every node of a run resolves the config, the file is read once per change.
+def _load(path: str, *version: int) -> Calibration:
+    # Keyed by the file's stat: every node of a run resolves the config, the file is read once per change.
     try:
         data = json.loads(Path(path).read_text())
         cal = Calibration(
@@ -170,6 +237,10 @@ def _load(path: str, mtime_ns: int) -> Calibration:
             confidence_floor=None if data.get("confidence_floor") is None else float(data["confidence_floor"]),
             confidence_window=int(data.get("confidence_window", CONFIDENCE_WINDOW)),
             confidence_samples=int(data.get("confidence_samples", 0)),
+            model=None if data.get("model") is None else str(data["model"]),
+            top_logprobs=None if data.get("top_logprobs") is None else int(data["top_logprobs"]),
+            questions=None if data.get("questions") is None else _ids(data["questions"]),
+            trajectories=None if data.get("trajectories") is None else int(data["trajectories"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise ConfigError(
@@ -182,6 +253,31 @@ def _load(path: str, mtime_ns: int) -> Calibration:
             f"calibration file {path!r} is malformed: {problem}; regenerate it with `parallelmuse calibrate`"
         )
     return cal
+
+
+def _warn_if_few(values: Mapping[str, list[float]], *, trajectories: int, floors: int) -> None:
+    """Warn (to the caller of :meth:`Calibration.fit`) when its thresholds or floor come from few samples."""
+    # A quantile of 15 trajectories' steps moves a lot from one set of questions to the next.
+    few = [f"{region}: {len(vals)} steps" for region, vals in values.items() if 0 < len(vals) < MIN_STEPS]
+    if trajectories < MIN_TRAJECTORIES:
+        few.append(f"{trajectories} trajectories")
+    elif 0 < floors < MIN_TRAJECTORIES:
+        few.append(f"confidence floor: {floors} trajectories")
+    if few:
+        warnings.warn(
+            f"calibration thresholds from few samples ({'; '.join(few)}): below {MIN_STEPS} steps per region "
+            f"or {MIN_TRAJECTORIES} trajectories they vary a lot with the questions fitted on; calibrate "
+            "from more trajectories",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _ids(value: object) -> tuple[str, ...]:
+    # A string is iterable too: "q1" read as the questions "q" and "1".
+    if not isinstance(value, list):
+        raise TypeError(f"questions must be a list of ids, got {type(value).__name__}")
+    return tuple(str(q) for q in value)
 
 
 def _problem(cal: Calibration, *, window: object) -> str | None:

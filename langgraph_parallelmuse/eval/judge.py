@@ -51,18 +51,28 @@ any inconsistency, ambiguity, non-equivalency, or if the extracted answer is inc
 confidence: The extracted answer between 0% and 100% from [response]. Put 100 if there is no \
 confidence score available."""
 
-# Reasoning models put their scratchpad first; a "correct: no" drafted there is not the verdict.
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-# Anchored to a line start so "the answer is correct, no doubt" inside the reasoning is ignored;
-# \W* absorbs markdown such as "**correct:** yes" or "- Correct: Yes.".
-_CORRECT_LINE = re.compile(r"^\W*correct\W*:\W*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+# Reasoning models put their scratchpad first; a "correct: no" drafted there is not the verdict. R1-style
+# chat templates put the opening tag in the prompt, so a reply may hold only the closing one.
+_THINK_END = re.compile(r"<\s*/\s*think\s*>", re.IGNORECASE)
+_THINK_START = re.compile(r"<\s*think\s*>", re.IGNORECASE)
+# The line form is anchored to a line start so "the answer is correct, no doubt" inside the reasoning
+# is ignored; \W* absorbs markdown such as "**correct:** yes" or "- Correct: Yes.", and the separator
+# may be a dash or a full-width colon ("Correct - yes", "correct：yes"). A quoted key is a JSON reply
+# ({"correct": "yes"} or true), read wherever it stands.
+_VERDICT = re.compile(
+    r"""(?:^\W*correct\W*?[:：=\-–—]|["']correct["']\s*:)\W*(yes|no|true|false)\b""",
+    re.IGNORECASE | re.MULTILINE,
+)
 _BARE_VERDICT = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
 
 
 def parse_judgement(text: str) -> bool | None:
     """Read the verdict out of a judge reply.
 
-    Uses the last ``correct: yes|no`` line; failing that, a reply that starts with yes or no.
+    Only the text after the last ``</think>`` counts (a reasoning model's draft verdicts come before
+    it); a ``<think>`` never closed is a reply cut off mid-reasoning, which holds no verdict. Of the
+    rest, the last ``correct: yes|no`` line (or ``"correct": "yes"`` JSON field) is the verdict;
+    failing that, a reply that starts with yes or no.
 
     Args:
         text: The judge model's reply.
@@ -73,15 +83,23 @@ def parse_judgement(text: str) -> bool | None:
     Example:
         >>> parse_judgement("reasoning: both name the same city\\n**correct:** Yes")
         True
+        >>> parse_judgement('{"extracted_final_answer": "Paris", "correct": "no"}')
+        False
+        >>> parse_judgement("correct: no, wait, they match\\n</think>\\ncorrect - yes")
+        True
         >>> parse_judgement("No, they differ.")
         False
+        >>> parse_judgement("<think>correct: no... but then") is None
+        True
         >>> parse_judgement("I cannot tell.") is None
         True
     """
-    text = _THINK_BLOCK.sub("", text)
-    verdicts = _CORRECT_LINE.findall(text)
+    text = _THINK_END.split(text)[-1]
+    if _THINK_START.search(text):
+        return None
+    verdicts = _VERDICT.findall(text)
     if verdicts:
-        return verdicts[-1].lower() == "yes"
+        return verdicts[-1].lower() in ("yes", "true")
     bare = _BARE_VERDICT.match(text)
     if bare:
         return bare.group(1).lower() == "yes"

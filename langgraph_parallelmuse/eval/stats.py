@@ -19,8 +19,19 @@ except ImportError:  # numpy is optional: the library does not depend on it
 __all__ = ["bootstrap_ci", "bootstrap_ratio", "paired_bootstrap_diff", "within_noise"]
 
 
-def _check(values: Sequence[float], n_resamples: int, confidence: float) -> list[float]:
+def _finite(values: Sequence[float], name: str) -> list[float]:
     data = [float(v) for v in values]
+    # A NaN made part of the interval NaN, and format_diff printed a NaN interval as a significant difference.
+    if (bad := next((i for i, v in enumerate(data) if not math.isfinite(v)), None)) is not None:
+        raise ValueError(
+            f"{name}[{bad}] is {data[bad]}: every per-question value must be a finite number; "
+            "score that question or leave it out of every system compared"
+        )
+    return data
+
+
+def _check(values: Sequence[float], n_resamples: int, confidence: float, *, name: str = "values") -> list[float]:
+    data = _finite(values, name)
     if not data:
         raise ValueError("values is empty: need at least one per-question score")
     if n_resamples < 1:
@@ -82,7 +93,8 @@ def bootstrap_ci(
         ``(mean, low, high)``.
 
     Raises:
-        ValueError: ``values`` is empty, or ``n_resamples`` / ``confidence`` is out of range.
+        ValueError: ``values`` is empty or holds a NaN or infinity, or ``n_resamples`` / ``confidence``
+            is out of range.
 
     Example:
         >>> mean, low, high = bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 0, 1, 1], seed=1)
@@ -96,11 +108,15 @@ def bootstrap_ci(
     low, high = _interval(data, [1.0] * len(data), n_resamples, confidence, seed)
     # Floating-point summation may step a hair outside the data range (e.g. constant inputs);
     # a resampled mean never can, so clamp to keep constant scores a zero-width interval.
-    lo_bound, hi_bound = min(data), max(data)
-    clamp = lambda x: min(max(x, lo_bound), hi_bound)  # noqa: E731
     # The mean too: fsum([0.2] * 3) / 3 is 0.20000000000000004, above an interval clamped to 0.2,
     # and a plot's error bar of mean - low came out negative (matplotlib refuses it).
-    return clamp(mean), clamp(low), clamp(high)
+    return _clamped(data, mean, low, high)
+
+
+def _clamped(bounds: list[float], estimate: float, low: float, high: float) -> tuple[float, float, float]:
+    """``(estimate, low, high)``, each moved into ``[min(bounds), max(bounds)]``."""
+    lo, hi = min(bounds), max(bounds)
+    return min(max(estimate, lo), hi), min(max(low, lo), hi), min(max(high, lo), hi)
 
 
 def paired_bootstrap_diff(
@@ -127,7 +143,7 @@ def paired_bootstrap_diff(
         ``(mean_diff, low, high)``; positive means A scores higher.
 
     Raises:
-        ValueError: ``a`` and ``b`` differ in length or are empty.
+        ValueError: ``a`` and ``b`` differ in length, are empty, or hold a NaN or infinity.
 
     Example:
         >>> a = [1, 1, 1, 1, 1, 1, 0, 1]
@@ -143,7 +159,7 @@ def paired_bootstrap_diff(
             f"paired scores need equal lengths, got {len(a)} and {len(b)}: "
             "score both systems on the same questions in the same order"
         )
-    diffs = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    diffs = [x - y for x, y in zip(_finite(a, "a"), _finite(b, "b"), strict=True)]
     return bootstrap_ci(diffs, n_resamples=n_resamples, confidence=confidence, seed=seed)
 
 
@@ -172,21 +188,29 @@ def bootstrap_ratio(
         ``(ratio, low, high)``.
 
     Raises:
-        ValueError: The sequences differ in length or are empty, or the denominators sum to 0 or less.
+        ValueError: The sequences differ in length, are empty or hold a NaN or infinity, or the
+            denominators sum to 0 or less.
 
     Example:
         >>> ratio, low, high = bootstrap_ratio([60, 50, 70, 65], [100, 90, 110, 100])
         >>> round(ratio, 3), low <= ratio <= high
         (0.613, True)
     """
-    num = _check(numerators, n_resamples, confidence)
-    den = [float(v) for v in denominators]
+    num = _check(numerators, n_resamples, confidence, name="numerators")
+    den = _finite(denominators, "denominators")
     if len(num) != len(den):
         raise ValueError(f"paired values need equal lengths, got {len(num)} and {len(den)}")
     if math.fsum(den) <= 0:
         raise ValueError("the denominators sum to 0 or less: a ratio of sums needs a positive reference")
     ratio = math.fsum(num) / math.fsum(den)
-    return ratio, *_interval(num, den, n_resamples, confidence, seed)
+    low, high = _interval(num, den, n_resamples, confidence, seed)
+    if min(den) <= 0:
+        return ratio, low, high
+    # With positive denominators every resampled ratio of sums is a weighted mean of the questions' own
+    # ratios, so it lies between the smallest and the largest; summation may step a hair outside (the
+    # same ratio on every question gave a ratio 1e-15 outside its own zero-width interval): clamp, as
+    # bootstrap_ci does.
+    return _clamped([n / d for n, d in zip(num, den, strict=True)], ratio, low, high)
 
 
 def within_noise(low: float, high: float) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import random
 import sys
@@ -147,13 +146,17 @@ def online_row(qid: str, settings: dict | None) -> dict:
     return row if settings is None else {**row, "settings": settings}
 
 
-def run_online(monkeypatch, tmp_path, argv: list[str]) -> None:
-    async def calibrate(model, index, held_out, path, seed, quantile):
+def run_online(monkeypatch, tmp_path, argv: list[str], *, fit: bool = True) -> None:
+    """Run the script on toy questions; ``fit``: its calibration step writes ONLINE_CAL (else it
+    loads the --calibration file already there, as a rerun does)."""
+
+    async def calibrate(model, index, held_out, path, seed, quantile, *, name):
         ONLINE_CAL.save(path)  # the configs check that the file exists
         return ONLINE_CAL
 
     monkeypatch.setattr(online_rollout, "dev_set", lambda name, limit: (items(limit), None))
-    monkeypatch.setattr(online_rollout, "calibrate", calibrate)
+    if fit:
+        monkeypatch.setattr(online_rollout, "calibrate", calibrate)
     monkeypatch.setattr(online_rollout.LocalChatModel, "embedded", staticmethod(lambda: None))
     files = ["--calibration", str(tmp_path / "cal.json"), "--out", str(tmp_path / "rows.jsonl")]
     monkeypatch.setattr(sys, "argv", ["online_rollout.py", "--limit", "2", "--calibrate-on", "2:4", *files, *argv])
@@ -163,7 +166,7 @@ def run_online(monkeypatch, tmp_path, argv: list[str]) -> None:
 @pytest.mark.parametrize("argv", [["--seed", "3"], ["--consensus", "0.9"], ["--calibrate-on", "3:4"]])
 def test_online_rollout_refuses_to_continue_rows_measured_with_other_settings(monkeypatch, tmp_path, capsys, argv):
     settings = {"dataset": "hotpotqa_train100", "seed": 0, "consensus": 0.75, "calibrate_on": [2, 4]}
-    settings["calibration"] = dataclasses.asdict(ONLINE_CAL)
+    settings["calibration"] = ONLINE_CAL.to_dict()
     write_rows(tmp_path / "rows.jsonl", [online_row("q0", settings), online_row("q1", settings)])
     run_online(monkeypatch, tmp_path, [])  # the same settings: both questions resume, none runs
     assert "2 questions, one in flight" in capsys.readouterr().out
@@ -175,6 +178,81 @@ def test_online_rollout_refuses_rows_that_record_no_settings(monkeypatch, tmp_pa
     write_rows(tmp_path / "rows.jsonl", [online_row("q0", None)])
     with pytest.raises(SystemExit, match="settings not recorded"):
         run_online(monkeypatch, tmp_path, [])
+
+
+# A calibration file as the runs of hotpotqa/musique -cal-20-35-q05.json wrote it: no origin recorded.
+OLD_CAL = {
+    "confidence_floor": 4.6,
+    "confidence_samples": 15,
+    "confidence_window": 32,
+    "estimator": "nll",
+    "quantile": 0.5,
+    "samples": {"all": 79, "exploration": 36, "reasoning": 79},
+    "thresholds": {"all": 1.37, "exploration": 2.75, "reasoning": 1.06},
+}
+
+
+def test_online_rollout_reuses_a_calibration_file_only_if_fitted_with_the_quantile_asked(tmp_path):
+    """Before: an existing --calibration file was reused whatever --quantile asked for."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(OLD_CAL))
+    held_out = items(4)[2:]
+
+    def load(quantile: float) -> Calibration:
+        return asyncio.run(online_rollout.calibrate(None, None, held_out, path, 0, quantile))
+
+    assert load(0.5).thresholds == OLD_CAL["thresholds"]  # written before it recorded questions: taken
+    with pytest.raises(SystemExit, match=r"cal\.json was fitted with --quantile 0\.5, not 0\.8: pass --quantile 0\.5"):
+        load(0.8)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "wanted"),
+    [
+        (
+            {"questions": ["q0", "q1"]},
+            r"fitted on other questions \(2: q0, q1\) than those of --calibrate-on \(2: q2, q3",
+        ),
+        ({"model": "vllm smollm2"}, r"fitted on 'vllm smollm2', not on this run's 'embedded'"),
+    ],
+)
+def test_online_rollout_refuses_a_calibration_file_fitted_on_other_questions_or_engine(tmp_path, recorded, wanted):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({**OLD_CAL, **recorded}))
+    with pytest.raises(SystemExit, match=wanted):
+        asyncio.run(online_rollout.calibrate(None, None, items(4)[2:], path, 0, 0.5, name="embedded"))
+    fitting = {"questions": ["q3", "q2"], "model": "embedded"}
+    path.write_text(json.dumps({**OLD_CAL, **fitting}))
+    assert asyncio.run(online_rollout.calibrate(None, None, items(4)[2:], path, 0, 0.5, name="embedded")).questions
+
+
+def test_online_rollout_resumes_rows_measured_with_a_calibration_file_that_records_no_origin(
+    monkeypatch, tmp_path, capsys
+):
+    # The rows of the runs in progress store the calibration as the older script wrote it.
+    (tmp_path / "cal.json").write_text(json.dumps(OLD_CAL))
+    settings = {"dataset": "hotpotqa_train100", "seed": 0, "consensus": 0.75, "calibrate_on": [2, 4]}
+    write_rows(tmp_path / "rows.jsonl", [online_row(q, {**settings, "calibration": OLD_CAL}) for q in ("q0", "q1")])
+    run_online(monkeypatch, tmp_path, ["--quantile", "0.5"], fit=False)
+    assert "2 questions, one in flight" in capsys.readouterr().out
+
+
+def test_online_rollout_records_where_its_calibration_came_from(monkeypatch, tmp_path):
+    async def run(runner, question, *, trajectory_id, thread_id, config):
+        return {"uncertainty": [{"reasoning": 1.5, "exploration": 2.0, "all": 1.7}], "stats": {"lowest_confidence": 3}}
+
+    monkeypatch.setattr(online_rollout, "RolloutRunner", lambda model, tools: type("R", (), {"run": run})())
+    monkeypatch.setattr(online_rollout, "make_corpus_tools", lambda index, doc_ids: [])
+    path = tmp_path / "cal.json"
+    with pytest.warns(UserWarning, match="few samples"):
+        asyncio.run(online_rollout.calibrate(None, None, items(4)[2:], path, 0, 0.5, name="embedded"))
+    stored = json.loads(path.read_text())
+    assert (stored["questions"], stored["model"], stored["top_logprobs"], stored["trajectories"]) == (
+        ["q2", "q3"],
+        "embedded",
+        16,
+        2,
+    )
 
 
 def test_online_rollout_on_vllm_starts_the_server_empties_its_cache_before_each_variant_and_stops_it(
@@ -214,7 +292,7 @@ def test_online_rollout_on_vllm_starts_the_server_empties_its_cache_before_each_
 
 def test_online_rollout_from_start_measures_only_later_questions_and_reports_every_row(monkeypatch, tmp_path, capsys):
     settings = {"dataset": "hotpotqa_train100", "seed": 0, "consensus": 0.75, "calibrate_on": [2, 4]}
-    settings["calibration"] = dataclasses.asdict(ONLINE_CAL)
+    settings["calibration"] = ONLINE_CAL.to_dict()
     write_rows(tmp_path / "rows.jsonl", [online_row("q0", settings)])  # an earlier run measured question 1
     runs = []
 

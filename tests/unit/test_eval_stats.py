@@ -139,3 +139,33 @@ def test_bootstrap_ratio_without_a_resample_to_divide_says_so():
         else:
             assert 0 < low <= high
     assert 0 < refused < 30
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_are_refused_naming_the_question(backend, bad):
+    """Before: a NaN score gave a part-NaN interval, and format_diff printed it as a significant difference."""
+    with pytest.raises(ValueError, match=r"values\[1\] is .*finite"):
+        bootstrap_ci([1, bad, 0, 1])
+    with pytest.raises(ValueError, match=r"a\[2\] is .*finite"):
+        paired_bootstrap_diff([1, 0, bad, 1], [0, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"b\[0\] is .*finite"):
+        paired_bootstrap_diff([1, 0, 1, 1], [bad, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"numerators\[1\] is .*finite"):
+        bootstrap_ratio([1, bad, 2], [1, 1, 1])
+    with pytest.raises(ValueError, match=r"denominators\[1\] is .*finite"):
+        bootstrap_ratio([1, 2, 3], [1, bad, 1])
+
+
+def test_bootstrap_ratio_of_questions_with_one_ratio_lies_in_its_zero_width_interval(backend):
+    """Before: summing 0.1 * n and 0.3 * n put the ratio 1e-15 outside its own interval."""
+    for n in range(1, 41):
+        for num, den in [(0.1, 0.3), (0.7, 2.2), (3.3, 0.9), (1.1, 1.7)]:
+            ratio, low, high = bootstrap_ratio([num] * n, [den] * n, n_resamples=50, seed=n)
+            assert low <= ratio <= high
+            assert low == high == num / den
+
+
+def test_bootstrap_ratio_keeps_its_interval_where_a_question_has_no_reference():
+    ratio, low, high = bootstrap_ratio([1, 2, 3, 4], [2, 0, 3, 5], seed=1)
+    assert ratio == pytest.approx(10 / 10)
+    assert low < high

@@ -4,6 +4,9 @@ branching within N; calibrated thresholds; sibling diversity."""
 from __future__ import annotations
 
 import json
+import os
+import time
+import warnings
 from collections import Counter
 
 import pytest
@@ -165,6 +168,70 @@ def test_calibration_refuses_a_stop_quantile_outside_zero_one(stop_quantile):
         Calibration.fit(runs, confidences=[1.0, 2.0, 3.0, 4.0], stop_quantile=stop_quantile)
 
 
+def test_calibration_records_where_it_came_from(tmp_path):
+    runs = [[{"reasoning": 1.0 + i % 5, "exploration": 2.0, "all": 1.5}] * 3 for i in range(20)]
+    ids = [f"q{i // 2}" for i in range(20)]  # two trajectories per question
+    cal = Calibration.fit(runs, model="vllm Qwen3-32B", top_logprobs=16, questions=ids)
+    assert (cal.model, cal.top_logprobs, cal.trajectories) == ("vllm Qwen3-32B", 16, 20)
+    assert cal.questions == tuple(f"q{i}" for i in range(10))  # once each, in order
+    path = cal.save(tmp_path / "c.json")
+    stored = json.loads(path.read_text())
+    assert stored["questions"][:2] == ["q0", "q1"] and stored["samples"]["exploration"] == 60
+    assert Calibration.load(path) == cal
+
+
+def test_a_calibration_file_written_before_it_recorded_its_origin_loads_and_gives_back_its_dict(tmp_path):
+    old = {
+        "confidence_floor": 4.6,
+        "confidence_samples": 15,
+        "confidence_window": 32,
+        "estimator": "nll",
+        "quantile": 0.5,
+        "samples": {"all": 79, "exploration": 36, "reasoning": 79},
+        "thresholds": {"all": 1.37, "exploration": 2.75, "reasoning": 1.06},
+    }
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    cal = Calibration.load(path)
+    assert (cal.model, cal.top_logprobs, cal.questions, cal.trajectories) == (None, None, None, None)
+    # A benchmark's rows store this dict: a resumed run must find the same one.
+    assert cal.to_dict() == old
+
+
+def test_a_calibration_from_few_steps_or_trajectories_warns_when_fitted():
+    """Before: 15 trajectories' 36 exploration steps gave a threshold without a word of how noisy it is."""
+    plain, exploring = {"reasoning": 1.2, "all": 1.5}, {"reasoning": 1.2, "exploration": 2.0, "all": 1.5}
+    thin = [[plain] * 4 + [exploring] * (2 if i < 18 else 1) for i in range(25)]
+    with pytest.warns(UserWarning, match=r"few samples \(exploration: 43 steps\)"):
+        Calibration.fit(thin)
+    with pytest.warns(UserWarning, match=r"few samples \(15 trajectories\)"):
+        Calibration.fit([[{"all": 1.5}] * 4] * 15)
+    with pytest.warns(UserWarning, match=r"few samples \(confidence floor: 5 trajectories\)"):
+        Calibration.fit([[{"all": 1.5}] * 4] * 25, confidences=[1.0] * 5 + [None] * 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Calibration.fit([[{"all": 1.5}] * 4] * 25, confidences=[1.0] * 25)
+
+
+@pytest.mark.parametrize("how", ["replaced", "rewritten"])
+def test_a_calibration_file_changed_under_its_old_mtime_is_read_again(tmp_path, how):
+    """Before: the cache was keyed by mtime alone, and a file replaced by one with its old mtime
+    (cp -p, rsync -t, a rewrite within the clock's tick) kept giving the old thresholds."""
+    path = tmp_path / "cal.json"
+    Calibration("nll", 0.8, {"all": 2.0}, {"all": 60}).save(path)
+    before = os.stat(path)
+    assert Calibration.load(path).thresholds == {"all": 2.0}
+    if how == "replaced":  # a new file moved over the old one: another inode
+        Calibration("nll", 0.8, {"all": 9.0}, {"all": 60}).save(tmp_path / "new.json")
+        os.replace(tmp_path / "new.json", path)
+    else:  # the same file, the same size: only its ctime tells
+        time.sleep(0.05)
+        Calibration("nll", 0.8, {"all": 9.0}, {"all": 60}).save(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns
+    assert Calibration.load(path).thresholds == {"all": 9.0}
+
+
 @pytest.mark.parametrize(
     ("content", "config", "needle"),
     [
@@ -178,6 +245,11 @@ def test_calibration_refuses_a_stop_quantile_outside_zero_one(stop_quantile):
         ),
         (json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"reasoning": 2}}), {}, "no threshold"),
         (json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 2}}), {"n": 3}, r"m \+ t"),
+        (
+            json.dumps({"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 2}, "questions": "q1"}),
+            {},
+            "questions must be a list of ids",
+        ),
     ],
 )
 def test_a_bad_calibration_raises_config_error_naming_the_fix(tmp_path, content, config, needle):

@@ -271,3 +271,38 @@ async def test_llm_judge_empty_gold_rejected():
 
 def test_parse_judgement_takes_last_verdict_line():
     assert parse_judgement("correct: yes\n...on reflection...\ncorrect: no") is False
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        # Before: forms of the verdict judges commonly write were unreadable (None, scored as wrong).
+        ('{"extracted_final_answer": "Paris", "correct": "yes"}', True),
+        ('```json\n{"extracted_final_answer": "Rome", "correct": false}\n```', False),
+        ("Correct - yes", True),
+        ("correct：yes", True),
+        ("reasoning: they differ\ncorrect — No", False),
+        # The prompt's own "correct: Answer 'yes' if ..." echoed after the verdict is not one.
+        ("correct: yes\nconfidence: 100\ncorrect: Answer 'yes' if ... 'no' otherwise", True),
+    ],
+)
+def test_parse_judgement_reads_json_dash_and_full_width_colon_verdicts(reply, expected):
+    assert parse_judgement(reply) is expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        # Before: the draft "correct: no" of a reasoning cut off by max_tokens was taken as the verdict.
+        ("<think>Gold is Paris. First guess\ncorrect: no\nwait, 'the city of Paris' is Paris, so", None),
+        # An R1-style template opens the think block in the prompt: the reply holds only its end.
+        ("correct: no ... hmm, actually they match\n</think>\nThe answers match.", None),
+        ("correct: no ... hmm, actually they match\n</think>\ncorrect: yes", True),
+        ("<think>a</think>\n<think>b</think>\ncorrect: yes", True),
+        ("< /Think >\ncorrect: no", False),
+        # A think block reopened after the last one closed was cut off: no verdict yet.
+        ("<think>a</think>\ncorrect: yes\n<think>on reflection", None),
+    ],
+)
+def test_parse_judgement_reads_only_what_follows_the_reasoning(reply, expected):
+    assert parse_judgement(reply) is expected
