@@ -635,7 +635,10 @@ class RolloutRunner:
             # The failed call wrote no step: reopening the thread before it retries that call and
             # keeps every step finished before the failure (a server that was down, now up).
             await self.graph.aupdate_state(tc, {"status": "running", "error": None}, as_node="act")
-        elif not current.values or not current.next:
+        elif not current.values:
+            # A thread with values resumes from its last checkpoint (payload None), even when it shows no
+            # next task: a run killed after a task's writes were saved but before the checkpoint after
+            # it shows none, and seeding it again lost that tool response (or doubled a branch's prefix).
             if branch:
                 seed = await self._fork_values(origin)
             elif crossed:

@@ -22,14 +22,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.lineage import Pick, branch_job, scratch_job
 from tests.reliability.crash_worker import IDS
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
+    agent_step,
     answer_text,
     call_text,
     make_tools,
@@ -164,6 +168,67 @@ def _load_graph(limit: int, *, aggregator_delay: float = 0.01, separate_aggregat
 
 
 @pytest.mark.timeout(90)
+class _Killed(BaseException):
+    """The process dying: not an Exception, so no retry or error handler of the library takes it."""
+
+
+class _DyingSaver(InMemorySaver):
+    """Dies on the checkpoint save that follows the ``act`` task of an armed thread (its ``die_at``-th),
+    after that task's writes were saved: what a SIGKILL or a dropped database leaves in that window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.die_at: dict[str, int] = {}
+
+    async def aput(self, config, checkpoint, metadata, new_versions):
+        thread = config["configurable"]["thread_id"]
+        if thread in self.die_at and "observations" in new_versions:
+            self.die_at[thread] -= 1
+            if self.die_at[thread] == 0:
+                del self.die_at[thread]
+                raise _Killed(thread)
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+
+def _search_visit_answer(messages):
+    step = agent_step(messages)
+    if step == 0:
+        return Reply(call_text("search", "look", query="capital of France"), regions={"tool_call": -2.5})
+    if step == 1:
+        return Reply(call_text("visit", "open", doc="Paris"), regions={"tool_call": -2.0})
+    return Reply(answer_text("Paris"))
+
+
+async def test_a_thread_killed_after_a_tools_writes_resumes_with_that_tool_response():
+    # Killed after `act` saved its writes but before the next checkpoint, a thread shows no next task;
+    # before the fix it was taken for a new one: a from-scratch trajectory was sent its question again
+    # (the visit's response was lost, the next step written without it) and a branch was seeded again
+    # on top of its own steps (its prefix doubled).
+    cfg = ParallelMuseConfig(n=4, m=1, k=1, t=2, max_turns=4, seed=1)
+    saver = _DyingSaver()
+    model = ScriptedChatModel(responder=_search_visit_answer)
+    runner = RolloutRunner(model, make_tools()[0], checkpointer=saver)
+    question = "What is the capital of France?"
+    job = scratch_job("initial", 0, run_id="r")
+    saver.die_at[job["thread_id"]] = 2  # after the visit ran
+    with pytest.raises(_Killed):
+        await runner.run_job(job, question=question, config=cfg)
+    resumed = await runner.run_job(job, question=question, config=cfg)
+    assert resumed["status"] == "answered"
+    assert [s["index"] for s in resumed["steps"]] == [0, 1, 2]
+    assert [o["step"] for o in resumed["observations"]] == [0, 1]
+    assert "Document Paris" in str([m.content for m in model.calls[-1]["messages"]])  # the answer saw the visit
+
+    parent = await runner.run_job(scratch_job("initial", 1, run_id="r"), question=question, config=cfg)
+    branch = branch_job(parent, Pick(parent="t1", step=1, region="exploration", score=3.0, round=1), 0, run_id="r")
+    saver.die_at[branch["thread_id"]] = 2  # the first save is the fork's seed; the second, after its own act
+    with pytest.raises(_Killed):
+        await runner.run_job(branch, config=cfg)
+    resumed = await runner.run_job(branch, config=cfg)
+    assert [s["index"] for s in resumed["steps"]] == [0, 1, 2]
+    assert [o["step"] for o in resumed["observations"]] == [0, 1]
+
+
 async def test_concurrency_limit_holds_under_load_in_abatch():
     """N=16 (1 initial + 6 branches + 9 fills) x 4 questions, max_concurrency=4.
 
