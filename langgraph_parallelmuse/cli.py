@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -21,6 +23,8 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -33,7 +37,7 @@ from rich.table import Table
 
 from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
-from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, RolloutFailedError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError, ParallelMuseError, RolloutFailedError
 from langgraph_parallelmuse.eval.bench import METHODS, replacing
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact
@@ -133,10 +137,7 @@ def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None,
             ``top_logprobs``, whether it branches); default: the command line's flags.
         logprobs: Whether the server must return logprobs; default: when ``settings`` branch.
     """
-    if args.base_url and args.model_path:
-        raise ConfigError("--model-path loads a local checkpoint, --base-url uses a server: pass one of them")
-    if args.model and not args.base_url:
-        raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
+    _check_model_flags(args)
     if args.base_url:
         return _server_model(args, settings or _config_from(args), logprobs=logprobs)
     from langgraph_parallelmuse.models import LocalChatModel
@@ -145,6 +146,28 @@ def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None,
         if args.model_path:
             return LocalChatModel(model_path=args.model_path, precision=args.precision)
         return LocalChatModel.embedded(precision=args.precision)
+
+
+def _check_model_flags(args: argparse.Namespace) -> None:
+    """Refuse model flags one of which would be ignored."""
+    if args.base_url and args.model_path:
+        raise ConfigError("--model-path loads a local checkpoint, --base-url uses a server: pass one of them")
+    if args.model and not args.base_url:
+        raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
+
+
+def _served_name(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--model`` set to the server's only model when ``--base-url`` names none: bench
+    results and checkpointed runs record the model by name.
+
+    Raises:
+        ConfigError: Model flags that contradict (checked first: a server lookup would hide them), or a
+            server that serves other than one model.
+    """
+    _check_model_flags(args)
+    if args.base_url and args.model is None:
+        return argparse.Namespace(**{**vars(args), "model": _only_served_model(args.base_url)})
+    return args
 
 
 def _local_name(args: argparse.Namespace) -> str:
@@ -240,8 +263,47 @@ def _tools(args: argparse.Namespace):
 
     with console.status("Opening the search index (built once, then cached)…"):
         index = CorpusIndex.from_jsonl(*args.corpus) if args.corpus else CorpusIndex.wikipedia()
-    doc_ids = [d.strip() for d in args.doc_ids.split(",") if d.strip()] if args.doc_ids else None
-    return make_corpus_tools(index, doc_ids=doc_ids)
+    return make_corpus_tools(index, doc_ids=_doc_ids(args))
+
+
+def _doc_ids(args: argparse.Namespace) -> list[str] | None:
+    """The ids ``--doc-ids`` lists (``None``: not given, every document)."""
+    return [d.strip() for d in args.doc_ids.split(",") if d.strip()] if args.doc_ids else None
+
+
+_MIB = 1 << 20
+
+
+def _corpus_fingerprint(paths: Sequence[str]) -> str:
+    """The corpus files as a run records them: each file's name (its link's target), size, and a hash of
+    its first and last MiB.
+
+    Cheap on a dump of gigabytes; a moved or renamed link is the same corpus, other texts another (an
+    edit in the middle that keeps the size is not seen).
+
+    Raises:
+        CorpusError: A file cannot be read.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "docs.jsonl"
+        >>> _ = path.write_text('{"id": "d1", "title": "A", "text": "a"}\\n')
+        >>> _corpus_fingerprint([str(path)])
+        'docs.jsonl (40 bytes, sha256 b566607a259a934a)'
+    """
+    shown = []
+    for path in paths:
+        file = Path(path).expanduser().resolve()
+        try:
+            with file.open("rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                digest = hashlib.sha256(fh.read(_MIB))
+                fh.seek(max(fh.tell(), size - _MIB))  # a file of up to 2 MiB is hashed whole
+                digest.update(fh.read(_MIB))
+        except OSError as exc:
+            raise CorpusError(f"cannot read the corpus {file} ({exc.strerror}): give its JSONL file") from exc
+        shown.append(f"{file.name} ({size} bytes, sha256 {digest.hexdigest()[:16]})")
+    return ", ".join(shown)
 
 
 def _progress(*, eta: bool = False) -> Progress:
@@ -350,12 +412,50 @@ def stats_table(result: dict[str, Any]) -> Table:
     return table
 
 
+# The checkpoint metadata an ask run's inputs (_run_inputs) are kept under: LangGraph copies a run
+# config's text metadata into each checkpoint it writes, beside the question and settings it holds.
+_INPUTS = "parallelmuse_inputs"
+
+
+def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """What makes an ``ask`` run's trajectories besides its question and settings, by the flag that
+    gives it: the documents the tools search (the corpus files' fingerprint) and the model. No API
+    key: the server's URL is redacted. ``None``: the flag was not given (Wikipedia, the embedded model).
+    """
+    ids = _doc_ids(args)
+    return {
+        "--corpus": _corpus_fingerprint(args.corpus) if args.corpus else None,
+        "--doc-ids": ",".join(sorted(set(ids))) if ids else None,
+        "--tavily": args.tavily or None,
+        "--base-url": redact(args.base_url) if args.base_url else None,
+        "--model": args.model,
+        "--model-path": args.model_path,
+        "--precision": None if args.base_url else args.precision,  # a server's model is its own
+    }
+
+
+def _other_inputs(stored: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The flags whose value ``now`` differs from the ``stored`` run's, with both (``None``: none do).
+
+    Example:
+        >>> _other_inputs({"--corpus": "a.jsonl (9 bytes)", "--tavily": None}, {"--corpus": None, "--tavily": True})
+        '--corpus not given (stored: a.jsonl (9 bytes)), --tavily given (stored: not given)'
+    """
+
+    def shown(value: Any) -> str:
+        return "not given" if value is None else "given" if value is True else str(value)
+
+    flags = [flag for flag in {**stored, **now} if stored.get(flag) != now.get(flag)]
+    return ", ".join(f"{f} {shown(now.get(f))} (stored: {shown(stored.get(f))})" for f in flags) or None
+
+
 async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) -> dict | None:
     """The stored state of the run ``--run-id`` names, checked to be the run this command describes.
 
     Returns ``None`` for a new run. Raises ``ConfigError`` when ``--resume`` names no run, when the
-    question or an explicitly given setting differs from the stored one, or when a new run would
-    reuse the id of an existing one.
+    question, an explicitly given setting or an input (``run_config``'s :func:`_run_inputs`: the
+    corpus, the model) differs from the stored one, or when a new run would reuse the id of an
+    existing one. A run stored before its inputs were is resumed whatever they are.
     """
     snap = await graph.aget_state(run_config)
     exists = bool(snap.values and snap.values.get("question"))
@@ -378,6 +478,12 @@ async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) 
     if clash:
         given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
         raise ConfigError(f"{where} was started with other settings: {given}; drop these flags to resume it")
+    inputs = (snap.metadata or {}).get(_INPUTS)
+    if inputs and (other := _other_inputs(json.loads(inputs), json.loads(run_config["metadata"][_INPUTS]))):
+        raise ConfigError(
+            f"{where} was started with other inputs: {other}; give those flags as stored to resume it, "
+            "or start a new run with another --run-id"
+        )
     return {"state": stored, "pending": list(snap.next)}
 
 
@@ -493,6 +599,7 @@ async def _ask(args: argparse.Namespace) -> int:
     if args.json:
         _writable_file(args.json, "--json")
     tools = _tools(args)  # a missing corpus or search key is found before the model loads
+    args = _served_name(args)  # a checkpointed run records its model by name
     model = _model(args)
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
     async with open_checkpointer(args.db) if args.db else contextlib.nullcontext() as saver:
@@ -505,7 +612,11 @@ async def _ask(args: argparse.Namespace) -> int:
             trajectory_checkpointer=saver,
         )
         graph = build(model)
-        run_config = {"configurable": {"thread_id": run_id}, "max_concurrency": settings.max_concurrency}
+        run_config = {
+            "configurable": {"thread_id": run_id},
+            "max_concurrency": settings.max_concurrency,
+            "metadata": {_INPUTS: json.dumps(_run_inputs(args), sort_keys=True)},  # kept with the run
+        }
         resumed = await _resume_point(graph, run_config, args) if args.db else None
         if resumed is not None:
             settings = make_config(resumed["state"]["settings"])
@@ -635,8 +746,7 @@ async def _bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--judge-model {args.judge_model!r} names a model on a server: add --judge-base-url")
     if not args.report_only:
         # Results record the models by name, so a server's only model is looked up first.
-        if args.base_url and args.model is None:
-            args = argparse.Namespace(**{**vars(args), "model": _only_served_model(args.base_url)})
+        args = _served_name(args)
         if args.judge_base_url and args.judge_model is None:
             judge_model = _only_served_model(args.judge_base_url, "--judge-model")
             args = argparse.Namespace(**{**vars(args), "judge_model": judge_model})
@@ -694,6 +804,7 @@ async def _bench(args: argparse.Namespace) -> int:
         sibling = Path(args.questions.replace(".questions.jsonl", ".corpus.jsonl"))
         hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
+    settings = dataclasses.replace(settings, corpus=_corpus_fingerprint(args.corpus))
     already = len(finished_records(results, items, settings=settings))  # before loading anything
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -819,59 +930,122 @@ def _setting(text: str) -> tuple[str, Any]:
         return name, value
 
 
-def _scored_runs(paths: list[str]) -> tuple[list[list[dict]], list[float | None], set[str]]:
-    """Per-step uncertainty and lowest confidence of the from-scratch trajectories in bench or
-    ``ask --json`` outputs."""
-    runs: list[list[dict]] = []
-    confidences: list[float | None] = []
-    estimators: set[str] = set()
+# What the runs of one calibration must share, as the mixed values' message calls it: the estimator it
+# is checked against when used, and the model and top logprobs the scores and confidences depend on.
+_ONE_OF = {
+    "estimator": ("estimators", "one estimator's runs"),
+    "model": ("models", "one model's runs"),
+    "top_logprobs": ("top_logprobs", "runs with one top_logprobs"),
+}
+
+
+@dataclasses.dataclass
+class _ScoredRuns:
+    """The from-scratch trajectories ``calibrate`` fits on, the questions they answered, and what they
+    were scored with."""
+
+    uncertainties: list[list[dict]] = dataclasses.field(default_factory=list)
+    confidences: list[float | None] = dataclasses.field(default_factory=list)
+    questions: list[str | None] = dataclasses.field(default_factory=list)  # None: a record names none
+    # Per field of _ONE_OF: each value the runs hold, and the files that hold it.
+    seen: dict[str, dict[Any, list[str]]] = dataclasses.field(default_factory=lambda: {k: {} for k in _ONE_OF})
+
+    def add(self, path: str, record: dict, scratch: list[dict], **scored: Any) -> None:
+        """Add ``scratch``, the from-scratch trajectories of ``record`` in ``path``, scored as ``scored`` says."""
+        self.uncertainties += [t["uncertainty"] for t in scratch]
+        self.confidences += [(t.get("stats") or {}).get("lowest_confidence") for t in scratch]
+        # An ``ask --json`` output has no id: its question names it.
+        self.questions.append(record.get("id") or record.get("question"))
+        for name, value in scored.items():
+            files = self.seen[name].setdefault(value, [])
+            files += [] if path in files else [path]
+
+    def only(self, name: str) -> Any:
+        """The one value of the field ``name`` of :data:`_ONE_OF` (``None``: not recorded, or no run).
+
+        Raises:
+            ConfigError: The runs hold more than one; the message names the files of each.
+        """
+        if len(seen := self.seen[name]) > 1:
+            plural, fix = _ONE_OF[name]
+            mixed = "; ".join(
+                f"{'not recorded' if value is None else repr(value)} ({', '.join(files)})"
+                for value, files in seen.items()
+            )
+            raise ConfigError(f"the runs mix {plural}: {mixed}; calibrate from {fix}")
+        return next(iter(seen), None)
+
+
+def _run_records(path: str) -> list[dict]:
+    """The records of one ``calibrate`` input: an ``ask --json`` output, or a bench results.jsonl."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        hint = "pass bench results.jsonl or `ask --json` files"
+        raise ConfigError(f"cannot read {path} ({exc.strerror}): {hint}") from exc
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError:  # JSONL of bench records
+        records = []
+        for line_no, line in enumerate(text.splitlines(), 1):
+            try:
+                records += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} line {line_no} is not JSON ({exc.msg}): is it a run's output?") from exc
+        return records
+
+
+def _scored_runs(paths: list[str]) -> _ScoredRuns:
+    """The from-scratch trajectories of bench or ``ask --json`` outputs, with what they were scored with.
+
+    A bench record gives its model and top logprobs (``--set top_logprobs``, else the default); an
+    ``ask --json`` output its config's top logprobs, and no model.
+    """
+    runs = _ScoredRuns()
+    default_top = ParallelMuseConfig.model_fields["top_logprobs"].default
     for path in paths:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            hint = "pass bench results.jsonl or `ask --json` files"
-            raise ConfigError(f"cannot read {path} ({exc.strerror}): {hint}") from exc
-        try:
-            records = [json.loads(text)]
-        except json.JSONDecodeError:  # JSONL of bench records
-            records = []
-            for line_no, line in enumerate(text.splitlines(), 1):
-                try:
-                    records += [json.loads(line)] if line.strip() else []
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path} line {line_no} is not JSON ({exc.msg}): is it a run's output?") from exc
-        for rec in records:
+        for rec in _run_records(path):
             try:
                 trajs = rec.get("trajectories") or []
                 trajs = trajs.values() if isinstance(trajs, dict) else trajs
-                config = rec.get("settings") or (rec.get("stats") or {}).get("config") or {}
-                estimators.add(config.get("estimator", "nll"))
                 # From-scratch trajectories only: branches over-represent the uncertain steps.
                 scratch = [t for t in trajs if (t.get("origin") or {}).get("kind") in ("initial", "fill")]
-                runs += [t["uncertainty"] for t in scratch]
-                confidences += [(t.get("stats") or {}).get("lowest_confidence") for t in scratch]
+                if not scratch:
+                    continue
+                config = rec.get("settings") or (rec.get("stats") or {}).get("config") or {}
+                if "id" in rec:  # a bench record (an ask output has no id): its settings are the bench's
+                    model, top = config.get("model"), (config.get("extra") or {}).get("top_logprobs", default_top)
+                else:
+                    model, top = None, config.get("top_logprobs")
+                runs.add(path, rec, scratch, estimator=config.get("estimator", "nll"), model=model, top_logprobs=top)
             except (AttributeError, KeyError, TypeError) as exc:
                 raise ConfigError(
                     f"{path} holds a record without per-step uncertainty ({exc!r}): pass bench results.jsonl "
                     "or `ask --json` outputs"
                 ) from exc
-    return runs, confidences, estimators
+    return runs
 
 
 async def _calibrate(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.calibration import Calibration
 
     _writable_file(args.out, "--out")
-    runs, confidences, estimators = _scored_runs(args.runs)
-    if len(estimators) > 1:
-        raise ConfigError(f"the runs mix estimators {sorted(estimators)}: calibrate from one estimator's runs")
-    cal = Calibration.fit(
-        runs,
-        quantile=args.quantile,
-        estimator=estimators.pop() if estimators else "nll",
-        confidences=confidences,
-        stop_quantile=args.stop_quantile,
-    )
+    runs = _scored_runs(args.runs)
+    scored = {name: runs.only(name) for name in _ONE_OF}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # each fit's own, though this process warned of another before
+        cal = Calibration.fit(
+            runs.uncertainties,
+            quantile=args.quantile,
+            estimator=scored["estimator"] or "nll",
+            confidences=runs.confidences,
+            stop_quantile=args.stop_quantile,
+            model=scored["model"],
+            top_logprobs=scored["top_logprobs"],
+            questions=None if None in runs.questions else runs.questions,
+        )
+    for warning in caught:  # a line of the command's output, not Python's "file:line: UserWarning"
+        console.print(f"[yellow]warning:[/] {_shown(warning.message)}")
     with replacing(args.out) as tmp:
         cal.save(tmp)
     table = Table("threshold", "value", "from")
@@ -884,7 +1058,10 @@ async def _calibrate(args: argparse.Namespace) -> int:
             f"{cal.confidence_samples} trajectories",
         )
     out.print(table)
-    console.print(f"{len(runs)} trajectories; wrote {args.out} (use it with --calibration {args.out})", markup=False)
+    console.print(
+        f"{len(runs.uncertainties)} trajectories; wrote {args.out} (use it with --calibration {args.out})",
+        markup=False,
+    )
     return 0
 
 

@@ -120,6 +120,9 @@ class BenchSettings:
     model: str = "embedded"
     judge: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more ParallelMuseConfig fields
+    # Which texts the tools searched, as the CLI fingerprints its --corpus files: a rerun on another
+    # corpus must not continue a table measured on the first (None: not given).
+    corpus: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -218,21 +221,30 @@ def _mean_single(group: Sequence[Trajectory], answers: Sequence[str]) -> dict[st
 async def _judge_methods(
     judge: BaseChatModel, item: QAItem, methods: dict[str, dict], trajectories: dict[str, Trajectory]
 ) -> None:
-    """Add the judge's verdict to every method; "no scaling" entries average their trajectories'."""
-    verdicts: dict[str, float] = {}
+    """Add the judge's verdict to every method: ``judge`` is 1.0 (the answer matches the gold) or 0.0,
+    ``None`` when the judge's reply held no readable verdict, and ``judge_unreadable`` counts those.
 
-    async def verdict(answer: str | None) -> float:
+    A single-trajectory mean ("no scaling") judges each of its trajectories: ``judge`` is the mean of
+    the readable verdicts (``None`` if none was), ``judge_unreadable`` the trajectories whose was not.
+    """
+    verdicts: dict[str, float | None] = {}
+
+    async def verdict(answer: str | None) -> float | None:
         key = " ".join((answer or "").lower().split())
         if key not in verdicts:  # one judge call per distinct answer
-            verdicts[key] = 1.0 if await llm_judge(judge, item.question, answer, item.answers) else 0.0
+            said = await llm_judge(judge, item.question, answer, item.answers)
+            verdicts[key] = None if said is None else float(said)
         return verdicts[key]
 
     for rec in methods.values():
         if rec["answer"] is not None or "source" in rec:
-            rec["judge"] = await verdict(rec["answer"])
+            scores = [await verdict(rec["answer"])]
         else:
             scores = [await verdict(trajectories[i]["answer"]) for i in rec["trajectories"]]
-            rec["judge"] = sum(scores) / len(scores)
+        # Unreadable is not wrong: a judge that answers out of format would score every method 0.
+        readable = [score for score in scores if score is not None]
+        rec["judge"] = sum(readable) / len(readable) if readable else None
+        rec["judge_unreadable"] = len(scores) - len(readable)
 
 
 def _label_branch(trajectory: Trajectory, mode: str, picks: list[Pick]) -> Trajectory:
@@ -375,7 +387,7 @@ async def run_question(
     """Run every method on one question and score it. Returns one JSON-able record.
 
     With a ``judge`` model every answer also gets a ``judge`` score (1.0 when the judge says it
-    matches the gold answer; an unreadable verdict counts as 0.0).
+    matches the gold answer; ``None`` for an unreadable verdict, counted in ``judge_unreadable``).
 
     Raises:
         RolloutFailedError: Every trajectory of the from-scratch set, or of a partial-rollout mode's
@@ -544,23 +556,30 @@ def _metrics(rows: Sequence[dict], name: str) -> tuple[str, ...]:
 def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int = 0) -> dict[str, dict]:
     """Mean and bootstrap 95% interval per method and metric, paired differences vs ``baseline``,
     and what one answer cost per question (a single-trajectory mean: one trajectory of its set; an
-    aggregation: also ``aggregate_tokens``, the aggregator's own)."""
+    aggregation: also ``aggregate_tokens``, the aggregator's own).
+
+    A judged run's ``judge`` is bootstrapped over the questions with a readable verdict (``None``
+    when none had one), its differences over those judged in both methods; ``judge_unreadable``
+    counts the unreadable verdicts (a single-trajectory mean's: of trajectories).
+    """
     names = sorted({m for r in records for m in r["methods"]})
     out: dict[str, dict] = {}
     for name in names:
         rows = [r for r in records if name in r["methods"]]
         entry: dict[str, Any] = {"questions": len(rows)}
         for metric in _metrics(rows, name):
-            values = [r["methods"][name][metric] for r in rows]
-            entry[metric] = bootstrap_ci(values, seed=seed)
-            if baseline in rows[0]["methods"] and name != baseline:
-                paired = [r for r in rows if baseline in r["methods"]]
+            scored = [r for r in rows if r["methods"][name][metric] is not None]  # judge: readable verdicts only
+            entry[metric] = bootstrap_ci([r["methods"][name][metric] for r in scored], seed=seed) if scored else None
+            paired = [r for r in scored if r["methods"].get(baseline, {}).get(metric) is not None]
+            if baseline in rows[0]["methods"] and name != baseline and paired:
                 diff = paired_bootstrap_diff(
                     [r["methods"][name][metric] for r in paired],
                     [r["methods"][baseline][metric] for r in paired],
                     seed=seed,
                 )
                 entry[f"{metric}_vs_{baseline}"] = diff + (within_noise(diff[1], diff[2]),)
+        if "judge" in entry:  # records written before unreadable verdicts were kept have none
+            entry["judge_unreadable"] = sum(r["methods"][name].get("judge_unreadable", 0) for r in rows)
         for key in ("generated_tokens", "prompt_tokens", "reused_prefix_tokens", "report_tokens", "tool_calls"):
             vals = [_answer_cost(name, r["methods"][name], key) for r in rows]
             if all(v is not None for v in vals):
@@ -719,30 +738,43 @@ def fork_table(records: Sequence[dict]) -> str:
 def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> str:
     """The summary as a Markdown table (mean [95% CI]; Δ vs baseline, '~' = within noise).
 
-    A ``judge`` column appears when the run had an LLM judge.
+    ``judge`` and ``judge unreadable`` columns appear when the run had an LLM judge: its score over the
+    readable verdicts ("—" when none was), and how many were not readable (of a single-trajectory
+    mean: its trajectories').
     """
-    scores = ["em", "f1", "contains"] + (["judge"] if summary and all("judge" in e for e in summary.values()) else [])
+    judged = bool(summary) and all("judge" in e for e in summary.values())
+    scores = ["em", "f1", "contains"] + (["judge"] if judged else [])
     head = (
         "| method | "
         + " | ".join("EM" if m == "em" else m if m != "f1" else "F1" for m in scores)
+        + (" | judge unreadable" if judged else "")
         + f" | ΔF1 vs {baseline} | gen. tokens/q | report tokens/q | tool calls/q |\n|"
-        + "---|" * (len(scores) + 5)
+        + "---|" * (len(scores) + int(judged) + 5)
     )
     lines = [head]
 
     def ci(entry: dict, m: str) -> str:
+        if entry[m] is None:
+            return "—"
         mean, lo, hi = entry[m]
         return f"{mean:.3f} [{lo:.2f}, {hi:.2f}]"
 
     for name, e in summary.items():
         delta = e.get(f"f1_vs_{baseline}")
         dtxt = "—" if delta is None else format_diff(*delta[:3])
+        unreadable = f" | {e.get('judge_unreadable', 0)}" if judged else ""
         lines.append(
-            f"| {name} | " + " | ".join(ci(e, m) for m in scores) + f" | {dtxt} | "
+            f"| {name} | " + " | ".join(ci(e, m) for m in scores) + f"{unreadable} | {dtxt} | "
             f"{e.get('generated_tokens', 0):.0f} | {e.get('report_tokens', 0) or 0:.0f} | "
             f"{e.get('tool_calls', 0):.1f} |"
         )
     return "\n".join(lines)
+
+
+# Settings a record written before they were recorded may lack and still be continued: a run has always
+# searched its questions' own corpus (check_doc_ids refuses one without their documents), so an older
+# record's corpus is taken to be the one given now, as the code of its day took it.
+_UNRECORDED_BEFORE = frozenset({"corpus"})
 
 
 def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSettings | None = None) -> list[dict]:
@@ -752,7 +784,8 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
         path: The ``results.jsonl`` of a run.
         items: The questions asked; records of other questions are left out.
         settings: The settings of the run that continues ``path``; every record must have been
-            run with them and record each. ``None`` (summarising alone, as ``bench --report-only``):
+            run with them and record each (but those of :data:`_UNRECORDED_BEFORE`, which records
+            older than them lack). ``None`` (summarising alone, as ``bench --report-only``):
             the records must all have been run with one settings, whichever; a field some records
             lack (older than the field) is compared among the records that have it.
 
@@ -786,7 +819,8 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
         stored = rec.get("settings") or {}
         # A field the record lacks was added after it ran: what it was run with is unknown, so it
         # is no match (a served-model run must not continue an embedded model's file).
-        missing = [f"{k} not recorded (now {wanted[k]!r})" for k in wanted if k not in stored]
+        unknown = [k for k in wanted if k not in stored and k not in _UNRECORDED_BEFORE]
+        missing = [f"{k} not recorded (now {wanted[k]!r})" for k in unknown]
         other = [f"{k} {stored[k]!r} (now {wanted[k]!r})" for k in wanted if k in stored and stored[k] != wanted[k]]
         if other or missing:
             # A setting the record lacks cannot be given back to it: only a new directory is a fix.

@@ -9,17 +9,21 @@ passes the question through the shell untouched.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import math
+import re
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from langgraph_parallelmuse import cli
 from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, MissingLogprobsError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.tools import CorpusIndex
@@ -103,6 +107,49 @@ def test_resume_must_be_the_same_run(fake_cli, tmp_path, capsys):
     assert len(fake_cli.calls) == calls
     result = json.loads(out_json.read_text())
     assert result["answer"] == "Paris" and result["stats"]["config"]["n"] == 4
+
+
+def test_resume_with_another_corpus_or_model_is_refused_naming_both_and_the_flag(fake_cli, tmp_path, capsys):
+    # Before: only the question and settings were compared; a resume on other documents or another
+    # model continued the run, mixing trajectories of both.
+    first, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is the capital of France."}) + "\n")
+    other.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is a city of France."}) + "\n")
+    db = str(tmp_path / "x.sqlite")
+    run = (PARIS, "--db", db, "--run-id", "run1", "--resume")
+    assert _ask(*run[:-1], "--corpus", str(first), "--n", "2", "--k", "1", "--t", "1") == 0
+    calls = len(fake_cli.calls)
+    assert _ask(*run, "--corpus", str(other)) == 1
+    said = _err(capsys)
+    assert re.search(r"--corpus b\.jsonl \(\d+ bytes, sha256 \w+\) \(stored: a\.jsonl \(\d+ bytes", said), said
+    assert "give those flags as stored to resume it, or start a new run with another --run-id" in said
+    assert _ask(*run, "--corpus", str(first), "--doc-ids", "d1") == 1
+    assert "--doc-ids d1 (stored: not given)" in _err(capsys)
+    assert _ask(*run, "--tavily") == 1
+    assert re.search(r"--corpus not given \(stored: a\.jsonl .*--tavily given \(stored: not given\)", _err(capsys))
+    server = ("--base-url", "http://user:s3cr3t-key@127.0.0.1:9/v1", "--model", "qwen")
+    assert _ask(*run, "--corpus", str(first), *server) == 1
+    said = _err(capsys)
+    assert "--base-url http://user:***@127.0.0.1:9/v1 (stored: not given), --model qwen (stored: not given)" in said
+    assert "--precision not given (stored: float32)" in said
+    assert len(fake_cli.calls) == calls  # none of these ran anything
+    assert _ask(*run, "--corpus", str(first)) == 0 and "already finished" in _err(capsys)
+    # Kept with the run, without the server's credentials.
+    assert _ask(PARIS, "--db", db, "--run-id", "run2", "--n", "2", "--k", "1", "--t", "1", *server) == 0
+    assert b"s3cr3t" not in Path(db).read_bytes()
+
+
+async def test_a_run_stored_before_its_inputs_were_resumes_as_before(fake_cli, tmp_path, capsys):
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    db = str(tmp_path / "x.sqlite")
+    async with AsyncSqliteSaver.from_conn_string(db) as saver:  # as the command ran it: no inputs kept
+        graph = create_parallelmuse(fake_cli, make_tools()[0], checkpointer=saver, trajectory_checkpointer=saver)
+        await graph.ainvoke(
+            {"question": PARIS}, {"configurable": {"thread_id": "old"}}, context={"n": 2, "k": 1, "t": 1}
+        )
+    assert await asyncio.to_thread(_ask, PARIS, "--db", db, "--run-id", "old", "--resume", "--doc-ids", "d1") == 0
+    assert "already finished" in _err(capsys)
 
 
 def test_delete_thread_removes_a_cli_runs_trajectory_threads_so_its_run_id_is_free_again(fake_cli, tmp_path, capsys):
@@ -899,6 +946,61 @@ def test_a_calibration_or_result_whose_write_fails_leaves_the_earlier_file_whole
 def test_calibrate_refuses_an_out_it_cannot_write_before_reading_the_runs(tmp_path, capsys):
     assert cli.main(["calibrate", str(tmp_path / "never-read.json"), "--out", str(tmp_path)]) == 1
     assert "is a directory" in _err(capsys)
+
+
+def _bench_record(qid: str, *, model: str = "embedded float32", extra: dict | None = None, steps: int = 3) -> str:
+    """A bench results line of question ``qid``: one from-scratch trajectory of ``steps`` scored steps."""
+    trajectory = {"origin": {"kind": "initial"}, "uncertainty": [{"all": 1.5, "reasoning": 2.0}] * steps}
+    settings = {"estimator": "nll", "model": model, "extra": extra or {}}
+    return json.dumps({"id": qid, "settings": settings, "methods": {}, "trajectories": {"t0": trajectory}}) + "\n"
+
+
+def test_calibrate_records_the_model_top_logprobs_and_questions_of_its_runs(tmp_path, capsys):
+    # Before: the calibration file recorded none of them, so a run on another model could not refuse it.
+    bench, ask, cal = tmp_path / "results.jsonl", tmp_path / "ask.json", tmp_path / "cal.json"
+    bench.write_text(_bench_record("q1", extra={"top_logprobs": 5}) + _bench_record("q2", extra={"top_logprobs": 5}))
+    assert cli.main(["calibrate", str(bench), "--out", str(cal)]) == 0
+    fitted = json.loads(cal.read_text())
+    assert (fitted["model"], fitted["top_logprobs"], fitted["questions"]) == ("embedded float32", 5, ["q1", "q2"])
+    bench.write_text(_bench_record("q1"))  # no --set top_logprobs: the default
+    assert cli.main(["calibrate", str(bench), "--out", str(cal)]) == 0
+    assert json.loads(cal.read_text())["top_logprobs"] == ParallelMuseConfig.model_fields["top_logprobs"].default
+    output = json.loads(_run({"uncertainty": [{"all": 1.5}]}))
+    ask.write_text(json.dumps({**output, "question": PARIS, "stats": {"config": {"top_logprobs": 8}}}))
+    assert cli.main(["calibrate", str(ask), "--out", str(cal)]) == 0
+    fitted = json.loads(cal.read_text())  # an ask output records no model, and no id: its question names it
+    assert "model" not in fitted and (fitted["top_logprobs"], fitted["questions"]) == (8, [PARIS])
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "message"),
+    [
+        ({"model": "http://a/v1 qwen"}, {}, "mix models: 'http://a/v1 qwen' ({a}); 'embedded float32' ({b})"),
+        ({"extra": {"top_logprobs": 5}}, {}, "mix top_logprobs: 5 ({a}); 16 ({b}); calibrate from runs with one"),
+    ],
+)
+def test_calibrate_refuses_runs_of_two_models_or_top_logprobs_naming_the_files(
+    first, second, message, tmp_path, capsys
+):
+    # Before: thresholds fitted on two models' perplexities at once, for neither.
+    a, b, cal = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "cal.json"
+    a.write_text(_bench_record("q1", **first))
+    b.write_text(_bench_record("q2", **second) + _bench_record("q3", **second))
+    assert cli.main(["calibrate", str(a), str(b), "--out", str(cal)]) == 1
+    assert message.format(a=a, b=b) in _err(capsys)
+    assert not cal.exists()
+
+
+def test_calibrate_shows_a_few_samples_warning_as_a_line_of_its_output(tmp_path, capsys):
+    # Before: Python printed it as "cli.py:868: UserWarning: ..." with the line of code under it.
+    runs, cal = tmp_path / "results.jsonl", tmp_path / "cal.json"
+    runs.write_text(_bench_record("q1") + _bench_record("q2"))
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        assert cli.main(["calibrate", str(runs), "--out", str(cal)]) == 0
+    said = _err(capsys)
+    assert "warning: calibration thresholds from few samples (reasoning: 6 steps; all: 6 steps; 2 trajectories)" in said
+    assert not escaped and "UserWarning" not in said and cal.exists()
 
 
 @pytest.mark.parametrize("command", ["ask", "agent"])

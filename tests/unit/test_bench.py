@@ -353,6 +353,53 @@ async def test_an_llm_judge_adds_a_judge_score_to_every_method_and_the_table(ind
     assert "| judge |" in table.splitlines()[0]
 
 
+async def test_an_unreadable_judge_verdict_is_kept_unscored_and_counted_not_scored_wrong(index, tmp_path):
+    # Before: llm_judge's None became 0.0, so a judge answering out of format made right answers wrong.
+    def judge_reply(messages):
+        return "correct: yes" if "[response]: Paris" in messages[-1].content else "Let me think about Rome."
+
+    judge = ScriptedChatModel(responder=judge_reply)
+    records = await run_bench(_model(), index, ITEMS[:2], BenchSettings(**SMALL), tmp_path / "r.jsonl", judge=judge)
+    rome = records[1]["methods"]
+    assert (rome["majority"]["judge"], rome["majority"]["judge_unreadable"]) == (None, 1)
+    assert (rome["no_scaling"]["judge"], rome["no_scaling"]["judge_unreadable"]) == (None, 4)  # each trajectory
+    assert records[0]["methods"]["majority"]["judge_unreadable"] == 0
+    summary = summarize(records)
+    # Over the readable verdicts (Paris'), paired over the questions judged in both methods.
+    assert summary["majority"]["judge"] == (1.0, 1.0, 1.0) and summary["majority"]["judge_unreadable"] == 1
+    assert summary["no_scaling"]["judge_unreadable"] == 4
+    assert summary["weighted"]["judge_vs_majority"][:3] == (0.0, 0.0, 0.0)
+    head, _, majority = markdown_table(summary).splitlines()[:3]
+    assert "| judge | judge unreadable |" in head and majority.split(" | ")[4:6] == ["1.000 [1.00, 1.00]", "1"]
+    only_rome = summarize(records[1:])  # no readable verdict at all: no score, not NaN
+    assert only_rome["majority"]["judge"] is None and "judge_vs_majority" not in only_rome["weighted"]
+    assert markdown_table(only_rome).splitlines()[2].split(" | ")[4:6] == ["—", "1"]
+
+
+async def test_a_single_trajectory_mean_is_judged_on_its_readable_verdicts():
+    from langgraph_parallelmuse.eval.bench import _judge_methods
+
+    verdicts = {"Paris": "correct: yes", "Lyon": "correct: no", "Pariss": "Let me think about it."}
+
+    def judge_reply(messages):
+        return verdicts[messages[-1].content.split("[response]: ", 1)[1].split("\n", 1)[0]]
+
+    methods = {"no_scaling": {"answer": None, "trajectories": ["t0", "t1", "t2"]}}
+    trajectories = {f"t{i}": {"answer": a} for i, a in enumerate(verdicts)}
+    await _judge_methods(ScriptedChatModel(responder=judge_reply), ITEMS[0], methods, trajectories)
+    assert (methods["no_scaling"]["judge"], methods["no_scaling"]["judge_unreadable"]) == (0.5, 1)
+
+
+async def test_records_judged_before_unreadable_verdicts_were_counted_summarise_with_none(index, tmp_path):
+    judge = ScriptedChatModel(responder=lambda messages: "correct: yes")
+    records = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl", judge=judge)
+    for entry in records[0]["methods"].values():
+        del entry["judge_unreadable"]
+    summary = summarize(records)
+    assert summary["majority"]["judge_unreadable"] == 0 and summary["majority"]["judge"][0] == 1.0
+    assert "| judge unreadable |" in markdown_table(summary)
+
+
 async def test_a_single_trajectory_mean_costs_one_trajectory_and_an_aggregation_its_aggregator(index, tmp_path):
     """Before, no_scaling was plotted at the cost of all N trajectories, and the aggregator's own
     tokens were counted nowhere."""
@@ -552,6 +599,33 @@ def _bench_argv(tmp_path, *flags: str) -> list[str]:
     """The ``bench`` command over ``ITEMS`` and the ``index`` fixture's corpus, writing ``tmp_path / "run"``."""
     argv = ["bench", "--questions", _questions_file(tmp_path / "q.jsonl", ITEMS), "--out", str(tmp_path / "run")]
     return [*argv, "--corpus", str(tmp_path / "corpus.jsonl"), "--n", "4", "--k", "1", "--t", "2", *flags]
+
+
+def test_a_bench_continued_on_another_corpus_is_refused_and_one_recorded_before_the_corpus_continues(
+    index, tmp_path, monkeypatch, capsys
+):
+    # Before: --corpus was not in the settings, so a run continued on other texts without a word.
+    from langgraph_parallelmuse import cli
+
+    model = _model()
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: model)
+    other = tmp_path / "other.jsonl"
+    texts = [{**d, "text": d["text"].replace("capital", "largest city")} for d in DOCS]  # the same ids
+    other.write_text("".join(json.dumps(d) + "\n" for d in texts))
+    assert cli.main(_bench_argv(tmp_path, "--limit", "1", "--methods", "majority")) == 0
+    calls = len(model.calls)
+    first = str(tmp_path / "corpus.jsonl")
+    argv = [str(other) if a == first else a for a in _bench_argv(tmp_path, "--limit", "2", "--methods", "majority")]
+    assert cli.main(argv) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert re.search(r"corpus 'corpus.jsonl \(\d+ bytes, sha256 \w+\)' \(now 'other.jsonl \(\d+ bytes", said), said
+    assert len(model.calls) == calls  # refused before a question ran
+    results = tmp_path / "run" / "results.jsonl"
+    (old,) = load_done(results).values()
+    del old["settings"]["corpus"]  # as written before the corpus was recorded: continued, as then
+    results.write_text(json.dumps(old) + "\n")
+    assert cli.main(argv) == 0
+    assert list(load_done(results)) == ["q1", "q2"]
 
 
 def test_the_bench_command_summarises_the_finished_questions_and_fails_naming_the_failed_ones(
