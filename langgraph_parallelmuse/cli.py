@@ -374,7 +374,11 @@ def stats_table(result: dict[str, Any]) -> Table:
             )
     if not roll.get("cache_reported", True):
         table.add_row("prompt tokens served from cache (observed)", "the backend does not report them")
-    table.add_row("rollout: tool calls", str(roll.get("tool_calls", 0)))
+    table.add_row("rollout: tool calls / failed", f"{roll.get('tool_calls', 0)} / {roll.get('tool_errors', 0)}")
+    table.add_row(
+        "rollout: unreadable turns / turns kept though rejected",
+        f"{roll.get('invalid_turns', 0)} / {roll.get('rejected_turns', 0)}",
+    )
     if comp:
         ratio = comp.get("compression_ratio")
         table.add_row(
@@ -499,27 +503,36 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
     with _progress() as prog:
         roll = prog.add_task("trajectories", total=n)
         rep = prog.add_task("reports", total=None, visible=False)
-        async for mode, chunk in graph.astream(payload, run_config, context=context, stream_mode=["custom", "values"]):
-            if mode == "values":
-                final = chunk
-                continue
-            ev = chunk.get("event")
-            if ev == "trajectory_finished":
-                prog.advance(roll)
-                mark = {"answered": "[green]✓[/]", "failed": "[red]✗[/]"}.get(chunk["status"], "[yellow]·[/]")
-                why = f" [dim]({_shown(one_line(chunk['error'], 100))})[/]" if chunk.get("error") else ""
-                prog.console.print(
-                    f"  {mark} {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                    f"steps={chunk['steps']} answer={_shown(repr(one_line(chunk['answer'] or '', 60)))}{why}"
-                )
-            elif ev == "branch_picked":
-                prog.console.print(
-                    f"  [yellow]⑂[/] round {chunk['round']}: branch from {chunk['parent']} step {chunk['step']} "
-                    f"({chunk['region']} PPL {chunk['score']:.2f})"
-                )
-            elif ev == "report_written":
-                prog.update(rep, visible=True, total=max(n, 1))
-                prog.advance(rep)
+        try:
+            async for mode, chunk in graph.astream(
+                payload, run_config, context=context, stream_mode=["custom", "values"]
+            ):
+                if mode == "values":
+                    final = chunk
+                    continue
+                ev = chunk.get("event")
+                if ev == "trajectory_finished":
+                    prog.advance(roll)
+                    mark = {"answered": "[green]✓[/]", "failed": "[red]✗[/]"}.get(chunk["status"], "[yellow]·[/]")
+                    why = f" [dim]({_shown(one_line(chunk['error'], 100))})[/]" if chunk.get("error") else ""
+                    prog.console.print(
+                        f"  {mark} {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
+                        f"steps={chunk['steps']} answer={_shown(repr(one_line(chunk['answer'] or '', 60)))}{why}"
+                    )
+                elif ev == "branch_picked":
+                    prog.console.print(
+                        f"  [yellow]⑂[/] round {chunk['round']}: branch from {chunk['parent']} step {chunk['step']} "
+                        f"({chunk['region']} PPL {chunk['score']:.2f})"
+                    )
+                elif ev == "report_written":
+                    prog.update(rep, visible=True, total=max(n, 1))
+                    prog.advance(rep)
+        except ParallelMuseError as exc:
+            # A run-ending error of a node that holds only its own job (a report's): the last state
+            # streamed before it is the work done (the aggregate node gives its own, with the reports).
+            if exc.result is None and final.get("trajectories"):
+                exc.result = final
+            raise
         # The run is over: fewer than n trajectories when a consensus stopped it, and reports only
         # of the answered ones; a bar left short would look like work still running.
         for task in prog.tasks:
@@ -537,6 +550,13 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     stats = final.get("stats") or {}
     for problem in (stats.get("compress") or {}).get("fallback_problems") or []:
         out.print(f"[yellow]reports fell back:[/] {_shown(problem)}")
+    roll = stats.get("rollout") or {}
+    if (calls := roll.get("tool_calls", 0)) and roll.get("tool_errors", 0) * 2 > calls:
+        # The trajectories answered from what the model already believed: the evidence never came.
+        out.print(
+            f"[bold yellow]warning: {roll['tool_errors']} of {calls} tool calls failed[/] "
+            f"({_shown('; '.join(roll.get('tool_error_reasons') or []))}): the answer rests on little or no evidence"
+        )
     if error := (stats.get("aggregate") or {}).get("error"):
         out.print(f"[yellow]the aggregator's pick was not used:[/] {_shown(error)}")
     out.print(
@@ -618,6 +638,11 @@ async def _ask(args: argparse.Namespace) -> int:
             "metadata": {_INPUTS: json.dumps(_run_inputs(args), sort_keys=True)},  # kept with the run
         }
         resumed = await _resume_point(graph, run_config, args) if args.db else None
+        if resumed is not None and not resumed["state"].get("settings"):
+            # Stopped in ``prepare`` (the local model loading): only the question is stored, nothing
+            # ran, so the run starts with this command's settings.
+            console.print(f"Run {run_id!r} stopped before its trajectories started: starting it", markup=False)
+            resumed = None
         if resumed is not None:
             settings = make_config(resumed["state"]["settings"])
             if args.base_url and settings.driver != _config_from(args).driver:
@@ -653,8 +678,9 @@ async def _ask(args: argparse.Namespace) -> int:
                 console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}", markup=False)
             try:
                 final = await _stream(graph, payload, run_config, context, settings.n)
-            except RolloutFailedError as exc:
-                _write_json(exc.result, args)  # nothing finished is lost
+            except ParallelMuseError as exc:
+                if exc.result is not None:  # every trajectory failed, or Stage 2 met a wrong setting
+                    _write_json(exc.result, args)  # nothing finished is lost
                 raise
     _show_result(final, args)
     return 0 if final.get("answer") is not None else 2

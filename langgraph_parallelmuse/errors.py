@@ -4,7 +4,15 @@ from __future__ import annotations
 
 
 class ParallelMuseError(Exception):
-    """Base class of every error raised on purpose by langgraph-parallelmuse."""
+    """Base class of every error raised on purpose by langgraph-parallelmuse.
+
+    Attributes:
+        result: When the error ended a run after some of its work finished (a setting Stage 2 meets
+            only after the rollout), that work: the question, the trajectories, the reports so far and
+            the stats, so a run without a checkpointer loses none of it. ``None`` otherwise.
+    """
+
+    result: dict | None = None
 
 
 class ConfigError(ParallelMuseError, ValueError):
@@ -41,7 +49,7 @@ class RolloutFailedError(ParallelMuseError):
 
     def __init__(self, message: str, *, result: dict) -> None:
         super().__init__(message)
-        self.result = result
+        self.result: dict = result
 
 
 _OVERFLOW_HINTS = (

@@ -39,14 +39,15 @@ from langgraph_parallelmuse.config import (
 )
 from langgraph_parallelmuse.crossover import consensus_stop, crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
-from langgraph_parallelmuse.errors import ConfigError, InputError, RolloutFailedError
+from langgraph_parallelmuse.errors import ConfigError, InputError, ParallelMuseError, RolloutFailedError
 from langgraph_parallelmuse.infograph import redundancy_summary, warn_unreadable
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.protocol import one_line
+from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, online_rollout, pick_branches
 from langgraph_parallelmuse.stage2 import choose_answer, compression_stats, write_report
-from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
+from langgraph_parallelmuse.state import ParallelMuseState, Trajectory, count_tool_calls
 
 MAX_QUESTION_CHARS = 4000
 # The answer message's response_metadata key naming the question it answers (see question_from_input).
@@ -166,12 +167,52 @@ def engine_delta(start: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_REASONS = 3  # distinct tool errors a trajectory's (and the rollout's) stats name
+
+
+def turn_problems(trajectory: Trajectory) -> dict[str, Any]:
+    """What went wrong in a trajectory's own steps (a branch's prefix is its parent's) while it still ran.
+
+    ``tool_errors`` counts the tool calls (as ``tool_calls`` does) whose response was an error, and
+    ``tool_error_reasons`` names up to :data:`MAX_REASONS` distinct ones, on one line and redacted;
+    ``invalid_turns`` counts the turns read as no tool call and no answer, ``rejected_turns`` those
+    kept though the driver rejected them. A trajectory can answer after every search failed: only
+    these say so.
+
+    Example:
+        >>> turn_problems({"origin": {"kind": "initial"}, "steps": [{"action": {"type": "invalid"}}],
+        ...     "observations": [{"step": 0, "name": "invalid", "error": True, "content": "Error: unreadable"},
+        ...                      {"step": 1, "name": "search", "error": True, "content": "Error: HTTP 401"}]})
+        {'tool_errors': 1, 'tool_error_reasons': ['Error: HTTP 401'], 'invalid_turns': 1, 'rejected_turns': 0}
+    """
+    origin = trajectory["origin"]
+    first_own = (origin.get("step") or 0) if origin.get("kind") in ("branch", "crossover") else 0
+    steps = trajectory["steps"][first_own:]
+    observations = [o for o in trajectory["observations"] if o["step"] >= first_own]
+    # The error replies to unreadable turns answer no call: they are the invalid turns, not tool errors.
+    failed = [o for o in observations if o["error"] and count_tool_calls([o])]
+    reasons = dict.fromkeys(redact(one_line(o["content"], 200)) for o in failed)
+    return {
+        "tool_errors": len(failed),
+        "tool_error_reasons": list(reasons)[:MAX_REASONS],
+        "invalid_turns": sum(1 for s in steps if s["action"]["type"] == "invalid"),
+        "rejected_turns": sum(1 for s in steps if "rejected" in s),
+    }
+
+
+def with_turn_problems(trajectory: Trajectory) -> Trajectory:
+    """``trajectory`` with its :func:`turn_problems` in its stats."""
+    return {**trajectory, "stats": {**trajectory["stats"], **turn_problems(trajectory)}}
+
+
 def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     """Token, tool-call and outcome totals of the rollout stage.
 
     ``cached_prompt_tokens`` and ``conversation_cached_tokens`` are observed (what the backend
     reported as served from its prefix cache; ``cache_reported`` says whether it reports at all);
     ``reused_prefix_tokens`` is computed (the parents' prefixes the branches sent again).
+    ``tool_errors``, ``tool_error_reasons``, ``invalid_turns`` and ``rejected_turns`` sum the
+    trajectories' :func:`turn_problems`.
     """
     keys = (
         "generated_tokens",
@@ -184,6 +225,11 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     )
     out: dict[str, Any] = {k: sum(t["stats"][k] for t in trajectories) for k in keys}
     out["cache_reported"] = any(t["stats"]["cache_reported"] for t in trajectories)
+    # Counted from the steps, not read from the stats: a trajectory stored before they held these has none.
+    problems = [turn_problems(t) for t in trajectories]
+    for key in ("tool_errors", "invalid_turns", "rejected_turns"):
+        out[key] = sum(p[key] for p in problems)
+    out["tool_error_reasons"] = list(dict.fromkeys(r for p in problems for r in p["tool_error_reasons"]))[:MAX_REASONS]
     out["trajectories"] = len(trajectories)
     out["answered"] = sum(1 for t in trajectories if t["answer"])
     # stopped early, cancelled by consensus; out of turns or of context without an answer
@@ -472,7 +518,7 @@ class ParallelMuseNodes:
         with self.scope(payload["question"]):
             async with self.limit(settings):
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
-                traj = await self.runner.run_job(job, question=payload["question"], config=settings)
+                traj = with_turn_problems(await self.runner.run_job(job, question=payload["question"], config=settings))
         emit("trajectory_finished", **finished_event(traj))
         return {"trajectories": [traj]}
 
@@ -500,7 +546,7 @@ class ParallelMuseNodes:
                 on_event=on_event,
                 limit=self.limit(settings),
             )
-        return {"trajectories": trajectories, "picks": picks, "round": 1}
+        return {"trajectories": [with_turn_problems(t) for t in trajectories], "picks": picks, "round": 1}
 
     @_timed("rollout")
     async def select_branches(self, state: ParallelMuseState) -> dict[str, Any]:
@@ -611,16 +657,22 @@ class ParallelMuseNodes:
         settings = self.settings(state["settings"])
         trajectories, reports = state.get("trajectories", []), state.get("reports", [])
         stats: dict[str, Any] = {"timeline": {"end": time.time()}}
-        with routing_scope(state["question"]):
-            async with self.limit(settings):
-                choice = await choose_answer(
-                    self.aggregator,
-                    state["question"],
-                    trajectories,
-                    reports,
-                    config=settings,
-                    guided=self.guided(settings) if self.guided_aggregate is None else self.guided_aggregate,
-                )
+        try:
+            with routing_scope(state["question"]):
+                async with self.limit(settings):
+                    choice = await choose_answer(
+                        self.aggregator,
+                        state["question"],
+                        trajectories,
+                        reports,
+                        config=settings,
+                        guided=self.guided(settings) if self.guided_aggregate is None else self.guided_aggregate,
+                    )
+        except ParallelMuseError as exc:  # a setting that ends the run (a failed call falls back to the vote)
+            # Without a checkpointer the raise would take every trajectory and report with it.
+            keys = ("question", "trajectories", "reports", "stats")
+            exc.result = {key: state.get(key) for key in keys}
+            raise
         stats["infograph"] = redundancy_summary(state["question"], trajectories)
         if settings.crossover:
             skipped = (state.get("stats") or {}).get("crossover", {}).get("skipped")

@@ -640,6 +640,31 @@ def test_resume_after_every_trajectory_failed_continues_each_from_its_last_step(
     assert agent_calls.count(0) == 2  # each trajectory's finished first step was not run again
 
 
+def test_resume_of_a_run_interrupted_in_prepare_starts_it_with_the_commands_settings(monkeypatch, tmp_path, capsys):
+    """Before, ``--resume`` after a Ctrl-C while the local model loaded (only the input checkpoint stored,
+    no settings) died with a KeyError traceback."""
+    loading = {"interrupt": True}
+
+    class LoadingModel(ScriptedChatModel):
+        def engine_stats(self):
+            if loading["interrupt"]:
+                time.sleep(0.5)  # loading the weights: the input checkpoint is written meanwhile
+                raise KeyboardInterrupt  # Ctrl-C while the weights load
+            return {}
+
+    model = LoadingModel(responder=research_responder(_agent))
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    db, out_json = str(tmp_path / "x.sqlite"), tmp_path / "r.json"
+    argv = (PARIS, "--db", db, "--run-id", "r", "--n", "2", "--mode", "none", "--aggregation", "majority")
+    assert _ask(*argv) == 130
+    loading["interrupt"] = False
+    assert _ask(*argv, "--resume", "--json", str(out_json)) == 0
+    assert "stopped before its trajectories started" in _err(capsys)
+    result = json.loads(out_json.read_text())
+    assert result["answer"] == "Paris" and result["stats"]["config"]["n"] == 2
+
+
 def test_resume_of_a_finished_run_with_a_failed_trajectory_retries_that_one_only(monkeypatch, tmp_path, capsys):
     """Before, ``--resume`` of a finished run showed it "already finished": a trajectory that failed
     (a server down for a moment) could be retried from Python but not from the command line."""
@@ -760,6 +785,47 @@ def test_ask_shows_why_a_trajectory_failed_and_why_the_reports_fell_back(monkeyp
     assert "✗" in err and "failed" in err and "PermissionError: HTTP 401: invalid key" in err  # progress and tree
     assert "reports fell back: the model call failed: ConnectionRefusedError" in err
     assert "the aggregator's pick was not used: the aggregator's model call failed: ConnectionRefusedError" in err
+
+
+def test_ask_warns_when_most_tool_calls_failed_and_counts_them_in_the_stats(monkeypatch, tmp_path, capsys):
+    """Before, every search raising HTTP 401 gave an answer, exit 0, and only ``failed 0`` in the stats."""
+
+    def revoked(query):
+        raise PermissionError("HTTP 401: invalid API key")
+
+    _cli_on(monkeypatch, _agent)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools(search=revoked)[0])
+    out_json = tmp_path / "r.json"
+    assert _ask(PARIS, "--n", "3", "--mode", "none", "--json", str(out_json)) == 0
+    captured = capsys.readouterr()
+    shown = " ".join((captured.err + captured.out).split())
+    assert "warning: 3 of 3 tool calls failed (Error: tool 'search' failed: PermissionError: HTTP 401" in shown
+    assert "the answer rests on little or no evidence" in shown
+    assert re.search(r"rollout: tool calls / failed\W+3 / 3", shown)
+    result = json.loads(out_json.read_text())
+    roll = result["stats"]["rollout"]
+    assert (roll["tool_calls"], roll["tool_errors"], roll["invalid_turns"], roll["rejected_turns"]) == (3, 3, 0, 0)
+    assert roll["tool_error_reasons"] == ["Error: tool 'search' failed: PermissionError: HTTP 401: invalid API key"]
+    assert [t["stats"]["tool_errors"] for t in result["trajectories"]] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("stage", ["compress", "aggregate"])
+def test_a_stage2_error_that_ends_the_run_writes_the_finished_work_to_json(stage, monkeypatch, tmp_path, capsys):
+    """Before, a wrong setting met in Stage 2 (a server without prompt_logprobs told to score) exited
+    with the error and nothing written: every trajectory of the run was lost."""
+    from langgraph_parallelmuse.models.server import ServerCheckError
+
+    def no_scoring(messages):
+        return ServerCheckError("http://127.0.0.1:8001/v1 returned no prompt_logprobs: scoring needs vLLM")
+
+    _cli_on(monkeypatch, _agent, **{stage: no_scoring})
+    out_json = tmp_path / "r.json"
+    assert _ask(PARIS, "--n", "2", "--mode", "none", "--json", str(out_json)) == 1
+    assert "returned no prompt_logprobs" in _err(capsys)
+    result = json.loads(out_json.read_text())
+    assert [t["answer"] for t in result["trajectories"]] == ["Paris", "Paris"]
+    assert result["stats"]["rollout"]["answered"] == 2
+    assert len(result["reports"]) == (2 if stage == "aggregate" else 0)
 
 
 def test_agent_shows_why_its_trajectory_failed(monkeypatch, capsys):

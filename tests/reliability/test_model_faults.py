@@ -29,6 +29,7 @@ from tests.unit.fakes import (
     majority_from_prompt,
     make_tools,
     report_from_prompt,
+    research_responder,
     role_of,
 )
 
@@ -228,6 +229,27 @@ async def test_all_trajectories_failing_raises_one_error_that_keeps_the_partial_
     assert all("engine crashed" in t["error"] for t in result["trajectories"])
     assert result["stats"]["rollout"]["failed"] == 3
     assert len(model.calls) == 9  # 3 trajectories x (1 + 2 retries), no compress/aggregate calls
+
+
+async def test_a_setting_that_ends_the_run_in_the_aggregator_keeps_the_rollout_and_the_reports():
+    """Before, a scoring aggregator on a server without prompt_logprobs raised after the whole rollout,
+    and a graph without a checkpointer lost every trajectory and report with it."""
+    from langgraph_parallelmuse.models.server import ServerCheckError
+
+    def no_scoring(messages):
+        return ServerCheckError("http://127.0.0.1:8001/v1 returned no prompt_logprobs: scoring needs vLLM")
+
+    model = ScriptedChatModel(responder=research_responder(lambda i, m: STEPS[min(i, len(STEPS) - 1)]))
+    aggregator = ScriptedChatModel(responder=research_responder(lambda i, m: STEPS[0], aggregate=no_scoring))
+    tools, _ = make_tools()
+    graph = create_parallelmuse(model, tools, aggregator_model=aggregator, config={"n": 3, "mode": "none"})
+    with pytest.raises(ServerCheckError, match="no prompt_logprobs") as err:
+        await graph.ainvoke({"question": QUESTION})
+    result = err.value.result
+    assert result["question"] == QUESTION
+    assert [t["answer"] for t in result["trajectories"]] == ["Paris"] * 3
+    assert sorted(r["trajectory_id"] for r in result["reports"]) == sorted(t["id"] for t in result["trajectories"])
+    assert result["stats"]["rollout"]["answered"] == 3
 
 
 async def test_all_trajectories_failing_in_exploration_mode_raises():

@@ -18,6 +18,7 @@ def _traj(tid: str, *, kind: str = "initial", answer=None, status="answered", er
         "status": status,
         "error": error,
         "steps": [step, step],
+        "observations": [],
         "uncertainty": [{}, {}],
         "stats": defaultdict(int),  # every count 0
     }
@@ -92,3 +93,37 @@ async def test_the_progress_bars_end_full_when_a_consensus_stop_ends_the_run_ear
 
     assert await cli._stream(Graph(), {"question": "q"}, {}, {}, 8) == {"answer": "Paris"}
     assert [(t.completed, t.total) for t in bars[0].tasks] == [(3, 3), (2, 2)]
+
+
+def test_failed_tool_calls_and_unreadable_or_rejected_turns_are_counted_once_with_their_reasons():
+    """Before, a run whose every search raised HTTP 401 answered with only ``failed 0`` in its stats."""
+
+    def obs(step: int, name: str, content: str, *, error: bool = True) -> dict:
+        return {"step": step, "name": name, "content": content, "error": error}
+
+    call = {"action": {"type": "tool_call"}}
+    parent = _traj("t0", answer="Lyon")
+    parent["steps"] = [call, {"action": {"type": "invalid"}}, call, {**call, "rejected": "a repeated call"}]
+    parent["observations"] = [
+        obs(0, "search", "Error: tool 'search' failed: HTTP 401\n  Authorization: Bearer sk-live-0123456789"),
+        obs(1, "invalid", "Error: no tool call"),  # the reply to an unreadable turn answers no call
+        obs(2, "search", "Error: tool 'search' timed out after 30 s."),
+        obs(3, "search", "Paris is the capital.", error=False),
+    ]
+    branch = _traj("t0.s2.b0", kind="branch", answer="Paris", parent="t0", step=2)
+    branch["steps"] = [*parent["steps"][:2], call, call, call]
+    branch["observations"] = [
+        *parent["observations"][:2],  # the prefix: the parent's, not counted again
+        *(obs(i, "visit", f"Error: unknown tool {i}") for i in (2, 3, 4)),
+    ]
+    stats = rollout_summary([parent, branch])
+    assert (stats["tool_errors"], stats["invalid_turns"], stats["rejected_turns"]) == (5, 1, 1)
+    assert stats["tool_error_reasons"] == [
+        "Error: tool 'search' failed: HTTP 401 Authorization: Bearer ***",
+        "Error: tool 'search' timed out after 30 s.",
+        "Error: unknown tool 2",
+    ]
+    table = stats_table({"stats": {"rollout": stats}, "trajectories": [parent, branch]})
+    rows = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
+    assert rows["rollout: tool calls / failed"] == "0 / 5"  # tool_calls is the runner's count (0 in these stubs)
+    assert rows["rollout: unreadable turns / turns kept though rejected"] == "1 / 1"
