@@ -423,15 +423,15 @@ _INPUTS = "parallelmuse_inputs"
 
 def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
     """What makes an ``ask`` run's trajectories besides its question and settings, by the flag that
-    gives it: the documents the tools search (the corpus files' fingerprint) and the model. No API
-    key: the server's URL is redacted. ``None``: the flag was not given (Wikipedia, the embedded model).
+    gives it: the documents the tools search (the corpus files' fingerprint) and the model (by name, not
+    by its server's URL, which may move). ``None``: the flag was not given (Wikipedia, the embedded model).
     """
     ids = _doc_ids(args)
     return {
         "--corpus": _corpus_fingerprint(args.corpus) if args.corpus else None,
         "--doc-ids": ",".join(sorted(set(ids))) if ids else None,
         "--tavily": args.tavily or None,
-        "--base-url": redact(args.base_url) if args.base_url else None,
+        # Not the server's URL: a server restarted on another port serves the same model (--model says which).
         "--model": args.model,
         "--model-path": args.model_path,
         "--precision": None if args.base_url else args.precision,  # a server's model is its own
@@ -449,7 +449,8 @@ def _other_inputs(stored: dict[str, Any], now: dict[str, Any]) -> str | None:
     def shown(value: Any) -> str:
         return "not given" if value is None else "given" if value is True else str(value)
 
-    flags = [flag for flag in {**stored, **now} if stored.get(flag) != now.get(flag)]
+    # Only what both record: an input recorded by one version and not the other is unknown, not another.
+    flags = [flag for flag in now if flag in stored and stored[flag] != now[flag]]
     return ", ".join(f"{f} {shown(now.get(f))} (stored: {shown(stored.get(f))})" for f in flags) or None
 
 
@@ -987,19 +988,23 @@ class _ScoredRuns:
             files += [] if path in files else [path]
 
     def only(self, name: str) -> Any:
-        """The one value of the field ``name`` of :data:`_ONE_OF` (``None``: not recorded, or no run).
+        """The one value of the field ``name`` of :data:`_ONE_OF` (``None``: not recorded by some run, or no run).
+
+        A run that does not record it (an ``ask --json`` output names no model, an older bench file
+        neither) may be any: it is no conflict, and the calibration records none.
 
         Raises:
-            ConfigError: The runs hold more than one; the message names the files of each.
+            ConfigError: The runs record more than one; the message names the files of each.
         """
-        if len(seen := self.seen[name]) > 1:
+        seen = self.seen[name]
+        if len([value for value in seen if value is not None]) > 1:
             plural, fix = _ONE_OF[name]
             mixed = "; ".join(
                 f"{'not recorded' if value is None else repr(value)} ({', '.join(files)})"
                 for value, files in seen.items()
             )
             raise ConfigError(f"the runs mix {plural}: {mixed}; calibrate from {fix}")
-        return next(iter(seen), None)
+        return None if None in seen else next(iter(seen), None)
 
 
 def _run_records(path: str) -> list[dict]:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 import uuid
 from collections import defaultdict
@@ -501,10 +502,11 @@ def _record_problem(value: Any) -> str | None:
 def load_done(path: Path) -> dict[str, dict]:
     """Finished question records of an earlier (possibly interrupted) run, by question id.
 
-    A last line that is not UTF-8 JSON was cut by a crash: it is left out, and its question runs again.
+    A line that is not UTF-8 JSON was cut by a crash: it is left out, and its question runs again
+    (versions before 2026-12 went on writing after such a line, so it need not be the last).
 
     Raises:
-        ConfigError: ``path`` cannot be read (a directory), or another line is not a question record;
+        ConfigError: ``path`` cannot be read (a directory), or a line is JSON but no question record;
             the message names the line and what to do.
 
     Example:
@@ -520,9 +522,9 @@ def load_done(path: Path) -> dict[str, dict]:
     done: dict[str, dict] = {}
     for number, line in lines:
         value, unreadable = _parsed(line)
-        if unreadable and number == lines[-1][0]:
+        if unreadable:
             continue
-        if problem := unreadable or _record_problem(value):
+        if problem := _record_problem(value):
             raise ConfigError(
                 f"{path} line {number} is not a bench question record ({problem}): if it was damaged, delete "
                 "the line and its question runs again; if the file is not a bench run's, choose another "
@@ -1000,8 +1002,12 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
         ('| method |', ['summary.md'])
     """
     path = Path(path)
+    # Checked before a link is followed: /dev/stdout links to a pipe's /proc entry, not a file.
+    if path.exists() and not path.is_file():
+        yield path
+        return
     path = path.resolve() if path.is_symlink() else path  # a link's file is replaced, not the link
-    if path.exists() and not (path.is_file() and os.access(path.parent, os.W_OK)):
+    if path.exists() and not os.access(path.parent, os.W_OK):
         yield path
         return
     # The same suffix: a plot's format is read from it.
@@ -1010,6 +1016,8 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with tmp.open("rb+") as fh:  # on disk before the rename, which a power loss could otherwise outrun
             os.fsync(fh.fileno())
+        if path.exists():  # a private file (0600) stays private
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

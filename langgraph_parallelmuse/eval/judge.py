@@ -57,10 +57,13 @@ _THINK_END = re.compile(r"<\s*/\s*think\s*>", re.IGNORECASE)
 _THINK_START = re.compile(r"<\s*think\s*>", re.IGNORECASE)
 # The line form is anchored to a line start so "the answer is correct, no doubt" inside the reasoning
 # is ignored; \W* absorbs markdown such as "**correct:** yes" or "- Correct: Yes.", and the separator
-# may be a dash or a full-width colon ("Correct - yes", "correct：yes"). A quoted key is a JSON reply
+# may be a full-width colon ("correct：yes") or, when the verdict ends the line, a dash ("Correct - yes";
+# "Correct — no meaningful difference" is a comment, not a verdict). A quoted key is a JSON reply
 # ({"correct": "yes"} or true), read wherever it stands.
 _VERDICT = re.compile(
-    r"""(?:^\W*correct\W*?[:：=\-–—]|["']correct["']\s*:)\W*(yes|no|true|false)\b""",
+    r"""^\W*correct\W*?[:：=]\W*(yes|no|true|false)\b"""
+    r"""|^\W*correct\W*?[-–—]\W*(yes|no|true|false)\W*$"""
+    r"""|["']correct["']\s*:\W*(yes|no|true|false)\b""",
     re.IGNORECASE | re.MULTILINE,
 )
 _BARE_VERDICT = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
@@ -70,7 +73,8 @@ def parse_judgement(text: str) -> bool | None:
     """Read the verdict out of a judge reply.
 
     Only the text after the last ``</think>`` counts (a reasoning model's draft verdicts come before
-    it); a ``<think>`` never closed is a reply cut off mid-reasoning, which holds no verdict. Of the
+    it); a reply that opens a ``<think>`` it never closes was cut off mid-reasoning and holds no
+    verdict (a ``<think>`` the reply only mentions after its verdict does not count). Of the
     rest, the last ``correct: yes|no`` line (or ``"correct": "yes"`` JSON field) is the verdict;
     failing that, a reply that starts with yes or no.
 
@@ -91,13 +95,15 @@ def parse_judgement(text: str) -> bool | None:
         False
         >>> parse_judgement("<think>correct: no... but then") is None
         True
+        >>> parse_judgement("correct: yes\\n\\nCorrect - no caveats.")
+        True
         >>> parse_judgement("I cannot tell.") is None
         True
     """
     text = _THINK_END.split(text)[-1]
-    if _THINK_START.search(text):
+    if _THINK_START.match(text.lstrip()):
         return None
-    verdicts = _VERDICT.findall(text)
+    verdicts = [next(word for word in found if word) for found in _VERDICT.findall(text)]
     if verdicts:
         return verdicts[-1].lower() in ("yes", "true")
     bare = _BARE_VERDICT.match(text)

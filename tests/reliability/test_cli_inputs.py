@@ -130,13 +130,16 @@ def test_resume_with_another_corpus_or_model_is_refused_naming_both_and_the_flag
     server = ("--base-url", "http://user:s3cr3t-key@127.0.0.1:9/v1", "--model", "qwen")
     assert _ask(*run, "--corpus", str(first), *server) == 1
     said = _err(capsys)
-    assert "--base-url http://user:***@127.0.0.1:9/v1 (stored: not given), --model qwen (stored: not given)" in said
+    assert "--model qwen (stored: not given)" in said and "--base-url" not in said
     assert "--precision not given (stored: float32)" in said
     assert len(fake_cli.calls) == calls  # none of these ran anything
     assert _ask(*run, "--corpus", str(first)) == 0 and "already finished" in _err(capsys)
     # Kept with the run, without the server's credentials.
     assert _ask(PARIS, "--db", db, "--run-id", "run2", "--n", "2", "--k", "1", "--t", "1", *server) == 0
     assert b"s3cr3t" not in Path(db).read_bytes()
+    # The same model restarted on another port is the same input: the URL is not compared.
+    moved = ("--base-url", "http://localhost:10/v1/", "--model", "qwen")
+    assert _ask(PARIS, "--db", db, "--run-id", "run2", "--resume", *moved) == 0 and "already finished" in _err(capsys)
 
 
 async def test_a_run_stored_before_its_inputs_were_resumes_as_before(fake_cli, tmp_path, capsys):
@@ -1055,6 +1058,17 @@ def test_calibrate_refuses_runs_of_two_models_or_top_logprobs_naming_the_files(
     assert cli.main(["calibrate", str(a), str(b), "--out", str(cal)]) == 1
     assert message.format(a=a, b=b) in _err(capsys)
     assert not cal.exists()
+
+
+def test_calibrate_takes_runs_that_do_not_record_the_model_beside_one_that_does(tmp_path, capsys):
+    # An ask output records no model: it is no conflict (it was refused as "not recorded" against a
+    # bench file's model), and the calibration records none, since it cannot vouch for one.
+    bench, ask, cal = tmp_path / "results.jsonl", tmp_path / "ask.json", tmp_path / "cal.json"
+    bench.write_text(_bench_record("q1"))
+    output = json.loads(_run({"uncertainty": [{"all": 1.5}]}))
+    ask.write_text(json.dumps({**output, "question": PARIS, "stats": {"config": {"top_logprobs": 16}}}))
+    assert cli.main(["calibrate", str(bench), str(ask), "--out", str(cal)]) == 0
+    assert "model" not in json.loads(cal.read_text())
 
 
 def test_calibrate_shows_a_few_samples_warning_as_a_line_of_its_output(tmp_path, capsys):

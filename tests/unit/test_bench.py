@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from langgraph_parallelmuse.eval.bench import (
     fork_table,
     load_done,
     markdown_table,
+    replacing,
     rollout_table,
     run_bench,
     run_facts,
@@ -250,26 +252,31 @@ async def test_a_last_line_cut_inside_a_character_is_run_again_and_dropped(index
         (b'{"id": ["q1"]}', "its id is not a string"),
         (b'{"id": "q1", "settings": 5}', "its settings are not an object"),
         (b'{"id": "q1"}', "missing or not an object: methods, trajectories, reports, picks, timings"),
-        (b'{"id": "q1", "answers": ["R\xc3', "not UTF-8"),
-        (b'{"id": "q1", "ans', "not JSON"),
     ],
 )
 async def test_a_results_line_that_is_not_a_record_is_named_with_its_line_and_the_fix(line, problem, index, tmp_path):
-    # Before: a raw TypeError or KeyError, or a damaged line between records was skipped unseen.
+    # Before: a raw TypeError or KeyError.
     out = tmp_path / "results.jsonl"
     await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), out)
     record = out.read_bytes()
-    out.write_bytes(record + line + b"\n" + record)
-    with pytest.raises(ConfigError, match=re.escape(f"{out} line 2 is not a bench question record ({problem}")) as e:
-        load_done(out)
-    assert "delete the line and its question runs again" in str(e.value)
-    if problem.startswith("not "):  # unparsable: cut by a crash when it is the last line
-        out.write_bytes(record + line)
-        assert list(load_done(out)) == ["q1"]
-    else:
-        out.write_bytes(record + line + b"\n")
-        with pytest.raises(ConfigError, match="line 2 is not a bench question record"):
+    named = re.escape(f"{out} line 2 is not a bench question record ({problem}")
+    for damaged in (record + line + b"\n" + record, record + line + b"\n"):
+        out.write_bytes(damaged)
+        with pytest.raises(ConfigError, match=named) as e:
             load_done(out)
+        assert "delete the line and its question runs again" in str(e.value)
+
+
+@pytest.mark.parametrize("line", [b'{"id": "q2", "answers": ["R\xc3', b'{"id": "q2", "ans'])
+async def test_a_line_cut_by_a_crash_is_skipped_wherever_it_is(line, index, tmp_path):
+    # Versions before this check went on writing after a cut line, so it can sit between records: such
+    # a file stopped loading when only a cut last line was allowed. Its question runs again.
+    out = tmp_path / "results.jsonl"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), out)
+    record = out.read_bytes()
+    for damaged in (record + line, record + line + b"\n" + record.replace(b'"q1"', b'"q3"', 1)):
+        out.write_bytes(damaged)
+        assert sorted(load_done(out)) == (["q1"] if damaged.endswith(line) else ["q1", "q3"])
 
 
 async def test_continuing_a_bench_with_other_settings_is_refused_not_mixed_into_one_table(index, tmp_path):
@@ -817,3 +824,22 @@ async def test_each_online_mode_of_the_bench_takes_its_own_forks(tmp_path):
     picks = (await bench._rollouts(runner, item, settings, note=lambda s: None)).picks
     assert [p[:2] for p in picks["exploration"]] == [[0, "exploration"]]
     assert [p[:2] for p in picks["reasoning"]] == [[2, "reasoning"]]
+
+
+def test_a_file_written_whole_keeps_its_mode_and_a_pipe_is_written_in_place(tmp_path):
+    # A pipe behind a link (/dev/stdout of `ask --json /dev/stdout | jq`) was followed to its /proc
+    # entry, where no file can be made: the write failed. A replaced 0600 file came back 0644.
+    private = tmp_path / "result.json"
+    private.write_text("old")
+    private.chmod(0o600)
+    with replacing(private) as tmp:
+        tmp.write_text("new")
+    assert private.read_text() == "new" and private.stat().st_mode & 0o777 == 0o600
+    read, write = os.pipe()
+    try:
+        with replacing(f"/dev/fd/{write}") as target, open(target, "w") as fh:
+            fh.write('{"answer": "Paris"}')
+        os.close(write)
+        assert os.read(read, 100) == b'{"answer": "Paris"}'
+    finally:
+        os.close(read)

@@ -282,6 +282,9 @@ def test_parse_judgement_takes_last_verdict_line():
         ("Correct - yes", True),
         ("correct：yes", True),
         ("reasoning: they differ\ncorrect — No", False),
+        # A dash that starts a comment is no verdict: the verdict line above stands.
+        ("correct: yes\n...\nCorrect — no meaningful difference", True),
+        ("correct: yes\n\nCorrect - no caveats.", True),
         # The prompt's own "correct: Answer 'yes' if ..." echoed after the verdict is not one.
         ("correct: yes\nconfidence: 100\ncorrect: Answer 'yes' if ... 'no' otherwise", True),
     ],
@@ -300,8 +303,10 @@ def test_parse_judgement_reads_json_dash_and_full_width_colon_verdicts(reply, ex
         ("correct: no ... hmm, actually they match\n</think>\ncorrect: yes", True),
         ("<think>a</think>\n<think>b</think>\ncorrect: yes", True),
         ("< /Think >\ncorrect: no", False),
-        # A think block reopened after the last one closed was cut off: no verdict yet.
-        ("<think>a</think>\ncorrect: yes\n<think>on reflection", None),
+        # A reply that reopens a think block after its verdict keeps the verdict (only a reply that is
+        # all unclosed reasoning has none): a mention of the tag turned a stated verdict unreadable.
+        ("<think>a</think>\ncorrect: yes\n<think>on reflection", True),
+        ("correct: yes (the <think> block above was a draft)", True),
     ],
 )
 def test_parse_judgement_reads_only_what_follows_the_reasoning(reply, expected):
