@@ -343,3 +343,16 @@ class ScoringChatModel(ScriptedChatModel):
         return ChatResult(
             generations=[ChatGeneration(message=AIMessage(text, response_metadata=metadata, usage_metadata=usage))]
         )
+
+
+# A calibration file as written before calibrations recorded their origin (model, questions, counts):
+# the files of the issue-22 accuracy runs (bench-results/acc/*-cal-20-35-q05.json) are of this kind.
+OLD_CALIBRATION = {
+    "confidence_floor": 4.6,
+    "confidence_samples": 15,
+    "confidence_window": 32,
+    "estimator": "nll",
+    "quantile": 0.5,
+    "samples": {"all": 79, "exploration": 36, "reasoning": 79},
+    "thresholds": {"all": 1.37, "exploration": 2.75, "reasoning": 1.06},
+}

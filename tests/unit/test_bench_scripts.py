@@ -18,6 +18,7 @@ from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.eval import QAItem
 from langgraph_parallelmuse.eval.bench import well_formed
+from tests.unit.fakes import OLD_CALIBRATION
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -180,28 +181,16 @@ def test_online_rollout_refuses_rows_that_record_no_settings(monkeypatch, tmp_pa
         run_online(monkeypatch, tmp_path, [])
 
 
-# A calibration file as the runs of hotpotqa/musique -cal-20-35-q05.json wrote it: no origin recorded.
-OLD_CAL = {
-    "confidence_floor": 4.6,
-    "confidence_samples": 15,
-    "confidence_window": 32,
-    "estimator": "nll",
-    "quantile": 0.5,
-    "samples": {"all": 79, "exploration": 36, "reasoning": 79},
-    "thresholds": {"all": 1.37, "exploration": 2.75, "reasoning": 1.06},
-}
-
-
 def test_online_rollout_reuses_a_calibration_file_only_if_fitted_with_the_quantile_asked(tmp_path):
     """Before: an existing --calibration file was reused whatever --quantile asked for."""
     path = tmp_path / "cal.json"
-    path.write_text(json.dumps(OLD_CAL))
+    path.write_text(json.dumps(OLD_CALIBRATION))
     held_out = items(4)[2:]
 
     def load(quantile: float) -> Calibration:
         return asyncio.run(online_rollout.calibrate(None, None, held_out, path, 0, quantile))
 
-    assert load(0.5).thresholds == OLD_CAL["thresholds"]  # written before it recorded questions: taken
+    assert load(0.5).thresholds == OLD_CALIBRATION["thresholds"]  # written before it recorded questions: taken
     with pytest.raises(SystemExit, match=r"cal\.json was fitted with --quantile 0\.5, not 0\.8: pass --quantile 0\.5"):
         load(0.8)
 
@@ -218,11 +207,11 @@ def test_online_rollout_reuses_a_calibration_file_only_if_fitted_with_the_quanti
 )
 def test_online_rollout_refuses_a_calibration_file_fitted_on_other_questions_or_engine(tmp_path, recorded, wanted):
     path = tmp_path / "cal.json"
-    path.write_text(json.dumps({**OLD_CAL, **recorded}))
+    path.write_text(json.dumps({**OLD_CALIBRATION, **recorded}))
     with pytest.raises(SystemExit, match=wanted):
         asyncio.run(online_rollout.calibrate(None, None, items(4)[2:], path, 0, 0.5, name="embedded"))
     fitting = {"questions": ["q3", "q2"], "model": "embedded"}
-    path.write_text(json.dumps({**OLD_CAL, **fitting}))
+    path.write_text(json.dumps({**OLD_CALIBRATION, **fitting}))
     assert asyncio.run(online_rollout.calibrate(None, None, items(4)[2:], path, 0, 0.5, name="embedded")).questions
 
 
@@ -230,9 +219,10 @@ def test_online_rollout_resumes_rows_measured_with_a_calibration_file_that_recor
     monkeypatch, tmp_path, capsys
 ):
     # The rows of the runs in progress store the calibration as the older script wrote it.
-    (tmp_path / "cal.json").write_text(json.dumps(OLD_CAL))
+    (tmp_path / "cal.json").write_text(json.dumps(OLD_CALIBRATION))
     settings = {"dataset": "hotpotqa_train100", "seed": 0, "consensus": 0.75, "calibrate_on": [2, 4]}
-    write_rows(tmp_path / "rows.jsonl", [online_row(q, {**settings, "calibration": OLD_CAL}) for q in ("q0", "q1")])
+    rows = [online_row(q, {**settings, "calibration": OLD_CALIBRATION}) for q in ("q0", "q1")]
+    write_rows(tmp_path / "rows.jsonl", rows)
     run_online(monkeypatch, tmp_path, ["--quantile", "0.5"], fit=False)
     assert "2 questions, one in flight" in capsys.readouterr().out
 

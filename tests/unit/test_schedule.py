@@ -18,7 +18,14 @@ from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.schedule import partial_rollout
-from tests.unit.fakes import Reply, ScriptedChatModel, call_text, make_tools, research_responder
+from tests.unit.fakes import (
+    OLD_CALIBRATION,
+    Reply,
+    ScriptedChatModel,
+    call_text,
+    make_tools,
+    research_responder,
+)
 from tests.unit.test_graph import QUESTION, STEPS, by_step
 
 
@@ -181,15 +188,7 @@ def test_calibration_records_where_it_came_from(tmp_path):
 
 
 def test_a_calibration_file_written_before_it_recorded_its_origin_loads_and_gives_back_its_dict(tmp_path):
-    old = {
-        "confidence_floor": 4.6,
-        "confidence_samples": 15,
-        "confidence_window": 32,
-        "estimator": "nll",
-        "quantile": 0.5,
-        "samples": {"all": 79, "exploration": 36, "reasoning": 79},
-        "thresholds": {"all": 1.37, "exploration": 2.75, "reasoning": 1.06},
-    }
+    old = OLD_CALIBRATION
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     cal = Calibration.load(path)
