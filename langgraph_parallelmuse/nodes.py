@@ -671,7 +671,8 @@ class ParallelMuseNodes:
         except ParallelMuseError as exc:  # a setting that ends the run (a failed call falls back to the vote)
             # Without a checkpointer the raise would take every trajectory and report with it.
             keys = ("question", "trajectories", "reports", "stats")
-            exc.result = {key: state.get(key) for key in keys}
+            if exc.result is None:  # an instance raised again (a model's stored error) keeps its first run's
+                exc.result = {key: state.get(key) for key in keys}
             raise
         stats["infograph"] = redundancy_summary(state["question"], trajectories)
         if settings.crossover:

@@ -502,8 +502,9 @@ def _record_problem(value: Any) -> str | None:
 def load_done(path: Path) -> dict[str, dict]:
     """Finished question records of an earlier (possibly interrupted) run, by question id.
 
-    A line that is not UTF-8 JSON was cut by a crash: it is left out, and its question runs again
-    (versions before 2026-12 went on writing after such a line, so it need not be the last).
+    A line that starts as a record but is not UTF-8 JSON was cut by a crash: it is left out, and its
+    question runs again (versions before 2026-12 went on writing after such a line, so it need not be
+    the last).
 
     Raises:
         ConfigError: ``path`` cannot be read (a directory), or a line is JSON but no question record;
@@ -522,9 +523,10 @@ def load_done(path: Path) -> dict[str, dict]:
     done: dict[str, dict] = {}
     for number, line in lines:
         value, unreadable = _parsed(line)
-        if unreadable:
+        # Cut by a crash: a record's start. Any other text is no bench output, kept from being appended to.
+        if unreadable and line.lstrip().startswith(b"{"):
             continue
-        if problem := _record_problem(value):
+        if problem := unreadable or _record_problem(value):
             raise ConfigError(
                 f"{path} line {number} is not a bench question record ({problem}): if it was damaged, delete "
                 "the line and its question runs again; if the file is not a bench run's, choose another "

@@ -57,12 +57,12 @@ _THINK_END = re.compile(r"<\s*/\s*think\s*>", re.IGNORECASE)
 _THINK_START = re.compile(r"<\s*think\s*>", re.IGNORECASE)
 # The line form is anchored to a line start so "the answer is correct, no doubt" inside the reasoning
 # is ignored; \W* absorbs markdown such as "**correct:** yes" or "- Correct: Yes.", and the separator
-# may be a full-width colon ("correct：yes") or, when the verdict ends the line, a dash ("Correct - yes";
-# "Correct — no meaningful difference" is a comment, not a verdict). A quoted key is a JSON reply
-# ({"correct": "yes"} or true), read wherever it stands.
+# may be a full-width colon ("correct：yes") or, when the verdict ends the line or a clause, a dash
+# ("Correct - yes", "Correct — Yes, both name Paris"; "Correct — no meaningful difference" is a
+# comment). A quoted key is a JSON reply ({"correct": "yes"} or true), read wherever it stands.
 _VERDICT = re.compile(
     r"""^\W*correct\W*?[:：=]\W*(yes|no|true|false)\b"""
-    r"""|^\W*correct\W*?[-–—]\W*(yes|no|true|false)\W*$"""
+    r"""|^\W*correct\W*?[-–—]\W*(yes|no|true|false)\b(?=\W*$|\s*[,.;:!(])"""
     r"""|["']correct["']\s*:\W*(yes|no|true|false)\b""",
     re.IGNORECASE | re.MULTILINE,
 )

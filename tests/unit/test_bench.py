@@ -252,6 +252,8 @@ async def test_a_last_line_cut_inside_a_character_is_run_again_and_dropped(index
         (b'{"id": ["q1"]}', "its id is not a string"),
         (b'{"id": "q1", "settings": 5}', "its settings are not an object"),
         (b'{"id": "q1"}', "missing or not an object: methods, trajectories, reports, picks, timings"),
+        # Text that is no cut record: the file is not a bench run's, and nothing may be appended to it.
+        (b"notes I keep here", "not JSON"),
     ],
 )
 async def test_a_results_line_that_is_not_a_record_is_named_with_its_line_and_the_fix(line, problem, index, tmp_path):

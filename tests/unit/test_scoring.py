@@ -285,6 +285,9 @@ def test_parse_judgement_takes_last_verdict_line():
         # A dash that starts a comment is no verdict: the verdict line above stands.
         ("correct: yes\n...\nCorrect — no meaningful difference", True),
         ("correct: yes\n\nCorrect - no caveats.", True),
+        ("Correct — Yes, both name Paris.", True),
+        ("**Correct** - no, it names Lyon.", False),
+        ("Correct - No (the years differ)", False),
         # The prompt's own "correct: Answer 'yes' if ..." echoed after the verdict is not one.
         ("correct: yes\nconfidence: 100\ncorrect: Answer 'yes' if ... 'no' otherwise", True),
     ],
