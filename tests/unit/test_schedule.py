@@ -160,7 +160,8 @@ async def test_calibrated_mode_branches_at_every_step_over_the_threshold_capped_
 
 def test_calibration_fit_save_load_roundtrip(tmp_path):
     runs = [[{"reasoning": float(i), "exploration": None, "all": float(i)} for i in range(1, 11)]]
-    cal = Calibration.fit(runs, quantile=0.9, estimator="entropy")
+    with pytest.warns(UserWarning, match="few samples"):  # 10 steps of one trajectory
+        cal = Calibration.fit(runs, quantile=0.9, estimator="entropy")
     assert cal.thresholds["reasoning"] == pytest.approx(9.1) and "exploration" not in cal.thresholds
     assert cal.samples == {"reasoning": 10, "exploration": 0, "all": 10}
     assert Calibration.load(cal.save(tmp_path / "c.json")) == cal
