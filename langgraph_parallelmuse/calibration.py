@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.files import replacing
 from langgraph_parallelmuse.uncertainty import CONFIDENCE_WINDOW, REGIONS_OF_MODE
 
 #: Share of calibration steps below the branching threshold (the top fifth of steps fork).
@@ -196,9 +197,10 @@ class Calibration:
         return data
 
     def save(self, path: str | Path) -> Path:
-        """Write the calibration as JSON and return the path."""
+        """Write the calibration as JSON, whole (a crash leaves the old file), and return the path."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        with replacing(path) as tmp:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     @staticmethod

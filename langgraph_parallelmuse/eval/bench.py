@@ -16,15 +16,11 @@ a rerun runs it again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
-import os
-import shutil
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +37,7 @@ from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.judge import llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.files import replacing
 from langgraph_parallelmuse.lineage import Pick
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.schedule import run_schedule
@@ -985,44 +982,6 @@ async def run_bench(
             result={"records": records, "failed": failed},
         )
     return records
-
-
-@contextlib.contextmanager
-def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A new file beside ``path`` to write, which replaces ``path`` once the block ends without error.
-
-    A crash or a full disk while writing leaves the old file (or none), never a cut one; the new
-    file is removed when the block raises. A path that cannot be replaced (``/dev/stdout``, an
-    existing file in a folder the user may not write) is yielded itself, to be written in place.
-
-    Example:
-        >>> import tempfile
-        >>> path = Path(tempfile.mkdtemp()) / "summary.md"
-        >>> with replacing(path) as tmp:
-        ...     _ = tmp.write_text("| method |")
-        >>> path.read_text(), [p.name for p in path.parent.iterdir()]
-        ('| method |', ['summary.md'])
-    """
-    path = Path(path)
-    # Checked before a link is followed: /dev/stdout links to a pipe's /proc entry, not a file.
-    if path.exists() and not path.is_file():
-        yield path
-        return
-    path = path.resolve() if path.is_symlink() else path  # a link's file is replaced, not the link
-    if path.exists() and not os.access(path.parent, os.W_OK):
-        yield path
-        return
-    # The same suffix: a plot's format is read from it.
-    tmp = path.with_name(f".{path.stem}-{uuid.uuid4().hex[:12]}{path.suffix}")
-    try:
-        yield tmp
-        with tmp.open("rb+") as fh:  # on disk before the rename, which a power loss could otherwise outrun
-            os.fsync(fh.fileno())
-        if path.exists():  # a private file (0600) stays private
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _fact(name: str, value: float | int) -> str:

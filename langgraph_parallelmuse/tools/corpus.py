@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sqlite3
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from langgraph_parallelmuse.errors import CorpusError
+from langgraph_parallelmuse.files import replacing
 
 __all__ = ["CorpusError", "CorpusIndex", "Doc", "Hit", "default_cache_dir", "fts_query", "slugify"]
 
@@ -468,13 +468,10 @@ def _is_valid_index(path: Path, fingerprint: str) -> bool:
 
 
 def _build(target: Path, fingerprint: str, docs: Iterable[Doc]) -> None:
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with replacing(target, in_place=False) as tmp:
         conn = sqlite3.connect(tmp)
         try:
-            # Durability comes from the fsync + rename below, so the build can skip journaling.
+            # Durability comes from the fsync + rename of `replacing`, so the build can skip journaling.
             conn.execute("PRAGMA journal_mode = OFF")
             conn.execute("PRAGMA synchronous = OFF")
             conn.executescript(
@@ -508,12 +505,6 @@ def _build(target: Path, fingerprint: str, docs: Iterable[Doc]) -> None:
             conn.commit()
         finally:
             conn.close()
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 def _insert(conn: sqlite3.Connection, batch: list[tuple[str, str, str, str]]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-import os
 import re
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from langgraph_parallelmuse.eval.bench import (
     fork_table,
     load_done,
     markdown_table,
-    replacing,
     rollout_table,
     run_bench,
     run_facts,
@@ -826,22 +824,3 @@ async def test_each_online_mode_of_the_bench_takes_its_own_forks(tmp_path):
     picks = (await bench._rollouts(runner, item, settings, note=lambda s: None)).picks
     assert [p[:2] for p in picks["exploration"]] == [[0, "exploration"]]
     assert [p[:2] for p in picks["reasoning"]] == [[2, "reasoning"]]
-
-
-def test_a_file_written_whole_keeps_its_mode_and_a_pipe_is_written_in_place(tmp_path):
-    # A pipe behind a link (/dev/stdout of `ask --json /dev/stdout | jq`) was followed to its /proc
-    # entry, where no file can be made: the write failed. A replaced 0600 file came back 0644.
-    private = tmp_path / "result.json"
-    private.write_text("old")
-    private.chmod(0o600)
-    with replacing(private) as tmp:
-        tmp.write_text("new")
-    assert private.read_text() == "new" and private.stat().st_mode & 0o777 == 0o600
-    read, write = os.pipe()
-    try:
-        with replacing(f"/dev/fd/{write}") as target, open(target, "w") as fh:
-            fh.write('{"answer": "Paris"}')
-        os.close(write)
-        assert os.read(read, 100) == b'{"answer": "Paris"}'
-    finally:
-        os.close(read)
