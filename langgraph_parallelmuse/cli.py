@@ -38,7 +38,8 @@ from rich.table import Table
 from langgraph_parallelmuse.calibration import DEFAULT_QUANTILE
 from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, ParallelMuseError, RolloutFailedError
-from langgraph_parallelmuse.eval.bench import METHODS, replacing
+from langgraph_parallelmuse.eval.bench import METHODS
+from langgraph_parallelmuse.files import replacing
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE
@@ -173,6 +174,27 @@ def _served_name(args: argparse.Namespace) -> argparse.Namespace:
 def _local_name(args: argparse.Namespace) -> str:
     """The in-process model a command line loads, as results record it."""
     return f"{args.model_path or 'embedded'} {args.precision}"
+
+
+def _model_identity(args: argparse.Namespace) -> str:
+    """The model a command line runs, as bench results (and the calibrations fitted on them) record it."""
+    return redact(f"{args.base_url} {args.model}" if args.base_url else _local_name(args))
+
+
+def _warn_other_model(calibration: str | None, model: str) -> None:
+    """Warn when ``calibration`` was fitted on the runs of another model than ``model`` (a model's
+    perplexities are its own: another's thresholds fork other steps, or none)."""
+    if calibration is None:
+        return
+    from langgraph_parallelmuse.calibration import Calibration
+
+    fitted_on = Calibration.load(calibration).model  # checked loadable with the settings
+    if fitted_on is not None and fitted_on != model:
+        console.print(
+            f"[yellow]warning:[/] {_shown(calibration)} was fitted on runs of {_shown(repr(fitted_on))}, this "
+            f"run uses {_shown(repr(model))}: its thresholds are that model's perplexities; calibrate on this "
+            "model's runs (`parallelmuse calibrate`)"
+        )
 
 
 def _only_served_model(base_url: str, flag: str = "--model") -> str:
@@ -621,6 +643,7 @@ async def _ask(args: argparse.Namespace) -> int:
         _writable_file(args.json, "--json")
     tools = _tools(args)  # a missing corpus or search key is found before the model loads
     args = _served_name(args)  # a checkpointed run records its model by name
+    _warn_other_model(settings.calibration, _model_identity(args))
     model = _model(args)
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
     async with open_checkpointer(args.db) if args.db else contextlib.nullcontext() as saver:
@@ -788,9 +811,11 @@ async def _bench(args: argparse.Namespace) -> int:
         setting=args.setting,
         max_turns=args.max_turns,
         extra=dict(args.set),
-        model=redact(f"{args.base_url} {args.model}" if args.base_url else _local_name(args)),
+        model=_model_identity(args),
         judge=redact(f"{args.judge_base_url} {args.judge_model}") if args.judge_base_url else None,
     )
+    if not args.report_only:
+        _warn_other_model(settings.extra.get("calibration"), settings.model)
     items = load_questions(args.questions, limit=args.limit)
     if not items:
         raise ConfigError(f"--questions {args.questions} holds no questions: one {{id, question, answers}} per line")
@@ -1077,8 +1102,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
         )
     for warning in caught:  # a line of the command's output, not Python's "file:line: UserWarning"
         console.print(f"[yellow]warning:[/] {_shown(warning.message)}")
-    with replacing(args.out) as tmp:
-        cal.save(tmp)
+    cal.save(args.out)
     table = Table("threshold", "value", "from")
     for region, threshold in cal.thresholds.items():
         table.add_row(f"{region} perplexity (branch above)", f"{threshold:.3f}", f"{cal.samples[region]} steps")

@@ -1071,6 +1071,28 @@ def test_calibrate_takes_runs_that_do_not_record_the_model_beside_one_that_does(
     assert "model" not in json.loads(cal.read_text())
 
 
+def test_a_run_with_a_calibration_of_another_models_runs_is_warned(tmp_path, monkeypatch, capsys):
+    # Before: a calibration recorded its model but nothing read it; thresholds fitted on one model's
+    # perplexities forked another model's steps without a word.
+    runs, cal = tmp_path / "results.jsonl", tmp_path / "cal.json"
+    runs.write_text(_bench_record("q1", model="http://a/v1 qwen"))
+    assert cli.main(["calibrate", str(runs), "--out", str(cal)]) == 0
+
+    def stop(*args, **kwargs):
+        raise ConfigError("stopped before the model loaded")
+
+    monkeypatch.setattr(cli, "_model", stop)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    capsys.readouterr()
+    assert _ask(PARIS, "--mode", "reasoning", "--calibration", str(cal)) == 1
+    said = _err(capsys)
+    assert f"warning: {cal} was fitted on runs of 'http://a/v1 qwen', this run uses 'embedded float32'" in said
+    runs.write_text(_bench_record("q1", model="embedded float32"))
+    assert cli.main(["calibrate", str(runs), "--out", str(cal)]) == 0
+    assert _ask(PARIS, "--mode", "reasoning", "--calibration", str(cal)) == 1
+    assert "was fitted on runs of" not in _err(capsys)
+
+
 def test_calibrate_shows_a_few_samples_warning_as_a_line_of_its_output(tmp_path, capsys):
     # Before: Python printed it as "cli.py:868: UserWarning: ..." with the line of code under it.
     runs, cal = tmp_path / "results.jsonl", tmp_path / "cal.json"
