@@ -35,7 +35,7 @@ from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, ends_the_run, is_context_overflow
 from langgraph_parallelmuse.infograph import merge_context
-from langgraph_parallelmuse.lineage import Job, Pick, branch_job
+from langgraph_parallelmuse.lineage import Job, Pick, branch_job, first_own_step
 from langgraph_parallelmuse.persistence import unwrapped
 from langgraph_parallelmuse.protocol import (
     SYSTEM_PROMPT,
@@ -43,6 +43,7 @@ from langgraph_parallelmuse.protocol import (
     build_messages,
     content_text,
     describe_tools,
+    one_line,
     parse_action,
     region_spans,
 )
@@ -809,10 +810,10 @@ class RolloutRunner:
     ) -> Trajectory:
         origin = values.get("origin") or Origin(kind="initial", parent=None)
         steps, observations = values.get("steps", []), values.get("observations", [])
-        first_own = (origin.get("step") or 0) if origin.get("kind") in ("branch", "crossover") else 0
+        first_own = first_own_step(origin)
         own = steps[first_own:]
         own_obs = [o for o in observations if o["step"] >= first_own]
-        return Trajectory(
+        trajectory = Trajectory(
             id=values.get("trajectory_id", thread_id),
             thread_id=thread_id,
             origin=origin,
@@ -840,3 +841,37 @@ class RolloutRunner:
                 "seconds": seconds,
             },
         )
+        trajectory["stats"].update(turn_problems(trajectory))
+        return trajectory
+
+
+MAX_REASONS = 3  # distinct tool errors a trajectory's (and the rollout's) stats name
+
+
+def turn_problems(trajectory: Trajectory) -> dict[str, Any]:
+    """What went wrong in a trajectory's own steps (a branch's prefix is its parent's) while it still ran.
+
+    ``tool_errors`` counts the tool calls (as ``tool_calls`` does) whose response was an error, and
+    ``tool_error_reasons`` names up to :data:`MAX_REASONS` distinct ones, on one line and redacted;
+    ``invalid_turns`` counts the turns read as no tool call and no answer, ``rejected_turns`` those
+    kept though the driver rejected them. A trajectory can answer after every search failed: only
+    these say so.
+
+    Example:
+        >>> turn_problems({"origin": {"kind": "initial"}, "steps": [{"action": {"type": "invalid"}}],
+        ...     "observations": [{"step": 0, "name": "invalid", "error": True, "content": "Error: unreadable"},
+        ...                      {"step": 1, "name": "search", "error": True, "content": "Error: HTTP 401"}]})
+        {'tool_errors': 1, 'tool_error_reasons': ['Error: HTTP 401'], 'invalid_turns': 1, 'rejected_turns': 0}
+    """
+    first_own = first_own_step(trajectory["origin"])
+    steps = trajectory["steps"][first_own:]
+    observations = [o for o in trajectory["observations"] if o["step"] >= first_own]
+    # The error replies to unreadable turns answer no call: they are the invalid turns, not tool errors.
+    failed = [o for o in observations if o["error"] and count_tool_calls([o])]
+    reasons = dict.fromkeys(redact(one_line(o["content"], 200)) for o in failed)
+    return {
+        "tool_errors": len(failed),
+        "tool_error_reasons": list(reasons)[:MAX_REASONS],
+        "invalid_turns": sum(1 for s in steps if s["action"]["type"] == "invalid"),
+        "rejected_turns": sum(1 for s in steps if "rejected" in s),
+    }

@@ -36,6 +36,16 @@ class Job(TypedDict):
     origin: Origin
 
 
+def first_own_step(origin: Origin) -> int:
+    """The index of a trajectory's first own step: a branch's or crossover's earlier steps are its parent's.
+
+    Example:
+        >>> first_own_step({"kind": "branch", "parent": "t0", "step": 2}), first_own_step({"kind": "initial"})
+        (2, 0)
+    """
+    return (origin.get("step") or 0) if origin.get("kind") in ("branch", "crossover") else 0
+
+
 def thread_of(run_id: str, job_id: str) -> str:
     """The thread a job runs in; deterministic, so a resumed run finds its finished trajectories.
 

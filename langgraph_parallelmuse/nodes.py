@@ -28,7 +28,7 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER  # kept by LangGraph for
 from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
 
-from langgraph_parallelmuse.agent import RolloutRunner, lend_checkpointer
+from langgraph_parallelmuse.agent import MAX_REASONS, RolloutRunner, lend_checkpointer, turn_problems
 from langgraph_parallelmuse.concurrency import Bounds
 from langgraph_parallelmuse.config import (
     ParallelMuseConfig,
@@ -44,10 +44,9 @@ from langgraph_parallelmuse.infograph import redundancy_summary, warn_unreadable
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.protocol import one_line
-from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.schedule import budget_stats, first_wave, next_wave, online_rollout, pick_branches
 from langgraph_parallelmuse.stage2 import choose_answer, compression_stats, write_report
-from langgraph_parallelmuse.state import ParallelMuseState, Trajectory, count_tool_calls
+from langgraph_parallelmuse.state import ParallelMuseState, Trajectory
 
 MAX_QUESTION_CHARS = 4000
 # The answer message's response_metadata key naming the question it answers (see question_from_input).
@@ -167,44 +166,6 @@ def engine_delta(start: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MAX_REASONS = 3  # distinct tool errors a trajectory's (and the rollout's) stats name
-
-
-def turn_problems(trajectory: Trajectory) -> dict[str, Any]:
-    """What went wrong in a trajectory's own steps (a branch's prefix is its parent's) while it still ran.
-
-    ``tool_errors`` counts the tool calls (as ``tool_calls`` does) whose response was an error, and
-    ``tool_error_reasons`` names up to :data:`MAX_REASONS` distinct ones, on one line and redacted;
-    ``invalid_turns`` counts the turns read as no tool call and no answer, ``rejected_turns`` those
-    kept though the driver rejected them. A trajectory can answer after every search failed: only
-    these say so.
-
-    Example:
-        >>> turn_problems({"origin": {"kind": "initial"}, "steps": [{"action": {"type": "invalid"}}],
-        ...     "observations": [{"step": 0, "name": "invalid", "error": True, "content": "Error: unreadable"},
-        ...                      {"step": 1, "name": "search", "error": True, "content": "Error: HTTP 401"}]})
-        {'tool_errors': 1, 'tool_error_reasons': ['Error: HTTP 401'], 'invalid_turns': 1, 'rejected_turns': 0}
-    """
-    origin = trajectory["origin"]
-    first_own = (origin.get("step") or 0) if origin.get("kind") in ("branch", "crossover") else 0
-    steps = trajectory["steps"][first_own:]
-    observations = [o for o in trajectory["observations"] if o["step"] >= first_own]
-    # The error replies to unreadable turns answer no call: they are the invalid turns, not tool errors.
-    failed = [o for o in observations if o["error"] and count_tool_calls([o])]
-    reasons = dict.fromkeys(redact(one_line(o["content"], 200)) for o in failed)
-    return {
-        "tool_errors": len(failed),
-        "tool_error_reasons": list(reasons)[:MAX_REASONS],
-        "invalid_turns": sum(1 for s in steps if s["action"]["type"] == "invalid"),
-        "rejected_turns": sum(1 for s in steps if "rejected" in s),
-    }
-
-
-def with_turn_problems(trajectory: Trajectory) -> Trajectory:
-    """``trajectory`` with its :func:`turn_problems` in its stats."""
-    return {**trajectory, "stats": {**trajectory["stats"], **turn_problems(trajectory)}}
-
-
 def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     """Token, tool-call and outcome totals of the rollout stage.
 
@@ -212,7 +173,7 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     reported as served from its prefix cache; ``cache_reported`` says whether it reports at all);
     ``reused_prefix_tokens`` is computed (the parents' prefixes the branches sent again).
     ``tool_errors``, ``tool_error_reasons``, ``invalid_turns`` and ``rejected_turns`` sum the
-    trajectories' :func:`turn_problems`.
+    trajectories' :func:`~langgraph_parallelmuse.agent.turn_problems`.
     """
     keys = (
         "generated_tokens",
@@ -225,8 +186,8 @@ def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     )
     out: dict[str, Any] = {k: sum(t["stats"][k] for t in trajectories) for k in keys}
     out["cache_reported"] = any(t["stats"]["cache_reported"] for t in trajectories)
-    # Counted from the steps, not read from the stats: a trajectory stored before they held these has none.
-    problems = [turn_problems(t) for t in trajectories]
+    # Counted again only for a trajectory stored before its stats held them (a run resumed across versions).
+    problems = [t["stats"] if "tool_errors" in t["stats"] else turn_problems(t) for t in trajectories]
     for key in ("tool_errors", "invalid_turns", "rejected_turns"):
         out[key] = sum(p[key] for p in problems)
     out["tool_error_reasons"] = list(dict.fromkeys(r for p in problems for r in p["tool_error_reasons"]))[:MAX_REASONS]
@@ -518,7 +479,7 @@ class ParallelMuseNodes:
         with self.scope(payload["question"]):
             async with self.limit(settings):
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
-                traj = with_turn_problems(await self.runner.run_job(job, question=payload["question"], config=settings))
+                traj = await self.runner.run_job(job, question=payload["question"], config=settings)
         emit("trajectory_finished", **finished_event(traj))
         return {"trajectories": [traj]}
 
@@ -546,7 +507,7 @@ class ParallelMuseNodes:
                 on_event=on_event,
                 limit=self.limit(settings),
             )
-        return {"trajectories": [with_turn_problems(t) for t in trajectories], "picks": picks, "round": 1}
+        return {"trajectories": trajectories, "picks": picks, "round": 1}
 
     @_timed("rollout")
     async def select_branches(self, state: ParallelMuseState) -> dict[str, Any]:

@@ -188,7 +188,7 @@ class TrajectoryStats(TypedDict):
     lowest_confidence: float | None
     tool_calls: int  # tool calls made by its own steps (prefix calls are not re-run)
     seconds: float
-    # What went wrong in its own steps while it still ran (nodes.turn_problems; a run's ``stats.rollout``
+    # What went wrong in its own steps while it still ran (agent.turn_problems; a run's ``stats.rollout``
     # sums them): its tool calls whose response was an error and up to three distinct such responses
     # (redacted), its turns the driver could not read, and its turns kept though the driver rejected them.
     tool_errors: NotRequired[int]

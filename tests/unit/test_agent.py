@@ -419,6 +419,9 @@ async def test_a_tool_that_raises_gives_an_error_observation():
     assert calls["search"] == ["q"]  # not retried: the error is not transient
     assert traj["status"] == "answered"
     assert "index offline" in model.calls[1]["messages"][-1].content
+    # Counted where the trajectory is made, so the bench's trajectories (no graph node) carry it too.
+    assert traj["stats"]["tool_errors"] == 1 and traj["stats"]["invalid_turns"] == 0
+    assert "index offline" in traj["stats"]["tool_error_reasons"][0]
 
 
 async def _hang(query):
