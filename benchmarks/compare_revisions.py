@@ -14,7 +14,6 @@ never reuses a run) and a report of every difference (none: identical).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 from langgraph_parallelmuse.eval import eval_data_dir, load_questions
+from langgraph_parallelmuse.eval.bench import load_done
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,9 +82,9 @@ def question_ids(args: argparse.Namespace) -> set[str]:
 
 
 def _records(path: Path, ids: set[str]) -> dict[str, dict]:
-    # Only the questions compared: a folder a larger --limit left holds more, which the other
-    # revision's need not.
-    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines()) if r and r["id"] in ids}
+    # Read as the bench reads it (a line cut by a crash is a question to run again); only the questions
+    # compared: a folder a larger --limit left holds more, which the other revision's need not.
+    return {qid: r for qid, r in load_done(path).items() if qid in ids}
 
 
 def differences(before: dict[str, dict], after: dict[str, dict]) -> list[str]:

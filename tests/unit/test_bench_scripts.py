@@ -423,6 +423,10 @@ def test_agent_protocol_pairs_in_dev_set_order_whatever_order_the_file_holds(mon
     assert agent_protocol.pair(base, new) == in_order
 
 
+# The parts of a bench question record besides its id and trajectories (empty: no method ran).
+BENCH_PARTS = dict.fromkeys(("methods", "reports", "picks", "timings"), {})
+
+
 def dev_sets(path: Path, ids: list[str]) -> None:
     """Both dev sets' questions files in ``path``, each asking ``ids``, as the benchmarks read them."""
     for name in common.DATASETS:
@@ -440,7 +444,7 @@ def test_compare_revisions_runs_again_when_a_revision_moved_or_the_settings_chan
         ran.append(commit[0])
         target.mkdir(parents=True, exist_ok=True)
         rec = {"id": "q", "trajectories": {"t0": {"stats": {"generated_tokens": 1, "tool_calls": 1}, "answer": "x"}}}
-        (target / "results.jsonl").write_text(json.dumps({**rec, "methods": {}}) + "\n")
+        (target / "results.jsonl").write_text(json.dumps({**rec, **BENCH_PARTS}) + "\n")
         return 0.0
 
     def compare(*options: str) -> None:
@@ -473,7 +477,7 @@ def test_compare_revisions_compares_only_the_first_limit_questions_of_a_larger_r
         target.mkdir(parents=True, exist_ok=True)
         write_rows(
             target / "results.jsonl",
-            [{"id": f"q{i}", "trajectories": trajectory, "methods": {}} for i in range(args.limit)],
+            [{"id": f"q{i}", "trajectories": trajectory, **BENCH_PARTS} for i in range(args.limit)],
         )
         return 0.0
 
@@ -487,6 +491,34 @@ def test_compare_revisions_compares_only_the_first_limit_questions_of_a_larger_r
     assert ran == [("a", 5), ("b", 4)]  # the larger run of "old" serves the smaller one
     printed = capsys.readouterr().out
     assert "4 questions, 4 trajectories" in printed and "identical" in printed
+
+
+def test_compare_revisions_runs_a_revision_again_whose_results_a_crash_cut(monkeypatch, tmp_path, capsys):
+    # Before: its own reader met the cut line with a JSONDecodeError traceback; the bench's reader
+    # takes the cut question as not run, so the revision runs again.
+    dev_sets(tmp_path, ["q0", "q1"])
+    monkeypatch.setenv("PARALLELMUSE_EVAL_DATA", str(tmp_path))
+    commits = {"old": "a" * 40, "HEAD": "b" * 40}
+    record = {"trajectories": {"t0": {"stats": {"generated_tokens": 1, "tool_calls": 1}, "answer": "x"}}, **BENCH_PARTS}
+    ran = []
+
+    def run(commit, target, args):
+        ran.append(commit[0])
+        target.mkdir(parents=True, exist_ok=True)
+        write_rows(target / "results.jsonl", [{"id": q, **record} for q in ("q0", "q1")])
+        return 0.0
+
+    monkeypatch.setattr(compare_revisions, "commit_of", commits.__getitem__)
+    monkeypatch.setattr(compare_revisions, "_run", run)
+    out = tmp_path / "runs"
+    cut = compare_revisions.run_dir(
+        out, commits["old"], argparse.Namespace(dataset="hotpotqa_train100", seed=0, modes="exploration")
+    )
+    cut.mkdir(parents=True)
+    (cut / "results.jsonl").write_text(json.dumps({"id": "q0", **record}) + '\n{"id": "q1", "trajec')
+    monkeypatch.setattr(sys, "argv", ["compare_revisions.py", "old", "HEAD", "--limit", "2", "--out", str(out)])
+    assert compare_revisions.main() == 0
+    assert ran == ["a", "b"] and "identical" in capsys.readouterr().out
 
 
 def test_stage2_reports_reuses_stage1_only_when_made_with_the_same_settings(monkeypatch, tmp_path):
