@@ -179,6 +179,7 @@ class Decoder:
     def _advance(self, seq: RequestState, token: int, logprob: float, alternatives: list[tuple[float, int]]) -> None:
         req = seq.req
         if token in self.eos and not (req.ignore_eos or req.forced_ids):
+            self._flush(seq)
             seq.finish = "stop"
             return
         seq.gen.append(token)
@@ -201,6 +202,17 @@ class Decoder:
                 return
         if final:
             seq.finish = "length"
+
+    def _flush(self, seq: RequestState) -> None:
+        """Add the text of an incomplete UTF-8 character the generation ends in ("\ufffd", as a length
+        cut keeps it), so the token ids and the text (and the logprob entries' tokens) agree."""
+        if seq.pending_from == len(seq.gen):
+            return
+        piece = self._next_piece(seq)
+        seq.pending_from = len(seq.gen)
+        if seq.req.logprobs and seq.entries:
+            seq.entries[-1] = {**seq.entries[-1], "token": seq.entries[-1]["token"] + piece}
+        seq.text += piece
 
     def _next_piece(self, seq: RequestState) -> str:
         # Decode a short window ending at the new tokens: the text between two decodes that

@@ -200,8 +200,16 @@ class InferenceEngine:
         if (problem := sampling_problem(request)) is not None:
             raise InputError(problem)
         seed = None if request.seed is None else integer(request.seed)
+        # Copies: a caller that changes its stop list after submit must not change a running batch.
         return dataclasses.replace(
-            request, prompt_ids=prompt, forced_ids=forced, seed=seed, max_new_tokens=integer(request.max_new_tokens)
+            request,
+            prompt_ids=prompt,
+            forced_ids=forced,
+            seed=seed,
+            max_new_tokens=integer(request.max_new_tokens),
+            temperature=float(request.temperature),
+            top_p=float(request.top_p),
+            stop=tuple(request.stop),
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

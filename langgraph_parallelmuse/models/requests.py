@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -103,13 +104,16 @@ def sampling_problem(request: GenerationRequest) -> str | None:
     """
 
     def number(x: object) -> bool:
-        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        # numbers.Real: numpy and torch scalars are accepted, as the integer settings' are.
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
     if not number(request.temperature) or request.temperature < 0:
         return f"temperature={request.temperature!r}: pass a number >= 0 (0 is greedy)"
     if not number(request.top_p) or not 0 <= request.top_p <= 1:
         return f"top_p={request.top_p!r}: pass a number in [0, 1]"
-    if isinstance(request.stop, str) or not all(isinstance(s, str) for s in request.stop):
+    # A sequence, not any iterable: checking a one-shot iterator would use it up before the worker reads it.
+    stop = request.stop
+    if isinstance(stop, str) or not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
         return f"stop={request.stop!r}: pass a list of strings"
     if (max_new := integer(request.max_new_tokens)) is None or max_new < 0:
         return f"max_new_tokens={request.max_new_tokens!r}: pass an integer >= 0"
@@ -125,9 +129,11 @@ class GenerationResult:
 
     Attributes:
         text: Generated text, cut before the first stop string.
-        token_ids: Generated token ids (including a token that a stop string cut into).
+        token_ids: Every token id generated, the stop string's too (usage counts them, as OpenAI's
+            does), not the EOS token.
         logprobs: OpenAI-shaped entries ``{"token", "logprob", "bytes", "top_logprobs"}`` whose
-            ``token`` strings concatenate to ``text``; ``None`` if not requested.
+            ``token`` strings concatenate to ``text``, so the tokens wholly inside a cut stop
+            string have none; ``None`` if not requested.
         finish_reason: ``"stop"`` (EOS or stop string) or ``"length"``.
         prompt_tokens: Prompt length in tokens.
         cached_tokens: Prompt tokens served from the prefix cache.

@@ -22,6 +22,7 @@ from langgraph_parallelmuse.errors import ConfigError, InputError
 from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, InferenceEngine
 from langgraph_parallelmuse.models.decoding import Decoder, byte_decoder
 from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
+from langgraph_parallelmuse.models.requests import RequestFuture, RequestState
 from tests.unit.processes import ctrl_c_after, in_forked_child
 from tests.unit.tiny_model import tiny_llama, tiny_sentencepiece_tokenizer, tiny_tokenizer
 
@@ -353,6 +354,22 @@ def test_eos_ends_a_request_unless_ignored(plain, tokenizer) -> None:
     assert kept.token_ids[0] == first and kept.completion_tokens == 3 and kept.finish_reason == "length"
 
 
+def test_eos_after_part_of_a_character_keeps_its_text_as_a_length_cut_does(tokenizer) -> None:
+    # Before, the text of the character's first byte was dropped: token ids held it, text and logprobs did not.
+    decoder = Decoder(tokenizer, frozenset({tokenizer.eos_token_id}))
+    first_byte = ids(tokenizer, "é")[0]
+    request = greedy(tokenizer, "hi", logprobs=True, top_logprobs=0)
+    prompt = request.prompt_ids
+    seq = RequestState(req=request, future=RequestFuture(), prompt=prompt, max_new=12, generator=None, context=prompt)
+    for token in (*ids(tokenizer, "ab"), first_byte, tokenizer.eos_token_id):
+        logits = torch.full((1, len(tokenizer)), -10.0)
+        logits[0, token] = 10.0
+        decoder.step([seq], logits)
+    result = seq.result()
+    assert result.finish_reason == "stop" and result.token_ids == [*ids(tokenizer, "ab"), first_byte]
+    assert result.text == "ab\ufffd" and "".join(e["token"] for e in result.logprobs) == result.text
+
+
 def test_bad_requests_are_refused(engine, tokenizer) -> None:
     with pytest.raises(InputError, match="empty"):
         engine.submit(GenerationRequest([]))
@@ -381,11 +398,14 @@ def test_bad_sampling_settings_are_refused_before_they_reach_a_batch(engine, tok
             engine.submit(greedy(tokenizer, "hi", **{setting: value}))
 
 
-def test_a_numpy_or_torch_integer_seed_and_token_limit_are_taken_as_ints(engine, tokenizer) -> None:
-    # Refused before: a seed drawn with numpy (np.random.default_rng().integers) was "not an integer".
-    plain = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=6, temperature=0.8, seed=11))
+def test_numpy_or_torch_numbers_are_taken_as_python_numbers(engine, tokenizer) -> None:
+    # Refused before: a seed drawn with numpy (np.random.default_rng().integers) was "not an integer",
+    # a numpy float32 temperature or top_p "not a number".
+    plain = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=6, temperature=0.75, top_p=0.5, seed=11))
     for seed, limit in ((np.int64(11), np.int32(6)), (torch.tensor(11), torch.tensor(6))):
-        again = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=limit, temperature=0.8, seed=seed))
+        # 0.75 and 0.5 are exact in float32: the same sampling as the Python floats.
+        sampling = {"temperature": np.float32(0.75), "top_p": np.float32(0.5)}
+        again = engine.generate(greedy(tokenizer, PROMPTS[0], max_new_tokens=limit, seed=seed, **sampling))
         assert again.token_ids == plain.token_ids
 
 
@@ -553,9 +573,14 @@ def test_a_stop_given_as_a_string_is_one_stop_not_its_letters(chat_model) -> Non
 
 def test_a_bad_stop_is_refused_before_it_reaches_a_batch(engine, tokenizer) -> None:
     """A stop that is not a string raised inside the worker's decode step, failing every row of the batch."""
-    for stop in [("\n", 3), "END"]:
+    # A one-shot iterator passed the check, which used it up, and failed the whole batch in the worker.
+    for stop in [("\n", 3), "END", iter(["zz"]), None]:
         with pytest.raises(InputError, match="pass a list of strings"):
             engine.submit(greedy(tokenizer, "hi", stop=stop))
+    stop = ["zz"]
+    running = engine.submit(greedy(tokenizer, PROMPTS[0], stop=stop, ignore_eos=True))
+    stop.append(None)  # the caller's list, changed after submit: the request keeps what was sent
+    assert running.result().completion_tokens == 12
 
 
 def test_a_vanishing_temperature_is_greedy_and_fails_no_row(engine, tokenizer) -> None:
