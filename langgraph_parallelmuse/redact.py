@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, SecretStr
 
-__all__ = ["SECRET_ENV_VARS", "redact", "secrets_of"]
+__all__ = ["SECRET_ENV_VARS", "redact", "secrets_in_argv", "secrets_of"]
 
 SECRET_ENV_VARS = (
     "OPENAI_API_KEY",
@@ -27,6 +27,7 @@ SECRET_ENV_VARS = (
     "HUGGING_FACE_HUB_TOKEN",
     "VLLM_API_KEY",
 )
+_SECRET_FLAGS = ("--api-key", "--token", "--password")
 _SHORTEST_SECRET = 6  # shorter values (e.g. "none", "EMPTY") are placeholders, not secrets
 _PATTERNS = (
     re.compile(r"(?i)((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{8,}"),
@@ -62,6 +63,29 @@ def secrets_of(*models: object) -> list[str]:
             if isinstance(value, SecretStr):
                 found.append(value.get_secret_value())
     return sorted({s for s in found if len(s) >= _SHORTEST_SECRET}, key=len, reverse=True)
+
+
+def secrets_in_argv(argv: Sequence[str], *, flags: Sequence[str] = _SECRET_FLAGS) -> list[str]:
+    """The values a command line gives its secret ``flags``, in order.
+
+    A text pattern sees only the first value, but vLLM's ``--api-key`` takes several (argparse's
+    ``nargs="+"``: every argument up to the next option), and vLLM logs them all in its arguments.
+
+    Example:
+        >>> secrets_in_argv(["vllm", "--api-key", "sk-one", "sk-two", "--port", "80", "--token=t0ken"])
+        ['sk-one', 'sk-two', 't0ken']
+    """
+    found: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg.startswith("-"):
+            flag, given, value = arg.partition("=")
+            taking = arg in flags
+            if given and flag in flags:
+                found.append(value)
+        elif taking:
+            found.append(arg)
+    return found
 
 
 def _fields(model: object) -> Iterable[object]:

@@ -14,6 +14,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -438,8 +439,8 @@ class _Client:
             ) from exc
         except http.client.InvalidURL as exc:
             raise ServerCheckError(
-                f"{self.base} is not a valid URL ({exc}): fix base_url= (the OpenAI API root, e.g. "
-                "http://127.0.0.1:8000/v1; --base-url on the command line)."
+                f"{self.base} is not a valid URL ({_without_userinfo(str(exc))}): fix base_url= (the OpenAI API "
+                "root, e.g. http://127.0.0.1:8000/v1; --base-url on the command line)."
             ) from exc
         except http.client.HTTPException as exc:  # a reply cut off mid-body, or no HTTP server on the port
             raise ServerCheckError(
@@ -472,6 +473,18 @@ class _Client:
                 f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
             )
         return reply
+
+
+def _without_userinfo(invalid_url: str) -> str:
+    """An InvalidURL's text without the URL's password: urllib takes ``user:PASSWORD@host`` for the
+    host, and http.client quotes everything after its last ``:`` as a "nonnumeric port". A host or
+    port holds no ``@``, so all up to the last one is credentials, however short.
+
+    Example:
+        >>> _without_userinfo("nonnumeric port: 'pw1@127.0.0.1'")
+        "nonnumeric port: '***@127.0.0.1'"
+    """
+    return re.sub(r"'.*@", "'***@", invalid_url)
 
 
 def _as_object(body: object) -> dict:

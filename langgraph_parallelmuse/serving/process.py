@@ -10,6 +10,7 @@ and a server's children (vLLM's engine core and worker) go with it. A readiness 
 
 from __future__ import annotations
 
+import http.client
 import math
 import os
 import shlex
@@ -21,14 +22,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
-from langgraph_parallelmuse.redact import redact
+from langgraph_parallelmuse.redact import redact, secrets_in_argv, secrets_of
 
 HOST = "127.0.0.1"
 _LOG_TAIL = 3000
@@ -59,7 +60,8 @@ exec "$@"
 
 
 class ServerError(ParallelMuseError, RuntimeError):
-    """A server did not start (or exited): the message names the command, port and log tail."""
+    """A server did not start (or exited), or failed a request: the message names the command, port
+    and log tail, or the URL asked."""
 
 
 @dataclass(frozen=True)
@@ -174,14 +176,16 @@ def serve(
             _wait_ready(server, proc, spec.ready, deadline=deadline, budget=startup_timeout)
         yield [server for server, _, _ in started]
     finally:
-        for _, proc, spec in reversed(started):
-            stop_group(proc, stop_signal=spec.stop_signal, grace=grace)
+        _stop_groups([(proc, spec.stop_signal) for _, proc, spec in reversed(started)], grace=grace)
 
 
 def _spawn(spec: ServerSpec, log_path: Path, *, max_seconds: float, grace: float) -> tuple[Server, subprocess.Popen]:
     if shutil.which(spec.command[0]) is None:
         raise ServerError(
-            f"{spec.name}: {spec.command[0]!r} is not an executable (command: {shlex.join(spec.command)})"
+            _redacted(
+                spec.command,
+                f"{spec.name}: {spec.command[0]!r} is not an executable (command: {shlex.join(spec.command)})",
+            )
         )
     sig = signal.Signals(spec.stop_signal).name.removeprefix("SIG")
     wrapped = [
@@ -208,20 +212,65 @@ def _wait_ready(
     while True:
         if proc.poll() is not None:
             raise ServerError(_failure(server, f"exited with status {proc.returncode} before it was ready"))
-        if ready(_tail(server.log_path, 1 << 20)):
+        # free_port() let the port go before the server bound it: a process that took it meanwhile
+        # answers the probe while ours dies with "Address already in use" (then the poll above
+        # names it), so a probe answered from outside the server's group does not count.
+        if ready(_tail(server.log_path, 1 << 20)) and not _held_by_another(server) and proc.poll() is None:
             return
         if time.monotonic() > deadline:
             raise ServerError(_failure(server, f"was not ready within {budget:g} s"))
         time.sleep(0.2)
 
 
+def _held_by_another(server: Server) -> bool:
+    """Whether a process outside the server's group listens on its port (no listener: not another's)."""
+    listening = _listening_sockets(server.port)
+    if not listening:
+        return False
+    for pid in group_members(server.pid):
+        try:
+            fds = list(os.scandir(f"/proc/{pid}/fd"))
+        except FileNotFoundError:  # exited meanwhile
+            continue
+        except OSError:  # run as another user (PostgreSQL as postgres): whose the socket is is unknown
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(fd.path) in listening:
+                    return False
+            except OSError:  # closed meanwhile
+                continue
+    return True
+
+
+def _listening_sockets(port: int) -> set[str]:
+    """The TCP sockets listening on ``port`` (any address), as their ``/proc/PID/fd`` links read."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:  # no IPv6
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ... inode
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
 def _failure(server: Server, what: str) -> str:
-    # The command line (extra_args) and the log (a server prints its arguments) may hold a key.
-    return redact(
+    return _redacted(
+        server.command,
         f"{server.name} on 127.0.0.1 port {server.port} {what}.\n"
         f"command: {shlex.join(server.command)}\n"
-        f"log {server.log_path}, last {_LOG_TAIL} characters:\n{server.log_tail()}"
+        f"log {server.log_path}, last {_LOG_TAIL} characters:\n{server.log_tail()}",
     )
+
+
+def _redacted(command: Sequence[str], text: str) -> str:
+    # The command line (extra_args) and the log (a server prints its arguments) may hold a key,
+    # and vLLM's --api-key takes several: each one is a secret wherever it shows.
+    return redact(text, [*secrets_of(), *secrets_in_argv(command)])
 
 
 def stop_group(proc: subprocess.Popen, *, stop_signal: int = signal.SIGTERM, grace: float = 15.0) -> None:
@@ -234,18 +283,44 @@ def stop_group(proc: subprocess.Popen, *, stop_signal: int = signal.SIGTERM, gra
         >>> proc.returncode == -signal.SIGTERM
         True
     """
-    for sig, wait in ((stop_signal, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        end = time.monotonic() + wait
-        # The leader can exit before a member that ignored the signal: wait for the whole group.
-        while time.monotonic() < end:
-            if proc.poll() is not None and not group_members(proc.pid):
-                return
-            time.sleep(0.1)
-    proc.wait(timeout=5)
+    _stop_groups([(proc, stop_signal)], grace=grace)
+
+
+def _stop_groups(groups: Sequence[tuple[subprocess.Popen, int]], *, grace: float) -> None:
+    """Send every group its stop signal, then wait for all at once; SIGKILL what is left after ``grace`` s.
+
+    One server's slow shutdown then neither delays another's signal nor adds its grace to theirs,
+    and an interrupted wait (a second Ctrl-C) still SIGKILLs every group that is left.
+    """
+    try:
+        for proc, stop_signal in groups:
+            _signal_group(proc, stop_signal)
+        _wait_gone([proc for proc, _ in groups], grace)
+    finally:
+        left = [proc for proc, _ in groups if not _gone(proc)]
+        for proc in left:
+            _signal_group(proc, signal.SIGKILL)
+        _wait_gone(left, 10.0)
+        for proc, _ in groups:
+            proc.wait(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(procs: Sequence[subprocess.Popen], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while not all(_gone(proc) for proc in procs) and time.monotonic() < end:
+        time.sleep(0.1)
+
+
+def _gone(proc: subprocess.Popen) -> bool:
+    # The leader can exit before a member that ignored the signal: the whole group must be gone.
+    return proc.poll() is not None and not group_members(proc.pid)
 
 
 def group_members(pgid: int) -> list[int]:
@@ -282,14 +357,20 @@ def _tail(path: Path, chars: int) -> str:
         return ""
 
 
-def http_ready(url: str, accept: Callable[[str], bool] = lambda body: True) -> Callable[[str], bool]:
-    """A readiness probe: ``GET url`` answers 200 with a body that ``accept`` takes."""
+def http_ready(
+    url: str, accept: Callable[[str], bool] = lambda body: True, *, headers: Mapping[str, str] | None = None
+) -> Callable[[str], bool]:
+    """A readiness probe: ``GET url`` (sending ``headers``) answers 200 with a body that ``accept`` takes.
+
+    Anything else, a reply that is not HTTP (a server still starting, another program on the port)
+    included, is "not ready yet".
+    """
 
     def ready(_log: str) -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=2) as resp:
                 return resp.status == 200 and accept(resp.read().decode(errors="replace"))
-        except (urllib.error.URLError, OSError, ValueError):
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
             return False
 
     return ready

@@ -7,6 +7,7 @@ carry one routing key in the header the router's sticky policy reads (:data:`ROU
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -114,9 +115,17 @@ def router_spec(
         *extra_args,
     )
     url = f"http://{HOST}:{port}"
-    # /readiness answers 200 once the router is up; ready means every worker is registered healthy.
-    ready = http_ready(f"{url}/readiness", lambda body: json.loads(body).get("healthy_workers") == len(worker_urls))
+    ready = http_ready(f"{url}/readiness", functools.partial(_all_healthy, len(worker_urls)))
     return ServerSpec(kind, argv, port, url, ready, {"NO_COLOR": "1"}, routing_header=router.routing_header)
+
+
+def _all_healthy(workers: int, body: str) -> bool:
+    """Whether a ``/readiness`` reply (200 once the router is up) counts every worker registered healthy."""
+    try:
+        health = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(health, dict) and health.get("healthy_workers") == workers
 
 
 def _check_worker_url(worker: object) -> None:

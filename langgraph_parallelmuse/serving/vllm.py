@@ -8,7 +8,9 @@ vLLM pins an older transformers than the library needs, so it lives in its own v
 from __future__ import annotations
 
 import functools
+import http.client
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -20,7 +22,17 @@ from typing import Any
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.hardware import PRECISIONS, resolve_precision
-from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
+from langgraph_parallelmuse.redact import redact, secrets_in_argv
+from langgraph_parallelmuse.serving.process import (
+    HOST,
+    Server,
+    ServerError,
+    ServerSpec,
+    free_port,
+    http_ready,
+    serve_one,
+    venv_bin,
+)
 
 # The ``top_logprobs`` the library requests by default: ``--max-logprobs`` below it makes vLLM
 # refuse every request of an entropy or branching run.
@@ -137,6 +149,10 @@ def vllm_spec(
 ) -> ServerSpec:
     """One vLLM server on a free port, for :func:`serve` (several start together) or :func:`vllm_server`.
 
+    An ``--api-key`` in ``extra_args``, else a ``VLLM_API_KEY`` in the environment, makes vLLM
+    refuse ``/v1/*`` requests without that key: the readiness probe sends it, and so must clients
+    (``api_key=``).
+
     Args:
         model_dir: A transformers checkpoint directory (``models.export.export_model`` makes one).
         venv: The serving virtualenv (``scripts/setup-serving.sh``).
@@ -183,7 +199,17 @@ def vllm_spec(
     argv = vllm_command(model_dir, python=venv_bin(venv, "python"), port=port, **command)
     url = f"http://{HOST}:{port}"
     name = command.get("served_model_name", "smollm2")
-    return ServerSpec("vllm", argv, port, url, http_ready(f"{url}/v1/models", functools.partial(_lists, name)), env)
+    key = _required_key(argv, {**os.environ, **env})
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    ready = http_ready(f"{url}/v1/models", functools.partial(_lists, name), headers=headers)
+    return ServerSpec("vllm", argv, port, url, ready, env)
+
+
+def _required_key(argv: tuple[str, ...], env: dict[str, str]) -> str | None:
+    """A key vLLM will take on ``/v1/*``: its ``--api-key`` values win over ``VLLM_API_KEY``, any one
+    of them passes, and a repeated flag's last values count (argparse)."""
+    keys = secrets_in_argv(argv, flags=("--api-key",))
+    return keys[-1] if keys else env.get("VLLM_API_KEY") or None
 
 
 def _lists(name: str, body: str) -> bool:
@@ -233,12 +259,14 @@ def vllm_counters(url: str) -> dict[str, float]:
     Args:
         url: The server's root URL (``Server.url``).
 
+    Raises:
+        ServerError: The server did not answer, or answered with an error.
+
     Example:
         >>> vllm_counters("http://127.0.0.1:8000")["vllm:request_success_total"]  # doctest: +SKIP
         3.0
     """
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    text = _fetch(url, "/metrics", timeout=10)
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if (match := _METRIC_LINE.match(line)) is not None:
@@ -251,17 +279,30 @@ def reset_prefix_cache(url: str) -> None:
 
     Raises:
         ConfigError: The server does not serve the endpoint (started without ``dev_mode``).
+        ServerError: The server did not answer, or answered with an error.
 
     Example:
         >>> reset_prefix_cache("http://127.0.0.1:8000")  # doctest: +SKIP
     """
-    request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
+    _fetch(url, "/reset_prefix_cache", timeout=60, post=True, missing="start vLLM with vllm_spec(..., dev_mode=True)")
+
+
+def _fetch(url: str, endpoint: str, *, timeout: float, post: bool = False, missing: str = "") -> str:
+    """The text of ``url + endpoint`` (a POST without a body if ``post``).
+
+    Raises:
+        ConfigError: HTTP 404 where ``missing`` tells how to get the endpoint.
+        ServerError: No answer, or an HTTP error: the message names the URL and the endpoint.
+    """
+    request = urllib.request.Request(f"{url}{endpoint}", data=b"" if post else None)
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            resp.read()
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise ConfigError(
-                f"{url} has no /reset_prefix_cache: start vLLM with vllm_spec(..., dev_mode=True)"
-            ) from exc
-        raise
+        if exc.code == 404 and missing:
+            raise ConfigError(f"{url} has no {endpoint}: {missing}") from exc
+        body = exc.read().decode(errors="replace")[:500]
+        raise ServerError(redact(f"{url}{endpoint} answered HTTP {exc.code}: {body}")) from exc
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ServerError(redact(f"{url}{endpoint} did not answer ({reason}): is the vLLM server running?")) from exc

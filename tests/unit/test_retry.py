@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeoutError
-from openai import RateLimitError
+from openai import APIStatusError, RateLimitError
 
 from langgraph_parallelmuse.retry import is_transient, with_retries
 
@@ -77,3 +78,22 @@ async def test_a_rate_limit_waits_what_its_retry_after_asks(monkeypatch):
 
     assert await with_retries(call) == "ok"
     assert slept[0] == 7.0 and slept[1] == retry.MAX_RETRY_AFTER  # a day's wait is capped
+
+
+async def test_a_server_that_cannot_do_the_request_is_asked_once():
+    # vLLM answers 501 for a NotImplementedError: three tries got three 501s, 1.8 s later.
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    calls = []
+
+    async def call() -> str:
+        calls.append(1)
+        raise APIStatusError("NotImplementedError", response=httpx.Response(501, request=request), body=None)
+
+    with pytest.raises(APIStatusError):
+        await with_retries(call, base_delay=0.0)
+    assert len(calls) == 1
+    statuses = {
+        s: is_transient(APIStatusError("x", response=httpx.Response(s, request=request), body=None))
+        for s in (429, 500, 501, 502, 503, 504, 505)
+    }
+    assert [s for s, transient in statuses.items() if transient] == [429, 500, 502, 503, 504]

@@ -507,3 +507,12 @@ def test_a_hung_server_is_asked_once_per_library_try_and_its_error_names_it() ->
 def test_a_mistyped_base_url_is_named_as_one() -> None:
     with pytest.raises(ServerCheckError, match=r"http://127.0.0.1:80OO/v1 is not a valid URL .*base_url="):
         served_models("http://127.0.0.1:80OO/v1")
+
+
+@pytest.mark.parametrize("password", ["Sup3rSecretPw", "pw1", "Xq7:Zv9"])
+def test_a_base_urls_password_is_kept_out_of_the_invalid_url_error(password: str) -> None:
+    """Without a port, http.client reads the password as one ("nonnumeric port: 'PASSWORD@host'")
+    and its error printed it."""
+    with pytest.raises(ServerCheckError, match=r"is not a valid URL \(nonnumeric port: '\*\*\*@127.0.0.1'\)") as err:
+        served_models(f"http://alice:{password}@127.0.0.1/v1", timeout=2)
+    assert not any(part in str(err.value) for part in password.split(":"))

@@ -6,12 +6,16 @@ routers and PostgreSQL through the same functions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from langgraph_parallelmuse.serving import (
     ROUTERS,
     ServerError,
     ServerSpec,
+    free_port,
     group_members,
     postgres_spec,
     reset_prefix_cache,
@@ -31,8 +36,10 @@ from langgraph_parallelmuse.serving import (
     vllm_counters,
     vllm_spec,
 )
+from langgraph_parallelmuse.serving.process import http_ready
 from langgraph_parallelmuse.serving.vllm import LIBRARY_TOP_LOGPROBS
 from tests.unit.http_fakes import fake_http
+from tests.unit.processes import ctrl_c_after
 
 
 def _alive(pid: int) -> bool:
@@ -398,4 +405,140 @@ def test_a_server_always_has_a_lifetime(tmp_path: Path, max_seconds: float) -> N
     """`timeout` reads 0 and inf as no bound; the watchdog killed a server at once or crashed."""
     with pytest.raises(ConfigError, match="max_seconds="):
         with serve([sh("s", "echo up; exec sleep 30")], max_seconds=max_seconds, log_dir=tmp_path):
+            pass
+
+
+def test_the_vllm_probe_sends_the_key_vllm_will_require(tmp_path: Path, venv: Path, monkeypatch) -> None:
+    """A VLLM_API_KEY in the environment reached vLLM, which then refused the keyless probe with 401
+    until the 900 s startup timeout."""
+    (tmp_path / "config.json").write_text("{}")
+    listing = {"data": [{"id": "smollm2"}]}
+    monkeypatch.setenv("VLLM_API_KEY", "sk-env-0123456789")
+    for extra, key in (
+        ((), "sk-env-0123456789"),
+        (("--api-key", "sk-one-0123456789", "sk-two-0123456789"), "sk-two-0123456789"),
+    ):
+        spec = vllm_spec(tmp_path, venv=venv, extra_args=extra)
+        with fake_http({"GET /v1/models": lambda _: (200, listing)}, port=spec.port) as fake:
+            assert spec.ready("")
+        assert fake.requests[-1].headers.get("authorization") == f"Bearer {key}"
+    monkeypatch.delenv("VLLM_API_KEY")
+    spec = vllm_spec(tmp_path, venv=venv)
+    with fake_http({"GET /v1/models": lambda _: (200, listing)}, port=spec.port) as fake:
+        assert spec.ready("")
+    assert "authorization" not in fake.requests[-1].headers
+
+
+def test_an_interrupt_while_one_server_stops_still_stops_every_server(tmp_path: Path) -> None:
+    """A second Ctrl-C during one server's grace left the servers not yet signalled running."""
+    quick = sh("quick", "echo up; exec sleep 120")
+    stubborn = sh("stubborn", "trap '' TERM; echo up; while :; do sleep 0.1; done")
+    groups: list[int] = []
+    try:
+        with contextlib.ExitStack() as stack, pytest.raises(KeyboardInterrupt):
+            with serve([quick, stubborn], grace=30, max_seconds=60, log_dir=tmp_path) as servers:
+                groups = [s.pid for s in servers]
+                stack.enter_context(ctrl_c_after(0.3))  # during the stubborn one's grace (it is stopped first)
+        assert [group_members(pgid) for pgid in groups] == [[], []]
+    finally:
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def test_servers_are_stopped_together_not_one_grace_after_another(tmp_path: Path) -> None:
+    stubborn = [sh(f"stubborn{i}", "trap '' TERM; echo up; while :; do sleep 0.1; done") for i in range(2)]
+    with serve(stubborn, grace=0.8, max_seconds=60, log_dir=tmp_path) as servers:
+        start = time.monotonic()
+    assert time.monotonic() - start < 1.5  # one grace, then SIGKILL; not two graces
+    assert [group_members(s.pid) for s in servers] == [[], []]
+
+
+def test_a_reply_that_is_not_http_means_not_ready_yet() -> None:
+    """http.client's BadStatusLine is no OSError: it escaped the probe and ended serve() without a ServerError."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1000)
+                conn.sendall(b"SSH-2.0-OpenSSH\r\n")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        assert not http_ready(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/models")("")
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("body", ['["worker-1"]', "null", '"ok"', "2"])
+def test_a_router_readiness_reply_that_is_not_an_object_means_not_ready_yet(venv: Path, body: str) -> None:
+    spec = router_spec(["http://a"], venv=venv)
+    with fake_http({"GET /readiness": lambda _: (200, body)}, port=spec.port):  # a str is sent as it is
+        assert not spec.ready("")
+
+
+def test_a_missing_executables_command_line_is_redacted(tmp_path: Path) -> None:
+    spec = ServerSpec("ghost", ("/no/such/vllm", "--api-key", "sk-live-0123456789abcdef"), 1, "", lambda log: True)
+    with pytest.raises(ServerError, match=r"ghost: '/no/such/vllm' is not an executable") as info:
+        with serve([spec], log_dir=tmp_path):
+            pass
+    assert "sk-live" not in str(info.value) and "--api-key ***" in str(info.value)
+
+
+def test_every_value_of_a_several_valued_api_key_is_redacted(tmp_path: Path) -> None:
+    """vLLM's --api-key takes several keys, and vLLM logs them all; only the first was masked."""
+    script = """echo "non-default args: {'api_key': ['$1', '$2']}"; exit 3"""
+    command = ("sh", "-c", script, "--api-key", "sk-first-0123456789", "sk-second-0123456789", "--port", "4242")
+    with pytest.raises(ServerError, match="exited with status 3") as info:
+        with serve([ServerSpec("vllm", command, 4242, "", lambda log: False)], log_dir=tmp_path):
+            pass
+    message = str(info.value)
+    assert "sk-first" not in message and "sk-second" not in message
+    assert "--api-key *** *** --port 4242" in message and "'api_key': ['***', '***']" in message
+
+
+def test_vllm_endpoint_failures_name_the_url_and_endpoint() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for call, endpoint in ((vllm_counters, "/metrics"), (reset_prefix_cache, "/reset_prefix_cache")):
+        with pytest.raises(ServerError, match=rf"{dead}{endpoint} did not answer \(.*refused") as info:
+            call(dead)
+        assert isinstance(info.value.__cause__, urllib.error.URLError)
+    with fake_http({"POST /reset_prefix_cache": lambda _: (500, "engine dead")}) as fake:
+        with pytest.raises(ServerError, match=rf"{fake.url}/reset_prefix_cache answered HTTP 500: engine dead"):
+            reset_prefix_cache(fake.url)
+
+
+def test_a_port_taken_by_another_process_does_not_make_a_server_ready(tmp_path: Path) -> None:
+    """free_port() lets the port go before the server binds it: another process on it answered the
+    probe while ours died with "Address already in use", and serve() yielded a dead server."""
+    port = free_port()
+    with fake_http({"GET /v1/models": lambda _: (200, {"data": []})}, port=port) as other:
+        script = "sleep 0.5; echo 'OSError: [Errno 98] Address already in use'; exit 1"
+        spec = ServerSpec("vllm", ("sh", "-c", script), port, other.url, http_ready(f"{other.url}/v1/models"))
+        with pytest.raises(ServerError, match=r"exited with status 1 before it was ready(?s:.*)already in use"):
+            with serve([spec], log_dir=tmp_path, startup_timeout=10):
+                pass
+
+
+def test_a_server_listening_on_its_own_port_is_ready(tmp_path: Path) -> None:
+    port = free_port()
+    command = (sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port))
+    spec = ServerSpec("own", command, port, f"http://127.0.0.1:{port}", http_ready(f"http://127.0.0.1:{port}/"))
+    with serve([spec], log_dir=tmp_path, startup_timeout=10, grace=2) as (server,):
+        assert group_members(server.pid)
+
+
+def test_a_server_that_died_while_it_was_probed_is_not_ready(tmp_path: Path) -> None:
+    def ready(log: str) -> bool:  # the probe answers, but meanwhile the server dies
+        if not log.strip():
+            return False
+        os.kill(int(log.split()[0]), signal.SIGKILL)
+        time.sleep(0.5)
+        return True
+
+    spec = ServerSpec("dying", ("sh", "-c", "echo $$; exec sleep 60"), 4242, "", ready)
+    with pytest.raises(ServerError, match="dying on 127.0.0.1 port 4242 exited with status"):
+        with serve([spec], log_dir=tmp_path):
             pass
