@@ -12,11 +12,13 @@ exactly one answer. Like compression, the free and guided forms are one prompt a
 In the free form the answer is the text after the reply's last ``<answer>`` outside its think
 blocks: the server stops at ``</answer>``, and a model that reasons first may name the tag before
 its answer. Either way the text is then *snapped* to the candidate answer of the reports with the
-same vote key, else the highest token overlap of the vote keys (CJK compared by characters; a tie:
-the candidate more reports gave; nothing overlapping: the majority vote), so the result is always
-one of the reports' answers, which are the trajectories' own: a small model cannot be trusted to
-copy a candidate exactly, the method forbids inventing or merging answers, and no text that a
-trajectory did not answer (a page's injected ``<answer>``) can become the final answer.
+same vote key, else, when it names a report by its number ("Report 3"), to that report's answer (a
+number of no shown report with an answer: the majority vote), else the highest token overlap of the
+vote keys (CJK compared by characters; a tie: the candidate more reports gave; nothing overlapping:
+the majority vote), so the result is always one of the reports' answers, which are the
+trajectories' own: a small model cannot be trusted to copy a candidate exactly, the method forbids
+inventing or merging answers, and no text that a trajectory did not answer (a page's injected
+``<answer>``) can become the final answer.
 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
 over the reports is returned with ``source="majority_fallback"``.
@@ -29,6 +31,7 @@ functions over trajectories, registered in :data:`BASELINES` under the names
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -76,6 +79,11 @@ Reply with the answer as a short phrase inside <answer></answer>."""
 
 # A guided pick is one candidate on one line.
 GUIDED_PICK_TOKENS = 64
+
+# The reports are shown as "Report 1:", "Report 2:", ...: a small model may name one instead of its
+# answer, and snapped by overlap "Report 3" went to a candidate holding a "3", another report's answer.
+# ASCII digits only, compared as text: a number of thousands of digits must not reach int().
+_REPORT_NUMBER = re.compile(r"\breport\s+#?([0-9]+)", re.IGNORECASE)
 
 
 @dataclass
@@ -277,6 +285,25 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     return candidates[best] if scores[best][1] > 0 else None
 
 
+def _named_reports(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str:
+    """The candidate answered by the reports the pick names by number, or "" when one of them is not
+    shown or has no answer, or they answer differently: a failed pick, not a guess between them."""
+    shown = {str(i): normalize_vote_key(answer) for i, answer in enumerate(answers, 1)}
+    keys = {shown.get(number.lstrip("0"), "") for number in _REPORT_NUMBER.findall(text)}
+    key = keys.pop() if len(keys) == 1 else ""
+    return next((c for c in candidates if key and normalize_vote_key(c) == key), "")
+
+
+def _resolved(picked: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str:
+    """The candidate a pick names: one with its key, else the answer of the reports it names by number,
+    else the closest by :func:`_snap`; "" if none."""
+    key = normalize_vote_key(picked)
+    # A candidate that itself reads "Report 12" is matched before the pick is read as a report number.
+    if any(normalize_vote_key(c) == key for c in candidates) or not _REPORT_NUMBER.search(picked):
+        return _snap(picked, candidates, answers) or ""
+    return _named_reports(picked, candidates, answers)
+
+
 def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: list[str | None]) -> str:
     """The candidate the aggregator's turn names, or "" (the final answer is always one the
     trajectories gave)."""
@@ -291,7 +318,7 @@ def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: l
         # outside think blocks.
         _, tag, tail = without_think(turn.text).rpartition("<answer>")
         picked = " ".join(tail.split("</answer>", 1)[0].split()) if tag else ""
-    return (_snap(picked, candidates, answers) or "") if picked else ""
+    return _resolved(picked, candidates, answers) if picked else ""
 
 
 async def aggregate_reports(

@@ -8,7 +8,8 @@ score with them, so their numbers are comparable with published results.
 is snapped to a candidate by it and :func:`vote_overlap`. Deleting punctuation costs nothing when an
 answer is scored against its gold, but it merges different answers in a vote ("3.5" and "35", "-5"
 and "5"); and ASCII-only rules split one answer written with other characters ("北京" and "北京。",
-"Hamlet" and "“Hamlet”"). So the key is Unicode-aware and keeps the punctuation of numbers.
+"Hamlet" and "“Hamlet”"). So the key is Unicode-aware and keeps the punctuation of numbers and the
+"#" of names ("C#" is not "C").
 (The core never imports ``eval``: the scoring lives here too.)
 """
 
@@ -30,9 +31,13 @@ _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 # must not split votes for the same answer.
 _ANSWER_PREFIX = re.compile(r"^\W*(?:final\s+)?answer\W*?:", re.IGNORECASE)
 # Punctuation that is part of a number: a decimal point, a ratio, a time, a range, a sign ("3.5",
-# "1/2", "9:30", "1914-1918", "-5", ".5"), and the mark of an exponent ("10^6", "10^-6"). A
+# "1/2", "9:30", "1914-1918", "-5", ".5", "-.5"), and the mark of an exponent ("10^6", "10^-6"). A
 # thousands separator is not: "3,000" is "3000".
-_NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|\^(?=[-+]?\d)")
+_NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|(?<!\w)-(?=\.\d)|\^(?=[-+]?\d)")
+# A "#" touching a letter or digit is part of a name or a number ("C#", "F#", "#1"); alone it is
+# markup ("# Paris", a Markdown heading). ("+" is a symbol, kept anyway: "C++" is not "C". "%" goes:
+# "5%", "5 %" and "5" answer a question about a percentage alike.)
+_ATTACHED_SHARP = re.compile(r"(?<=[^\W_])#+|#+(?=[^\W_])")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 # Periods and apostrophes shorten a word ("U.S.", "Ender’s"): they go. Other punctuation separates
 # words ("Paris,France"): it becomes a space.
@@ -82,23 +87,27 @@ def _dropped(ch: str) -> bool:
 
 
 def _folded(text: str) -> str:
-    """NFKC-normalised, casefolded text, superscript digits marked as an exponent (``^6``)."""
-    marked = _EXPONENT.sub(lambda m: "^" + m[0], text)
+    """NFKC-normalised, casefolded text without format characters, superscript digits marked as an
+    exponent (``^6``)."""
+    # Format characters (category Cf: a zero-width space, a soft hyphen, a direction mark) are
+    # invisible: "Paris" and "Paris\u200b" are one answer.
+    visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    marked = _EXPONENT.sub(lambda m: "^" + m[0], visible)
     # NFKC unifies full-width and composed forms ("ＡＢＣ" is "ABC"; "u" + diaeresis is "ü").
     return unicodedata.normalize("NFKC", marked).casefold()
 
 
 def _is_article(word: str) -> bool:
     # An article is a word between spaces, whatever punctuation surrounds it ("“The"); one joined to
-    # another word is part of a name ("A-ha", "A&M", "The A-Team").
-    return _ARTICLES.fullmatch(word.strip("".join(ch for ch in word if _dropped(ch)))) is not None
+    # another word is part of a name ("A-ha", "A&M", "The A-Team"), and so is a "#" in the word ("A#").
+    return _ARTICLES.fullmatch(word.strip("".join(ch for ch in word if _dropped(ch) and ch != "#"))) is not None
 
 
 def _vote_text(text: str) -> str:
-    """Folded text without its punctuation except inside numbers, single-spaced."""
+    """Folded text without its punctuation except inside numbers and a "#" in a word, single-spaced."""
     text = _WORD_HYPHEN.sub("", text)
     text = _THOUSANDS.sub("", "".join("-" if _is_dash(ch) else ch for ch in text))
-    kept = {m.start() for m in _NUMBER_PUNCTUATION.finditer(text)}
+    kept = {i for rule in (_NUMBER_PUNCTUATION, _ATTACHED_SHARP) for m in rule.finditer(text) for i in range(*m.span())}
     chars = (("" if ch in _WORD_INNER else " ") if i not in kept and _dropped(ch) else ch for i, ch in enumerate(text))
     return " ".join("".join(chars).split())
 
@@ -112,8 +121,10 @@ def normalize_vote_key(answer: str | None) -> str:
     not "106"), and its punctuation (any category ``P*``, and modifier symbols such as a
     backtick) goes: periods, apostrophes and the hyphens inside a word are deleted ("U.S." is "US",
     "Spider-Man" is "Spiderman", "B-52" is "B52"), the rest become spaces ("Paris,France" is "Paris
-    France"). A leading ``answer:`` / ``final answer:`` label goes too, and so do the articles
-    a/an/the that stand as words of their own ("The A-Team" is "ateam", not "team").
+    France"), except a "#" touching a letter or digit ("C#" is not "C", "#1" is not "1"). Format
+    characters such as a zero-width space are deleted. A leading ``answer:`` / ``final answer:``
+    label goes too, and so do the articles a/an/the that stand as words of their own ("The A-Team"
+    is "ateam", not "team").
 
     Args:
         answer: A trajectory's final answer; ``None`` gives ``""``.
@@ -134,6 +145,8 @@ def normalize_vote_key(answer: str | None) -> str:
         (True, '北京')
         >>> normalize_vote_key("Spider-Man"), normalize_vote_key("The A-Team"), normalize_vote_key("10⁶")
         ('spiderman', 'ateam', '10^6')
+        >>> normalize_vote_key("C#"), normalize_vote_key("-.5"), normalize_vote_key("Paris\\u200b")
+        ('c#', '-.5', 'paris')
     """
     text = _folded(strip_answer_label(answer))
     # The articles go before punctuation becomes spaces, which would free the "a" of "A&M". An answer

@@ -282,6 +282,9 @@ def test_a_vote_group_is_shown_by_its_most_common_text(make_trajectory):
         (["Batman", "Spider-Man", "Spiderman"], "Spider-Man"),  # "Spider-Man" and "Spiderman" were two
         (["The A-Team", "Bravo", "Bravo", "The Team"], "Bravo"),  # "The A-Team" was "The Team"
         (["106", "10⁶", "10^6"], "10⁶"),  # NFKC made "10⁶" "106"
+        (["F", "F#", "Go", "Go"], "Go"),  # "F#" was "F": two votes, earlier than "Go"'s
+        (["-.5", ".5", "2", "2"], "2"),  # "-.5" was ".5"
+        (["Paris", "Lyon", "Paris\u200b", "Lyon"], "Paris"),  # a zero-width space made another answer
     ],
 )
 def test_majority_vote_counts_different_answers_apart_and_one_answer_together(make_trajectory, answers, expected):
@@ -429,6 +432,45 @@ def test_max_tool_calls_counts_tool_calls_as_the_stats_do(make_trajectory):
 def test_baselines_cover_every_configured_aggregation_but_parallelmuse():
     assert set(BASELINES) == set(get_args(Aggregation)) - {"parallelmuse"}
     assert BASELINES["majority"] is majority_vote
+
+
+async def test_answers_apart_in_the_vote_are_apart_among_the_candidates(fake_model):
+    """ "C" and "C#" had one key: "C" was no candidate, and a pick of "C" was snapped to "C#"."""
+    reports = [_report(f"t{i}", a) for i, a in enumerate(["C", "C#", "Java", "C#"])]
+    result = await aggregate_reports(fake_model(["<answer>C</answer>"]), "Which language?", reports, guided=False)
+    assert (result.answer, result.source, result.candidates) == ("C", "aggregator", ["C", "C#", "Java"])
+
+
+@pytest.mark.parametrize(
+    ("guided", "reply"),
+    [(True, " Report 3"), (False, "<answer>Report 3</answer>"), (True, " report 3 is best supported")],
+)
+async def test_a_pick_naming_a_report_by_its_number_is_that_reports_answer(fake_model, guided, reply):
+    """ "Report 3" was snapped by overlap to the candidate "3", report 1's answer, as the aggregator's
+    pick. The reports are numbered in lineage order, whatever order they came in."""
+    reports = [_report("t2", "5"), _report("t0", "3"), _report("t1", "2")]
+    result = await aggregate_reports(fake_model([reply]), "How many?", reports, guided=guided)
+    assert (result.answer, result.source, result.error) == ("5", "aggregator", None)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["<answer>Report 7</answer>", "<answer>Report 4</answer>", "<answer>Report 1 or report 2</answer>"],
+    ids=["not-shown", "no-answer", "two-answers"],
+)
+async def test_a_pick_naming_no_shown_answered_report_is_a_failed_pick(fake_model, reply):
+    """ "Report 7" was snapped to the candidate "7", with no error recorded."""
+    answers = ["7", "2", "2", None, "4"]
+    reports = [_report(f"t{i}", a, "No answer." if a is None else None) for i, a in enumerate(answers)]
+    result = await aggregate_reports(fake_model([reply]), "How many?", reports, guided=False)
+    assert (result.answer, result.source) == ("2", "majority_fallback")
+    assert "names no candidate" in result.error
+
+
+async def test_a_candidate_that_reads_like_a_report_number_is_that_candidate(fake_model):
+    reports = [_report("t0", "Report 12"), _report("t1", "Lyon"), _report("t2", "Lyon")]
+    result = await aggregate_reports(fake_model(["<answer>Report 12</answer>"]), QUESTION, reports, guided=False)
+    assert (result.answer, result.source) == ("Report 12", "aggregator")
 
 
 async def test_a_scoring_model_picks_among_the_reports_answers_by_its_likelihood() -> None:

@@ -155,7 +155,20 @@ def test_vote_key_keeps_answer_word_without_label():
 
 @pytest.mark.parametrize(
     ("one", "other"),
-    [("3.5", "35"), ("-5", "5"), ("1/2", "12"), ("C++", "C"), ("9:30", "930"), ("2.5 million", "25 million")],
+    [
+        ("3.5", "35"),
+        ("-5", "5"),
+        ("1/2", "12"),
+        ("C++", "C"),
+        ("9:30", "930"),
+        ("2.5 million", "25 million"),
+        # Every Unicode punctuation character went: "C#" was "c", "#1" was "1", "-.5" was ".5".
+        ("C#", "C"),
+        ("F#", "F"),
+        ("#1", "1"),
+        ("A# minor", "minor"),
+        ("-.5", ".5"),
+    ],
 )
 def test_vote_key_keeps_the_punctuation_that_makes_a_different_answer(one, other):
     """Deleting punctuation put "3.5" and "35" in one vote group, shown by whichever came first."""
@@ -171,6 +184,7 @@ def test_vote_key_keeps_the_punctuation_that_makes_a_different_answer(one, other
         ("Hamlet", "“Hamlet”"),
         ("1914-1918", "1914–1918"),
         ("-5", "\u22125"),  # a minus sign
+        ("-.5", "\u2212.5"),
         ("Ender's Game", "Ender’s Game"),
         ("Zürich", "Zu\u0308rich"),  # composed and decomposed
         ("ABC", "ＡＢＣ"),
@@ -185,6 +199,11 @@ def test_vote_key_keeps_the_punctuation_that_makes_a_different_answer(one, other
         ("“The Hamlet”", "Hamlet"),
         ("10⁻⁶", "10^-6"),
         ("H₂O", "H2O"),
+        # Format characters were kept: "Paris\u200b" voted apart from "Paris".
+        ("Paris", "Paris\u200b"),
+        ("Paris", "\ufeffPa\u00adris"),
+        ("C#", "“C#”."),
+        ("Paris", "# Paris"),  # a "#" that touches no word is markup
     ],
 )
 def test_vote_key_groups_one_answer_written_with_other_characters(one, other):
