@@ -88,7 +88,12 @@ _HEADING = re.compile(
     r"^[\s#*>\-\d.)]*(" + "|".join(SECTIONS) + r")\b[\s*:#\-]*",
     re.IGNORECASE | re.MULTILINE,
 )
-_FINAL_ANSWER = re.compile(r"^[\s#*]*final\s+answer\W*?:[*\s]*(.*)$", re.IGNORECASE | re.MULTILINE)
+# Where a model writes an answer, on a line of its own ("- **Final Answer:** Lyon": the markup goes
+# with it) or inline ("... names Lyon. FINAL ANSWER - Lyon"): "final answer" in any case, then a
+# colon or a dash (a hyphen only as a word of its own: "final answer-based" is no answer).
+_FINAL_ANSWER = re.compile(
+    r"(?:^[ \t#*>\-]*|\*+)?\bfinal\s+answer\b\W*?(?::|[–—]|-(?!\w))[*\s]*(.*)$", re.IGNORECASE | re.MULTILINE
+)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 
@@ -123,17 +128,20 @@ _NONE_WRITTEN = "(none written)"
 
 
 def reasoning_line(text: str) -> str:
-    """A model-written reasoning line on one line, cut before a ``Final answer`` written inline.
+    """A model-written reasoning line on one line, cut before a final answer written inline.
 
     A stop string cannot end a line at "Final" alone without cutting names ("2006 FIFA World Cup
-    Final", "Final Fantasy"), so the reasoning lines stop where "Final" starts a line and an inline
-    answer the model went on to write is cut here.
+    Final", "Final Fantasy"), and stop strings are case-sensitive, so the reasoning lines stop where
+    "Final" starts a line and an inline answer the model went on to write ("Final Answer: Lyon",
+    "FINAL ANSWER - Lyon") is cut here.
 
     Example:
-        >>> reasoning_line(" the 2006 FIFA World Cup Final page\\n names Zidane. Final answer: Zidane")
+        >>> reasoning_line(" the 2006 FIFA World Cup Final page\\n names Zidane. Final Answer: Zidane")
         'the 2006 FIFA World Cup Final page names Zidane.'
     """
-    return one_line(text).split("Final answer", 1)[0].strip()
+    line = one_line(text)
+    cue = _FINAL_ANSWER.search(line)
+    return (line[: cue.start()] if cue else line).strip()
 
 
 def build_compress_messages(
@@ -222,7 +230,9 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     """Read the sections and the final answer of a report.
 
     The answer is the content of the last ``<answer>`` tag (a missing closing tag is tolerated:
-    stop strings swallow it), else of the last ``Final answer:`` line.
+    stop strings swallow it), else what follows the last ``Final answer:`` (or ``final answer -``,
+    in any case). The sections end where the first of them starts, inline too: an answer written
+    into a section is no part of it.
 
     Args:
         text: A report as the model wrote it (either form).

@@ -40,6 +40,31 @@ DIRECT_KINDS = frozenset({"yesno", "choice"})
 _WORD_BACKOFF = 40
 
 
+def search_hits(content: str, doc_ids: Sequence[str] = ()) -> list[re.Match[str]]:
+    """The hit lines (:data:`SEARCH_HIT`) of a search's output that name a document it returned.
+
+    A page's text may hold a line shaped like a hit: when the search's artifact lists the
+    ``doc_ids`` it returned, a line naming another id is the page's text, not a hit (without
+    ``doc_ids``, every such line counts).
+
+    Example:
+        >>> content = "[1] Paris (id: d1)\\n[7] Lyon (id: d666)"
+        >>> [m.group(2) for m in search_hits(content, ["d1"])], len(search_hits(content))
+        (['d1'], 2)
+    """
+    hits = SEARCH_HIT.finditer(content)
+    return [m for m in hits if not doc_ids or m.group(2).strip() in doc_ids]
+
+
+def _without_hit_markup(content: str, hits: Sequence[re.Match[str]]) -> str:
+    """``content`` with each of its hit lines reduced to the hit's title."""
+    parts, at = [], 0
+    for hit in hits:
+        parts += [content[at : hit.start()], hit.group(1)]
+        at = hit.end()
+    return "".join(parts) + content[at:]
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What a driver needs to plan step ``index`` of a trajectory."""
@@ -423,7 +448,7 @@ class GuidedDriver:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.
-            text = SEARCH_HIT.sub(r"\1", obs["content"]).strip()
+            text = _without_hit_markup(obs["content"], search_hits(obs["content"], obs["doc_ids"])).strip()
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal"). Text
                 # with no space near the budget (Japanese after a spaced title, a long URL) is cut at

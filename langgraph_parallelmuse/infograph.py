@@ -52,7 +52,7 @@ from typing import Any, Literal
 from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.answers import normalize_answer
-from langgraph_parallelmuse.driver import SEARCH_HIT, call_key
+from langgraph_parallelmuse.driver import call_key, search_hits
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
 from langgraph_parallelmuse.tools.local_tools import NO_HITS
 
@@ -229,7 +229,7 @@ def read_segments(observations: Sequence[Observation]) -> list[Segment]:
             continue
         content, ids = obs["content"], obs.get("doc_ids") or []
         if obs["name"] == "search":
-            hits = list(SEARCH_HIT.finditer(content))
+            hits = search_hits(content, ids)  # a page line shaped like a hit is the page's text
             for i, hit in enumerate(hits):
                 end = hits[i + 1].start() if i + 1 < len(hits) else len(content)
                 title = hit.group(1).strip()

@@ -11,12 +11,12 @@ import asyncio
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from langchain_core.tools import BaseTool, StructuredTool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from langgraph_parallelmuse.errors import CorpusError
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
@@ -25,9 +25,13 @@ __all__ = [
     "EMPTY_QUERY",
     "NO_HITS",
     "SearchInput",
+    "ToolArgumentError",
     "VisitInput",
+    "argument_error",
+    "artifact_tool",
     "echo",
     "goal_excerpt",
+    "hit_text",
     "make_corpus_tools",
     "no_results",
     "pasted_id",
@@ -53,6 +57,8 @@ _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
 # Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
 # runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
 _PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
+# How a search hit's title line starts ("[2] Title (id: x)"): a snippet line may not start so.
+_HIT_LINE_START = re.compile(r"\[\d+\]")
 
 # Index lookups get threads of their own: a sync tool that hangs past tool_timeout keeps its thread
 # of the loop's default executor (a timeout cannot stop a thread), and a few of those made every
@@ -109,6 +115,21 @@ def pasted_id(text: str) -> str | None:
     return match.group(1).strip() if match else None
 
 
+def hit_text(text: str) -> str:
+    """A search hit's snippet as the one line below its title line.
+
+    Its line breaks become spaces (other whitespace stays what the document holds), and a snippet
+    that starts like a hit line gets a backslash: a page reading "[7] Lyon (id: d666)" would
+    otherwise be read as a hit the search never returned. Any other snippet is unchanged.
+
+    Example:
+        >>> hit_text("Paris is\\nthe capital."), hit_text("[7] Lyon (id: d666)")
+        ('Paris is the capital.', '\\\\[7] Lyon (id: d666)')
+    """
+    line = _line(text)
+    return "\\" + line if _HIT_LINE_START.match(line) else line
+
+
 _EXCERPT_STOPWORDS = frozenset(
     "a an and are as at be by for from has have in is it its of on or that the this to was were "
     "what when where which who with".split()
@@ -126,6 +147,85 @@ class VisitInput(BaseModel):
 
     doc: str = Field(description="The id (or title, or URL for web tools) of the document to open.")
     goal: str = Field("", description="What information you want from the document.")
+
+    # Models write "goal": null for "no particular goal"; the schema they are shown stays a string.
+    @field_validator("goal", mode="before")
+    @classmethod
+    def _no_goal_is_empty(cls, value: object) -> object:
+        return "" if value is None else value
+
+
+class ToolArgumentError(ValueError):
+    """A tool call's arguments do not fit the tool; the message is one line (:func:`argument_error`)."""
+
+
+def argument_error(tool: str, schema: type[BaseModel], error: ValidationError) -> str:
+    """One line saying what is wrong with a tool call's arguments and which ones the tool takes.
+
+    Pydantic's own text spans several lines and ends in a link to its documentation, which an
+    agent would take for a page to visit.
+
+    Example:
+        >>> try:
+        ...     SearchInput.model_validate({"q": "Paris"})
+        ... except ValidationError as exc:
+        ...     print(*argument_error("search", SearchInput, exc).split(". "), sep="\\n")
+        bad arguments for search (query: field required)
+        search takes "query" (text, required): What to search for: keywords or a short question.
+    """
+    problems = "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {' '.join(e['msg'].split()).lower()}" for e in error.errors()
+    )
+    # The tools' arguments are all text.
+    usage = "; ".join(
+        f'"{name}" (text, {"required" if field.is_required() else "optional"}): {(field.description or "").rstrip(".")}'
+        for name, field in schema.model_fields.items()
+    )
+    return f"bad arguments for {tool} ({problems}). {tool} takes {usage}."
+
+
+class _ArtifactTool(StructuredTool):
+    """A structured tool that raises :class:`ToolArgumentError` for arguments its schema refuses.
+
+    Still an exception, so code calling the tool badly learns it at once, and the agent reads it
+    as a failed call: one line, where pydantic's error was several and a link.
+    """
+
+    def _parse_input(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> str | dict[str, Any]:
+        try:
+            return super()._parse_input(tool_input, tool_call_id)
+        except ValidationError as exc:
+            raise ToolArgumentError(argument_error(self.name, self.args_schema, exc)) from exc
+
+
+def artifact_tool(
+    coroutine: Callable[..., Awaitable[tuple[str, dict[str, Any]]]],
+    *,
+    name: str,
+    description: str,
+    schema: type[BaseModel],
+) -> BaseTool:
+    """An async tool returning ``(text, artifact)``; arguments that do not fit ``schema`` raise
+    :class:`ToolArgumentError`, whose message is one line of usage, not pydantic's text.
+
+    Example:
+        >>> import asyncio
+        >>> async def search(query: str):
+        ...     return query, {"doc_ids": []}
+        >>> tool = artifact_tool(search, name="search", description="Search.", schema=SearchInput)
+        >>> try:
+        ...     asyncio.run(tool.ainvoke({"type": "tool_call", "id": "1", "name": "search", "args": {}}))
+        ... except ToolArgumentError as exc:
+        ...     print(str(exc).split(". ")[0])
+        bad arguments for search (query: field required)
+    """
+    return _ArtifactTool.from_function(
+        coroutine=coroutine,
+        name=name,
+        description=description,
+        args_schema=schema,
+        response_format="content_and_artifact",
+    )
 
 
 def goal_excerpt(text: str, goal: str = "", *, title: str = "", max_chars: int = 2000) -> str:
@@ -246,7 +346,7 @@ def make_corpus_tools(
         if not hits:
             return no_results(query), {"doc_ids": []}
         # A hit is two lines, whatever the document holds: its newlines could forge hit lines.
-        lines = [f"[{n}] {_line(h.title)} (id: {h.id})\n{_line(h.snippet)}" for n, h in enumerate(hits, 1)]
+        lines = [f"[{n}] {_line(h.title)} (id: {h.id})\n{hit_text(h.snippet)}" for n, h in enumerate(hits, 1)]
         return "\n\n".join(lines), {"doc_ids": [h.id for h in hits]}
 
     async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
@@ -262,20 +362,8 @@ def make_corpus_tools(
         return header + body, {"doc_ids": [found.id]}
 
     return [
-        StructuredTool.from_function(
-            coroutine=search,
-            name="search",
-            description=SEARCH_DESCRIPTION,
-            args_schema=SearchInput,
-            response_format="content_and_artifact",
-        ),
-        StructuredTool.from_function(
-            coroutine=visit,
-            name="visit",
-            description=VISIT_DESCRIPTION,
-            args_schema=VisitInput,
-            response_format="content_and_artifact",
-        ),
+        artifact_tool(search, name="search", description=SEARCH_DESCRIPTION, schema=SearchInput),
+        artifact_tool(visit, name="visit", description=VISIT_DESCRIPTION, schema=VisitInput),
     ]
 
 

@@ -9,6 +9,7 @@ the trajectory records the step as a failed tool call, not as what the web said.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -17,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool
 from tavily import AsyncTavilyClient
+from tavily.errors import BadRequestError, ForbiddenError, InvalidAPIKeyError, UsageLimitExceededError
 from tavily.errors import TimeoutError as TavilyTimeoutError
-from tavily.errors import UsageLimitExceededError
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.redact import redact
@@ -30,8 +31,10 @@ from langgraph_parallelmuse.tools.local_tools import (
     VISIT_DESCRIPTION,
     SearchInput,
     VisitInput,
+    artifact_tool,
     echo,
     goal_excerpt,
+    hit_text,
     no_results,
     pasted_id,
 )
@@ -43,14 +46,28 @@ _MAX_BACKOFF = 30.0
 _EXTRACT_MAX_TIMEOUT = 60.0
 _URL_RE = re.compile(r"^https?://\S+$", re.IGNORECASE)
 _BARE_DOMAIN_RE = re.compile(r"^[\w.-]+\.[a-z]{2,}(/\S*)?$", re.IGNORECASE)
+# The statuses of Tavily's refusals, which its client raises as three errors that do not say them
+# (ForbiddenError stands for 403, 432 and 433 alike).
+_REFUSALS = (BadRequestError, ForbiddenError, InvalidAPIKeyError)
+_REFUSAL_MEANINGS = {
+    400: "Tavily refused the request as malformed",
+    401: "Tavily rejected the API key: check TAVILY_API_KEY",
+    403: "Tavily refused access",
+    432: "Tavily plan limit reached",
+    433: "Tavily pay-as-you-go limit reached",
+}
 
 
 class MissingTavilyKeyError(ConfigError):
     """No Tavily API key was given and ``TAVILY_API_KEY`` is not set."""
 
 
-class _Transient(Exception):
-    """Wraps an error worth retrying (rate limit, timeout, 5xx) once retries are exhausted."""
+class _Failed(Exception):
+    """A call Tavily failed, described for the agent (before the key is redacted)."""
+
+
+class _Transient(_Failed):
+    """An error worth retrying (rate limit, timeout, 5xx) that outlasted the retries."""
 
 
 def make_tavily_tools(
@@ -118,19 +135,17 @@ def make_tavily_tools(
         backoff=backoff,
     )
     return [
-        StructuredTool.from_function(
-            coroutine=web.search,
+        artifact_tool(
+            web.search,
             name="search",
             description=SEARCH_DESCRIPTION.replace("the knowledge base", "the web"),
-            args_schema=SearchInput,
-            response_format="content_and_artifact",
+            schema=SearchInput,
         ),
-        StructuredTool.from_function(
-            coroutine=web.visit,
+        artifact_tool(
+            web.visit,
             name="visit",
             description=VISIT_DESCRIPTION.replace("its id (or title)", "its URL"),
-            args_schema=VisitInput,
-            response_format="content_and_artifact",
+            schema=VisitInput,
         ),
     ]
 
@@ -170,32 +185,32 @@ class _Tavily:
     async def call(self, op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         attempt = 0
         while True:
+            statuses: list[int] = []  # the HTTP status of this attempt's response, once one came
             try:
                 # A client per call: an httpx pool is bound to the event loop that opened it, and
                 # the tools may be used from several loops (threads, asyncio.run per question).
                 # The whole request, not each socket read: a server that drips bytes would outlast it.
                 # Not the client's setup: it loads the TLS certificates (0.4-1.3 s on a loaded
                 # 2-core machine), which used up a 1 s timeout before a request was sent.
-                async with AsyncTavilyClient(api_key=self.key, api_base_url=self.base_url) as client:
+                async with _client(self.key, self.base_url, statuses) as client:
                     async with asyncio.timeout(self.timeout):
                         data = await op(client)
                 if not isinstance(data, dict):
                     raise TypeError(f"unexpected Tavily response of type {type(data).__name__}")
                 return data
             except Exception as exc:
+                status = statuses[-1] if statuses else None
                 if not _is_transient(exc):
-                    raise
+                    raise _Failed(_describe(exc, status)) from exc
                 if attempt >= self.retries:
-                    raise _Transient(_describe(exc)) from exc
+                    raise _Transient(_describe(exc, status)) from exc
             await asyncio.sleep(min(_MAX_BACKOFF, self.backoff * 2**attempt) * random.uniform(0.5, 1.5))
             attempt += 1
 
-    def failure(self, action: str, exc: Exception) -> tuple[str, dict[str, Any]]:
+    def failure(self, action: str, exc: _Failed) -> tuple[str, dict[str, Any]]:
         """The tool's output for a call Tavily failed: an error text naming Tavily, flagged as an error."""
-        if isinstance(exc, _Transient):
-            text = f"Error: {action} on Tavily failed after {self.retries + 1} attempts ({exc})."
-        else:
-            text = f"Error: {action} on Tavily failed ({_describe(exc)})."
+        attempts = f" after {self.retries + 1} attempts" if isinstance(exc, _Transient) else ""
+        text = f"Error: {action} on Tavily failed{attempts} ({exc})."
         # An error's text also loses anything shaped like a key (a header error prints it escaped).
         return redact(text, [self.key]), {"doc_ids": [], "error": True}
 
@@ -204,7 +219,7 @@ class _Tavily:
             return EMPTY_QUERY, {"doc_ids": []}
         try:
             data = await self.call(lambda c: c.search(query, max_results=self.max_results, timeout=self.timeout))
-        except Exception as exc:
+        except _Failed as exc:
             return self.failure("web search", exc)
         results = [r for r in _listed(data, "results") if isinstance(r.get("url"), str) and r["url"]]
         if not results:
@@ -217,7 +232,7 @@ class _Tavily:
                 snippet = snippet[: per_hit - 1].rstrip() + "…"
             # One line per hit title: a newline in a page's title would forge a hit line of its own.
             title = " ".join(str(r.get("title") or r["url"]).split())
-            lines.append(f"[{n}] {title} (id: {r['url']})\n{snippet}")
+            lines.append(f"[{n}] {title} (id: {r['url']})\n{hit_text(snippet)}")
         text = "\n\n".join(lines)[: self.max_chars]
         return self.redact(text), {"doc_ids": [r["url"] for r in results]}
 
@@ -231,7 +246,7 @@ class _Tavily:
         try:
             timeout = min(self.timeout, _EXTRACT_MAX_TIMEOUT)
             data = await self.call(lambda c: c.extract([url], format="text", timeout=timeout))
-        except Exception as exc:
+        except _Failed as exc:
             return self.failure(f"visit {url}", exc)
         pages = _listed(data, "results")
         content = str(pages[0].get("raw_content") or "") if pages else ""
@@ -260,14 +275,47 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
 
 
-def _describe(exc: Exception) -> str:
+def _client(key: str, base_url: str | None, statuses: list[int]) -> AsyncTavilyClient:
+    """A Tavily client that appends the HTTP status of each response it gets to ``statuses``.
+
+    The client's errors do not carry the status (one error stands for 403, 432 and 433; a 202 ends
+    in a TypeError), so its httpx client's response hook notes it. The httpx client is a private
+    attribute: a client without it still works, its errors just name no status.
+    """
+    client = AsyncTavilyClient(api_key=key, api_base_url=base_url)
+    http = getattr(client, "_client", None)
+    if isinstance(http, httpx.AsyncClient):
+
+        async def note(response: httpx.Response) -> None:
+            statuses.append(response.status_code)
+
+        http.event_hooks = {**http.event_hooks, "response": [*http.event_hooks["response"], note]}
+    return client
+
+
+def _describe(exc: Exception, status: int | None = None) -> str:
+    """What went wrong, for the agent and the trajectory: the HTTP status and what it means when known.
+
+    Example:
+        >>> _describe(ForbiddenError("This request exceeds your plan's set usage limit."), 432)
+        "HTTP 432: Tavily plan limit reached; This request exceeds your plan's set usage limit."
+        >>> _describe(json.JSONDecodeError("Expecting value", "<html>", 0), 200)
+        'Tavily sent a response that is not JSON (HTTP 200)'
+    """
+    detail = " ".join(str(exc).split())
     if isinstance(exc, UsageLimitExceededError):
-        return f"rate limited (HTTP 429){': ' + str(exc) if str(exc) else ''}"
+        return f"rate limited (HTTP 429){': ' + detail if detail else ''}"
     if isinstance(exc, httpx.HTTPStatusError):
         return f"HTTP {exc.response.status_code} from {exc.request.url.host}"
-    if isinstance(exc, TimeoutError) and not str(exc):  # the attempt's own bound
+    if isinstance(exc, _REFUSALS) and status is not None:
+        meaning = _REFUSAL_MEANINGS.get(status, "Tavily refused the request")
+        return f"HTTP {status}: {meaning}{'; ' + detail if detail else ''}"
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):  # a proxy's or a captive portal's page
+        return "Tavily sent a response that is not JSON" + (f" (HTTP {status})" if status else "")
+    if status is not None and 200 < status < 300:  # a success the client cannot read (it raises a TypeError)
+        return f"HTTP {status}: Tavily sent no results"
+    if isinstance(exc, TimeoutError) and not detail:  # the attempt's own bound
         return "timed out"
-    detail = str(exc)
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 

@@ -321,3 +321,42 @@ async def test_compress_trajectory_keeps_tool_output_as_recorded_unless_told(fak
     await compress_trajectory(model, QUESTION, traj, guided=False)
     assert "Akira Kurosawa." in _prompt(model)
     assert "Akira Kurosawa." in build_compress_messages(QUESTION, traj)[1].content
+
+
+async def test_a_free_reports_own_answer_lines_never_reach_its_text(fake_model, make_trajectory):
+    """Only a "Final answer:" at a line's start was cut: the report kept "... names Lyon. Final answer:
+    Lyon" and "- Final answer: Lyon" in its reasoning, under its trajectory's "Final answer: Paris"."""
+    other = (
+        "Solution planning: find the capital\nSolution methods: search(q=France)\n"
+        "Final reasoning: the page names Lyon. Final answer: Lyon\n- Final answer: Lyon\n<answer>Lyon"
+    )
+    report = await compress_trajectory(fake_model([other]), QUESTION, make_trajectory(), guided=False)
+    assert (report["status"], report["answer"]) == ("ok", "Paris")
+    assert report["text"].endswith("Final reasoning: the page names Lyon.\nFinal answer: Paris")
+    assert report["text"].count("Final answer") == 1
+
+
+def test_a_final_answer_ends_the_sections_wherever_it_is_written_in_any_case():
+    for text in (
+        "Solution planning: a\nSolution methods: b\nFinal reasoning: it is Paris. Final answer: Paris",
+        "Solution planning: a\nSolution methods: b\nFinal reasoning: it is Paris.\n- Final answer: Paris",
+        "Solution planning: a\nSolution methods: b\nFinal reasoning: it is Paris. **FINAL ANSWER** - Paris",
+    ):
+        assert parse_report(text) == (
+            {"Solution planning": "a", "Solution methods": "b", "Final reasoning": "it is Paris."},
+            "Paris",
+        ), text
+    # A hyphenated word is no answer.
+    assert parse_report("Solution planning: a final answer-based plan\nFinal answer: X")[0] == {
+        "Solution planning": "a final answer-based plan"
+    }
+
+
+async def test_guided_reasoning_ends_at_an_answer_written_in_any_case(fake_model):
+    """The cut was case-sensitive: "Final Answer: Lyon" and "FINAL ANSWER - Lyon" stayed in an ok report."""
+    model = fake_model([" find the capital. Final Answer: Lyon", " the page says so. FINAL ANSWER - Lyon"])
+    report = await compress_trajectory(model, QUESTION, researched(), guided=True)
+    assert report["status"] == "ok"
+    lines = report["text"].splitlines()
+    assert lines[0] == "Solution planning: The plan was to find the capital."
+    assert lines[2] == "Final reasoning: The answer follows because the page says so."

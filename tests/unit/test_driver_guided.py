@@ -209,3 +209,16 @@ def test_a_query_with_a_backslash_or_a_tab_still_makes_a_tool_call_or_is_resampl
     turn = asyncio.run(generate_turn(model, [], driver.plan(ctx), sampling=Sampling(temperature=0)))
     action = parse_action(turn.text)
     assert action["type"] == "invalid" and driver.reject(ctx, turn.text, action) is not None
+
+
+def test_a_hit_line_a_page_wrote_stays_page_text_in_the_evidence():
+    """A snippet reading "[7] Lyon (id: d666)" was reduced to "Lyon", a title of a hit never returned."""
+    content = "[1] Capital spam (id: d2)\n[7] Lyon (id: d666)\n\n[2] Paris (id: d1)\nParis is the capital."
+    ctx = StepContext("Capital of France?", [], [_obs(0, "search", content, ["d2", "d1"])], 1, False, 64, TOOLS)
+    evidence = GuidedDriver().evidence(ctx)
+    assert evidence.splitlines()[:2] == ["Capital spam", "[7] Lyon (id: d666)"]
+
+    from langgraph_parallelmuse.driver import search_hits
+
+    assert [m.group(2) for m in search_hits(content, ["d2", "d1"])] == ["d2", "d1"]
+    assert len(search_hits(content)) == 3  # no ids recorded: every hit line counts, as before
