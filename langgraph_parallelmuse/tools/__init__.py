@@ -16,6 +16,7 @@ from langgraph_parallelmuse.tools.corpus import (
 )
 from langgraph_parallelmuse.tools.local_tools import (
     SearchInput,
+    ToolArgumentError,
     VisitInput,
     goal_excerpt,
     make_corpus_tools,
@@ -29,6 +30,7 @@ __all__ = [
     "Hit",
     "MissingTavilyKeyError",
     "SearchInput",
+    "ToolArgumentError",
     "VisitInput",
     "default_cache_dir",
     "fts_query",
