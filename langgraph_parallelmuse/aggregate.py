@@ -295,13 +295,17 @@ def _named_reports(text: str, candidates: Sequence[str], answers: Sequence[str |
 
 
 def _resolved(picked: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str:
-    """The candidate a pick names: one with its key, else the answer of the reports it names by number,
-    else the closest by :func:`_snap`; "" if none."""
+    """The candidate a pick names: one with its key, else the closest by :func:`_snap` to the pick
+    without its report references ("Paris, per Report 2" is Paris), else, when those references
+    are all it says, the answer of the reports it names by number; "" if none."""
     key = normalize_vote_key(picked)
-    # A candidate that itself reads "Report 12" is matched before the pick is read as a report number.
+    # A candidate that itself reads "Report 12" ("Brundtland Report 1987") is matched as written.
     if any(normalize_vote_key(c) == key for c in candidates) or not _REPORT_NUMBER.search(picked):
         return _snap(picked, candidates, answers) or ""
-    return _named_reports(picked, candidates, answers)
+    rest = _REPORT_NUMBER.sub(" ", picked)
+    return (_snap(rest, candidates, answers) if normalize_vote_key(rest) else None) or _named_reports(
+        picked, candidates, answers
+    )
 
 
 def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: list[str | None]) -> str:

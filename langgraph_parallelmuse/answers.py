@@ -34,10 +34,10 @@ _ANSWER_PREFIX = re.compile(r"^\W*(?:final\s+)?answer\W*?:", re.IGNORECASE)
 # "1/2", "9:30", "1914-1918", "-5", ".5", "-.5"), and the mark of an exponent ("10^6", "10^-6"). A
 # thousands separator is not: "3,000" is "3000".
 _NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|(?<!\w)-(?=\.\d)|\^(?=[-+]?\d)")
-# A "#" touching a letter or digit is part of a name or a number ("C#", "F#", "#1"); alone it is
-# markup ("# Paris", a Markdown heading). ("+" is a symbol, kept anyway: "C++" is not "C". "%" goes:
-# "5%", "5 %" and "5" answer a question about a percentage alike.)
-_ATTACHED_SHARP = re.compile(r"(?<=[^\W_])#+|#+(?=[^\W_])")
+# A "#" after a letter is part of a name ("C#", "F#", "A# minor"); before a word it is a number sign
+# or markup ("#1" is "1", "Room #5" is "Room 5", "# Paris" a Markdown heading). ("+" is a symbol,
+# kept anyway: "C++" is not "C". "%" goes: "5%", "5 %" and "5" answer a percentage question alike.)
+_ATTACHED_SHARP = re.compile(r"(?<=[^\W\d_])#+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 # Periods and apostrophes shorten a word ("U.S.", "Ender’s"): they go. Other punctuation separates
 # words ("Paris,France"): it becomes a space.
@@ -99,12 +99,14 @@ def _folded(text: str) -> str:
 
 def _is_article(word: str) -> bool:
     # An article is a word between spaces, whatever punctuation surrounds it ("“The"); one joined to
-    # another word is part of a name ("A-ha", "A&M", "The A-Team"), and so is a "#" in the word ("A#").
-    return _ARTICLES.fullmatch(word.strip("".join(ch for ch in word if _dropped(ch) and ch != "#"))) is not None
+    # another word is part of a name ("A-ha", "A&M", "The A-Team"), and so is "A#" (a key, not "a").
+    if _ATTACHED_SHARP.search(word):
+        return False
+    return _ARTICLES.fullmatch(word.strip("".join(ch for ch in word if _dropped(ch)))) is not None
 
 
 def _vote_text(text: str) -> str:
-    """Folded text without its punctuation except inside numbers and a "#" in a word, single-spaced."""
+    """Folded text without its punctuation except inside numbers and a "#" after a letter, single-spaced."""
     text = _WORD_HYPHEN.sub("", text)
     text = _THOUSANDS.sub("", "".join("-" if _is_dash(ch) else ch for ch in text))
     kept = {i for rule in (_NUMBER_PUNCTUATION, _ATTACHED_SHARP) for m in rule.finditer(text) for i in range(*m.span())}
@@ -121,7 +123,7 @@ def normalize_vote_key(answer: str | None) -> str:
     not "106"), and its punctuation (any category ``P*``, and modifier symbols such as a
     backtick) goes: periods, apostrophes and the hyphens inside a word are deleted ("U.S." is "US",
     "Spider-Man" is "Spiderman", "B-52" is "B52"), the rest become spaces ("Paris,France" is "Paris
-    France"), except a "#" touching a letter or digit ("C#" is not "C", "#1" is not "1"). Format
+    France"), except a "#" after a letter ("C#" is not "C"; "#1" is "1"). Format
     characters such as a zero-width space are deleted. A leading ``answer:`` / ``final answer:``
     label goes too, and so do the articles a/an/the that stand as words of their own ("The A-Team"
     is "ateam", not "team").

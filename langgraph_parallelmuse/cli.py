@@ -814,7 +814,7 @@ async def _bench(args: argparse.Namespace) -> int:
         model=_model_identity(args),
         judge=redact(f"{args.judge_base_url} {args.judge_model}") if args.judge_base_url else None,
     )
-    if not args.report_only:
+    if not args.report_only and settings.needs("partial"):  # the methods that read it checked it
         _warn_other_model(settings.extra.get("calibration"), settings.model)
     items = load_questions(args.questions, limit=args.limit)
     if not items:

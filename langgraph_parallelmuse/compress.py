@@ -89,10 +89,13 @@ _HEADING = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 # Where a model writes an answer, on a line of its own ("- **Final Answer:** Lyon": the markup goes
-# with it) or inline ("... names Lyon. FINAL ANSWER - Lyon"): "final answer" in any case, then a
-# colon or a dash (a hyphen only as a word of its own: "final answer-based" is no answer).
+# with it) or inline ("... names Lyon. FINAL ANSWER - Lyon"): "final answer" in any case, then, on
+# the same line and with only markup between, a colon or a dash followed by a blank ("to reach the
+# final answer.\n- first find ..." and "final answer-based" are no answer). The answer itself may
+# be on the next line.
 _FINAL_ANSWER = re.compile(
-    r"(?:^[ \t#*>\-]*|\*+)?\bfinal\s+answer\b\W*?(?::|[–—]|-(?!\w))[*\s]*(.*)$", re.IGNORECASE | re.MULTILINE
+    r"(?:^[ \t#*>\-]*|\*+)?\bfinal[ \t]+answer\b[ \t*]*(?::|[–—-](?=[ \t]))[*\s]*(.*)$",
+    re.IGNORECASE | re.MULTILINE,
 )
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
@@ -139,7 +142,8 @@ def reasoning_line(text: str) -> str:
         >>> reasoning_line(" the 2006 FIFA World Cup Final page\\n names Zidane. Final Answer: Zidane")
         'the 2006 FIFA World Cup Final page names Zidane.'
     """
-    line = one_line(text)
+    # "Final answer" as written ends the line with or without a mark after it, as the stop would.
+    line = one_line(text).split("Final answer", 1)[0]
     cue = _FINAL_ANSWER.search(line)
     return (line[: cue.start()] if cue else line).strip()
 

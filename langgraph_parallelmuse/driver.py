@@ -22,13 +22,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.protocol import quote_untrusted, render_tool_call
+from langgraph_parallelmuse.protocol import SEARCH_HIT, quote_untrusted, render_tool_call
 from langgraph_parallelmuse.references import Reference, inner_reference, reference_depth, resolve, resolved_question
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
 
-# A search hit's line, "[2] Title (id: x)"; an id may hold parentheses ("Mercury_(planet)").
-SEARCH_HIT = re.compile(r"^\[\d+\] (.*) \(id: ([^\n]*)\)[ \t]*$", re.MULTILINE)
 EVIDENCE_SYSTEM = "Answer the question using the context. Reply with a short phrase only."
 QUERY_SYSTEM = "Write a short web search query for the question."
 # The guided prompts' own lines: a page line that starts like one is quoted, so evidence cannot

@@ -17,6 +17,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langgraph_parallelmuse.state import Action, Observation, Step
 
+# A search hit's line, "[2] Title (id: x)"; an id may hold parentheses ("Mercury_(planet)").
+SEARCH_HIT = re.compile(r"^\[\d+\] (.*) \(id: ([^\n]*)\)[ \t]*$", re.MULTILINE)
+
 REGION_TAGS = {"reasoning": "think", "exploration": "tool_call", "answer": "answer"}
 
 # Any opening or closing protocol tag, also with odd spacing/case, so a web page cannot

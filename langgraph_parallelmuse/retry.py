@@ -27,12 +27,12 @@ _TRANSIENT_NAMES = {
     "RemoteProtocolError",
 }
 # 501 and 505 say the server cannot do what was asked (vLLM answers 501 for a NotImplementedError):
-# asking again gets the same answer.
-_TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+# asking again gets the same answer. Every other 5xx (a proxy's 520-524, an overloaded 529) may pass.
+_PERMANENT_5XX = frozenset({501, 505})
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Server hiccups worth a retry (timeouts, 429, 500, 502-504, dropped connections), nothing else.
+    """Server hiccups worth a retry (timeouts, 429, 5xx but 501 and 505, dropped connections), nothing else.
 
     Example:
         >>> is_transient(TimeoutError()), is_transient(ValueError("bad"))
@@ -42,7 +42,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(status, int):
-        return status in _TRANSIENT_STATUSES
+        return status == 429 or (status >= 500 and status not in _PERMANENT_5XX)
     # By class name anywhere in the hierarchy: langchain-openai raises its own subclasses
     # (OpenAIConnectionError, OpenAITimeoutError), which carry no status code.
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)

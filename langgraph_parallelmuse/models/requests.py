@@ -104,7 +104,7 @@ def sampling_problem(request: GenerationRequest) -> str | None:
     """
 
     def number(x: object) -> bool:
-        # numbers.Real: numpy and torch scalars are accepted, as the integer settings' are.
+        # numbers.Real: numpy's float scalars are accepted (a torch tensor is not a number here).
         return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
     if not number(request.temperature) or request.temperature < 0:

@@ -19,6 +19,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from langgraph_parallelmuse.errors import CorpusError
+from langgraph_parallelmuse.protocol import SEARCH_HIT
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
 __all__ = [
@@ -57,8 +58,6 @@ _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
 # Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
 # runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
 _PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
-# How a search hit's title line starts ("[2] Title (id: x)"): a snippet line may not start so.
-_HIT_LINE_START = re.compile(r"\[\d+\]")
 
 # Index lookups get threads of their own: a sync tool that hangs past tool_timeout keeps its thread
 # of the loop's default executor (a timeout cannot stop a thread), and a few of those made every
@@ -119,15 +118,16 @@ def hit_text(text: str) -> str:
     """A search hit's snippet as the one line below its title line.
 
     Its line breaks become spaces (other whitespace stays what the document holds), and a snippet
-    that starts like a hit line gets a backslash: a page reading "[7] Lyon (id: d666)" would
-    otherwise be read as a hit the search never returned. Any other snippet is unchanged.
+    that reads as a hit line gets a backslash: a page reading "[7] Lyon (id: d666)" would
+    otherwise be read as a hit the search never returned. Any other snippet is unchanged (a
+    footnote's "[1] ..." too).
 
     Example:
-        >>> hit_text("Paris is\\nthe capital."), hit_text("[7] Lyon (id: d666)")
-        ('Paris is the capital.', '\\\\[7] Lyon (id: d666)')
+        >>> hit_text("Paris is\\nthe capital."), hit_text("[7] Lyon (id: d666)"), hit_text("[1] Founded in 52 BC.")
+        ('Paris is the capital.', '\\\\[7] Lyon (id: d666)', '[1] Founded in 52 BC.')
     """
     line = _line(text)
-    return "\\" + line if _HIT_LINE_START.match(line) else line
+    return "\\" + line if SEARCH_HIT.match(line) else line
 
 
 _EXCERPT_STOPWORDS = frozenset(

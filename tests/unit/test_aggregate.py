@@ -467,10 +467,20 @@ async def test_a_pick_naming_no_shown_answered_report_is_a_failed_pick(fake_mode
     assert "names no candidate" in result.error
 
 
-async def test_a_candidate_that_reads_like_a_report_number_is_that_candidate(fake_model):
-    reports = [_report("t0", "Report 12"), _report("t1", "Lyon"), _report("t2", "Lyon")]
-    result = await aggregate_reports(fake_model(["<answer>Report 12</answer>"]), QUESTION, reports, guided=False)
-    assert (result.answer, result.source) == ("Report 12", "aggregator")
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("<answer>Report 12</answer>", "Report 12"),
+        ("<answer>Brundtland Report 1987</answer>", "Brundtland Report 1987"),
+        ("<answer>Paris, per Report 2</answer>", "Paris"),  # report 2 answers Lyon: the answer written wins
+        ("<answer>Paris, per Report 9</answer>", "Paris"),  # no report 9: still the answer written
+    ],
+)
+async def test_an_answer_written_beside_a_report_number_is_that_answer(fake_model, reply, expected):
+    answers = ["Report 12", "Lyon", "Lyon", "Paris", "Brundtland Report 1987"]
+    reports = [_report(f"t{i}", a) for i, a in enumerate(answers)]
+    result = await aggregate_reports(fake_model([reply]), QUESTION, reports, guided=False)
+    assert (result.answer, result.source) == (expected, "aggregator")
 
 
 async def test_a_scoring_model_picks_among_the_reports_answers_by_its_likelihood() -> None:

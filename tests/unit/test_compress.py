@@ -9,6 +9,7 @@ from langgraph_parallelmuse.compress import (
     build_compress_messages,
     compress_trajectory,
     parse_report,
+    reasoning_line,
     trajectory_token_count,
 )
 from langgraph_parallelmuse.config import ParallelMuseConfig
@@ -350,6 +351,12 @@ def test_a_final_answer_ends_the_sections_wherever_it_is_written_in_any_case():
     assert parse_report("Solution planning: a final answer-based plan\nFinal answer: X")[0] == {
         "Solution planning": "a final answer-based plan"
     }
+    # Nor are the words "final answer" in a sentence followed by a list item or a clause.
+    for words in ("to reach the final answer\n- first find the film", "could not confirm the final answer. - No"):
+        text = f"Solution planning: {words}\nSolution methods: b\nFinal reasoning: c\n<answer>X"
+        sections, answer = parse_report(text)
+        assert (sections["Solution planning"], answer) == (words, "X")
+    assert reasoning_line(" reach the final answer. - The pages differ") == "reach the final answer. - The pages differ"
 
 
 async def test_guided_reasoning_ends_at_an_answer_written_in_any_case(fake_model):

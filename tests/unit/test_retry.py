@@ -94,6 +94,6 @@ async def test_a_server_that_cannot_do_the_request_is_asked_once():
     assert len(calls) == 1
     statuses = {
         s: is_transient(APIStatusError("x", response=httpx.Response(s, request=request), body=None))
-        for s in (429, 500, 501, 502, 503, 504, 505)
+        for s in (400, 404, 429, 500, 501, 502, 503, 504, 505, 520, 529)
     }
-    assert [s for s, transient in statuses.items() if transient] == [429, 500, 502, 503, 504]
+    assert [s for s, transient in statuses.items() if transient] == [429, 500, 502, 503, 504, 520, 529]
