@@ -55,7 +55,7 @@ from langgraph_parallelmuse.infograph import (
 )
 from langgraph_parallelmuse.lineage import Job, next_fill_index, scratch_job, thread_of
 from langgraph_parallelmuse.schedule import consensus_reached
-from langgraph_parallelmuse.state import Origin, Trajectory
+from langgraph_parallelmuse.state import Origin, Trajectory, lineage_key
 
 if TYPE_CHECKING:
     from langgraph_parallelmuse.agent import RolloutRunner
@@ -121,7 +121,7 @@ def pick_pairs(question: str, trajectories: Sequence[Trajectory], *, count: int)
         return []
     candidates = [
         (t, steps)
-        for t in sorted(trajectories, key=lambda t: t["id"])
+        for t in sorted(trajectories, key=lambda t: lineage_key(t["id"]))  # ties: t2 before t10, as votes
         if t["origin"].get("kind") != "crossover"
         and normalize_vote_key(t["answer"])
         and (steps := _evidence_steps(question, t))

@@ -217,6 +217,13 @@ def test_pairs_disagreeing_come_first_then_complementary_evidence():
     assert pick_pairs(QUESTION, [a, c], count=0) == []
 
 
+def test_tied_pairs_are_taken_in_lineage_order():
+    # Ids were sorted as text: "t10" came before "t2", unlike the votes' lineage order.
+    t2, t10 = _traj("t2", "Alpha", "Paris", "Alpha"), _traj("t10", "Alpha2", "Paris", "Alpha2")
+    c = _traj("t3", "Beta", "Lyon", "Beta")
+    assert [p["parents"] for p in pick_pairs(QUESTION, [t10, c, t2], count=1)] == [["t2", "t3"]]
+
+
 def test_a_crossover_is_never_a_parent():
     a, c = _traj("a", "Alpha", "Paris", "Alpha"), _traj("c", "Beta", "Lyon", "Beta")
     x = {**_traj("x0", "Beta", "Rome", "Beta"), "origin": {"kind": "crossover"}}
