@@ -12,13 +12,13 @@ exactly one answer. Like compression, the free and guided forms are one prompt a
 In the free form the answer is the text after the reply's last ``<answer>`` outside its think
 blocks: the server stops at ``</answer>``, and a model that reasons first may name the tag before
 its answer. Either way the text is then *snapped* to the candidate answer of the reports with the
-same vote key, else, when it names a report by its number ("Report 3"), to that report's answer (a
-number of no shown report with an answer: the majority vote), else the highest token overlap of the
-vote keys (CJK compared by characters; a tie: the candidate more reports gave; nothing overlapping:
-the majority vote), so the result is always one of the reports' answers, which are the
-trajectories' own: a small model cannot be trusted to copy a candidate exactly, the method forbids
-inventing or merging answers, and no text that a trajectory did not answer (a page's injected
-``<answer>``) can become the final answer.
+same vote key, else the highest token overlap of the vote keys (CJK compared by characters; a tie:
+the candidate more reports gave), the pick's report references ("Paris, per Report 2") left out;
+when nothing overlaps and the pick names reports by number ("Report 3"), their answer (a number of
+no shown report with an answer: the majority vote), else the majority vote. So the result is always
+one of the reports' answers, which are the trajectories' own: a small model cannot be trusted to
+copy a candidate exactly, the method forbids inventing or merging answers, and no text that a
+trajectory did not answer (a page's injected ``<answer>``) can become the final answer.
 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
 over the reports is returned with ``source="majority_fallback"``.
