@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime
+import email.utils
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -53,9 +55,10 @@ MAX_RETRY_AFTER = 60.0
 
 
 def retry_after(exc: BaseException) -> float:
-    """Seconds an HTTP 429/503 asked to wait (its ``Retry-After`` header, in seconds), at most
-    :data:`MAX_RETRY_AFTER`; 0 without one. The openai client waits for it itself, but a routed
-    :class:`~langgraph_parallelmuse.models.server.ServerChatModel` leaves the retries to the library.
+    """Seconds an HTTP 429/503 asked to wait (its ``Retry-After`` header, in seconds or as an HTTP
+    date), at most :data:`MAX_RETRY_AFTER`; 0 without one. The openai client waits for it itself, but
+    a routed :class:`~langgraph_parallelmuse.models.server.ServerChatModel` leaves the retries to the
+    library.
 
     Example:
         >>> import httpx
@@ -64,12 +67,35 @@ def retry_after(exc: BaseException) -> float:
         >>> retry_after(RateLimited()), retry_after(ValueError())
         (7.0, 0.0)
     """
-    headers = getattr(getattr(exc, "response", None), "headers", None)
-    try:
-        seconds = float((headers or {}).get("retry-after") or 0)
-    except (TypeError, ValueError):  # an HTTP date: rare from these servers, and not worth a parser here
+    value = _header(getattr(getattr(exc, "response", None), "headers", None), "retry-after")
+    if value is None:
         return 0.0
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = _seconds_until(value)
     return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else 0.0
+
+
+def _header(headers: object, name: str) -> object:
+    """A header's value by its name in any case: httpx's and requests' headers ignore case, a plain
+    dict a client library builds does not."""
+    if not isinstance(headers, Mapping):
+        return None
+    if name in headers:
+        return headers[name]
+    return next((value for key, value in headers.items() if isinstance(key, str) and key.lower() == name), None)
+
+
+def _seconds_until(value: object) -> float:
+    """Seconds from now to an HTTP date (RFC 9110 allows one in Retry-After); 0 when it is none."""
+    try:
+        when = email.utils.parsedate_to_datetime(str(value))
+    except (TypeError, ValueError):
+        return 0.0
+    if when.tzinfo is None:  # RFC 850 and asctime dates carry no zone: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return (when - datetime.datetime.now(datetime.UTC)).total_seconds()
 
 
 def current_attempt() -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
+
 import httpx
 import pytest
 from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeoutError
 from openai import APIStatusError, RateLimitError
 
-from langgraph_parallelmuse.retry import is_transient, with_retries
+from langgraph_parallelmuse.retry import is_transient, retry_after, with_retries
 
 
 def test_langchain_openais_own_connection_and_timeout_errors_are_transient():
@@ -78,6 +80,27 @@ async def test_a_rate_limit_waits_what_its_retry_after_asks(monkeypatch):
 
     assert await with_retries(call) == "ok"
     assert slept[0] == 7.0 and slept[1] == retry.MAX_RETRY_AFTER  # a day's wait is capped
+
+
+def test_retry_after_reads_an_http_date_and_any_header_case():
+    """RFC 9110 allows an HTTP date in Retry-After (it read as no wait), and a client library that
+    builds its own error may hold the headers in a plain dict, which does not ignore case."""
+    from email.utils import format_datetime
+
+    def error(headers: object) -> Exception:
+        exc = Exception("rate limited")
+        exc.response = type("Response", (), {"headers": headers})()
+        return exc
+
+    soon = format_datetime(datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30), usegmt=True)
+    assert 25 <= retry_after(error(httpx.Headers({"Retry-After": soon}))) <= 30
+    assert retry_after(error({"Retry-After": "7"})) == 7.0
+    assert retry_after(error({"RETRY-AFTER": soon})) > 25
+    past = format_datetime(datetime.datetime(2015, 10, 21, 7, 28, tzinfo=datetime.UTC), usegmt=True)
+    assert retry_after(error({"retry-after": past})) == 0.0  # already passed: no wait
+    assert retry_after(error({"retry-after": "Wed Oct 21 07:28:00 2015"})) == 0.0  # asctime, GMT by rule
+    for unreadable in ("soon", "", "nan", "inf", None):
+        assert retry_after(error({"retry-after": unreadable})) == 0.0, unreadable
 
 
 async def test_a_server_that_cannot_do_the_request_is_asked_once():
