@@ -9,8 +9,8 @@ differences between methods are paired. Each partial-rollout mode runs the graph
 Reports are written once per trajectory and shared by every method that aggregates it.
 
 Results are appended to a JSONL file one question at a time; a rerun skips finished questions.
-A question whose every trajectory of a set failed (the model could not be called) is not recorded:
-a rerun runs it again.
+A question whose every trajectory of a set failed (the model could not be called), or whose judging
+failed (the judge could not be called), is not recorded: a rerun runs it again.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.driver import GuidedDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, RolloutFailedError
 from langgraph_parallelmuse.eval.datasets import QAItem
-from langgraph_parallelmuse.eval.judge import llm_judge
+from langgraph_parallelmuse.eval.judge import JudgeError, llm_judge
 from langgraph_parallelmuse.eval.scoring import retrieval_recall, score_answer
 from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_bootstrap_diff, within_noise
 from langgraph_parallelmuse.files import replacing
@@ -390,6 +390,7 @@ async def run_question(
     Raises:
         RolloutFailedError: Every trajectory of the from-scratch set, or of a partial-rollout mode's
             set, failed (the rule of the graph's run); ``result`` holds the question id and that set.
+        JudgeError: The ``judge`` model's call failed.
     """
 
     def note(stage: str) -> None:
@@ -933,9 +934,9 @@ async def run_bench(
 
     Raises:
         RolloutFailedError: After every other question, when some failed (every trajectory of one of
-            their sets did, as :func:`run_question` raises): they are not recorded, so a rerun runs
-            them again. ``result["records"]`` holds the finished records, ``result["failed"]`` the
-            failed questions' ids and reasons.
+            their sets did, or the judge did: :func:`run_question` raises): they are not recorded, so
+            a rerun runs them again. ``result["records"]`` holds the finished records, ``result["failed"]``
+            the failed questions' ids and reasons.
     """
     from langgraph_parallelmuse.tools import make_corpus_tools
 
@@ -948,6 +949,7 @@ async def run_bench(
     sem = asyncio.Semaphore(concurrency)
     lock = asyncio.Lock()
     failed: dict[str, str] = {}
+    judge_failed: set[str] = set()
 
     async def one(item: QAItem) -> None:
         async with sem:
@@ -955,9 +957,12 @@ async def run_bench(
             tools = make_corpus_tools(index, doc_ids=subset)
             try:
                 rec = await run_question(model, tools, item, settings, judge=judge, log=log)
-            except RolloutFailedError as exc:
-                # Recorded, an outage would be a score of 0 that no rerun repairs: the others go on.
+            except (RolloutFailedError, JudgeError) as exc:
+                # Recorded, an outage would be a score of 0 (the judge's: a record without its verdicts,
+                # scored incomplete) that no rerun repairs: the others go on.
                 failed[item.id] = str(exc)
+                if isinstance(exc, JudgeError):
+                    judge_failed.add(item.id)
                 if log is not None:
                     log(f"    {item.id}: failed, not recorded: {exc}")
                 return
@@ -973,15 +978,38 @@ async def run_bench(
     order = {i.id: n for n, i in enumerate(items)}
     records.sort(key=lambda r: order.get(r["id"], 0))
     if failed:
-        reasons = [f"{i.id}: {failed[i.id]}" for i in items if i.id in failed]
-        more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
-        raise RolloutFailedError(
-            f"{len(failed)} of {len(todo)} question(s) failed and were not recorded: {'; '.join(reasons[:3])}{more}. "
-            "Check that the model's server is up (--base-url, --model), then rerun the same command: the failed "
-            "questions run again, the finished ones are kept",
-            result={"records": records, "failed": failed},
-        )
+        raise _failed_questions(items, len(todo), failed, judge_failed, records)
     return records
+
+
+def _failed_questions(
+    items: Sequence[QAItem], ran: int, failed: dict[str, str], judge_failed: set[str], records: list[dict]
+) -> RolloutFailedError:
+    """The error that ends a bench some of whose questions failed: which, why, and which server to check.
+
+    A :class:`RolloutFailedError` whatever failed, the judge included: it is what the CLI catches to
+    summarise the finished questions before it exits.
+
+    Args:
+        items: The questions asked, in their order.
+        ran: How many of them this run ran (the others were finished before).
+        failed: The failed questions' ids and reasons.
+        judge_failed: Those of ``failed`` whose judge failed (the others: their rollout).
+        records: The finished records.
+    """
+    reasons = [f"{i.id}: {failed[i.id]}" for i in items if i.id in failed]
+    more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+    servers = []
+    if set(failed) - judge_failed:
+        servers.append("the model's server is up (--base-url, --model)")
+    if judge_failed:
+        servers.append("the judge's server is up (--judge-base-url, --judge-model)")
+    return RolloutFailedError(
+        f"{len(failed)} of {ran} question(s) failed and were not recorded: {'; '.join(reasons[:3])}{more}. "
+        f"Check that {' and that '.join(servers)}, then rerun the same command: the failed questions run again, "
+        "the finished ones are kept",
+        result={"records": records, "failed": failed},
+    )
 
 
 def _fact(name: str, value: float | int) -> str:

@@ -211,6 +211,53 @@ async def test_a_question_whose_every_trajectory_failed_is_not_recorded_and_a_re
     assert records[1]["methods"]["majority"]["em"] == 1.0
 
 
+def _judge(*, down_on: str | None = None) -> ScriptedChatModel:
+    """A judge that says yes, or whose server refuses the prompts about question ``down_on``."""
+
+    def reply(messages):
+        return ConnectionError("Connection refused") if down_on and down_on in messages[-1].content else "correct: yes"
+
+    return ScriptedChatModel(responder=reply)
+
+
+async def test_a_question_whose_judge_failed_is_not_recorded_and_a_rerun_judges_it(index, tmp_path):
+    # Before: the JudgeError escaped and cancelled the questions in flight, their rollouts lost.
+    out = tmp_path / "results.jsonl"
+    settings = BenchSettings(**SMALL)
+    judge = _judge(down_on=ITEMS[1].question)
+    with pytest.raises(RolloutFailedError) as failed:
+        await run_bench(_model(), index, ITEMS, settings, out, concurrency=3, judge=judge)
+    said = str(failed.value)
+    assert said.startswith(
+        "1 of 3 question(s) failed and were not recorded: "
+        "q2: the LLM judge failed: ConnectionError: Connection refused."
+    )
+    assert "Check that the judge's server is up (--judge-base-url, --judge-model), then rerun" in said
+    assert "model's server" not in said
+    assert [r["id"] for r in failed.value.result["records"]] == ["q1", "q3"]  # the others went on
+    assert list(failed.value.result["failed"]) == ["q2"]
+    assert sorted(load_done(out)) == ["q1", "q3"]
+    model = _model()
+    records = await run_bench(model, index, ITEMS, settings, out, concurrency=3, judge=_judge())
+    assert [r["id"] for r in records] == ["q1", "q2", "q3"]
+    assert {_question(c["messages"]) for c in model.calls} == {ITEMS[1].question}
+    assert records[1]["methods"]["majority"]["judge"] == 1.0
+
+
+async def test_a_bench_whose_model_and_judge_failed_says_to_check_both_servers(index, tmp_path, fast_retries):
+    judge = _judge(down_on=ITEMS[2].question)
+    with pytest.raises(RolloutFailedError) as failed:
+        down = _model(on=ITEMS[1].question, hook=_refused)
+        await run_bench(down, index, ITEMS, BenchSettings(**SMALL), tmp_path / "r.jsonl", judge=judge)
+    said = str(failed.value)
+    assert "q2: every from-scratch trajectory failed (4 of 4)" in said and "q3: the LLM judge failed" in said
+    assert (
+        "Check that the model's server is up (--base-url, --model) and that the judge's server is up "
+        "(--judge-base-url, --judge-model), then rerun the same command" in said
+    )
+    assert [r["id"] for r in failed.value.result["records"]] == ["q1"]
+
+
 async def test_a_question_where_some_trajectories_failed_is_recorded_from_the_others(index, tmp_path):
     # The rule of the graph's run (and `ask`): only a set whose every trajectory failed stops.
     calls = []
@@ -647,6 +694,22 @@ def test_the_bench_command_summarises_the_finished_questions_and_fails_naming_th
     assert "q2: failed, not recorded: every from-scratch trajectory failed (4 of 4)" in err
     assert "error: 1 of 3 question(s) failed and were not recorded: q2: every from-scratch trajectory" in err
     assert "ConnectionError: Connection refused" in err and "rerun the same command" in err
+    assert list(load_done(tmp_path / "run" / "results.jsonl")) == ["q1", "q3"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["majority"]["questions"] == 2
+
+
+def test_the_bench_command_summarises_the_finished_questions_and_fails_naming_a_failed_judge(
+    index, tmp_path, monkeypatch, capsys
+):
+    from langgraph_parallelmuse import cli
+
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: _model())
+    monkeypatch.setattr(cli, "_judge", lambda args: _judge(down_on=ITEMS[1].question))
+    assert cli.main(_bench_argv(tmp_path, "--modes", "exploration")) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "q2: failed, not recorded: the LLM judge failed: ConnectionError: Connection refused" in err
+    assert "error: 1 of 3 question(s) failed and were not recorded: q2: the LLM judge failed" in err
+    assert "Check that the judge's server is up (--judge-base-url, --judge-model)" in err
     assert list(load_done(tmp_path / "run" / "results.jsonl")) == ["q1", "q3"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["majority"]["questions"] == 2
 
