@@ -36,6 +36,7 @@ from langgraph_parallelmuse.serving import (
     vllm_counters,
     vllm_spec,
 )
+from langgraph_parallelmuse.serving import process as serving_process
 from langgraph_parallelmuse.serving.process import http_ready
 from langgraph_parallelmuse.serving.vllm import LIBRARY_TOP_LOGPROBS
 from tests.unit.http_fakes import fake_http
@@ -446,12 +447,31 @@ def test_an_interrupt_while_one_server_stops_still_stops_every_server(tmp_path: 
                 os.killpg(pgid, signal.SIGKILL)
 
 
-def test_servers_are_stopped_together_not_one_grace_after_another(tmp_path: Path) -> None:
+def test_servers_are_stopped_together_not_one_grace_after_another(tmp_path: Path, monkeypatch) -> None:
+    """One server stopped, grace and all, before the next was signalled: the graces added up."""
+    grace = 30.0  # far beyond the test, so that `timeout -k` never SIGKILLs a group before the code under test
+    events: list[tuple[str, object]] = []
+    killpg, wait_gone = os.killpg, serving_process._wait_gone
+
+    def recording_killpg(pgid: int, sig: int) -> None:
+        events.append((signal.Signals(sig).name, pgid))
+        killpg(pgid, sig)
+
+    def recording_wait_gone(procs, seconds: float) -> None:
+        events.append(("wait", frozenset(proc.pid for proc in procs)))
+        # The grace runs out at once: the servers that ignore SIGTERM are still there after it.
+        wait_gone(procs, 0.2 if seconds == grace else seconds)
+
     stubborn = [sh(f"stubborn{i}", "trap '' TERM; echo up; while :; do sleep 0.1; done") for i in range(2)]
-    with serve(stubborn, grace=0.8, max_seconds=60, log_dir=tmp_path) as servers:
-        start = time.monotonic()
-    assert time.monotonic() - start < 1.5  # one grace, then SIGKILL; not two graces
-    assert [group_members(s.pid) for s in servers] == [[], []]
+    with serve(stubborn, grace=grace, max_seconds=60, log_dir=tmp_path) as servers:
+        monkeypatch.setattr(os, "killpg", recording_killpg)
+        monkeypatch.setattr(serving_process, "_wait_gone", recording_wait_gone)
+    groups = frozenset(s.pid for s in servers)
+    assert [kind for kind, _ in events] == ["SIGTERM", "SIGTERM", "wait", "SIGKILL", "SIGKILL", "wait"], events
+    assert {pgid for kind, pgid in events if kind == "SIGTERM"} == groups  # every group before any wait
+    assert events[2] == ("wait", groups)  # one grace for all of them
+    assert {pgid for kind, pgid in events if kind == "SIGKILL"} == groups  # what was left after it
+    assert [group_members(pgid) for pgid in groups] == [[], []]
 
 
 def test_a_reply_that_is_not_http_means_not_ready_yet() -> None:
