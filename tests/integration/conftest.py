@@ -1,12 +1,18 @@
-"""Helpers of the integration tests: offline environment for subprocesses, free loopback ports."""
+"""Helpers of the integration tests: offline environment for subprocesses, free loopback ports, the
+specs of the servers they start."""
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from langgraph_parallelmuse.serving import ServerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +43,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def offline_spec(name: str, command: Sequence[str], port: int, ready: Callable[[str], bool], **env: str) -> ServerSpec:
+    """A loopback server run from the repo root in :func:`offline_env`, for the library's ``serve``:
+    like the vLLM and PostgreSQL fixtures' servers, it stops by itself after ``serve``'s
+    ``max_seconds`` or when the test process dies, however the test ends.
+
+    A spec's variables are set on top of this process's environment, which holds the keys
+    offline_env leaves out: ``env -u`` takes them away again.
+    """
+    from langgraph_parallelmuse.serving import ServerSpec
+
+    unset = [arg for key in _DROP for arg in ("-u", key)]
+    argv = ("env", "-C", str(ROOT), *unset, *command)
+    return ServerSpec(name, argv, port, f"http://127.0.0.1:{port}", ready, env=offline_env(**env))
 
 
 @pytest.fixture

@@ -32,11 +32,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +48,7 @@ from langgraph_parallelmuse.driver import FreeDriver
 from langgraph_parallelmuse.logprobs import normalize_logprobs
 from langgraph_parallelmuse.segments import Sampling, derive_seed
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
-from tests.integration.conftest import free_port, offline_env
+from tests.integration.conftest import free_port, offline_spec
 
 pytestmark = [
     pytest.mark.integration,
@@ -100,13 +96,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Start llama-cpp-python's OpenAI-compatible server on loopback; yield its /v1 base URL."""
     from langgraph_parallelmuse.errors import ConfigError
     from langgraph_parallelmuse.models.loading import load_embedded_model_path
+    from langgraph_parallelmuse.serving import serve
+    from langgraph_parallelmuse.serving.process import http_ready
 
     try:
         directory, name = load_embedded_model_path()
     except ConfigError as exc:
         pytest.skip(str(exc))
     port = free_port()
-    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
+    base = f"http://127.0.0.1:{port}/v1"
     cmd = [
         sys.executable,
         "-m",
@@ -134,35 +132,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--verbose",
         "false",
     ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=offline_env())
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{tail(log_path)}")
-            try:
-                with urllib.request.urlopen(f"{base}/models", timeout=2) as resp:
-                    if resp.status == 200 and MODEL_ALIAS in resp.read().decode():
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server gave no /v1/models in 120 s:\n{tail(log_path)}")
-            time.sleep(0.5)
+    spec = offline_spec("llama-cpp-server", cmd, port, http_ready(f"{base}/models", lambda body: MODEL_ALIAS in body))
+    # uvicorn waits for in-flight requests on SIGTERM: do not wait long for it.
+    with serve([spec], log_dir=tmp_path_factory.mktemp("llama_server"), startup_timeout=120, grace=10):
         yield base
-    finally:
-        proc.terminate()  # uvicorn waits for in-flight requests; do not wait long for it
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:]
 
 
 def make_model(base: str, **kwargs: Any) -> RecordingChatOpenAI:

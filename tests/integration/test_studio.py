@@ -11,12 +11,8 @@ Real model (SmolLM2 on CPU): a few minutes; select with ``pytest -m integration`
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import ROOT, free_port, offline_env
+from tests.integration.conftest import ROOT, free_port, offline_spec
 
 pytestmark = pytest.mark.integration
 
@@ -53,57 +49,29 @@ def _tail(log: Path, n: int = 4000) -> str:
     return log.read_text(errors="replace")[-n:] if log.exists() else ""
 
 
-def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"langgraph dev exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"langgraph dev not healthy after {timeout}s:\n{_tail(log)}")
-
-
 @contextmanager
 def langgraph_dev(tmp_path: Path, config: str, **env: str) -> Iterator[tuple[str, Path]]:
     """``langgraph dev --config CONFIG`` on a free loopback port until the block ends; yields (url, log)."""
+    from langgraph_parallelmuse.serving import serve
+    from langgraph_parallelmuse.serving.process import http_ready
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "langgraph-dev.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                _langgraph_exe(),
-                "dev",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--no-browser",
-                "--no-reload",
-                "--config",
-                str(ROOT / config),
-            ],
-            cwd=ROOT,
-            env=offline_env(**env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        _wait_healthy(proc, url, log)
-        yield url, log
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and nothing else
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+    command = [
+        _langgraph_exe(),
+        "dev",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-browser",
+        "--no-reload",
+        "--config",
+        str(ROOT / config),
+    ]
+    spec = offline_spec("langgraph-dev", command, port, http_ready(f"{url}/ok"), **env)
+    with serve([spec], log_dir=tmp_path, startup_timeout=180) as (server,):
+        yield url, server.log_path
 
 
 @pytest.fixture
