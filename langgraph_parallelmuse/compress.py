@@ -97,6 +97,9 @@ _FINAL_ANSWER = re.compile(
     r"(?:^[ \t#*>\-]*|\*+)?\bfinal[ \t]+answer\b[ \t*]*(?::|[–—-](?=[ \t]))[*\s]*(.*)$",
     re.IGNORECASE | re.MULTILINE,
 )
+# A reasoning line ends at "Final answer" as written, with or without a mark after it (where its stop
+# string would have cut), or at an inline final answer in any case.
+_LINE_CUT = re.compile(r"(?-i:Final answer)|" + _FINAL_ANSWER.pattern, _FINAL_ANSWER.flags)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 
@@ -141,11 +144,13 @@ def reasoning_line(text: str) -> str:
     Example:
         >>> reasoning_line(" the 2006 FIFA World Cup Final page\\n names Zidane. Final Answer: Zidane")
         'the 2006 FIFA World Cup Final page names Zidane.'
+        >>> reasoning_line("the film leads to the final answer\\n- its director")
+        'the film leads to the final answer - its director'
     """
-    # "Final answer" as written ends the line with or without a mark after it, as the stop would.
-    line = one_line(text).split("Final answer", 1)[0]
-    cue = _FINAL_ANSWER.search(line)
-    return (line[: cue.start()] if cue else line).strip()
+    # Cut before the lines are joined: a mark must follow on the mark's own line ("the final
+    # answer\n- first find the film" holds no inline answer).
+    cue = _LINE_CUT.search(text)
+    return one_line(text[: cue.start()] if cue else text)
 
 
 def build_compress_messages(

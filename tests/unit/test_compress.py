@@ -357,6 +357,10 @@ def test_a_final_answer_ends_the_sections_wherever_it_is_written_in_any_case():
         sections, answer = parse_report(text)
         assert (sections["Solution planning"], answer) == (words, "X")
     assert reasoning_line(" reach the final answer. - The pages differ") == "reach the final answer. - The pages differ"
+    # A reasoning line of two lines: the dash opens the second, it marks no answer.
+    assert reasoning_line("to reach the final answer\n- first find the film") == (
+        "to reach the final answer - first find the film"
+    )
 
 
 async def test_guided_reasoning_ends_at_an_answer_written_in_any_case(fake_model):
