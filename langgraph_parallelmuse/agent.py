@@ -841,7 +841,7 @@ class RolloutRunner:
                 "seconds": seconds,
             },
         )
-        trajectory["stats"].update(turn_problems(trajectory))
+        trajectory["stats"].update(_problems(own, own_obs))
         return trajectory
 
 
@@ -864,8 +864,11 @@ def turn_problems(trajectory: Trajectory) -> dict[str, Any]:
         {'tool_errors': 1, 'tool_error_reasons': ['Error: HTTP 401'], 'invalid_turns': 1, 'rejected_turns': 0}
     """
     first_own = first_own_step(trajectory["origin"])
-    steps = trajectory["steps"][first_own:]
-    observations = [o for o in trajectory["observations"] if o["step"] >= first_own]
+    return _problems(trajectory["steps"][first_own:], [o for o in trajectory["observations"] if o["step"] >= first_own])
+
+
+def _problems(steps: Sequence[Step], observations: Sequence[Observation]) -> dict[str, Any]:
+    """:func:`turn_problems` of a trajectory's own steps and their observations."""
     # The error replies to unreadable turns answer no call: they are the invalid turns, not tool errors.
     failed = [o for o in observations if o["error"] and count_tool_calls([o])]
     reasons = dict.fromkeys(redact(one_line(o["content"], 200)) for o in failed)
