@@ -63,7 +63,7 @@ class Pick:
     """What a :class:`Choose` chose, and how sure the model was.
 
     Attributes:
-        index: Position of the chosen option.
+        index: Position of the chosen option in its :class:`Choose`'s (distinct) ``options``.
         text: The chosen option.
         tokens: Its token records from the scoring pass (the model's own logprobs, offsets into ``text``).
         scores: Per option, the log-likelihood of the option and of ending the reply after it.
@@ -101,6 +101,14 @@ class Choose:
     length-normalised one issue 21 names: with the gold paragraphs as evidence (40 HotpotQA
     questions) the summed score reached F1 0.171, the per-token means 0.134-0.138 (BENCHMARKS.md
     section 11).
+
+    An option given twice is kept once, at its first place (``options`` holds the distinct ones, in
+    order, and a pick's ``index`` is a position in them): two copies would split its probability, so
+    a sure choice ("Beatles or Beatles?") would hold half of it and miss the confidence bar.
+
+    Raises:
+        ValueError: No option, or an empty (or blank) one: scored on the end of the reply alone, it
+            would win over every answer.
     """
 
     options: tuple[str, ...]
@@ -110,6 +118,11 @@ class Choose:
     def __post_init__(self) -> None:
         if not self.options:
             raise ValueError("Choose needs at least one option")
+        blank = next((i for i, option in enumerate(self.options) if not option.strip()), None)
+        if blank is not None:
+            raise ValueError(f"Choose options must not be empty or blank: option {blank} of {self.options!r} is")
+        # The dataclass is frozen: only object.__setattr__ sets the distinct options in place.
+        object.__setattr__(self, "options", tuple(dict.fromkeys(self.options)))
 
 
 Segment = Lit | Gen | Choose | Pick

@@ -85,3 +85,42 @@ def test_a_year_is_no_piece_of_a_grouped_or_decimal_number():
 )
 def test_a_second_part_names_the_first_answer_where_it_refers_to_it(part, first, resolved):
     assert follow_up(part, "France", first=first) == resolved
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        # A relative wh-word before the asking one does not decide the kind.
+        ("Chiang Kai-shek was the late President of the Republic of China, who died on which date?", "date"),
+        ('The show "Scaredy Squirrel" which was written by who?', "person"),
+        ("The state where Henry Worrall died has how many congressional districts?", "number"),
+        ("Scott Howell is a consultant who has worked with the mayor of what city?", "name"),
+        # With no wh-word that asks, the first one decides.
+        ("Name the director who made Jaws.", "person"),
+    ],
+)
+def test_the_kind_is_read_at_the_wh_word_that_asks(question, kind):
+    assert answer_kind(question) == kind
+
+
+def test_a_date_asked_after_a_relative_who_is_a_candidate():
+    # Read as a "who" question, every span with a digit was left out.
+    question = "Chiang Kai-shek was the late President of the Republic of China, who died on which date?"
+    assert "April 5, 1975" in candidates(question, "Chiang Kai-shek died on April 5, 1975, in Taipei.")
+
+
+def test_a_decimal_number_is_one_candidate_and_a_sentence_s_stop_ends_a_number():
+    evidence = (
+        "Seattle averages 6.8 inches of snow and 1,250.5 hours of sun. "
+        "It was listed as Stiles 1.2.1.6 in 1998. The Needle opened then."
+    )
+    options = candidates("What is the usual average snowfall in Seattle?", evidence, limit=100)
+    assert {"6.8", "1,250.5", "1998"} <= set(options)
+    assert not {"6", "8", "5", "1.6", "Stiles 1.2"} & set(options)
+    assert not [o for o in options if "1998" in o and o != "1998"]
+
+
+@pytest.mark.timeout(30)  # the old split took minutes here (5 s at 20,000 spaces, quadratic); now milliseconds
+def test_a_long_run_of_spaces_between_names_is_split_in_linear_time():
+    """The " and " split tried every start inside a run of blanks before it was anchored at the run's first."""
+    assert candidates("Which city is it?", "Alpha" + " " * 100_000 + "Beta") == ["Alpha Beta"]

@@ -371,3 +371,28 @@ def test_an_abbreviation_does_not_end_the_asking_sentence(question):
         "yes",
         "no",
     ]
+
+
+@pytest.mark.parametrize("options", [("", "Paris"), ("Paris", " \n")])
+def test_choose_refuses_an_empty_option(options):
+    # Scored on the end of the reply alone, an empty option would win over every answer.
+    with pytest.raises(ValueError, match=r"must not be empty or blank: option \d"):
+        Choose(options, [HumanMessage("q")])
+
+
+def test_a_duplicate_option_is_scored_once_and_a_pick_s_index_is_its_place_among_the_distinct_ones():
+    # A comparison naming the same option twice ("the Beatles or Beatles") is a sure choice: two
+    # copies held half the probability each and missed the confidence bar.
+    question = "Which band formed first, the Beatles or Beatles?"
+    options = candidates(question, "The Beatles formed in 1960.")
+    assert options == ["Beatles", "Beatles"]
+    picks = []
+    model = ScoringChatModel(option_logprobs={"Beatles": -0.1, "Stones": -9.0, "Kinks": -0.01})
+    for given in (options, ["Beatles", "Stones", "Beatles", "Kinks"]):
+        seg = Choose(tuple(given), [HumanMessage(question)], then=lambda pick: picks.append(pick) or [pick])
+        asyncio.run(generate_turn(model, [], [seg], sampling=Sampling(temperature=0), seed=1))
+        assert seg.options == tuple(dict.fromkeys(given))
+        assert picks[-1].text == seg.options[picks[-1].index]
+    assert picks[0].share == 1.0 >= GuidedDriver().answer_confidence
+    assert (picks[1].index, picks[1].text, len(picks[1].shares)) == (2, "Kinks", 3)
+    assert [text for _, text in model.scored].count("Beatles") == 2
