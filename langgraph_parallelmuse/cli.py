@@ -636,7 +636,7 @@ async def _ask(args: argparse.Namespace) -> int:
     if args.resume and not (args.db and args.run_id):
         raise ConfigError("--resume needs --db and --run-id: the store and the name of the interrupted run")
     if args.db:
-        check_db(args.db)
+        check_db(args.db, existing=args.resume)  # a mistyped path to resume is not made a new store
     elif args.run_id:
         raise ConfigError("--run-id names a run inside --db: add --db FILE (or a postgresql:// URL)")
     if args.json:
@@ -1123,8 +1123,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
 async def _delete_thread(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.persistence import adelete_thread_with_trajectories, check_db, open_checkpointer
 
-    if check_db(args.db) == "sqlite" and not Path(args.db).expanduser().is_file():
-        raise ConfigError(f"--db {args.db}: no such SQLite file; give the file the runs were checkpointed in")
+    check_db(args.db, existing=True)  # not a new store, nor another program's file given the saver's tables
     async with open_checkpointer(args.db) as saver:
         deleted = await adelete_thread_with_trajectories(saver, args.thread)
     if not deleted:

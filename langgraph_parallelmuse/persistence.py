@@ -8,8 +8,10 @@ with the trajectory threads its runs made.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,11 +34,16 @@ _EXAMPLE_URL = "postgresql://USER[:PASSWORD]@HOST:5432/DBNAME"
 _CONNINFO = re.compile(r"(?:^|.*\s)(?:host|hostaddr|dbname|user|password|port|service|sslmode)\s*=", re.IGNORECASE)
 
 
-def check_db(target: str) -> Literal["sqlite", "postgres"]:
+def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postgres"]:
     """Which kind of store ``target`` names, or a :class:`ConfigError` saying what to change.
 
-    Nothing is opened or connected to: a PostgreSQL URL is parsed (scheme, port, query
-    parameters), the server is reached only by :func:`open_checkpointer`.
+    Nothing is written or connected to: a PostgreSQL URL is parsed (scheme, port, query
+    parameters), the server is reached only by :func:`open_checkpointer`; a SQLite file is at most read.
+
+    Args:
+        target: A SQLite file's path or a ``postgresql://`` URL.
+        existing: The store must already hold checkpoints (to resume a run or delete a thread): a
+            SQLite file must exist and have the saver's tables.
 
     Example:
         >>> check_db("postgresql://user@127.0.0.1:5432/runs")
@@ -62,29 +69,73 @@ def check_db(target: str) -> Literal["sqlite", "postgres"]:
         import langgraph.checkpoint.sqlite.aio  # noqa: F401
     except ImportError:
         raise ConfigError(f"--db {shown!r} needs the SQLite checkpointer: {_PERSIST}") from None
-    path = Path(target).expanduser()
+    try:
+        _check_sqlite_file(Path(target).expanduser(), shown, existing=existing)
+    except OSError as exc:  # e.g. a name longer than the file system takes
+        raise ConfigError(
+            f"--db {shown!r}: cannot use this path ({exc.strerror or exc}): choose another path"
+        ) from None
+    return "sqlite"
+
+
+def _check_sqlite_file(path: Path, shown: str, *, existing: bool) -> None:
+    """Refuse a path the SQLite saver could not create, read and write, or (``existing``) holds no checkpoints."""
     if path.is_dir():
         raise ConfigError(f"--db {shown!r} is a directory: give a file in it, e.g. {redact(str(path / 'runs.sqlite'))}")
     if not path.parent.is_dir():
         raise ConfigError(
             f"--db {shown!r}: the folder {redact(str(path.parent))} does not exist: create it or choose another path"
         )
-    if path.exists():
-        with path.open("rb") as fh:
-            header = fh.read(len(_SQLITE_HEADER))
-        if header and header != _SQLITE_HEADER:
+    if not path.exists():
+        if existing:  # opening it would create an empty store, and say only that the run is not there
+            raise ConfigError(f"--db {shown!r}: no such SQLite file; give the file the runs were checkpointed in")
+        if not os.access(path.parent, os.W_OK):
             raise ConfigError(
-                f"--db {shown!r} is not a SQLite database: choose a new file name or an earlier run's .sqlite file"
+                f"--db {shown!r}: the folder {redact(str(path.parent))} is not writable: choose another path"
             )
-    elif not os.access(path.parent, os.W_OK):
-        raise ConfigError(f"--db {shown!r}: the folder {redact(str(path.parent))} is not writable: choose another path")
-    return "sqlite"
+        return
+    if not path.is_file():  # a FIFO would block the header's read, a device takes any write
+        raise ConfigError(f"--db {shown!r} is not a regular file: give a SQLite file's path")
+    with path.open("rb") as fh:
+        header = fh.read(len(_SQLITE_HEADER))
+    if header and header != _SQLITE_HEADER:
+        raise ConfigError(
+            f"--db {shown!r} is not a SQLite database: choose a new file name or an earlier run's .sqlite file"
+        )
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise ConfigError(
+            f"--db {shown!r}: this user cannot read and write it: make it writable or choose another path"
+        )
+    if not os.access(path.parent, os.W_OK):  # the saver's WAL mode creates -wal and -shm files beside it
+        raise ConfigError(
+            f"--db {shown!r}: the folder {redact(str(path.parent))} is not writable, and SQLite keeps -wal and -shm "
+            "files beside the database: make the folder writable or choose another path"
+        )
+    if existing and not _holds_checkpoints(path, shown):
+        raise ConfigError(
+            f"--db {shown!r} holds no checkpoints (is it another program's database, e.g. a corpus index?): "
+            "give the file the runs were checkpointed in"
+        )
+
+
+def _holds_checkpoints(path: Path, shown: str) -> bool:
+    """Whether the SQLite file has the saver's ``checkpoints`` table, read without changing the file.
+
+    Opened read-only: the saver's ``setup()`` would add its tables and switch the file to WAL.
+    """
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'")
+            return found.fetchone() is not None
+    except sqlite3.Error as exc:
+        raise ConfigError(
+            f"--db {shown!r}: cannot read it ({exc}): give the file the runs were checkpointed in"
+        ) from None
 
 
 def _check_postgres_url(target: str, scheme: str) -> None:
     """Refuse a ``SCHEME://`` target that libpq would not take, without connecting."""
-    secrets = [*_password_of(target), *secrets_of()]
-    shown = repr(redact(target, secrets))
+    shown = repr(_redacted(target, target))
     if scheme in _POSTGRES_SCHEMES and _raw_in_user_info(target):
         # libpq ends the user info at the first "@" or "/": the rest of the password became the host or
         # the port, and no message could show the URL without it.
@@ -114,7 +165,7 @@ def _check_postgres_url(target: str, scheme: str) -> None:
     except ProgrammingError as exc:
         reason = " ".join(str(exc).split())
         raise ConfigError(
-            f"--db {shown} is not a valid PostgreSQL URL ({redact(reason, secrets)}): write {_EXAMPLE_URL}"
+            f"--db {shown} is not a valid PostgreSQL URL ({_redacted(reason, target)}): write {_EXAMPLE_URL}"
         ) from None
     for port in str(params.get("port") or "").split(","):
         port = port.strip()
@@ -123,6 +174,11 @@ def _check_postgres_url(target: str, scheme: str) -> None:
                 f"--db {shown}: port {port!r} is not a TCP port: use a number from 1 to 65535 "
                 "(PostgreSQL's default is 5432)"
             )
+
+
+def _redacted(text: str, target: str) -> str:
+    """``text`` without the known secrets and the password of the URL ``target``, however short it is."""
+    return redact(text, secrets_of(), passwords=_password_of(target))
 
 
 def _password_of(target: str) -> list[str]:
@@ -143,6 +199,8 @@ def _raw_in_user_info(target: str) -> bool:
     Example:
         >>> _raw_in_user_info("postgresql://app:p@ss@db/runs"), _raw_in_user_info("postgresql://app:pa/ss@db/runs")
         (True, True)
+        >>> _raw_in_user_info("postgresql://app:12/34@db/runs")
+        True
         >>> _raw_in_user_info("postgresql://app:pw@db/team@runs"), _raw_in_user_info("postgresql://db/team@runs")
         (False, False)
     """
@@ -150,10 +208,13 @@ def _raw_in_user_info(target: str) -> bool:
     authority, _, path = rest.partition("/")
     if authority.count("@") > 1:
         return True
-    # "app:pa/ss@db": no "@" before the first "/", a port that is no number, and an "@" after it.
-    host_port = authority.rpartition("@")[2]
-    port = host_port.rpartition(":")[2] if ":" in host_port and not host_port.endswith("]") else ""
-    return "@" not in authority and bool(port) and not port.isdigit() and "@" in path.split("?", 1)[0]
+    after_slash = path.split("?", 1)[0]
+    if "@" in authority or "@" not in after_slash:
+        return False
+    # "app:pa/ss@db": no "@" before the first "/", and either a port that is no number or, as in
+    # "app:12/34@db/runs" (libpq: host app, port 12), a "/" after the "@", which a database name has not.
+    port = authority.rpartition(":")[2] if ":" in authority and not authority.endswith("]") else ""
+    return (bool(port) and not port.isdigit()) or "/" in after_slash.partition("@")[2]
 
 
 def _postgres_url(target: str) -> str:
@@ -174,14 +235,28 @@ async def open_checkpointer(target: str) -> AsyncIterator[BaseCheckpointSaver]:
         >>> asyncio.run(kind(os.path.join(tempfile.mkdtemp(), "runs.sqlite")))
         'AsyncSqliteSaver'
     """
-    if check_db(target) == "postgres":
-        async with _postgres_saver(target) as saver:
-            yield saver
-    else:
-        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    opened = _postgres_saver(target) if check_db(target) == "postgres" else _sqlite_saver(target)
+    async with opened as saver:
+        yield saver
 
-        async with AsyncSqliteSaver.from_conn_string(str(Path(target).expanduser())) as saver:
-            yield saver
+
+@asynccontextmanager
+async def _sqlite_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
+    """A SQLite saver with its tables set up, or a :class:`ConfigError` naming the file it cannot write."""
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async with contextlib.AsyncExitStack() as stack:
+        try:  # only the opening and the set-up: errors of the run itself pass unchanged
+            saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(Path(target).expanduser())))
+            # Now, not at the first read (after the model loaded), so a store it cannot write fails here.
+            await saver.setup()
+        except sqlite3.Error as exc:
+            raise ConfigError(
+                f"--db {redact(target)!r}: cannot open it as a SQLite store ({redact(str(exc))}): check that this "
+                "user may write the file and its folder (SQLite keeps -wal and -shm files beside it) and that no "
+                "other program locks it, or choose another path"
+            ) from exc
+        yield saver
 
 
 # Connections the saver may hold: it runs one statement at a time (its own lock), so a few cover
@@ -225,8 +300,9 @@ async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
         opened = isinstance(exc, OperationalError | PoolTimeout)
         what = "cannot open the PostgreSQL database" if opened else "cannot set up the checkpoint tables"
         raise ConfigError(
-            f"--db {redact(target)!r}: {what} ({redact(reason)}): check that the server runs, that the URL's host, "
-            "port, user, password and database name are right, and that the user may create tables there"
+            f"--db {_redacted(target, target)!r}: {what} ({_redacted(reason, target)}): check that the server runs, "
+            "that the URL's host, port, user, password and database name are right, and that the user may create "
+            "tables there"
         ) from exc
     try:
         yield AsyncPostgresSaver(pool)

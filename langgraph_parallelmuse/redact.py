@@ -98,12 +98,15 @@ def _fields(model: object) -> Iterable[object]:
                     yield from _fields(item)
 
 
-def redact(text: str, secrets: Iterable[str] | None = None) -> str:
+def redact(text: str, secrets: Iterable[str] | None = None, *, passwords: Sequence[str] = ()) -> str:
     """``text`` with known secrets and credential-shaped substrings replaced by ``***``.
 
     Args:
         text: An error message, a log line, a tool output.
-        secrets: Secret values to remove (default: :func:`secrets_of` with no model).
+        secrets: Secret values to remove (default: :func:`secrets_of` with no model); one shorter than
+            6 characters is taken for a placeholder and kept.
+        passwords: Values known to be passwords (the one a connection URL holds): removed however
+            short, a short one only where it stands alone, not inside a word.
 
     Example:
         >>> redact("500: echo Authorization: Bearer sk-live-0123456789abcdef", [])
@@ -114,10 +117,15 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
         'db postgresql://alice:***@db.example/runs'
         >>> redact("vllm --api-key sk-0123456789 at http://sk0123456789abcdefgh@h/v1?api_key=abcdef123", [])
         'vllm --api-key *** at http://***@h/v1?api_key=***'
+        >>> redact('spaces in "my pw"; app:pw@db, pwd kept', [], passwords=["my pw", "pw"])
+        'spaces in "***"; app:***@db, pwd kept'
     """
-    for secret in secrets_of() if secrets is None else secrets:
+    known = {*(secrets_of() if secrets is None else secrets), *passwords}
+    for secret in sorted(known, key=len, reverse=True):  # a secret holding a shorter one goes first
         if len(secret) >= _SHORTEST_SECRET:
             text = text.replace(secret, "***")
+        elif secret and secret in passwords:
+            text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", text)
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: m.group(1) + "***", text)
     return text

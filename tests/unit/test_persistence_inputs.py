@@ -6,16 +6,26 @@ that a refused connection becomes a ConfigError naming the (redacted) URL.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from langgraph_parallelmuse import cli
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.persistence import check_db, open_checkpointer
 from langgraph_parallelmuse.serving import free_port
 
 pytest.importorskip("langgraph.checkpoint.postgres.aio")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -123,3 +133,165 @@ def test_a_db_error_never_shows_the_password(target: str) -> None:
 @pytest.mark.parametrize("url", ["postgresql://app@db.example:5432/team@runs", "postgresql://u:pw@[::1]:5432/db"])
 def test_an_at_sign_in_the_database_name_or_an_ipv6_host_is_accepted(url: str) -> None:
     assert check_db(url) == "postgres"
+
+
+# ----------------------------------------------------------------------------- passwords
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "postgresql://localhost:5/9hunt@127.0.0.1/runs",  # libpq: host localhost, port 5, database 9hunt@...
+        "postgresql://app:12/hunt@db.example/runs",
+    ],
+)
+def test_a_raw_slash_in_the_password_before_a_numeric_part_is_refused_as_raw_user_info(target: str) -> None:
+    with pytest.raises(ConfigError, match=r"holds a raw '@' or '/': percent-encode them") as err:
+        check_db(target)
+    assert "hunt" not in str(err.value)
+
+
+def test_a_short_password_holding_a_space_is_hidden_too() -> None:
+    # libpq's reason quotes it; the known secrets are redacted only from 6 characters on.
+    with pytest.raises(ConfigError, match=r"use percent-encoded spaces") as err:
+        check_db("postgresql://app:my pw@db.example/runs")
+    assert "my pw" not in str(err.value)
+
+
+async def test_a_connection_error_quoting_a_short_url_password_hides_it(monkeypatch) -> None:
+    import psycopg
+
+    async def refuse(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError('connection failed: password "Zq9" rejected')
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", refuse)
+    with pytest.raises(ConfigError, match=r"cannot open the PostgreSQL database") as err:
+        async with open_checkpointer("postgresql://app:Zq9@127.0.0.1:5432/runs"):
+            pass
+    assert "Zq9" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- SQLite files
+
+
+@pytest.mark.timeout(20)  # before the fix a FIFO blocked the header's read for good
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_path_that_is_no_regular_file_is_refused(kind: str, tmp_path: Path) -> None:
+    target = tmp_path / "runs.sqlite"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target = Path(os.devnull)
+    with pytest.raises(ConfigError, match=r"is not a regular file: give a SQLite file's path"):
+        check_db(str(target))
+
+
+def test_a_name_longer_than_the_file_system_takes_is_a_config_error(tmp_path: Path) -> None:
+    target = tmp_path / ("x" * 300 + ".sqlite")
+    with pytest.raises(ConfigError, match=r"cannot use this path \(File name too long\): choose another path"):
+        check_db(str(target))
+
+
+def _unprivileged() -> list[str]:
+    """The command prefix that runs a process as a user file permissions apply to (they do not to root)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root, which writes read-only files, and no setpriv to drop to user 65534")
+    return ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+@pytest.fixture
+def read_only_stores():
+    """A store in a folder that cannot be written, and a read-only store in one that can.
+
+    Not under ``tmp_path``: its parents are closed to other users, and the check runs as one.
+    """
+    base = Path(tempfile.mkdtemp(prefix="ro-stores-"))
+    stores = [base / "ro-folder" / "runs.sqlite", base / "rw-folder" / "ro.sqlite"]
+    for store in stores:
+        store.parent.mkdir()
+        sqlite3.connect(store).close()
+    stores[0].chmod(0o666)
+    stores[0].parent.chmod(0o555)
+    stores[1].chmod(0o444)
+    stores[1].parent.chmod(0o777)
+    base.chmod(0o755)
+    yield stores
+    stores[0].parent.chmod(0o755)
+    shutil.rmtree(base)
+
+
+def test_a_store_this_user_cannot_write_is_refused_before_anything_loads(read_only_stores) -> None:
+    # Before the fix both passed, and the run crashed with "attempt to write a readonly database"
+    # after the model had loaded (WAL needs -wal and -shm files beside the database).
+    script = (
+        "import sys\nfrom langgraph_parallelmuse.persistence import check_db\nfor path in sys.argv[1:]:\n"
+        "    try:\n        print(check_db(path))\n    except Exception as exc:\n        print(exc)\n"
+    )
+    argv = [*_unprivileged(), sys.executable, "-c", script, *map(str, read_only_stores)]
+    env = {**os.environ, "HOME": str(read_only_stores[0].parents[1])}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=True).stdout
+    lines = out.strip().splitlines()
+    assert len(lines) == 2, out
+    assert lines[0].startswith(f"--db '{read_only_stores[0]}': the folder {read_only_stores[0].parent} is not writable")
+    assert lines[1].startswith(f"--db '{read_only_stores[1]}': this user cannot read and write it: make it writable")
+
+
+async def test_a_store_sqlite_cannot_open_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    sqlite3.connect(db).close()
+    (tmp_path / "runs.sqlite-wal").mkdir()  # fails for root too, as a read-only store fails for others
+    with pytest.raises(ConfigError, match=rf"--db '{re.escape(str(db))}': cannot open it as a SQLite store \("):
+        async with open_checkpointer(str(db)) as saver:
+            await saver.aget_tuple({"configurable": {"thread_id": "t"}})
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """``cli.main`` with a model and tools that fail the test if they load."""
+
+    def loaded(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model or the tools loaded before --db was checked")
+
+    monkeypatch.setattr(cli, "_model", loaded)
+    monkeypatch.setattr(cli, "_tools", loaded)
+
+
+def test_resuming_from_a_sqlite_file_that_does_not_exist_creates_none(no_loading, tmp_path: Path, capsys) -> None:
+    typo = tmp_path / "rusn.sqlite"
+    assert cli.main(["ask", "Which city?", "--db", str(typo), "--run-id", "run1", "--resume"]) == 1
+    assert "no such SQLite file; give the file the runs were checkpointed in" in " ".join(
+        capsys.readouterr().err.split()
+    )
+    assert not typo.exists()
+
+
+def _tables_and_journal(path: Path) -> tuple[list[str], str]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return tables, conn.execute("PRAGMA journal_mode").fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["delete-thread", "run1"], ["ask", "Which city?", "--run-id", "run1", "--resume"]],
+    ids=["delete", "resume"],
+)
+def test_another_programs_sqlite_file_is_refused_unchanged(argv, no_loading, tmp_path: Path, capsys) -> None:
+    index = tmp_path / "corpus-index.sqlite"
+    with contextlib.closing(sqlite3.connect(index)) as conn:
+        conn.execute("CREATE TABLE docs (title TEXT, text TEXT)")
+        conn.commit()
+    before = _tables_and_journal(index)
+    assert cli.main([*argv, "--db", str(index)]) == 1
+    assert "holds no checkpoints" in " ".join(capsys.readouterr().err.split())
+    # Before the fix the saver's tables were added and the file switched to WAL.
+    assert _tables_and_journal(index) == before == (["docs"], "delete")
+
+
+async def test_a_store_the_saver_set_up_is_an_existing_one(tmp_path: Path) -> None:
+    db = str(tmp_path / "runs.sqlite")
+    async with open_checkpointer(db):
+        pass
+    assert check_db(db, existing=True) == "sqlite"
