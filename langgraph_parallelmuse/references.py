@@ -14,36 +14,84 @@ Nothing here reads the evidence: the phrases are found in the question's own wor
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from langgraph_parallelmuse.candidates import CAPITAL
 
 __all__ = ["Reference", "inner_reference", "reference_depth", "resolve", "resolved_question"]
 
-_NAME = rf"(?:{CAPITAL}|[0-9])[\w.\-]*(?:\s+(?:(?:of|the|and|de|for|with|a)\s+)*(?:{CAPITAL}|[0-9])[\w.\-]*)*"
-# "the country where …", "a German musician whose …": a head noun (up to two words before it)
-# and a relative clause, which runs to a comma or the end of the question, or ends after a
-# "located"/"born"-like participle ("the area where X is located became a state").
-_RELATIVE = re.compile(
-    r"\b(?:the|a|an)\s+((?:[\w-]+\s+){0,2}?[a-z][\w-]*)\s+(?:which|that|who|whom|where|whose|when|in which)\s+"
-    r"(?P<clause>[^,?]+?\b(?:is|was|are|were)\s+(?:located|born|found|formed|founded|held|based|situated|headquartered)"
-    r"(?:\s+in)?\b|[^,?]+)"
+# A name may hold an apostrophe ("The Girl Who Kicked the Hornets' Nest") and the lower-case words
+# of titles and of German, Dutch or Romance names ("Bastien und Bastienne", "Ludwig van Beethoven").
+_NAME = (
+    rf"(?:{CAPITAL}|[0-9])[\w.\-'’]*(?:\s+(?:(?:of|the|and|und|de|del|da|di|du|la|le|von|van|der|den|for|with|a)\s+)*"
+    rf"(?:{CAPITAL}|[0-9])[\w.\-'’]*)*"
 )
+# A name a comma continues ("Albert, King of Belgium", "Alexander and the Terrible, Horrible, No Good,
+# Very Bad Day"): it is one entity's, not a list's, when a phrase names it after "of".
+_NAMES = rf"{_NAME}(?:,\s+{_NAME})*"
+_PARTICIPLE = r"(?:located|born|found|formed|founded|held|based|situated|headquartered|set|(?:a\s+)?part\s+of)"
+# One character of a relative clause (or a name and its comma), which ends at a comma, a question mark
+# or a sentence's stop. A comma between two names stays inside ("the county in which Johnnycake, West
+# Virginia is located"), and so does the stop of an initial or a title ("Harris W. Fawell", "Mr. Cool").
+_CLAUSE_CHAR = rf"(?:{CAPITAL}[\w.\-'’]*,\s+(?={CAPITAL}|[0-9])|[^,?.]|\.(?!\s+{CAPITAL})|(?<![a-z]{{2}})\.)"
+# "the country where …", "a German musician whose …", "the person under whom …": a head noun (up to
+# two words before it) and a relative clause, which runs to the clause's end (_CLAUSE_CHAR), or ends
+# after a "located"/"born"-like participle ("the area where X is located became a state"); an "in"
+# after it is the clause's only at its end ("the country X is located in?", not "… located in the city
+# where …").
+_RELATIVE = re.compile(
+    r"\b(?:the|a|an)\s+((?:[\w-]+\s+){0,2}?[a-z][\w-]*)\s+"
+    r"(?P<pronoun>which|that|who|whom|where|whose|when|(?:in|under|by|for|from|with|on|at|during)\s+(?:which|whom))\s+"
+    rf"(?P<clause>{_CLAUSE_CHAR}+?\b(?:is|was|are|were)\s+{_PARTICIPLE}(?:\s+in(?=\s*(?:[,?.]|$)))?\b"
+    rf"|{_CLAUSE_CHAR}+)"
+)
+# The shorter clause of a phrase whose long one took the question's own verb ("What time does the
+# state where Greenfield-Central High is stop selling booze?"): a named subject and its verb ...
+_OBJECT_CLAUSE = re.compile(
+    rf"(?:the\s+)?{_NAME}\s+(?:(?:is|was|are|were)\b(?:\s+(?:{_PARTICIPLE}|[a-z]+ed|(?:a|an|the)\s+[a-z][\w-]*)\b)?"
+    r"|[a-z][\w-]*)"
+)
+# ... or, after "who"/"that", the verb and its object up to a name the question's verb follows ("the
+# actor who starred as Benton Fraser in the series "Due South" have a child with?").
+_FUNCTION_WORDS = "in|on|at|of|for|from|with|by|to|into|as|and|or|the|a|an|during|after|before|since|near|under"
+_SUBJECT_CLAUSE = re.compile(rf"[a-z][^,?]*?\b{_NAME}[\"”’)]?(?=\s+(?!(?:{_FUNCTION_WORDS})\b)[a-z])")
+# Before a phrase, a word that needs a verb after it: with nothing after the phrase, its clause took
+# the verb ("What amount of TEUs did the location where the 26th Chess Olympiad occur handle in 2010?").
+_NEEDS_VERB = re.compile(r"\b(?:do|does|did|whom|which|where)\s+$")
+# Words a subject clause ("who also played Captain Miller in Saving Private Ryan") starts with when
+# it has a subject of its own (an object clause: "that the Tekeze River turns into").
+_SUBJECTS = frozenset("the a an this these those his her its their he she it they we one".split())
+_COPULAS = frozenset("is was are were".split())
+# After these a verb "is"/"was" is a nested clause's ("who was premier when Copley was Minister").
+_NESTING = frozenset("when where who whom whose which that while because after before as if since until and or".split())
 # "the country Dai Jitao is from", "the company Novair International Airways is part of".
 _BARE_RELATIVE = re.compile(
     rf"\bthe\s+([a-z][\w-]*)\s+{_NAME}\s+(?:is|was|are|were)\s+(?:(?:located|a\s+part|part)\s+)?(?:from|in|of)\b"
 )
 # "the composer of Aschenbrodel", "the place of birth of David Morse": a noun of a named entity.
-_OF_NAME = re.compile(rf"\bthe\s+((?:[a-z][\w-]*\s+){{0,2}}?[a-z][\w-]*)\s+of\s+{_NAME}")
-# "Hello Love's performer", "Big Eye's main director", "Corey Taylor's city of birth".
+_OF_NAME = re.compile(rf"\bthe\s+((?:[a-z][\w-]*\s+){{0,2}}?[a-z][\w-]*)\s+of\s+{_NAMES}")
+# "Hello Love's performer", "Big Eye's main director", "Corey Taylor's city of birth"; "the" before
+# the name is the phrase's ("the Deane Waldo Malott's alma mater").
 _POSSESSIVE = re.compile(
-    rf"\b({_NAME})['’]s\s+((?:(?:main|first|former|current|original|home|birth|record|parent|lead)\s+)?[a-z][\w-]*"
-    r"(?:\s+of\s+(?:birth|death|origin))?)"
+    rf"(?:\bthe\s+)?\b({_NAME})['’]s\s+((?:(?:main|first|former|current|original|home|birth|record|parent|lead)\s+)?"
+    r"(?P<head>alma\s+mater|[a-z][\w-]*)(?:\s+of\s+(?:birth|death|origin))?)"
 )
-# A clause that holds the asked part ("… in what city?", "… whose godfather is whom?") is the
-# question itself, not a phrase naming an entity.
-_ASKED = re.compile(r"\b(?:what|which|who|whom|how)\b")
+# A clause that holds the asked part ("… in what city?", "… whose godfather is whom?", "… a war that
+# Italy entered when?") is the question itself, not a phrase naming an entity; a "when"/"where"
+# inside it opens a nested clause ("the country where the city where X was born is located").
+_ASKED = re.compile(r"\b(?:what|which|who|whom|how)\b|\b(?:when|where)\s*$")
+# "… a second campus in which California city?", "… an appearance by which rapper?": the "which"
+# asks, as a relative one has a subject and a verb after it.
+_WHICH_ASKS = re.compile(
+    rf"{_NAME}\s+(?:country|city|town|state|county|province|island|region|district|village|river)|[a-z][\w-]*"
+)
+# "What was the profession of Amy Johnson, whom's life …?", "Name the mother of Edward Stafford, …":
+# the phrase is what is asked, whatever follows its comma.
+_ASKS_FOR = re.compile(r"(?:(?:what|which|who)\s+(?:is|was|are|were)|name)\s+", re.IGNORECASE)
+# "The Jump is a British television series that …", "Maryland, a group that …": an indefinite phrase
+# after a verb "is" or a comma describes what is named before it.
+_DESCRIBES = re.compile(r"(?:\b(?:is|was|are|were)|,)\s+$")
 # "the village of Clonbrook" is Clonbrook itself and "the east of Tennessee" a part of it, not
 # entities to find.
 _APPOSITIVE = frozenset(
@@ -79,32 +127,85 @@ class Reference:
 
 def _phrases(question: str) -> list[Reference]:
     """Every phrase of ``question`` that names an entity it does not give."""
-    # A relative clause may hold another ("the state that borders the east of the state where
-    # …"), so it is tried from every determiner; the other patterns start at a name or "the".
-    relatives = (_RELATIVE.match(question, m.start()) for m in re.finditer(r"\b(?:the|a|an)\s", question))
+    # (how the phrase is asked, where it starts, the phrase, its name, its noun, the noun's head word)
     matches = [
-        *(("Which is {span}?", m) for m in relatives if m is not None),
-        *(("Which is {span}?", m) for m in _BARE_RELATIVE.finditer(question)),
-        *(("What is {span}?", m) for m in _OF_NAME.finditer(question)),
-        *(("What is the {noun} of {name}?", m) for m in _POSSESSIVE.finditer(question)),
+        *(("Which is {span}?", at, span, "", noun, noun) for at, span, noun in _relatives(question)),
+        *(
+            ("Which is {span}?", m.start(), m.group(0), "", m.group(1), m.group(1))
+            for m in _BARE_RELATIVE.finditer(question)
+        ),
+        *(
+            ("What is {span}?", m.start(), m.group(0), "", m.group(1), m.group(1))
+            for m in _OF_NAME.finditer(question)
+            if _head(m.group(1)) not in _APPOSITIVE
+        ),
+        *(
+            ("What is the {noun} of {name}?", m.start(), m.group(0), m.group(1), m.group(2), m.group("head"))
+            for m in _POSSESSIVE.finditer(question)
+            if m.group(1).split()[0] not in _NOT_NAMES
+        ),
     ]
     found = []
-    for ask, m in matches:
-        span = m.group(0).rstrip(" ?,")
-        possessive = m.re is _POSSESSIVE
-        name, noun = (m.group(1), m.group(2)) if possessive else ("", m.group(1))
-        head = noun.split(" of ")[0].split()[-1]
-        clause = m.groupdict().get("clause") or ""
+    for ask, at, span, name, noun, head in matches:
+        span = span.rstrip(" ?,")
+        head = _head(head)
+        before, after = question[:at], question[at + len(span) :]
         if (
             head in _NOT_NOUNS
-            or (m.re is _OF_NAME and head in _APPOSITIVE)
-            or (possessive and name.split()[0] in _NOT_NAMES)
-            or _ASKED.search(clause)
             or not _words(question.replace(span, " ")) - _BARE
+            or (_ASKS_FOR.fullmatch(before) and re.match(r"\s*(?:[,?]|$)", after))
+            or (re.match(r"an?\s", span) and _DESCRIBES.search(before))
         ):
             continue
         found.append(Reference(span, ask.format(span=span, noun=noun, name=name), head))
     return found
+
+
+def _head(noun: str) -> str:
+    """The word that says what ``noun`` is: "place" of "place of birth", "director" of "main director"."""
+    return noun if noun == "alma mater" else noun.split(" of ")[0].split()[-1]
+
+
+def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
+    """Where each relative phrase of ``question`` starts, the phrase and its noun, its clause cut
+    where the question's own words go on; a phrase whose clause asks is left out.
+    """
+    # A relative clause may hold another ("the state that borders the east of the state where
+    # …"), so it is tried from every determiner.
+    for determiner in re.finditer(r"\b(?:the|a|an)\s", question):
+        m = _RELATIVE.match(question, determiner.start())
+        if m is None:
+            continue
+        pronoun, at = m.group("pronoun"), m.start("clause")
+        clause = _own_clause(pronoun, m.group("clause"))
+        if _NEEDS_VERB.search(question[: m.start()]) and not question[at + len(clause) :].strip(" ?.!"):
+            shorter = (_SUBJECT_CLAUSE if _is_subject(pronoun, clause) else _OBJECT_CLAUSE).match(question, at)
+            clause = shorter.group(0) if shorter and len(shorter.group(0)) < len(clause) else clause
+        clause = clause.rstrip(" ?,")
+        if _ASKED.search(clause) or (pronoun.endswith(" which") and _WHICH_ASKS.fullmatch(clause)):
+            continue
+        yield m.start(), question[m.start() : at + len(clause)], m.group(1)
+
+
+def _is_subject(pronoun: str, clause: str) -> bool:
+    """True when ``clause`` has no subject of its own: "who played …", not "that Italy entered"."""
+    first = clause.split(" ", 1)[0]
+    return pronoun in ("who", "which", "that") and first.islower() and first not in _SUBJECTS
+
+
+def _own_clause(pronoun: str, clause: str) -> str:
+    """``clause`` without the question's own verb: a subject clause has one verb "is"/"was" at most
+    ("the actor who played Captain Miller in Saving Private Ryan *is stuck* in The Terminal").
+    """
+    if not _is_subject(pronoun, clause):
+        return clause
+    words = clause.split(" ")
+    for i, word in enumerate(words[1:], 1):
+        if word in _NESTING:
+            break
+        if word in _COPULAS:
+            return " ".join(words[:i])
+    return clause
 
 
 def _words(text: str) -> set[str]:

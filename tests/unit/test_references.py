@@ -39,6 +39,30 @@ from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick
             "the country where the village of Clonbrook is located",
             "country",
         ),
+        # A comma between two names, an apostrophe, a "und" or an "alma mater" does not cut a name.
+        (
+            "Which county borders the county in which Millbrook, New Jersey is located?",
+            "the county in which Millbrook, New Jersey is located",
+            "county",
+        ),
+        (
+            "What did the author of Red, White and Blue Skies study?",
+            "the author of Red, White and Blue Skies",
+            "author",
+        ),
+        ("Where was the composer of Rosa und Blanka born?", "the composer of Rosa und Blanka", "composer"),
+        (
+            "Which city is the birthplace of the director of The Man Who Stole the Kings' Crown?",
+            "the director of The Man Who Stole the Kings' Crown",
+            "director",
+        ),
+        ("When did the Anna Lind's alma mater open?", "the Anna Lind's alma mater", "alma mater"),
+        # The noun is the head's, not the preposition's before "whom".
+        (
+            "Who mothered the king under whom Rome reached its largest size?",
+            "the king under whom Rome reached its largest size",
+            "king",
+        ),
     ],
 )
 def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, noun):
@@ -52,6 +76,15 @@ def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, n
         "Who is the wife of Kim Jong-chul?",  # the phrase is what is asked, not a hop on the way
         "Who is older, Sid Haig or Vic Darchinyan?",
         "The manuscript is in the hand of a German musician whose godfather is whom?",  # the clause asks
+        "The ship sank during a storm that Norway recorded when?",
+        "Tom Reed coaches at a college which also has a campus in which Texas city?",
+        # The phrase is what is asked, whatever follows its comma.
+        "What was the job of Ann Lee, whose diary was published in 1950?",
+        "What is a Canadian firm that builds, sells, and repairs boats in Halifax?",
+        "Name the father of John Grey, 2nd Earl Grey, who married whom?",
+        # An indefinite phrase after "is" or a comma describes a name the question gives.
+        "The Dig is a British quiz show that follows students as they travel, which is hosted by whom?",
+        "The band plays at the Red Lion Pub in Leeds, a venue that hosts folk nights with this 3-letter name.",
     ],
 )
 def test_a_question_without_a_hop_on_the_way_has_no_phrase(question):
@@ -79,6 +112,82 @@ def test_each_bridge_resolves_the_innermost_phrase_in_turn():
         "How many Publix stores are in the state that borders the east of Tennessee?",
         "How many Publix stores are in North Carolina?",
     ]
+
+
+@pytest.mark.parametrize(
+    ("question", "bridges", "resolved"),
+    [
+        # A clause ends at its own verb where the question's follows it ...
+        (
+            "What time does the city where Oakbridge Hall is close its libraries?",
+            ["Leeds"],
+            "What time does Leeds close its libraries?",
+        ),
+        (
+            "How many cars did the town where the 12th Motor Fair open build in 1999?",
+            ["Turin"],
+            "How many cars did Turin build in 1999?",
+        ),
+        (
+            "What position does the player who scored for Leeds United play?",
+            ["Pedro"],
+            "What position does Pedro play?",
+        ),
+        (
+            'What did the man who wrote "the Long Road" use as his pen name?',
+            ["Tom Hale"],
+            "What did Tom Hale use as his pen name?",
+        ),
+        (
+            "Who mothered the king under whom the empire that conquered Gaul reached its largest size?",
+            ["Rome"],
+            "Who mothered the king under whom Rome reached its largest size?",
+        ),
+        (
+            "When did the country in which the singer of Moonlight is a citizen join the EU?",
+            ["Ann Holt", "Ireland"],
+            "When did Ireland join the EU?",
+        ),
+        # ... at a second verb "is" after "who" ...
+        (
+            "What colour is the house in which the sister of the painter who also painted Blue Harbour is living?",
+            ["Anna Berg"],
+            "What colour is the house in which the sister of Anna Berg is living?",
+        ),
+        # ... after "is set" or "is part of", and at a sentence's stop.
+        (
+            "What part of the country where the novel Red Sky is set are the highlands?",
+            ["Scotland"],
+            "What part of Scotland are the highlands?",
+        ),
+        (
+            "Where is the district that Elmwood is part of located in Canada?",
+            ["York"],
+            "Where is York located in Canada?",
+        ),
+        (
+            "Bob visited the city where the river Lune ends. Who founded that city?",
+            ["Lancaster"],
+            "Bob visited Lancaster. Who founded that city?",
+        ),
+        # An "in" after "located" is the next phrase's.
+        (
+            "Which office represents the country where Mount Ash is located in the city where the treaty was signed?",
+            ["Paris", "Chile"],
+            "Which office represents Chile in Paris?",
+        ),
+        # A name goes on past a comma before another name, and "the" before a possessive is the phrase's.
+        ("Who founded the birthplace of Otto, Count of Flanders?", ["Ghent"], "Who founded Ghent?"),
+        ("Who directed the film that was shot in Tarn, Texas in 1990", ["Red Dust"], "Who directed Red Dust?"),
+        (
+            "Who wrote the history of the Nordic Trade Council's charter?",
+            ["Oslo Treaty"],
+            "Who wrote the history of Oslo Treaty?",
+        ),
+    ],
+)
+def test_a_resolved_question_keeps_the_words_around_the_phrase(question, bridges, resolved):
+    assert resolved_question(question, bridges) == resolved
 
 
 PUBLIX = (
