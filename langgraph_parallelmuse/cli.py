@@ -925,11 +925,16 @@ async def _bench(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.models.export import export_model
+    from langgraph_parallelmuse.models.export import export_model_result
 
     with console.status(f"Exporting the embedded SmolLM2 to {args.dir} ({args.dtype})…"):
-        path = export_model(args.dir, dtype=args.dtype)
-    console.print(f"Wrote a transformers checkpoint to {path}: serve it with vLLM (--model {path})", markup=False)
+        path, outcome = export_model_result(args.dir, dtype=args.dtype)
+    done = {
+        "written": f"Wrote a transformers checkpoint ({args.dtype}) to {path}",
+        "reused": f"{path} already holds this {args.dtype} export; nothing written",
+        "replaced": f"Replaced the earlier export in {path} with a {args.dtype} checkpoint",
+    }[outcome]
+    console.print(f"{done}: serve it with vLLM (--model {path})", markup=False)
     return 0
 
 

