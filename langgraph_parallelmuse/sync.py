@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.runnables import RunnableLambda
 
 __all__ = ["async_node"]
 
+logger = logging.getLogger(__name__)
+
 _LOOP: asyncio.AbstractEventLoop | None = None
+_THREAD: threading.Thread | None = None
 _LOOP_LOCK = threading.Lock()
 # How long an abandoned sync call waits for its cancelled coroutine to wind down before it re-raises.
 _STOP_SECONDS = 30.0
@@ -27,27 +31,59 @@ _STOP_SECONDS = 30.0
 
 def _forget_loop() -> None:
     # A forked child has no copy of the loop's thread: it starts its own loop on first use.
-    global _LOOP, _LOOP_LOCK
-    _LOOP, _LOOP_LOCK = None, threading.Lock()
+    global _LOOP, _THREAD, _LOOP_LOCK
+    _LOOP, _THREAD, _LOOP_LOCK = None, None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_loop)
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
-    global _LOOP
+    global _LOOP, _THREAD
     with _LOOP_LOCK:
-        if _LOOP is None or _LOOP.is_closed():
+        # A loop whose thread ended (stopped by someone's loop.stop()) would take calls and never run them.
+        if _LOOP is None or _LOOP.is_closed() or _THREAD is None or not _THREAD.is_alive():
             _LOOP = asyncio.new_event_loop()
-            threading.Thread(target=_LOOP.run_forever, name="parallelmuse-sync-loop", daemon=True).start()
+            _THREAD = threading.Thread(target=_run, args=(_LOOP,), name="parallelmuse-sync-loop", daemon=True)
+            _THREAD.start()
         return _LOOP
+
+
+def _run(loop: asyncio.AbstractEventLoop) -> None:
+    # SystemExit or KeyboardInterrupt raised in a task the node started (asyncio re-raises them out
+    # of run_forever) ended this thread, and every sync call after it waited forever: the loop goes
+    # on instead, and the task's own awaiter gets the exception.
+    while True:
+        try:
+            loop.run_forever()
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported, and the loop's other work goes on
+            logger.warning("%s was raised on the sync API's background loop; the loop goes on", type(exc).__name__)
+
+
+class _Raised(NamedTuple):
+    """A SystemExit or KeyboardInterrupt of a node's coroutine, carried to the sync caller."""
+
+    error: BaseException
+
+
+async def _contained(coro: Any) -> Any:
+    # Raised out of the task, it would stop the loop (asyncio re-raises them): it is returned
+    # instead, and the caller raises it in its own thread.
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return _Raised(exc)
 
 
 def async_node(name: str, afunc: Callable) -> RunnableLambda:
     """An async node that also runs under the sync API, on the shared background loop.
 
     The coroutine runs in a copy of the caller's context, so LangGraph's runtime, config and
-    stream writer are visible inside it.
+    stream writer are visible inside it. Whatever it raises, SystemExit and KeyboardInterrupt
+    included, is raised in the caller; the loop goes on serving other calls. A sync call made from
+    code running on that loop (a sync callback inside a node) raises ``RuntimeError``: it would wait
+    for itself forever, so such code awaits the async form (``ainvoke``) instead.
 
     Example:
         >>> async def double(x):
@@ -58,12 +94,19 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
 
     def sync(arg: Any) -> Any:
         loop = _background_loop()
+        if threading.current_thread() is _THREAD:
+            # Waiting here for the loop this thread runs would wait forever.
+            raise RuntimeError(
+                f"node {name!r} was called through the sync API (invoke, batch, stream) from code running on "
+                "the sync API's own background loop, which would wait for itself forever: "
+                "await its async form (ainvoke, abatch, astream) there instead"
+            )
         context = contextvars.copy_context()
         done: Future = Future()
         tasks: list[asyncio.Task] = []
 
         def start() -> None:
-            task = loop.create_task(afunc(arg), context=context)
+            task = loop.create_task(_contained(afunc(arg)), context=context)
             tasks.append(task)
 
             def finish(t: asyncio.Task) -> None:
@@ -71,6 +114,8 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
                     done.set_exception(asyncio.CancelledError())
                 elif t.exception() is not None:
                     done.set_exception(t.exception())
+                elif isinstance(t.result(), _Raised):
+                    done.set_exception(t.result().error)
                 else:
                     done.set_result(t.result())
 

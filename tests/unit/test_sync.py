@@ -51,3 +51,66 @@ def test_a_forked_child_runs_sync_calls_on_a_loop_of_its_own():
     node = async_node("double", double)
     assert node.invoke(1) == 2  # the parent's background loop is running now
     assert in_forked_child(lambda: node.invoke(21)) == "42"
+
+
+def _within(seconds: float, call):
+    """``call()``'s result or the exception it raised; "hung" when it has not returned by then."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["value"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box.get("value", "hung")
+
+
+async def _double(x):
+    return 2 * x
+
+
+def test_a_node_raising_system_exit_raises_it_in_the_caller_and_the_loop_goes_on():
+    # asyncio re-raises SystemExit/KeyboardInterrupt out of the loop: its thread ended, that call and
+    # every later sync call in the process waited forever.
+    async def exits(_):
+        raise SystemExit(3)
+
+    async def child_interrupted(_):
+        async def child():
+            raise KeyboardInterrupt
+
+        return await asyncio.gather(asyncio.ensure_future(child()))
+
+    raised = _within(5, lambda: async_node("exits", exits).invoke(None))
+    assert isinstance(raised, SystemExit) and raised.code == 3
+    assert isinstance(_within(5, lambda: async_node("child", child_interrupted).invoke(None)), KeyboardInterrupt)
+    assert _within(5, lambda: async_node("double", _double).invoke(21)) == 42
+
+
+def test_a_stopped_background_loop_is_replaced():
+    from langgraph_parallelmuse import sync
+
+    assert _within(5, lambda: async_node("double", _double).invoke(1)) == 2  # the loop is running
+    loop = sync._LOOP
+    loop.call_soon_threadsafe(loop.stop)
+    deadline = time.monotonic() + 5
+    while any(t.name == "parallelmuse-sync-loop" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _within(5, lambda: async_node("double", _double).invoke(21)) == 42
+    loop.close()
+
+
+def test_a_sync_call_from_the_background_loop_itself_raises_instead_of_waiting_forever():
+    inner = async_node("inner", _double)
+
+    async def outer(x):
+        return inner.invoke(x)  # a sync callback inside a node
+
+    raised = _within(5, lambda: async_node("outer", outer).invoke(21))
+    assert isinstance(raised, RuntimeError), raised
+    assert "'inner'" in str(raised) and "ainvoke" in str(raised)
+    assert _within(5, lambda: async_node("double", _double).invoke(21)) == 42
