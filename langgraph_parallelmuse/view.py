@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.state import Trajectory
+
+# C0/C1 controls (terminal escapes) and the bidi embeddings, overrides, isolates and marks: printed
+# raw, a tool argument could clear or retitle the terminal, or show its text reordered.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(text: object, limit: int | None = None) -> str:
+    r"""``text`` on one line, its control and bidi characters shown as escapes.
+
+    A notebook prints the tree as it is (the CLI strips such characters itself): raw, they would
+    drive the terminal or reorder the line. Whitespace is collapsed as by ``protocol.one_line``.
+
+    Args:
+        text: Text from a model, a tool or a user.
+        limit: The most characters to keep ("…" marks a cut), as for ``one_line``.
+
+    Returns:
+        The line to print.
+
+    Example:
+        >>> print(_visible("a\x1b]0;pwned\x07 b\u202eevil"))
+        a\x1b]0;pwned\x07 b\u202eevil
+    """
+    line = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode(), one_line(text))
+    return one_line(line, limit)
 
 
 def _fmt(score: float | None) -> str:
@@ -18,11 +44,12 @@ def _step_line(traj: Trajectory, i: int) -> str:
     step = traj["steps"][i]
     act = step["action"]
     if act.get("type") == "tool_call":
-        what = f"{act['name']}({', '.join(one_line(v, 40) for v in act.get('arguments', {}).values())})"
+        arguments = ", ".join(_visible(v, 40) for v in (act.get("arguments") or {}).values())
+        what = f"{_visible(act.get('name'), 40)}({arguments})"
     elif act.get("type") == "answer":
-        what = f"answer: {one_line(act.get('answer'), 60)}"
+        what = f"answer: {_visible(act.get('answer'), 60)}"
     else:
-        what = f"invalid: {one_line(act.get('error'), 50)}"
+        what = "invalid" + (f": {_visible(act['error'], 50)}" if act.get("error") else "")
     u = traj["uncertainty"][i] if i < len(traj["uncertainty"]) else {}
     return f"step {i}  R={_fmt(u.get('reasoning'))} E={_fmt(u.get('exploration'))}  {what}"
 
@@ -59,8 +86,10 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
             else ""
         )
         answer, error = traj.get("answer"), traj.get("error")
-        outcome = one_line(repr(answer) if answer is not None or not error else error, 160)
-        head = f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}{note}) {traj['status']}: {outcome}"
+        # A trajectory cancelled or cut short without a message has no reason to show ("None" read as one).
+        outcome = repr(answer) if answer is not None else error
+        reason = f": {_visible(outcome, 160)}" if outcome else ""
+        head = f"{indent}{traj['id']} ({origin.get('kind', 'initial')}{extra}{note}) {traj['status']}{reason}"
         lines.append(head)
         for i in range(start, len(traj["steps"])):
             lines.append(f"{indent}├─ {_step_line(traj, i)}")

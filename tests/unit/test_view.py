@@ -127,3 +127,31 @@ def test_failed_tool_calls_and_unreadable_or_rejected_turns_are_counted_once_wit
     rows = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
     assert rows["rollout: tool calls / failed"] == "0 / 5"  # tool_calls is the runner's count (0 in these stubs)
     assert rows["rollout: unreadable turns / turns kept though rejected"] == "1 / 1"
+
+
+def test_control_and_bidi_characters_from_tools_and_models_are_shown_escaped():
+    """A notebook prints the tree directly: a tool argument's escape sequence retitled the terminal
+    and a right-to-left override reversed the line."""
+    call = {"action": {"type": "tool_call", "name": "search", "arguments": {"query": "a\x1b]0;pwned\x07b"}}}
+    traj = _traj("t0", status="failed", error="server said \u202eevil\u202c")
+    traj["steps"] = [call, {"action": {"type": "answer", "answer": "\x1b[2JParis"}}]
+    tree = render_tree([traj])
+    assert not [ch for ch in tree if ch in "\x1b\x07\u202e\u202c"]
+    assert "search(a\\x1b]0;pwned\\x07b)" in tree
+    assert "failed: server said \\u202eevil\\u202c" in tree
+    assert "answer: \\x1b[2JParis" in tree
+
+
+def test_a_trajectory_that_ended_without_a_reason_shows_no_reason():
+    tree = render_tree([_traj("t0", status="cancelled"), _traj("t1", status="failed"), _traj("t2", status="max_turns")])
+    assert [line for line in tree.splitlines() if not line.startswith("├")] == [
+        "t0 (initial) cancelled",
+        "t1 (initial) failed",
+        "t2 (initial) max_turns",
+    ]
+
+
+def test_a_tool_call_without_arguments_is_shown():
+    traj = _traj("t0", answer="ok")
+    traj["steps"][0] = {"action": {"type": "tool_call", "name": "visit", "arguments": None}}
+    assert "visit()" in render_tree([traj])
