@@ -238,6 +238,9 @@ class _Online:
         self.done: list[Trajectory] = []
         self.picks: list[Pick] = []
         self.tasks: dict[asyncio.Task, Job] = {}
+        # Every task reports its end here: asyncio.wait watches only the tasks it was handed, so a branch
+        # forked during the wait went unwatched, and its consensus or its error waited for its parent's end.
+        self.ended: asyncio.Queue[asyncio.Task] = asyncio.Queue()
         self.examined: dict[str, int] = {}  # trajectory id -> steps already considered for a fork
         self.earlier: dict[str, dict[int, tuple[str, float]]] = {}  # forks a resumed run's first run took
         self.seen_scores: list[float] = []  # this run's finished step scores (the estimate, uncalibrated)
@@ -256,7 +259,19 @@ class _Online:
 
     def start(self, job: Job) -> None:
         self.launched += 1
-        self.tasks[asyncio.ensure_future(self._run(job))] = job
+        task = asyncio.ensure_future(self._run(job))
+        self.tasks[task] = job
+        task.add_done_callback(self.ended.put_nowait)
+
+    async def next_ended(self) -> list[asyncio.Task]:
+        """The tasks that have ended since the last call, in the order they ended (waits for one)."""
+        ended = [await self.ended.get()]
+        while not self.ended.empty():
+            ended.append(self.ended.get_nowait())
+        # A done-callback runs a loop turn after its task ends: those ended but not yet reported are read
+        # now, so a consensus is judged on every answer there is (and their reports come stale).
+        ended += [task for task in self.tasks if task.done()]
+        return [task for task in dict.fromkeys(ended) if task in self.tasks]
 
     async def _run(self, job: Job) -> Trajectory:
         sample = next(self.pool, None) if job["origin"].get("kind") != "branch" else None
@@ -343,10 +358,33 @@ class _Online:
     def settled(self) -> bool:
         return consensus_reached(self.done, self.config.consensus)
 
-    async def cancel_running(self) -> None:
-        self.stopped = True
+    async def halt(self) -> BaseException | None:
+        """Cancel the running trajectories and wait until every one has ended (``settle``).
+
+        Returns:
+            The first error a trajectory ended with, other than its cancellation; each one is read,
+            so asyncio logs none of them as never retrieved.
+        """
+        self.stopped = True  # a parent being cancelled forks no branch that would be left running
         await settle(self.tasks)
-        for job in self.tasks.values():  # what they finished stays checkpointed; the record says why it ended
+        errors = [task.exception() for task in self.tasks if not task.cancelled()]
+        return next((error for error in errors if error is not None), None)
+
+    async def cancel_running(self) -> None:
+        """The consensus stop: cancel what runs, and record how far each trajectory got.
+
+        Raises:
+            Exception: The error a trajectory ended with before the stop reached it. Recorded from
+                its checkpoints instead, it was lost: the run returned as if nothing had failed.
+        """
+        if (error := await self.halt()) is not None:
+            raise error
+        # Those that ended before the stop reached them keep their own result (and ended first).
+        for task, job in sorted(self.tasks.items(), key=lambda tj: tj[0].cancelled()):
+            if not task.cancelled():
+                self.done.append(task.result())
+                continue
+            # What a cancelled one finished stays checkpointed; the record says why it ended.
             traj = await self.runner.snapshot(job["thread_id"], self.config)
             status = traj["status"] if traj["status"] != "running" else "cancelled"
             record = {**traj, "status": status, "answer": traj["answer"] if status != "cancelled" else None}
@@ -411,6 +449,11 @@ async def online_rollout(
 
     Returns:
         The trajectories (in the order they ended) and the picks.
+
+    Raises:
+        Exception: The error that ended a trajectory's run (``MissingLogprobsError``, a failed
+            checkpoint write), as soon as it comes: the others are cancelled first, as in a post-hoc
+            wave, and a step they had in flight is generated again on resume.
     """
     run = _Online(runner, question, config, run_id, reuse=reuse, on_event=on_event or _ignore, limit=limit)
     fills = config.rollout_n - config.m - config.m * config.k * config.t
@@ -420,11 +463,9 @@ async def online_rollout(
         run.start(scratch_job("fill", i, run_id=run_id))
     try:
         while run.tasks:
-            finished, _ = await asyncio.wait(run.tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
+            for task in await run.next_ended():
+                run.done.append(task.result())  # an error ends the run at once, as gather_all's waves do
                 del run.tasks[task]
-                traj = task.result()
-                run.done.append(traj)
             if run.settled():
                 run.on_event("consensus_reached", answers=len(run.done))
                 await run.cancel_running()
@@ -437,7 +478,7 @@ async def online_rollout(
                 fills += top_up
     finally:
         # An error or a cancellation of the node must not leave trajectories writing to their threads.
-        await settle(run.tasks)
+        await run.halt()  # the error that ended the run, if any, is already on its way up
     return run.done, run.picks
 
 

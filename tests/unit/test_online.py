@@ -12,6 +12,7 @@ import threading
 
 import pytest
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.config import get_config
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.config import make_config
@@ -57,6 +58,19 @@ class Runners:
             return self.plan(me, 0, f"runner {me} starts")
         me = int(re.search(r"runner (\d+) starts", " ".join(str(m.content) for m in messages)).group(1))
         return self.plan(me, index, f"runner {me} goes on")
+
+
+def _by_trajectory(plan, calls=None):
+    """A responder that hands ``plan`` the trajectory id (its thread id's last part) and the step,
+    and records the trajectory of each call in ``calls``."""
+
+    def respond(messages):
+        trajectory = get_config()["configurable"]["thread_id"].split("/")[-1]
+        if calls is not None:
+            calls.append(trajectory)
+        return plan(trajectory, agent_step(messages))
+
+    return respond
 
 
 # ----------------------------------------------------------------------------- online branching
@@ -290,6 +304,37 @@ async def test_a_branch_cancelled_before_its_own_first_step_is_not_a_trajectory(
     assert (budget["branches_planned"], budget["branches"], budget["shortfall_filled"]) == (2, 0, 0)
 
 
+async def test_a_consensus_among_branches_forked_while_the_loop_waits_cancels_their_parent(tmp_path):
+    """The paper's N=8, M=1, k=2, T=3. The loop waited on the tasks running when it began to wait; the
+    branches forked during that wait were not watched, so their consensus was noticed only when t0
+    ended: t0 made all 9 of its calls and came back answered, the token saving of the stop lost."""
+    calls: list[str] = []
+
+    def plan(trajectory, step):
+        if trajectory != "t0":  # f0 and every branch agree at once
+            return Reply(answer_text("Paris", trajectory), logprob=SURE, delay=0.05)
+        if step == 0:  # crosses the threshold: three branches fork at once
+            return Reply(call_text("search", "t0", query="q"), regions={"tool_call": -2.5}, logprob=SURE, delay=0.2)
+        if step < 8:
+            return Reply(call_text("search", "t0", query=f"q{step}"), logprob=SURE, delay=1.0)
+        return Reply(answer_text("Lyon", "t0"), logprob=SURE)
+
+    model = ScriptedChatModel(responder=_by_trajectory(plan, calls))
+    config = make_config(n=8, m=1, k=2, t=3, branching="online", calibration=_calibration(tmp_path), consensus=0.75)
+    events: list[str] = []
+    trajs, picks = await online_rollout(
+        RolloutRunner(model, make_tools()[0]),
+        QUESTION,
+        config=config,
+        run_id="cb",
+        on_event=lambda e, **d: events.append(f"{e}:{d.get('id') or (d.get('trajectory') or {}).get('id', '')}"),
+    )
+    assert {t["id"]: t["status"] for t in trajs}["t0"] == "cancelled"
+    assert events.index("consensus_reached:") < events.index("trajectory_finished:t0")
+    assert calls.count("t0") == 2  # its first step, and the second, in flight at the stop
+    assert [(p["parent"], p["step"]) for p in picks] == [("t0", 0)]  # it did not live to take its second
+
+
 # ----------------------------------------------------------------------------- resume
 
 
@@ -304,7 +349,9 @@ async def test_a_crashed_online_run_resumes_without_redoing_finished_trajectorie
         if crash["armed"] and step == 2 and me == 2:  # the second branch dies at its last step
             crash["armed"] = False
             raise MissingLogprobsError("simulated crash")
-        return Reply(answer_text("Paris", thought) if step == 2 else call_text("visit", thought, doc="Paris"))
+        if step == 1:  # the second branch crashes after the first has ended
+            return Reply(call_text("visit", thought, doc="Paris"), delay=0.5 if me == 2 else 0.0)
+        return Reply(answer_text("Paris", thought), delay=2.0 if crash["armed"] and me == 0 else 0.0)
 
     runners = Runners(plan)
     model = ScriptedChatModel(responder=research_responder(runners))
@@ -320,9 +367,10 @@ async def test_a_crashed_online_run_resumes_without_redoing_finished_trajectorie
         out = await graph.ainvoke(None, thread)
     assert sorted(t["status"] for t in out["trajectories"]) == ["answered"] * 3
     again = calls[before:]
-    # Only the crashed branch's last step was generated again: its first steps are checkpointed and
-    # the parent and the other branch had finished.
-    assert again == [("2", 2)], again
+    # No finished step was generated again: the crashed branch's first steps are checkpointed and the
+    # other branch had ended. A step in flight at the crash may be: the crash stops the run at once (as
+    # a post-hoc wave's does), so the parent's last step, cancelled there, is generated on resume.
+    assert sorted(again) == [("0", 2), ("2", 2)], again
 
 
 async def test_a_trajectory_is_announced_as_started_when_it_gets_a_slot_of_max_concurrency(tmp_path):
@@ -415,6 +463,51 @@ class _FailingRunner:
         await asyncio.sleep(0.3)
         self.finished.append(job["id"])
         return {"id": job["id"], "origin": job["origin"], "uncertainty": [], "answer": "x", "status": "answered"}
+
+
+async def test_a_run_ending_error_of_a_branch_stops_the_run_at_once(tmp_path):
+    """Before, an error of a branch forked while the loop waited surfaced only when its parent ended:
+    13 more model calls were made behind a failure that had already ended the run."""
+    calls: list[str] = []
+
+    def plan(trajectory, step):
+        if trajectory == "t0.s0.b0":
+            raise MissingLogprobsError("simulated run-ending error")
+        if trajectory == "t0" and step == 0:  # forks at once
+            return Reply(call_text("search", "t0", query="q"), regions={"tool_call": -2.5}, logprob=SURE, delay=0.1)
+        if step < 4:
+            return Reply(call_text("search", trajectory, query=f"q{step}"), logprob=SURE, delay=1.0)
+        return Reply(answer_text("Paris", trajectory), logprob=SURE, delay=1.0)
+
+    model = ScriptedChatModel(responder=_by_trajectory(plan, calls))
+    config = make_config(n=4, m=1, k=1, t=2, branching="online", calibration=_calibration(tmp_path))
+    with pytest.raises(MissingLogprobsError):
+        await online_rollout(RolloutRunner(model, make_tools()[0]), QUESTION, config=config, run_id="e")
+    late = calls[calls.index("t0.s0.b0") + 1 :]
+    # At most the calls that began beside the failing one: its sibling's first, and t0's next step.
+    assert len(late) <= 2, late
+
+
+async def test_a_consensus_stop_does_not_hide_a_run_ending_error(tmp_path):
+    """The branch's error came while the loop still waited on t0 and f2; f2's answer then made the
+    consensus, the stop recorded the failed branch from its checkpoints, and the run returned as if
+    nothing had failed (asyncio logged the error as never retrieved)."""
+
+    def plan(trajectory, step):
+        if trajectory == "t0.s0.b0":
+            raise MissingLogprobsError("simulated run-ending error")
+        if trajectory == "t0":  # forks at its first step, then answers slowly
+            if step == 0:
+                return Reply(call_text("search", "t0", query="q"), regions={"tool_call": -2.5}, logprob=SURE, delay=0.3)
+            return Reply(answer_text("Lyon", "t0"), logprob=SURE, delay=3.0)
+        delay = {"f0": 0.1, "f1": 0.1, "f2": 1.5}.get(trajectory, 3.0)  # f2's is the third agreeing answer
+        answer = "Paris" if trajectory.startswith("f") else "Lyon"
+        return Reply(answer_text(answer, trajectory), logprob=SURE, delay=delay)
+
+    model = ScriptedChatModel(responder=_by_trajectory(plan))
+    config = make_config(n=6, m=1, k=1, t=2, branching="online", calibration=_calibration(tmp_path), consensus=0.75)
+    with pytest.raises(MissingLogprobsError):  # as the same run without consensus raises
+        await online_rollout(RolloutRunner(model, make_tools()[0]), QUESTION, config=config, run_id="h")
 
 
 @pytest.mark.parametrize("branching", ["online", "post_hoc"])
