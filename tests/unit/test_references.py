@@ -202,10 +202,19 @@ PUBLIX = (
         ("Who is the sibling of the performer of Decade?", 1),
         ("How many stores are in the state where Hello Love's performer lived?", 2),
         (PUBLIX, 3),
+        # "There is a …" names the entity it introduces; it does not describe one named before.
+        ("There is a country where the author of Blue Lake was born. What is the capital of that country?", 2),
+        ("There was a school where the painter of Dawn studied. Who founded it?", 2),
     ],
 )
 def test_the_depth_counts_the_entities_named_one_inside_the_next(question, depth):
     assert reference_depth(question) == depth
+
+
+@pytest.mark.timeout(30)  # two ways to read each dot: 24 dots took 11 s, 60 would take years; now microseconds
+def test_a_run_of_dots_in_a_relative_clause_is_read_in_linear_time():
+    question = "Who directed the film that ends with a long pause" + "." * 60 + " and a cut?"
+    assert reference_depth(question) == 1
 
 
 def _hops_done(question: str, searches: int) -> StepContext:
