@@ -99,7 +99,7 @@ _FINAL_ANSWER = re.compile(
 )
 # A reasoning line ends at "Final answer" as written, with or without a mark after it (where its stop
 # string would have cut), or at an inline final answer in any case.
-_LINE_CUT = re.compile(r"(?-i:Final answer)|" + _FINAL_ANSWER.pattern, _FINAL_ANSWER.flags)
+_LINE_CUT = re.compile(r"(?-i:Final\s+answer)|" + _FINAL_ANSWER.pattern, _FINAL_ANSWER.flags)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 

@@ -361,6 +361,8 @@ def test_a_final_answer_ends_the_sections_wherever_it_is_written_in_any_case():
     assert reasoning_line("to reach the final answer\n- first find the film") == (
         "to reach the final answer - first find the film"
     )
+    # "Final answer" as written, across a line break too, ends it with or without a mark.
+    assert reasoning_line("the page names Zidane.\nFinal\nanswer: Zidane") == "the page names Zidane."
 
 
 async def test_guided_reasoning_ends_at_an_answer_written_in_any_case(fake_model):
