@@ -70,7 +70,8 @@ def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postg
     except ImportError:
         raise ConfigError(f"--db {shown!r} needs the SQLite checkpointer: {_PERSIST}") from None
     try:
-        _check_sqlite_file(Path(target).expanduser(), shown, existing=existing)
+        # SQLite writes beside the link's target (its -wal and -shm files too), not beside the link.
+        _check_sqlite_file(Path(target).expanduser().resolve(), shown, existing=existing)
     except OSError as exc:  # e.g. a name longer than the file system takes
         raise ConfigError(
             f"--db {shown!r}: cannot use this path ({exc.strerror or exc}): choose another path"

@@ -106,7 +106,8 @@ def redact(text: str, secrets: Iterable[str] | None = None, *, passwords: Sequen
         secrets: Secret values to remove (default: :func:`secrets_of` with no model); one shorter than
             6 characters is taken for a placeholder and kept.
         passwords: Values known to be passwords (the one a connection URL holds): removed however
-            short, a short one only where it stands alone, not inside a word.
+            short; a short one only where it stands as a password (after ":" and before "@", or
+            quoted), since as a word it may be the host, port or database the message names.
 
     Example:
         >>> redact("500: echo Authorization: Bearer sk-live-0123456789abcdef", [])
@@ -117,15 +118,17 @@ def redact(text: str, secrets: Iterable[str] | None = None, *, passwords: Sequen
         'db postgresql://alice:***@db.example/runs'
         >>> redact("vllm --api-key sk-0123456789 at http://sk0123456789abcdefgh@h/v1?api_key=abcdef123", [])
         'vllm --api-key *** at http://***@h/v1?api_key=***'
-        >>> redact('spaces in "my pw"; app:pw@db, pwd kept', [], passwords=["my pw", "pw"])
-        'spaces in "***"; app:***@db, pwd kept'
+        >>> redact('spaces in "my pw"; app:pw@db, pw and pwd kept', [], passwords=["my pw", "pw"])
+        'spaces in "***"; app:***@db, pw and pwd kept'
     """
     known = {*(secrets_of() if secrets is None else secrets), *passwords}
     for secret in sorted(known, key=len, reverse=True):  # a secret holding a shorter one goes first
         if len(secret) >= _SHORTEST_SECRET:
             text = text.replace(secret, "***")
         elif secret and secret in passwords:
-            text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", text)
+            # A password "1" or "runs" replaced as a word took "127.0.0.1" or the database name with it.
+            quoted = re.escape(secret)
+            text = re.sub(rf"(?<=:){quoted}(?=@)|(?<=\"){quoted}(?=\")|(?<='){quoted}(?=')", "***", text)
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: m.group(1) + "***", text)
     return text

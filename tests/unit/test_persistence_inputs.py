@@ -171,6 +171,27 @@ async def test_a_connection_error_quoting_a_short_url_password_hides_it(monkeypa
     assert "Zq9" not in str(err.value)
 
 
+@pytest.mark.parametrize("password", ["1", "runs", "to", "app"])
+async def test_a_short_url_password_is_hidden_where_it_stands_not_in_the_host_port_or_database(
+    monkeypatch, password: str
+) -> None:
+    # Replaced as a word, "1" made the host "127.0.0.***" and the port "***", "runs" hid the database.
+    import psycopg
+
+    async def refuse(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError(
+            f'connection to server at "127.0.0.1", port 1 failed: password "{password}" rejected'
+        )
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", refuse)
+    with pytest.raises(ConfigError) as err:
+        async with open_checkpointer(f"postgresql://app:{password}@127.0.0.1:1/runs"):
+            pass
+    said = str(err.value)
+    assert "postgresql://app:***@127.0.0.1:1/runs" in said
+    assert 'server at "127.0.0.1", port 1 failed: password "***" rejected' in said
+
+
 # ----------------------------------------------------------------------------- SQLite files
 
 
@@ -208,10 +229,15 @@ def read_only_stores():
     Not under ``tmp_path``: its parents are closed to other users, and the check runs as one.
     """
     base = Path(tempfile.mkdtemp(prefix="ro-stores-"))
-    stores = [base / "ro-folder" / "runs.sqlite", base / "rw-folder" / "ro.sqlite"]
+    stores = [base / "ro-folder" / "runs.sqlite", base / "rw-folder" / "ro.sqlite", base / "ok-folder" / "ok.sqlite"]
     for store in stores:
         store.parent.mkdir()
         sqlite3.connect(store).close()
+    # SQLite writes beside a link's target: a link to the first store is as unwritable, one to the third is fine.
+    stores[1].with_name("link.sqlite").symlink_to(stores[0])
+    stores[0].with_name("link.sqlite").symlink_to(stores[2])
+    stores[2].chmod(0o666)
+    stores[2].parent.chmod(0o777)
     stores[0].chmod(0o666)
     stores[0].parent.chmod(0o555)
     stores[1].chmod(0o444)
@@ -229,13 +255,17 @@ def test_a_store_this_user_cannot_write_is_refused_before_anything_loads(read_on
         "import sys\nfrom langgraph_parallelmuse.persistence import check_db\nfor path in sys.argv[1:]:\n"
         "    try:\n        print(check_db(path))\n    except Exception as exc:\n        print(exc)\n"
     )
-    argv = [*_unprivileged(), sys.executable, "-c", script, *map(str, read_only_stores)]
-    env = {**os.environ, "HOME": str(read_only_stores[0].parents[1])}
+    unwritable, read_only, _ = read_only_stores
+    links = [read_only.with_name("link.sqlite"), unwritable.with_name("link.sqlite")]
+    argv = [*_unprivileged(), sys.executable, "-c", script, unwritable, read_only, *links]
+    env = {**os.environ, "HOME": str(unwritable.parents[1])}
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=True).stdout
     lines = out.strip().splitlines()
-    assert len(lines) == 2, out
-    assert lines[0].startswith(f"--db '{read_only_stores[0]}': the folder {read_only_stores[0].parent} is not writable")
-    assert lines[1].startswith(f"--db '{read_only_stores[1]}': this user cannot read and write it: make it writable")
+    assert len(lines) == 4, out
+    assert lines[0].startswith(f"--db '{unwritable}': the folder {unwritable.parent} is not writable")
+    assert lines[1].startswith(f"--db '{read_only}': this user cannot read and write it: make it writable")
+    assert lines[2].startswith(f"--db '{links[0]}': the folder {unwritable.parent} is not writable"), out
+    assert lines[3] == "sqlite", out  # in an unwritable folder, but the store it names can be written
 
 
 async def test_a_store_sqlite_cannot_open_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
