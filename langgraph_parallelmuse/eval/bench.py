@@ -950,9 +950,14 @@ async def run_bench(
     lock = asyncio.Lock()
     failed: dict[str, str] = {}
     judge_failed: set[str] = set()
+    judge_down: list[str] = []  # the questions whose judge could not be reached
 
     async def one(item: QAItem) -> None:
         async with sem:
+            if judge_down:  # each question would run its rollouts only to fail at judging
+                failed[item.id] = f"not run: the LLM judge was unreachable on {judge_down[0]}"
+                judge_failed.add(item.id)
+                return
             subset = item.context_doc_ids if settings.setting == "distractor" else None
             tools = make_corpus_tools(index, doc_ids=subset)
             try:
@@ -963,6 +968,8 @@ async def run_bench(
                 failed[item.id] = str(exc)
                 if isinstance(exc, JudgeError):
                     judge_failed.add(item.id)
+                    if exc.unreachable:  # not a refusal of this question's prompt: the others would fail too
+                        judge_down.append(item.id)
                 if log is not None:
                     log(f"    {item.id}: failed, not recorded: {exc}")
                 return

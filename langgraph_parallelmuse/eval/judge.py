@@ -15,12 +15,22 @@ from langchain_core.messages import HumanMessage
 
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.redact import redact, secrets_of
+from langgraph_parallelmuse.retry import is_transient
 
 __all__ = ["JUDGE_PROMPT", "JudgeError", "llm_judge", "parse_judgement"]
 
 
 class JudgeError(ParallelMuseError):
-    """The judge's server failed; the message is redacted (a server may echo the API key)."""
+    """The judge's server failed; the message is redacted (a server may echo the API key).
+
+    Attributes:
+        unreachable: The server could not be reached or answered with an outage (a timeout, a
+            refused connection, 429, a 5xx), as opposed to refusing this one prompt.
+    """
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 JUDGE_PROMPT = """\
@@ -157,5 +167,6 @@ async def llm_judge(
     try:
         reply = await model.ainvoke([HumanMessage(content=prompt)])
     except Exception as exc:  # noqa: BLE001 - its message may hold the key a server echoed
-        raise JudgeError(redact(f"the LLM judge failed: {type(exc).__name__}: {exc}", secrets_of(model))) from None
+        said = redact(f"the LLM judge failed: {type(exc).__name__}: {exc}", secrets_of(model))
+        raise JudgeError(said, unreachable=is_transient(exc)) from None
     return parse_judgement(reply.text)

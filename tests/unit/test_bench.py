@@ -212,10 +212,12 @@ async def test_a_question_whose_every_trajectory_failed_is_not_recorded_and_a_re
 
 
 def _judge(*, down_on: str | None = None) -> ScriptedChatModel:
-    """A judge that says yes, or whose server refuses the prompts about question ``down_on``."""
+    """A judge that says yes, or whose server refuses the prompts about question ``down_on`` (a refusal
+    of those prompts, as a content filter's: the judge is up for the other questions)."""
 
     def reply(messages):
-        return ConnectionError("Connection refused") if down_on and down_on in messages[-1].content else "correct: yes"
+        refused = RuntimeError("HTTP 400: the prompt was refused")
+        return refused if down_on and down_on in messages[-1].content else "correct: yes"
 
     return ScriptedChatModel(responder=reply)
 
@@ -230,7 +232,7 @@ async def test_a_question_whose_judge_failed_is_not_recorded_and_a_rerun_judges_
     said = str(failed.value)
     assert said.startswith(
         "1 of 3 question(s) failed and were not recorded: "
-        "q2: the LLM judge failed: ConnectionError: Connection refused."
+        "q2: the LLM judge failed: RuntimeError: HTTP 400: the prompt was refused."
     )
     assert "Check that the judge's server is up (--judge-base-url, --judge-model), then rerun" in said
     assert "model's server" not in said
@@ -242,6 +244,19 @@ async def test_a_question_whose_judge_failed_is_not_recorded_and_a_rerun_judges_
     assert [r["id"] for r in records] == ["q1", "q2", "q3"]
     assert {_question(c["messages"]) for c in model.calls} == {ITEMS[1].question}
     assert records[1]["methods"]["majority"]["judge"] == 1.0
+
+
+async def test_once_the_judge_is_unreachable_no_further_question_runs_its_rollouts(index, tmp_path):
+    # Each question ran its whole rollout only to fail at judging, and a rerun ran them all again. A
+    # judge that refuses one question's prompt stops nothing (the test above).
+    judge = ScriptedChatModel(responder=lambda messages: ConnectionError("Connection refused"))
+    model = _model()
+    with pytest.raises(RolloutFailedError) as failed:
+        await run_bench(model, index, ITEMS, BenchSettings(**SMALL), tmp_path / "r.jsonl", judge=judge)
+    assert {_question(c["messages"]) for c in model.calls} == {ITEMS[0].question}
+    assert failed.value.result["failed"]["q2"] == "not run: the LLM judge was unreachable on q1"
+    assert list(failed.value.result["failed"]) == ["q1", "q2", "q3"]
+    assert "Check that the judge's server is up" in str(failed.value)
 
 
 async def test_a_bench_whose_model_and_judge_failed_says_to_check_both_servers(index, tmp_path, fast_retries):
@@ -707,7 +722,7 @@ def test_the_bench_command_summarises_the_finished_questions_and_fails_naming_a_
     monkeypatch.setattr(cli, "_judge", lambda args: _judge(down_on=ITEMS[1].question))
     assert cli.main(_bench_argv(tmp_path, "--modes", "exploration")) == 1
     err = " ".join(capsys.readouterr().err.split())
-    assert "q2: failed, not recorded: the LLM judge failed: ConnectionError: Connection refused" in err
+    assert "q2: failed, not recorded: the LLM judge failed: RuntimeError: HTTP 400: the prompt was refused" in err
     assert "error: 1 of 3 question(s) failed and were not recorded: q2: the LLM judge failed" in err
     assert "Check that the judge's server is up (--judge-base-url, --judge-model)" in err
     assert list(load_done(tmp_path / "run" / "results.jsonl")) == ["q1", "q3"]
