@@ -81,9 +81,11 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
 
     The coroutine runs in a copy of the caller's context, so LangGraph's runtime, config and
     stream writer are visible inside it. Whatever it raises, SystemExit and KeyboardInterrupt
-    included, is raised in the caller; the loop goes on serving other calls. A sync call made from
-    code running on that loop (a sync callback inside a node) raises ``RuntimeError``: it would wait
-    for itself forever, so such code awaits the async form (``ainvoke``) instead.
+    included, is raised in the caller; the loop goes on serving other calls. A sync call made on that
+    loop's own thread (a sync callback inside a node) raises ``RuntimeError``: it would wait for
+    itself forever. One made from a worker thread that such code waits for (a node that calls
+    ``invoke`` on a graph whose parallel branches run in LangGraph's threads) is not detected and
+    hangs: code running inside a node awaits the async form (``ainvoke``).
 
     Example:
         >>> async def double(x):
