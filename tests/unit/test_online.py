@@ -73,6 +73,19 @@ def _by_trajectory(plan, calls=None):
     return respond
 
 
+async def _online(model, config, run_id: str):
+    """``online_rollout`` of QUESTION with ``model``: its trajectories, picks and events ("event:id")."""
+    events: list[str] = []
+    trajs, picks = await online_rollout(
+        RolloutRunner(model, make_tools()[0]),
+        QUESTION,
+        config=config,
+        run_id=run_id,
+        on_event=lambda e, **d: events.append(f"{e}:{d.get('id') or (d.get('trajectory') or {}).get('id', '')}"),
+    )
+    return trajs, picks, events
+
+
 # ----------------------------------------------------------------------------- online branching
 
 
@@ -130,14 +143,7 @@ async def test_the_forks_a_parent_did_not_take_start_as_fills_as_soon_as_it_ends
 
     model = ScriptedChatModel(responder=research_responder(Runners(plan)))
     config = make_config(n=6, k=2, t=2, branching="online", calibration=_calibration(tmp_path), seed=1)
-    events: list[str] = []
-    trajs, picks = await online_rollout(
-        RolloutRunner(model, make_tools()[0]),
-        QUESTION,
-        config=config,
-        run_id="up",
-        on_event=lambda e, **d: events.append(f"{e}:{d.get('id') or (d.get('trajectory') or {}).get('id', '')}"),
-    )
+    trajs, picks, events = await _online(model, config, "up")
     assert [(p["parent"], p["step"]) for p in picks] == [("t0", 0)]  # one of its k=2 fork points taken
     assert sorted(t["id"] for t in trajs) == ["f0", "f1", "f2", "t0", "t0.s0.b0", "t0.s0.b1"]
     # The two untaken branch slots started as fills while the branches still ran, not after them.
@@ -321,14 +327,7 @@ async def test_a_consensus_among_branches_forked_while_the_loop_waits_cancels_th
 
     model = ScriptedChatModel(responder=_by_trajectory(plan, calls))
     config = make_config(n=8, m=1, k=2, t=3, branching="online", calibration=_calibration(tmp_path), consensus=0.75)
-    events: list[str] = []
-    trajs, picks = await online_rollout(
-        RolloutRunner(model, make_tools()[0]),
-        QUESTION,
-        config=config,
-        run_id="cb",
-        on_event=lambda e, **d: events.append(f"{e}:{d.get('id') or (d.get('trajectory') or {}).get('id', '')}"),
-    )
+    trajs, picks, events = await _online(model, config, "cb")
     assert {t["id"]: t["status"] for t in trajs}["t0"] == "cancelled"
     assert events.index("consensus_reached:") < events.index("trajectory_finished:t0")
     assert calls.count("t0") == 2  # its first step, and the second, in flight at the stop
