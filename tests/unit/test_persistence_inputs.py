@@ -219,7 +219,13 @@ def _unprivileged() -> list[str]:
         return []
     if shutil.which("setpriv") is None:
         pytest.skip("running as root, which writes read-only files, and no setpriv to drop to user 65534")
-    return ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    prefix = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", "import langgraph_parallelmuse"], cwd=ROOT, capture_output=True
+    )
+    if probe.returncode != 0:  # a checkout in a private folder (mktemp -d): the test below covers the logic
+        pytest.skip("user 65534 cannot run this checkout's Python (a folder above it is private)")
+    return prefix
 
 
 @pytest.fixture
@@ -266,6 +272,37 @@ def test_a_store_this_user_cannot_write_is_refused_before_anything_loads(read_on
     assert lines[1].startswith(f"--db '{read_only}': this user cannot read and write it: make it writable")
     assert lines[2].startswith(f"--db '{links[0]}': the folder {unwritable.parent} is not writable"), out
     assert lines[3] == "sqlite", out  # in an unwritable folder, but the store it names can be written
+
+
+def test_what_this_user_may_not_write_is_refused_at_the_store_a_link_names(tmp_path: Path, monkeypatch) -> None:
+    """The check as another user sees it, whoever runs the tests (root may write anything): the
+    permissions are what ``os.access`` answers, and a link is judged by its target, beside which
+    SQLite writes the -wal and -shm files."""
+    folders = {name: tmp_path.resolve() / name for name in ("ro-folder", "rw-folder", "ok-folder")}
+    for folder in folders.values():
+        folder.mkdir()
+    stores = [
+        folders["ro-folder"] / "runs.sqlite",
+        folders["rw-folder"] / "ro.sqlite",
+        folders["ok-folder"] / "ok.sqlite",
+    ]
+    for store in stores:
+        sqlite3.connect(store).close()
+    to_unwritable, to_writable = folders["rw-folder"] / "link.sqlite", folders["ro-folder"] / "link.sqlite"
+    to_unwritable.symlink_to(stores[0])
+    to_writable.symlink_to(stores[2])
+    denied = {folders["ro-folder"], stores[1]}
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode, **kw: not (mode & os.W_OK and Path(path) in denied) and real(path, mode, **kw)
+    )
+    with pytest.raises(ConfigError, match=rf"the folder {re.escape(str(folders['ro-folder']))} is not writable"):
+        check_db(str(stores[0]))
+    with pytest.raises(ConfigError, match=r"this user cannot read and write it: make it writable"):
+        check_db(str(stores[1]))
+    with pytest.raises(ConfigError, match=rf"the folder {re.escape(str(folders['ro-folder']))} is not writable"):
+        check_db(str(to_unwritable))  # in a writable folder, but the store it names is not
+    assert check_db(str(to_writable)) == "sqlite"  # in an unwritable folder, but the store it names can be written
 
 
 async def test_a_store_sqlite_cannot_open_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
