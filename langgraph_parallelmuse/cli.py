@@ -18,7 +18,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -346,9 +345,6 @@ def _progress(*, eta: bool = False) -> Progress:
 # Control characters but newline and tab: an escape sequence in a page or a model's text would drive
 # the terminal (reset it, retitle it, hide what follows).
 # C0/C1 controls, and the bidirectional overrides and isolates that reorder what follows them.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
 def _shown(text: object) -> str:
     r"""Text from a model, a tool or a user, printed as itself: no rich markup, no control characters.
 
@@ -359,7 +355,9 @@ def _shown(text: object) -> str:
         >>> _shown("see [/citation needed] \x1b[2J")
         'see \\[/citation needed] [2J'
     """
-    return escape(_CONTROL.sub("", str(text)))
+    from langgraph_parallelmuse.view import UNPRINTABLE
+
+    return escape(UNPRINTABLE.sub("", str(text)))
 
 
 def stats_table(result: dict[str, Any]) -> Table:

@@ -10,9 +10,10 @@ from typing import Any
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.state import Trajectory
 
-# C0/C1 controls (terminal escapes) and the bidi embeddings, overrides, isolates and marks: printed
-# raw, a tool argument could clear or retitle the terminal, or show its text reordered.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: C0/C1 controls but tab and line feed (terminal escapes) and the bidi embeddings, overrides,
+#: isolates and marks: printed raw, text from a tool could clear or retitle the terminal, or show
+#: reordered. The tree shows them escaped; the CLI removes them from what it prints.
+UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _visible(text: object, limit: int | None = None) -> str:
@@ -32,7 +33,7 @@ def _visible(text: object, limit: int | None = None) -> str:
         >>> print(_visible("a\x1b]0;pwned\x07 b\u202eevil"))
         a\x1b]0;pwned\x07 b\u202eevil
     """
-    line = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode(), one_line(text))
+    line = UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode(), one_line(text))
     return one_line(line, limit)
 
 
