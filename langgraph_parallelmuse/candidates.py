@@ -51,6 +51,10 @@ _LEADING = frozenset(
     "The A An In On At He She It His Her Its They This That These Those There As By For From After Before "
     "During When While With However Since Their But And Or If Of To Is Was Also Both All".split()
 )
+# A span led by a number with a fraction ("29.582799", "29.58278 N", "1,250.5"): a quantity, a
+# coordinate or a score, never the name of a thing a question calls by its type (a county, an
+# album); a whole number may be ("1989"), and so may a name that ends in a fraction ("Windows 3.1").
+_FRACTION = re.compile(r"[$£€]?[0-9][0-9,]*\.[0-9]+(?:\s|$)")
 _STOPWORDS = frozenset(
     "a an and are as at be by did do does for from has have how in is it its of on or that the this to was were "
     "what when where which who whom whose with s".split()
@@ -236,7 +240,9 @@ _OF_TYPE = re.compile(r"^(?:what|which|who)\s+(?:is|was|are|were)\s+the\s+([a-z]
 # Nouns that say nothing of a name's type ("What kind of …", "What is the name of …", "What body
 # of water …") or ask for a quantity or a time, which is not a name.
 _UNTYPED = frozenset(
-    "name kind type sort part one ones thing things body amount number percentage population time year date".split()
+    "name kind type sort part one ones thing things body amount number percentage population time year date "
+    "height length area distance elevation altitude depth width size weight speed score rate ratio average "
+    "temperature price cost value budget revenue capacity attendance output debt".split()
 )
 
 
@@ -416,7 +422,8 @@ def candidates(
     asked = _words(question)
     # The noun the answer is named by is not the question's subject ("DuPage County" answers "In
     # what county …?").
-    subject = (asked | _words(within)) - {answer_type(question)}
+    typed = answer_type(question)
+    subject = (asked | _words(within)) - {typed}
     sentences = [s for s in _SENTENCE.split(evidence) if s.strip()]
     ranked = sorted(range(len(sentences)), key=lambda i: (-len(_words(sentences[i]) & asked), i))
     described = kind == "name" and bool(_DESCRIBED.search(question))
@@ -438,6 +445,7 @@ def candidates(
             or '"' in span
             or "\\" in span
             or any(c < " " for c in span)
+            or (typed and _FRACTION.match(span))
         ):
             continue
         seen.add(span.lower())

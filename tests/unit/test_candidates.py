@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from langgraph_parallelmuse.candidates import answer_kind, candidates, choice_options, follow_up
+from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, choice_options, follow_up
 
 EIFFEL = "Which country is the Eiffel Tower in?"
 
@@ -124,3 +124,20 @@ def test_a_decimal_number_is_one_candidate_and_a_sentence_s_stop_ends_a_number()
 def test_a_long_run_of_spaces_between_names_is_split_in_linear_time():
     """The " and " split tried every start inside a run of blanks before it was anchored at the run's first."""
     assert candidates("Which city is it?", "Alpha" + " " * 100_000 + "Beta") == ["Alpha Beta"]
+
+
+def test_a_fraction_is_no_candidate_for_a_thing_named_by_its_type():
+    # MuSiQue "In what county is the city where Harris W. Fawell was born?": the agent answered
+    # "29.582799", a coordinate of the page it read.
+    evidence = (
+        "Missouri City is in eastern Fort Bend County at 29.58278 N (29.582799, - 95.539423). "
+        "It runs Windows 3.1 and its album 1989 sold well."
+    )
+    options = candidates("In what county is Missouri City?", evidence, limit=100)
+    assert "Fort Bend County" in options
+    assert not [o for o in options if o.startswith("29.")]
+    # A name ending in a fraction and a whole number stay; a quantity asked by a measure noun keeps
+    # its fraction (the measure names no type: "the name of the height" is no answer).
+    assert {"Windows 3.1", "1989"} <= set(options)
+    assert answer_type("What is the height of the tower?") is None
+    assert candidates("What is the height of the tower?", "The tower is 324.5 metres tall.") == ["324.5"]
