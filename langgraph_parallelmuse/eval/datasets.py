@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.eval.scoring import normalize_answer
 
 __all__ = ["EVAL_DATA_ENV", "EvalDataError", "QAItem", "eval_data_dir", "load_questions"]
 
@@ -55,6 +56,35 @@ class QAItem:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def _lone_surrogate_at(value: Any, where: str) -> str | None:
+    """Find a string in a parsed JSON value that cannot be written as UTF-8.
+
+    Args:
+        value: A value ``json.loads`` returned.
+        where: How to name ``value`` in a message, e.g. ``"field 'meta'"``.
+
+    Returns:
+        ``where`` extended to the first offending string (object keys included), or ``None``.
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, list):
+        for index, element in enumerate(value):
+            if found := _lone_surrogate_at(element, f"{where}[{index}]"):
+                return found
+    elif isinstance(value, dict):
+        for key, element in value.items():
+            if found := _lone_surrogate_at(key, f"a key of {where}") or _lone_surrogate_at(
+                element, f"{where}[{key!r}]"
+            ):
+                return found
+    return None
+
+
 def _parse_line(raw: str, where: str) -> QAItem:
     try:
         raw.encode("utf-8")
@@ -68,6 +98,14 @@ def _parse_line(raw: str, where: str) -> QAItem:
         raise EvalDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(obj, dict):
         raise EvalDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    # A JSON escape such as \ud83c parses to a lone surrogate the raw-byte check above cannot see;
+    # the bench would only fail writing its record, after the whole rollout for the question had run.
+    for key, value in obj.items():
+        if bad := _lone_surrogate_at(key, "a field name") or _lone_surrogate_at(value, f"field {key!r}"):
+            raise EvalDataError(
+                f"{where}: {bad} must be valid UTF-8 text (no lone surrogate escapes such as "
+                "\\ud83c without its pair): write the character itself or its full escape pair"
+            )
     for key in ("id", "question"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise EvalDataError(f"{where}: missing or empty string field {key!r}")
@@ -77,9 +115,19 @@ def _parse_line(raw: str, where: str) -> QAItem:
             raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r}")
     if not obj["answers"]:
         raise EvalDataError(f"{where}: field 'answers' is empty; each question needs a gold answer")
-    meta = obj.get("meta") or {}
+    # Scoring compares normalised forms: an answer that normalises to nothing matches no prediction,
+    # so the question would score 0 for every method and silently lower every mean.
+    if not any(normalize_answer(answer) for answer in obj["answers"]):
+        raise EvalDataError(
+            f"{where}: field 'answers' {obj['answers']!r} has no answer left once punctuation, "
+            "articles and spaces are dropped, so none can ever match; give at least one real answer"
+        )
+    # null is read as absent, as for the other optional fields; any other non-object is a mistake.
+    meta = {} if obj.get("meta") is None else obj["meta"]
     if not isinstance(meta, dict):
-        raise EvalDataError(f"{where}: field 'meta' must be an object, got {type(meta).__name__}")
+        raise EvalDataError(
+            f"{where}: field 'meta' must be an object, got {type(meta).__name__}: write {{...}} or leave it out"
+        )
     # The split is kept in meta so QAItem stays small while nothing from the file is lost.
     if "split" in obj:
         meta = {"split": obj["split"], **meta}
@@ -89,7 +137,8 @@ def _parse_line(raw: str, where: str) -> QAItem:
         answers=list(obj["answers"]),
         supporting_doc_ids=list(obj.get("supporting_doc_ids", [])),
         context_doc_ids=list(obj.get("context_doc_ids", [])),
-        dataset=str(obj.get("dataset", "")),
+        # Optional like meta: null is absent, not the name 'None'.
+        dataset="" if obj.get("dataset") is None else str(obj["dataset"]),
         meta=meta,
     )
 
@@ -106,10 +155,11 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         ``context_doc_ids`` a line lacks are ``[]``.
 
     Raises:
-        EvalDataError: ``path`` is not a readable file, or a line is not UTF-8 or not valid JSON,
-            lacks a required field (``id``, ``question``, a non-empty ``answers``), has one of the
-            wrong type or repeats an earlier line's ``id``; the message gives ``file:line`` and the
-            problem.
+        EvalDataError: ``path`` is not a readable file, or a line is not UTF-8 (raw bytes, or a
+            lone surrogate escape such as ``\\ud83c`` in any string) or not valid JSON, lacks a
+            required field (``id``, ``question``, ``answers`` with at least one answer that is not
+            empty once normalised), has one of the wrong type (``meta`` not an object) or repeats
+            an earlier line's ``id``; the message gives ``file:line`` and the problem.
 
     Example:
         >>> import json, os, tempfile

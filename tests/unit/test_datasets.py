@@ -164,3 +164,65 @@ def test_outside_a_checkout_the_error_says_to_set_the_env_var(tmp_path, monkeypa
     message = str(excinfo.value)
     assert f"set {EVAL_DATA_ENV}" in message
     assert "project root" not in message and "site-packages" not in message
+
+
+@pytest.mark.parametrize("answers", [[""], ["  ", "..."], ["The"]])
+def test_answers_that_all_normalise_to_nothing_are_rejected(tmp_path, answers):
+    # Before: accepted; no prediction can match an empty normalised answer, so the question scored 0
+    # for every method and quietly lowered every mean.
+    path = _write(tmp_path, [ROW, {**ROW, "id": "q2", "answers": answers}])
+    with pytest.raises(EvalDataError, match="'answers'.*give at least one real answer") as excinfo:
+        load_questions(path)
+    assert f"{path}:2:" in str(excinfo.value)
+
+
+def test_one_real_answer_among_empty_aliases_is_enough(tmp_path):
+    path = _write(tmp_path, [{**ROW, "answers": ["", "The Paris"]}])
+    assert load_questions(path)[0].answers == ["", "The Paris"]
+
+
+@pytest.mark.parametrize("meta", [[], "", 0, False])
+def test_a_falsy_meta_that_is_not_an_object_is_rejected(tmp_path, meta):
+    # Before: ``or {}`` turned any falsy value into an empty object.
+    path = _write(tmp_path, [ROW, {**ROW, "id": "q2", "meta": meta}])
+    with pytest.raises(EvalDataError, match="'meta' must be an object.*leave it out") as excinfo:
+        load_questions(path)
+    assert f"{path}:2:" in str(excinfo.value)
+
+
+def test_a_null_meta_or_dataset_is_read_as_absent(tmp_path):
+    # Before: a null dataset was stored as the name 'None'.
+    path = _write(tmp_path, [{**ROW, "meta": None, "dataset": None}])
+    (item,) = load_questions(path)
+    assert (item.dataset, item.meta) == ("", {"split": "dev"})
+
+
+_LONE = "\ud83c"  # half of a surrogate pair: json.dumps writes it as the escape \ud83c
+
+
+@pytest.mark.parametrize(
+    ("changes", "where"),
+    [
+        ({"question": f"Who sang {_LONE}?"}, "field 'question'"),
+        ({"answers": ["Paris", f"Par{_LONE}"]}, "field 'answers'[1]"),
+        ({"id": f"q{_LONE}"}, "field 'id'"),
+        ({"supporting_doc_ids": [f"d{_LONE}"]}, "field 'supporting_doc_ids'[0]"),
+        ({"meta": {"supporting_facts": [[f"Al{_LONE}", 3]]}}, "field 'meta'['supporting_facts'][0][0]"),
+        ({"meta": {f"lev{_LONE}": "easy"}}, "a key of field 'meta'"),
+    ],
+)
+def test_a_lone_surrogate_escape_in_any_string_names_the_line_and_field(tmp_path, changes, where):
+    # Before: loaded fine; the bench crashed writing its record (ensure_ascii=False) after the
+    # whole rollout for that question had run.
+    path = _write(tmp_path, [ROW, {**ROW, "id": "q2", **changes}])
+    assert "\\ud83c" in path.read_text(encoding="utf-8")
+    with pytest.raises(EvalDataError, match="must be valid UTF-8 text") as excinfo:
+        load_questions(path)
+    message = str(excinfo.value)
+    assert f"{path}:2: {where} must be valid UTF-8" in message and "no lone surrogate escapes" in message
+
+
+def test_a_full_surrogate_pair_escape_loads_as_one_character(tmp_path):
+    path = _write(tmp_path, [{**ROW, "question": "Who sang \U0001f3b5?"}])
+    assert "\\ud83c\\udfb5" in path.read_text(encoding="utf-8")
+    assert load_questions(path)[0].question == "Who sang \U0001f3b5?"
