@@ -138,11 +138,21 @@ def fts_query(text: str) -> str | None:
         >>> fts_query('If "Gallu" is a demon, Lilu is what?')
         '"gallu" OR "demon" OR "lilu"'
     """
-    terms = list(dict.fromkeys(t.lower() for t in _TOKEN_RE.findall(text)))
-    terms = [t for t in terms if t not in _STOPWORDS] or terms
+    terms = _terms(text)
     if not terms:
         return None
-    return " OR ".join(f'"{t}"' for t in terms[:_MAX_QUERY_TERMS])
+    return " OR ".join(f'"{t}"' for t in terms)
+
+
+def _terms(text: str) -> list[str]:
+    """The words of ``text`` an FTS query looks for: lowercase, each once, stopwords dropped unless
+    nothing else is left, at most ``_MAX_QUERY_TERMS``.
+
+    Each word is lowercased after the split, not the text before it: Python lowercases "İ" to "i"
+    and a combining dot, which the word pattern would split off as a word break.
+    """
+    terms = list(dict.fromkeys(t.lower() for t in _TOKEN_RE.findall(text)))
+    return ([t for t in terms if t not in _STOPWORDS] or terms)[:_MAX_QUERY_TERMS]
 
 
 class CorpusIndex:
@@ -308,16 +318,19 @@ class CorpusIndex:
     def get(self, id_or_title: str, *, doc_ids: Iterable[str] | None = None) -> Doc | None:
         """Fetch a document by exact id, else exact title (case-insensitive), else best title match.
 
-        The best title match needs every word of the request in the title, so a garbled id returns
-        ``None`` rather than an unrelated document.
+        Several documents may share a title: an exact title gives the first indexed of them
+        (:meth:`ids_titled` lists them all). The best title match needs every word of the request
+        but stopwords in the title (the shortest such title wins), so a garbled id returns ``None``
+        rather than an unrelated document.
 
         Args:
             id_or_title: A document id or title.
             doc_ids: If given, only these documents can be returned.
 
         Example:
-            >>> CorpusIndex.wikipedia().get("eiffel tower").id
-            'eiffel-tower'
+            >>> index = CorpusIndex.wikipedia()
+            >>> index.get("eiffel tower").id, index.get("The Eiffel Tower").id
+            ('eiffel-tower', 'eiffel-tower')
         """
         key = id_or_title.strip()
         if not key:
@@ -331,10 +344,10 @@ class CorpusIndex:
             row = self._read(lambda c, sql=sql: c.execute(sql, [key, *extra]).fetchone())
             if row:
                 return Doc(*row)
-        terms = _TOKEN_RE.findall(key.lower())
+        terms = _terms(key)
         if not terms:
             return None
-        match = "title : (" + " AND ".join(f'"{t}"' for t in terms[:_MAX_QUERY_TERMS]) + ")"
+        match = "title : (" + " AND ".join(f'"{t}"' for t in terms) + ")"
         sql = (
             f"SELECT {cols} FROM docs WHERE rowid IN "
             f"(SELECT rowid FROM docs_fts WHERE docs_fts MATCH ?){subset} "
@@ -342,6 +355,35 @@ class CorpusIndex:
         )
         row = self._read(lambda c: c.execute(sql, [match, *extra]).fetchone())
         return Doc(*row) if row else None
+
+    def ids_titled(self, title: str, *, doc_ids: Iterable[str] | None = None) -> list[str]:
+        """The ids of the documents whose title is ``title`` (case-insensitive, as :meth:`get` matches).
+
+        More than one means a lookup by that title is ambiguous: :meth:`get` gives the first.
+
+        Args:
+            title: A document title (surrounding whitespace is ignored).
+            doc_ids: If given, only these documents count.
+
+        Returns:
+            The ids in index order (``[]``: no document has that title).
+
+        Example:
+            >>> import json, tempfile
+            >>> from pathlib import Path
+            >>> tmp = Path(tempfile.mkdtemp())
+            >>> titles = {"a1": "Mercury", "a2": "MERCURY", "a3": "Venus"}
+            >>> rows = [json.dumps({"id": i, "title": t, "text": "..."}) + "\\n" for i, t in titles.items()]
+            >>> _ = (tmp / "docs.jsonl").write_text("".join(rows))
+            >>> CorpusIndex.from_jsonl(tmp / "docs.jsonl", cache_dir=tmp / "cache").ids_titled("mercury ")
+            ['a1', 'a2']
+        """
+        sql = "SELECT id FROM docs WHERE title = ? COLLATE NOCASE"
+        params: list[object] = [title.strip()]
+        if doc_ids is not None:
+            sql += " AND id IN (SELECT value FROM json_each(?))"
+            params.append(json.dumps(list(doc_ids)))
+        return [r[0] for r in self._read(lambda c: c.execute(sql + " ORDER BY rowid", params).fetchall())]
 
     def missing(self, ids: Iterable[str]) -> list[str]:
         """The ids among ``ids`` that name no document of this index (exact match, as ``doc_ids=``).
@@ -546,7 +588,12 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
                     isinstance(obj.get(key), str) for key in ("id", "title", "text")
                 ):
                     raise CorpusError(f'{f}:{lineno}: expected an object with string "id", "title" and "text"')
-                yield Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
+                doc = Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
+                if (problem := _not_text(doc)) is not None:
+                    raise CorpusError(
+                        f"{f}:{lineno}: {problem}: replace or remove that escape, so the text is valid UTF-8"
+                    )
+                yield doc
 
 
 def _wikipedia_file() -> Path:
@@ -579,4 +626,26 @@ def _read_wikipedia(source: Path) -> Iterator[Doc]:
         while slug in used:
             slug, n = f"{base}-{n}", n + 1
         used.add(slug)
-        yield Doc(slug, title, str(entry.get("extract") or ""), str(entry.get("description") or ""))
+        doc = Doc(slug, title, str(entry.get("extract") or ""), str(entry.get("description") or ""))
+        if (problem := _not_text(doc)) is not None:
+            raise CorpusError(f"{damaged} (entry {key!r}: {problem}); {hint}")
+        yield doc
+
+
+def _not_text(doc: Doc) -> str | None:
+    """What keeps a document's fields from being stored as text, or ``None`` when nothing does.
+
+    JSON may escape half of a UTF-16 surrogate pair (``"\\ud800"``), which decodes to a string that
+    SQLite cannot store as UTF-8: caught here, where the source line is still known.
+    """
+    for name in ("id", "title", "text", "description"):
+        value = getattr(doc, name)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            escape = f"\\u{ord(value[exc.start]):04x}"
+            return (
+                f'"{name}" holds the escape {escape} (character {exc.start + 1}), half of a UTF-16 '
+                "surrogate pair with no other half, which is not text"
+            )
+    return None

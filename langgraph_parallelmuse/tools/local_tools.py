@@ -36,6 +36,7 @@ __all__ = [
     "make_corpus_tools",
     "no_results",
     "pasted_id",
+    "visit_text",
 ]
 
 ELLIPSIS = "[...]"
@@ -286,6 +287,34 @@ def goal_excerpt(text: str, goal: str = "", *, title: str = "", max_chars: int =
     return " ".join(parts)
 
 
+def visit_text(title: str, text: str, goal: str = "", *, max_chars: int) -> str:
+    """A visit's reply, within ``max_chars``: the title, a blank line, then the text or its excerpt about ``goal``.
+
+    A title longer than half of ``max_chars`` is cut (ending in "…"), so that it leaves the text room.
+
+    Args:
+        title: The document's title.
+        text: The document's full text.
+        goal: What the reader is looking for (see :func:`goal_excerpt`).
+        max_chars: Upper bound on the length of the reply.
+
+    Example:
+        >>> visit_text("Paris", "Paris is the capital of France.", max_chars=100)
+        'Paris\\n\\nParis is the capital of France.'
+        >>> reply = visit_text("Paris " * 100, "Paris is the capital of France.", max_chars=100)
+        >>> len(reply) <= 100, reply.split("\\n\\n")[1]
+        (True, 'Paris is the capital of France.')
+    """
+    room = max_chars // 2 - 2
+    if room <= 0:
+        header = ""
+    elif len(title) > room:
+        header = title[: room - 1].rstrip() + "…\n\n"
+    else:
+        header = f"{title}\n\n"
+    return header + goal_excerpt(text, goal, title=title, max_chars=max_chars - len(header))
+
+
 def _gaps(scores: list[float]) -> list[int]:
     """Distance from each position to the nearest positive score (two linear sweeps)."""
     far = len(scores)
@@ -318,7 +347,9 @@ def make_corpus_tools(
 
     Returns:
         ``[search, visit]``, async tools returning ``(text, {"doc_ids": [...]})`` as content and
-        artifact: the ids shown by ``search`` or the id opened by ``visit`` (``[]`` if none).
+        artifact: the ids shown by ``search`` or the id opened by ``visit`` (``[]`` if none). A
+        ``visit`` by a title several documents share opens none: it lists their ids to choose from,
+        as a failed call (``"error": True``, like an unknown document).
 
     Raises:
         CorpusError: ``doc_ids`` is given but empty, holds an empty id, or names documents the index
@@ -351,15 +382,14 @@ def make_corpus_tools(
 
     async def visit(doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
         found = await _lookup_thread(_lookup, index, doc, subset)
+        if isinstance(found, Doc):
+            return visit_text(found.title, found.text, goal, max_chars=max_chars), {"doc_ids": [found.id]}
         if found is None:
-            return (
-                f"No document {echo(doc.strip())}: that id or title is unknown. Use an id from the search results.",
-                # A failed call, as the trajectory records it (its facts say so; nothing was read).
-                {"doc_ids": [], "error": True},
-            )
-        header = f"{found.title}\n\n"
-        body = goal_excerpt(found.text, goal, title=found.title, max_chars=max(max_chars - len(header), 0))
-        return header + body, {"doc_ids": [found.id]}
+            text = f"No document {echo(doc.strip())}: that id or title is unknown. Use an id from the search results."
+        else:
+            text = await _lookup_thread(_namesakes_text, index, found, subset, max_chars=max_chars)
+        # A failed call, as the trajectory records it (its facts say so; nothing was read).
+        return text, {"doc_ids": [], "error": True}
 
     return [
         artifact_tool(search, name="search", description=SEARCH_DESCRIPTION, schema=SearchInput),
@@ -397,10 +427,47 @@ def describe_ids(ids: Sequence[str], *, shown: int = 5) -> str:
     return head if len(ids) <= shown else f"{head} and {len(ids) - shown} more"
 
 
-def _lookup(index: CorpusIndex, doc: str, subset: tuple[str, ...] | None) -> Doc | None:
+def _lookup(index: CorpusIndex, doc: str, subset: tuple[str, ...] | None) -> Doc | list[str] | None:
+    """The document ``doc`` names; the ids of the documents sharing the title it gives, if several do; else ``None``."""
     key = doc.strip().strip("\"'`")
-    if (pasted := pasted_id(key)) is not None:
-        found = index.get(pasted, doc_ids=subset)
-        if found is not None:
-            return found
-    return index.get(re.sub(r"^\[\d+\]\s*", "", key), doc_ids=subset)
+    names = [pasted] if (pasted := pasted_id(key)) is not None else []
+    for name in [*names, re.sub(r"^\[\d+\]\s*", "", key)]:
+        found = index.get(name, doc_ids=subset)
+        if found is None:
+            continue
+        # A title several documents share names none of them: opening the first would read a
+        # document the agent may not mean as the one it asked for. An exact id is never ambiguous.
+        if found.id != name.strip():
+            namesakes = index.ids_titled(name, doc_ids=subset)
+            if len(namesakes) > 1:
+                return namesakes
+        return found
+    return None
+
+
+def _namesakes_text(index: CorpusIndex, ids: Sequence[str], subset: tuple[str, ...] | None, *, max_chars: int) -> str:
+    """The visit reply to a title the documents ``ids`` share: their ids and first words, within ``max_chars``.
+
+    As many ids as fit come first; the room left gives each its document's first words (which tell
+    namesakes apart), from a few up to a line's worth.
+    """
+    first = index.get(ids[0], doc_ids=subset)
+    head = f"{len(ids)} documents are titled {echo(first.title if first else '', limit=100)}: visit one by its id."
+    shown: list[str] = []
+    used = len(head)
+    for n, doc_id in enumerate(ids):
+        after = len(ids) - n - 1
+        if used + len(f"\n- {doc_id}") + (len(f"\n(and {after} more)") if after else 0) > max_chars:
+            break
+        shown.append(doc_id)
+        used += len(f"\n- {doc_id}")
+    tail = f"\n(and {len(ids) - len(shown)} more)" if len(shown) < len(ids) else ""
+    room = min((max_chars - used - len(tail)) // max(len(shown), 1) - len(": "), 60)
+    lines = [head]
+    for doc_id in shown:
+        doc = first if doc_id == ids[0] else index.get(doc_id, doc_ids=subset)
+        text = " ".join(doc.text.split()) if doc is not None and room >= 12 else ""
+        if len(text) > room > 0:
+            text = text[: room - 1].rstrip() + "…"
+        lines.append(f"- {doc_id}: {text}" if text else f"- {doc_id}")
+    return "\n".join(lines) + tail

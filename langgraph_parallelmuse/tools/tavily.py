@@ -33,10 +33,10 @@ from langgraph_parallelmuse.tools.local_tools import (
     VisitInput,
     artifact_tool,
     echo,
-    goal_excerpt,
     hit_text,
     no_results,
     pasted_id,
+    visit_text,
 )
 
 __all__ = ["MissingTavilyKeyError", "make_tavily_tools"]
@@ -46,6 +46,11 @@ _MAX_BACKOFF = 30.0
 _EXTRACT_MAX_TIMEOUT = 60.0
 _URL_RE = re.compile(r"^https?://\S+$", re.IGNORECASE)
 _BARE_DOMAIN_RE = re.compile(r"^[\w.-]+\.[a-z]{2,}(/\S*)?$", re.IGNORECASE)
+# A search hit's title is cut to this (or to a quarter of max_chars), so that a page's long title
+# leaves its snippet room.
+_TITLE_CHARS = 120
+# The shortest snippet a shown hit gets: a title and a URL alone say little of what the page holds.
+_MIN_SNIPPET = 80
 # The statuses of Tavily's refusals, which its client raises as three errors that do not say them
 # (ForbiddenError stands for 403, 432 and 433 alike).
 _REFUSALS = (BadRequestError, ForbiddenError, InvalidAPIKeyError)
@@ -224,17 +229,8 @@ class _Tavily:
         results = [r for r in _listed(data, "results") if isinstance(r.get("url"), str) and r["url"]]
         if not results:
             return no_results(query), {"doc_ids": []}
-        per_hit = max(self.max_chars // len(results) - 100, 80)
-        lines = []
-        for n, r in enumerate(results, 1):
-            snippet = " ".join(str(r.get("content") or "").split())
-            if len(snippet) > per_hit:
-                snippet = snippet[: per_hit - 1].rstrip() + "…"
-            # One line per hit title: a newline in a page's title would forge a hit line of its own.
-            title = " ".join(str(r.get("title") or r["url"]).split())
-            lines.append(f"[{n}] {title} (id: {r['url']})\n{hit_text(snippet)}")
-        text = "\n\n".join(lines)[: self.max_chars]
-        return self.redact(text), {"doc_ids": [r["url"] for r in results]}
+        text, urls = _hits_text(results, max_chars=self.max_chars)
+        return self.redact(text), {"doc_ids": urls}
 
     async def visit(self, doc: str, goal: str = "") -> tuple[str, dict[str, list[str]]]:
         url = _as_url(doc)
@@ -255,9 +251,52 @@ class _Tavily:
             why = f" ({'; '.join(reasons)})" if reasons else ""
             return self.redact(f"No document could be read at {url}{why}."), {"doc_ids": [], "error": True}
         title = str(pages[0].get("title") or pages[0].get("url") or url)
-        header = f"{title}\n\n"
-        body = goal_excerpt(content, goal, title=title, max_chars=max(self.max_chars - len(header), 0))
-        return self.redact(header + body), {"doc_ids": [url]}
+        return self.redact(visit_text(title, content, goal, max_chars=self.max_chars)), {"doc_ids": [url]}
+
+
+def _hits_text(results: list[dict[str, Any]], *, max_chars: int) -> tuple[str, list[str]]:
+    """Search results as hits within ``max_chars``, and the URLs of those shown.
+
+    Each hit is a title line holding its whole URL, then a snippet line. The best-ranked hits that
+    fit with a short snippet each are shown, whole: a URL cut short would be a page the agent
+    cannot visit, and one listed in the artifact but not shown a page it never saw. The snippets
+    share the room the title lines leave, a short snippet's spare going to the others. The first
+    hit is shown even if its URL alone outgrows ``max_chars``: there is no other answer to give.
+    """
+    title_chars = min(_TITLE_CHARS, max_chars // 4)
+    heads, snippets = [], []
+    for n, r in enumerate(results, 1):
+        # One line per hit title: a newline in a page's title would forge a hit line of its own.
+        title = " ".join(str(r.get("title") or r["url"]).split())
+        if len(title) > title_chars:
+            title = title[: title_chars - 1].rstrip() + "…"
+        heads.append(f"[{n}] {title} (id: {r['url']})")
+        snippets.append(" ".join(str(r.get("content") or "").split()))
+    used, kept = 0, 0
+    for head, snippet in zip(heads, snippets, strict=True):
+        # A hit costs its title line, a line break, the shortest snippet worth showing and the
+        # blank line before it.
+        cost = len(head) + 1 + min(len(hit_text(snippet)), _MIN_SNIPPET) + (2 if kept else 0)
+        if kept and used + cost > max_chars:
+            break
+        used, kept = used + cost, kept + 1
+    spare = max_chars - sum(len(h) + 1 for h in heads[:kept]) - 2 * (kept - 1)
+    budgets = [0] * kept
+    wants = [len(hit_text(snippet)) for snippet in snippets[:kept]]
+    for done, i in enumerate(sorted(range(kept), key=wants.__getitem__)):
+        budgets[i] = max(min(wants[i], spare // (kept - done)), 0)
+        spare -= budgets[i]
+    hits = [f"{h}\n{_snippet(s, b)}" for h, s, b in zip(heads, snippets, budgets, strict=False)]
+    return "\n\n".join(hits), [r["url"] for r in results[:kept]]
+
+
+def _snippet(text: str, limit: int) -> str:
+    """A hit's snippet line cut to at most ``limit`` characters (ending in "…" when cut)."""
+    for room in (limit, limit - 1):  # hit_text may add a backslash
+        line = hit_text(text if len(text) <= room else text[: max(room - 1, 0)].rstrip() + "…")
+        if len(line) <= limit:
+            return line
+    return ""
 
 
 def _listed(data: dict[str, Any], key: str) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ from langgraph_parallelmuse.models import LocalChatModel  # noqa: E402
 
 
 def items(n: int) -> list[QAItem]:
-    return [QAItem(f"q{i}", f"question {i}?", ["a"], [], [f"d{i}"], "toy") for i in range(n)]
+    return [QAItem(f"q{i}", f"question {i}?", ["Paris"], [], [f"d{i}"], "toy") for i in range(n)]
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -430,7 +430,7 @@ BENCH_PARTS = dict.fromkeys(("methods", "reports", "picks", "timings"), {})
 def dev_sets(path: Path, ids: list[str]) -> None:
     """Both dev sets' questions files in ``path``, each asking ``ids``, as the benchmarks read them."""
     for name in common.DATASETS:
-        rows = [{"id": i, "question": f"{i}?", "answers": ["a"]} for i in ids]
+        rows = [{"id": i, "question": f"{i}?", "answers": ["Paris"]} for i in ids]
         write_rows(path / f"{name}.questions.jsonl", rows)
 
 

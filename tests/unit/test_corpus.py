@@ -383,3 +383,45 @@ def test_a_damaged_wikipedia_file_names_it_and_the_reinstall(
     monkeypatch.setattr(corpus, "_wikipedia_file", lambda: source)
     with pytest.raises(CorpusError, match=rf"{re.escape(str(source))} is damaged .*--force-reinstall"):
         CorpusIndex.wikipedia(cache_dir=cache)
+
+
+def test_ids_titled_lists_every_document_of_a_title_in_index_order(tmp_path: Path, cache: Path) -> None:
+    docs = [*DOCS, {"id": "d6", "title": "PARIS", "text": "A film."}, {"id": "d7", "title": "Paris", "text": "A myth."}]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "c.jsonl", docs), cache_dir=cache)
+    assert index.ids_titled(" paris ") == ["d2", "d6", "d7"]
+    assert index.ids_titled("Paris", doc_ids=["d7", "d2", "d1"]) == ["d2", "d7"]
+    assert index.ids_titled("Pari") == [] and index.ids_titled("d1") == []
+    assert index.get("paris").id == "d2"  # get still opens the first of them
+
+
+def test_a_lone_surrogate_escape_is_a_corpus_error_naming_the_file_line_and_fix(tmp_path: Path, cache: Path) -> None:
+    # It used to end the build in a bare UnicodeEncodeError from SQLite's insert, naming no file.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "d1", "title": "A", "text": "ok"}\n{"id": "d2", "title": "B", "text": "a \\ud800 b"}\n')
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: \"text\" holds the escape \\ud800 .*valid UTF-8"):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)
+    bad.write_text(
+        '{"id": "d1", "title": "A \\udc80", "text": "ok"}\n{"id": "d2", "title": "😀 \\ud83d\\ude00", "text": "b"}\n'
+    )
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:1: \"title\" holds the escape \\udc80"):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)
+    bad.write_text('{"id": "d2", "title": "😀 \\ud83d\\ude00", "text": "b"}\n')  # a whole pair is text
+    assert CorpusIndex.from_jsonl(bad, cache_dir=cache).get("d2").title == "😀 😀"
+
+
+def test_best_title_match_skips_stopwords_as_search_does(index: CorpusIndex) -> None:
+    # "the" had to be in the title too, so "The Eiffel Tower" found nothing.
+    assert index.get("The Eiffel Tower").id == "d1"
+    assert index.get("the tower of Pisa").id == "d4"
+    assert index.get("the of") is None  # only stopwords: every one of them must be in the title
+    assert index.get("The Eiffel Bridge") is None
+
+
+def test_best_title_match_folds_case_as_search_does(tmp_path: Path, cache: Path) -> None:
+    # Python lowercases "İ" to "i" and a combining dot, which the split before lowercasing broke
+    # into words of their own: the document search ranks first was not found by its title.
+    docs = [*DOCS, {"id": "d6", "title": "İsmet İnönü", "text": "The second President of Turkey."}]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "c.jsonl", docs), cache_dir=cache)
+    assert index.search("İSMET İNÖNÜ", k=1)[0].id == "d6"
+    assert index.get("İSMET İNÖNÜ").id == "d6"
+    assert index.get("ismet inonu").id == "d6"

@@ -266,3 +266,70 @@ async def test_bad_arguments_are_one_line_of_usage_and_a_null_goal_is_no_goal(in
     msg = await call(visit, doc="r1", goal=None)
     assert msg.status != "error" and msg.artifact == {"doc_ids": ["r1"]}
     assert msg.content == "River Sample\n\nThe River Sample flows into Lake Demo."
+
+
+NAMESAKES = [
+    {"id": "a1", "title": "Antarctica", "text": "Antarctica is the coldest continent on Earth."},
+    {"id": "a2", "title": "antarctica", "text": "The Antarctic Treaty was signed in 1959."},
+    {"id": "a3", "title": "Antarctica", "text": "Emilio Palma was the first person born there."},
+    {"id": "Antarctica", "title": "Penguins", "text": "Penguins live in the south."},
+    {"id": "s1", "title": "South Pole", "text": "The South Pole lies in Antarctica."},
+]
+
+
+@pytest.fixture
+def namesakes(tmp_path: Path) -> CorpusIndex:
+    src = tmp_path / "namesakes.jsonl"
+    src.write_text("".join(json.dumps(d) + "\n" for d in NAMESAKES), encoding="utf-8")
+    return CorpusIndex.from_jsonl(src, cache_dir=tmp_path / "cache")
+
+
+async def test_visit_by_a_title_several_documents_share_lists_their_ids_as_a_failed_call(
+    namesakes: CorpusIndex,
+) -> None:
+    # It opened the first of them, whichever the agent meant (MuSiQue has 85 such titles).
+    _, visit = make_corpus_tools(namesakes, doc_ids=["a1", "a2", "a3", "s1"])
+    msg = await call(visit, doc="ANTARCTICA")
+    assert msg.artifact == {"doc_ids": [], "error": True}
+    assert msg.content.splitlines() == [
+        "3 documents are titled 'Antarctica': visit one by its id.",
+        "- a1: Antarctica is the coldest continent on Earth.",
+        "- a2: The Antarctic Treaty was signed in 1959.",
+        "- a3: Emilio Palma was the first person born there.",
+    ]
+    assert (await call(visit, doc="a2")).artifact == {"doc_ids": ["a2"]}
+    assert (await call(visit, doc="[3] Antarctica (id: a3)")).artifact == {"doc_ids": ["a3"]}
+    # One of them in the subset is no choice to make; an exact id always wins over a title.
+    _, visit = make_corpus_tools(namesakes, doc_ids=["a3", "s1"])
+    assert (await call(visit, doc="Antarctica")).artifact == {"doc_ids": ["a3"]}
+    _, visit = make_corpus_tools(namesakes)
+    assert (await call(visit, doc="Antarctica")).artifact == {"doc_ids": ["Antarctica"]}
+
+
+@pytest.mark.parametrize("max_chars", [75, 90, 120, 200])
+async def test_the_namesakes_reply_keeps_their_ids_first_within_max_chars(
+    namesakes: CorpusIndex, max_chars: int
+) -> None:
+    _, visit = make_corpus_tools(namesakes, doc_ids=["a1", "a2", "a3"], max_chars=max_chars)
+    msg = await call(visit, doc="antarctica")
+    assert len(msg.content) <= max_chars, msg.content
+    lines = msg.content.splitlines()
+    shown = [line.split(":")[0].removeprefix("- ") for line in lines[1:] if line.startswith("- ")]
+    assert shown == ["a1", "a2", "a3"][: len(shown)] and shown
+    assert len(shown) == 3 or lines[-1] == f"(and {3 - len(shown)} more)"
+    assert msg.artifact == {"doc_ids": [], "error": True}
+
+
+@pytest.mark.parametrize("max_chars", [6, 40, 300, 1000])
+async def test_a_huge_title_is_cut_so_the_visit_reply_stays_within_max_chars(tmp_path: Path, max_chars: int) -> None:
+    # A 2,000-character title gave a 2,011-character reply with max_chars=300.
+    doc = {"id": "d1", "title": "Long title " + "x" * 2000, "text": "Short text about Paris."}
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    _, visit = make_corpus_tools(CorpusIndex.from_jsonl(src, cache_dir=tmp_path / "cache"), max_chars=max_chars)
+    msg = await call(visit, doc="d1")
+    assert len(msg.content) <= max_chars
+    if max_chars >= 300:
+        title, body = msg.content.split("\n\n")
+        assert title.startswith("Long title xxx") and title.endswith("x…") and body == "Short text about Paris."
+    assert msg.artifact == {"doc_ids": ["d1"]}

@@ -433,3 +433,54 @@ async def test_bad_arguments_are_one_line_of_usage(fake: FakeTavily) -> None:
     assert str(info.value).startswith('bad arguments for visit (doc: field required). visit takes "doc" (text')
     assert "\n" not in str(info.value) and "pydantic" not in str(info.value)
     assert fake.requests == []
+
+
+def long_results(n: int) -> list[dict[str, str]]:
+    return [
+        {
+            "url": f"https://www.example.com/news/2024/05/a-long-article-slug-about-topic-{i}?utm_source=feed&ref=abc{i}",
+            "title": f"A fairly long page title for result number {i} | Example News Site",
+            "content": f"Result {i} says " + "word " * 400,
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("max_chars", [200, 300, 600, 1000, 4000])
+async def test_search_shows_whole_hits_within_max_chars_and_lists_only_those(fake: FakeTavily, max_chars: int) -> None:
+    # The title lines were not budgeted, and the text cut at max_chars could end inside a URL that
+    # the artifact still listed, with the hits after it.
+    results = long_results(5)
+    fake.script["/search"] = [Reply(body={"results": results})]
+    search, _ = tools(fake, max_results=5, max_chars=max_chars)
+    msg = await call(search, query="topic")
+    assert len(msg.content) <= max_chars
+    urls = msg.artifact["doc_ids"]
+    assert urls and urls == [r["url"] for r in results][: len(urls)]
+    hits = msg.content.split("\n\n")
+    assert len(hits) == len(urls)
+    for n, (hit, url) in enumerate(zip(hits, urls, strict=True), 1):
+        head, snippet = hit.split("\n")
+        assert head.startswith(f"[{n}] A fairly long") and head.endswith(f" (id: {url})")
+        assert snippet.startswith(f"Result {n - 1} says word")
+    assert (len(urls) == 5) == (max_chars >= 4000)
+
+
+async def test_a_short_snippet_leaves_its_room_to_the_others(fake: FakeTavily) -> None:
+    results = long_results(2)
+    results[0]["content"] = "Brief."
+    fake.script["/search"] = [Reply(body={"results": results})]
+    search, _ = tools(fake, max_results=2, max_chars=1000)
+    msg = await call(search, query="topic")
+    assert msg.content.split("\n\n")[0].endswith("\nBrief.")
+    assert 1000 - 10 <= len(msg.content) <= 1000  # the second snippet takes what the first left
+
+
+async def test_visit_cuts_a_huge_page_title_to_stay_within_max_chars(fake: FakeTavily) -> None:
+    page = {"url": "https://example.org/t", "title": "Tower " * 400, "raw_content": "The tower is 330 m tall."}
+    fake.script["/extract"] = [Reply(body={"results": [page]})]
+    _, visit = tools(fake, max_chars=300)
+    msg = await call(visit, doc="https://example.org/t")
+    assert len(msg.content) <= 300
+    title, body = msg.content.split("\n\n")
+    assert title.startswith("Tower Tower") and title.endswith("…") and body == "The tower is 330 m tall."
