@@ -172,6 +172,7 @@ async def partial_rollout(
     config: ParallelMuseConfig,
     run_id: str,
     reuse: Sequence[Trajectory] = (),
+    limit: contextlib.AbstractAsyncContextManager | None = None,
 ) -> tuple[list[Trajectory], list[Pick]]:
     """Run the whole schedule with asyncio: the rollout stage of the graph, without the graph.
 
@@ -182,6 +183,7 @@ async def partial_rollout(
         run_id: Prefix of the trajectory thread ids.
         reuse: Already sampled from-scratch trajectories that stand in, in order, for the
             schedule's from-scratch jobs (the benchmark pairs methods on the same samples).
+        limit: Bounds the trajectories in flight (``None``: a whole wave at once).
 
     Returns:
         The N trajectories (in wave order) and every pick.
@@ -201,7 +203,9 @@ async def partial_rollout(
     async def run(job: Job) -> Trajectory:
         if job["origin"].get("kind") != "branch" and (sample := next(pool, None)) is not None:
             return sample
-        return await runner.run_job(job, question=question, config=config)
+        # Held as the graph's rollout node holds its slot: a reused sample calls no model, so takes none.
+        async with limit if limit is not None else contextlib.nullcontext():
+            return await runner.run_job(job, question=question, config=config)
 
     trajectories += await gather_all(*(run(job) for job in first_wave(config, run_id=run_id)))
     picks: list[Pick] = []
@@ -494,6 +498,12 @@ async def run_schedule(
     run_id: str,
     reuse: Sequence[Trajectory] = (),
 ) -> tuple[list[Trajectory], list[Pick]]:
-    """The rollout stage by ``config.branching``: :func:`partial_rollout` (post hoc) or :func:`online_rollout`."""
+    """The rollout stage by ``config.branching``: :func:`partial_rollout` (post hoc) or :func:`online_rollout`.
+
+    At most ``config.max_concurrency`` trajectories run at once, each holding a slot while it runs, as
+    in the graph: a caller that lowered it to spare a server would otherwise still send it a whole
+    wave (N at once online).
+    """
     schedule = online_rollout if config.branching == "online" else partial_rollout
-    return await schedule(runner, question, config=config, run_id=run_id, reuse=reuse)
+    limit = asyncio.Semaphore(config.max_concurrency)
+    return await schedule(runner, question, config=config, run_id=run_id, reuse=reuse, limit=limit)

@@ -6,7 +6,8 @@ only), trajectory 0 is the initial trajectory M=1 of partial rollout, and the fi
 rollout are from-scratch trajectories 1, 2, … (they are from-scratch samples by definition), so
 differences between methods are paired. Each partial-rollout mode runs the graph's schedule
 (:func:`~langgraph_parallelmuse.schedule.partial_rollout`) and adds only its branches.
-Reports are written once per trajectory and shared by every method that aggregates it.
+Reports are written once per trajectory and shared by every method that aggregates it. As in the
+graph, at most ``max_concurrency`` (``--set``) trajectories or reports of a question are in flight.
 
 Results are appended to a JSONL file one question at a time; a rerun skips finished questions.
 A question whose every trajectory of a set failed (the model could not be called), or whose judging
@@ -89,6 +90,9 @@ _OWN_FIELDS = {
         ("early_stop", "consensus"),
         "the partial modes reuse the from-scratch samples; stops are measured by benchmarks/online_rollout.py",
     ),
+    # Each method's record sets its own (majority, weighted, parallelmuse, ...): a value given here would
+    # be recorded in every result's settings and applied to none.
+    "aggregation": "the bench runs every aggregation method it is asked for: use --methods",
 }
 
 
@@ -317,9 +321,14 @@ async def _reports(
     """One report per trajectory id, each distinct thread compressed once (a branch shared by several
     modes is one trajectory), by the graph's own map step."""
     unique = {t["thread_id"]: t for t in trajectories if t["answer"]}
-    done = await gather_all(
-        *(write_report(model, item.question, t, config=config, guided=guided) for t in unique.values())
-    )
+    # As the graph's compress nodes: at most max_concurrency reports in flight, not every trajectory's at once.
+    limit = asyncio.Semaphore(config.max_concurrency)
+
+    async def report(t: Trajectory) -> dict:
+        async with limit:
+            return await write_report(model, item.question, t, config=config, guided=guided)
+
+    done = await gather_all(*(report(t) for t in unique.values()))
     by_thread = dict(zip(unique, done, strict=True))
     return {
         t["id"]: {**by_thread[t["thread_id"]], "trajectory_id": t["id"]}

@@ -4,6 +4,7 @@ registry, paired samples, and resume without repeating a question."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import re
@@ -27,7 +28,15 @@ from langgraph_parallelmuse.eval.bench import (
 from langgraph_parallelmuse.eval.datasets import QAItem
 from langgraph_parallelmuse.eval.plots import uncertainty_profile
 from langgraph_parallelmuse.tools import CorpusIndex
-from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, research_responder, role_of
+from tests.unit.fakes import (
+    Reply,
+    ScriptedChatModel,
+    answer_text,
+    call_text,
+    report_from_prompt,
+    research_responder,
+    role_of,
+)
 
 DOCS = [
     {"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
@@ -154,6 +163,30 @@ def test_stop_settings_are_refused_up_front_naming_where_they_are_measured(stop)
         ConfigError, match=rf"--set {next(iter(stop))}: .*reuse the from-scratch samples.*online_rollout\.py"
     ):
         BenchSettings(**{**SMALL, "extra": stop})
+
+
+def test_aggregation_is_refused_up_front_naming_the_methods_flag():
+    # Before: accepted and recorded in every result's settings, while each method set its own aggregation.
+    with pytest.raises(
+        ConfigError, match=r"--set aggregation: .*runs every aggregation method it is asked for: use --methods"
+    ):
+        BenchSettings(**{**SMALL, "extra": {"aggregation": "majority"}})
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_max_concurrency_bounds_a_questions_trajectories_and_reports(index, tmp_path, limit):
+    # Before: accepted, recorded in the settings and ignored: 4 from-scratch calls, then 6 reports, at once.
+    def agent(step, messages):
+        return dataclasses.replace(_agent(step, messages), delay=0.01)  # the calls overlap while they wait
+
+    model = ScriptedChatModel(
+        responder=research_responder(agent, compress=lambda messages: Reply(report_from_prompt(messages), delay=0.01))
+    )
+    settings = BenchSettings(**{**SMALL, "extra": {"max_concurrency": limit}})
+    (rec,) = await run_bench(model, index, ITEMS[:1], settings, tmp_path / "r.jsonl")
+    assert rec["settings"]["extra"] == {"max_concurrency": limit}
+    assert rec["methods"]["parallelmuse_exploration"]["answer"] == "Paris" and len(rec["reports"]) == 6
+    assert model.peak_in_flight == limit
 
 
 async def test_a_budget_only_partial_rollout_spends_is_checked_only_when_a_method_runs_it(index, tmp_path):

@@ -198,6 +198,24 @@ def test_online_settings_are_checked():
         make_config(early_stop=True)
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_run_schedule_online_keeps_at_most_max_concurrency_trajectories_in_flight(tmp_path, limit):
+    # Before, max_concurrency was accepted and ignored: every fork started at once beside its parent.
+    def plan(me, step, thought):
+        if step < 2:  # every search crosses the threshold: t0 forks twice while it runs
+            reply = call_text("search", thought, query=f"q{me}-{step}")
+            return Reply(reply, regions={"tool_call": -2.5}, logprob=SURE, delay=0.01)
+        return Reply(answer_text("Paris", thought), logprob=SURE, delay=0.01)
+
+    model = ScriptedChatModel(responder=research_responder(Runners(plan)))
+    config = make_config(
+        n=8, k=2, t=3, branching="online", calibration=_calibration(tmp_path), seed=1, max_concurrency=limit
+    )
+    trajs, picks = await run_schedule(RolloutRunner(model, make_tools()[0]), QUESTION, config=config, run_id="mc")
+    assert len(trajs) == 8 and [(p["parent"], p["step"]) for p in picks] == [("t0", 0), ("t0", 1)]
+    assert model.peak_in_flight == limit
+
+
 # ----------------------------------------------------------------------------- early stop
 
 

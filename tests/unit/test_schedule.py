@@ -3,6 +3,7 @@ branching within N; calibrated thresholds; sibling diversity."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -17,7 +18,7 @@ from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from langgraph_parallelmuse.schedule import partial_rollout
+from langgraph_parallelmuse.schedule import partial_rollout, run_schedule
 from tests.unit.fakes import (
     OLD_CALIBRATION,
     Reply,
@@ -132,6 +133,25 @@ async def test_partial_rollout_reuses_given_samples_for_its_from_scratch_jobs():
     assert len(trajectories) == 8 and len(picks) == 2
     # Only the six branches called the model: 2 regenerated steps each from step 1, 3 from step 0.
     assert len(model.calls) - calls == 3 * 2 + 3 * 3
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_run_schedule_keeps_at_most_max_concurrency_trajectories_in_flight(limit):
+    # Before, max_concurrency was accepted and ignored: the branch wave put 6 model calls in flight at once.
+    slow = [dataclasses.replace(step, delay=0.01) for step in STEPS]  # the calls overlap while they wait
+    runner, model, _ = _runner(by_step(slow))
+    cfg = make_config(n=8, k=2, t=3, max_concurrency=limit)
+    trajectories, picks = await run_schedule(runner, QUESTION, config=cfg, run_id="mc")
+    assert len(trajectories) == 8 and len(picks) == 2  # the whole schedule ran, only narrower
+    assert model.peak_in_flight == limit
+
+
+async def test_run_schedule_within_max_concurrency_still_reuses_the_given_samples():
+    runner, model, _ = _runner()
+    cfg = make_config(n=8, k=2, t=3, max_concurrency=1)
+    samples, _ = await run_schedule(runner, QUESTION, config=make_config(cfg, mode="none"), run_id="s")
+    trajectories, _ = await run_schedule(runner, QUESTION, config=cfg, run_id="p", reuse=samples)
+    assert trajectories[:2] == samples[:2] and len(trajectories) == 8
 
 
 # ------------------------------------------------------------------ calibrated threshold
