@@ -13,9 +13,11 @@ In the free form the answer is the text after the reply's last ``<answer>`` outs
 blocks: the server stops at ``</answer>``, and a model that reasons first may name the tag before
 its answer. Either way the text is then *snapped* to the candidate answer of the reports with the
 same vote key, else the highest token overlap of the vote keys (CJK compared by characters; a tie:
-the candidate more reports gave), the pick's report references ("Paris, per Report 2") left out;
-when nothing overlaps and the pick names reports by number ("Report 3"), their answer (a number of
-no shown report with an answer: the majority vote), else the majority vote. So the result is always
+the candidate more reports gave) among the candidates sharing a word with it that is not a function
+word (a pick of function words only, "No", may share one of those), the pick's ``<answer>`` tags and
+report references ("Paris, per Report 2") left out; when nothing overlaps and the pick names reports
+by number ("Report 3", "Reports 1 and 2"), their answer (a number of no shown report with an answer,
+or reports answering differently: the majority vote), else the majority vote. So the result is always
 one of the reports' answers, which are the trajectories' own: a small model cannot be trusted to
 copy a candidate exactly, the method forbids inventing or merging answers, and no text that a
 trajectory did not answer (a page's injected ``<answer>``) can become the final answer.
@@ -40,7 +42,13 @@ from typing import Literal
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.answers import normalize_vote_key, strip_answer_label, vote_overlap, vote_tokens
+from langgraph_parallelmuse.answers import (
+    FUNCTION_WORDS,
+    normalize_vote_key,
+    strip_answer_label,
+    vote_overlap,
+    vote_tokens,
+)
 from langgraph_parallelmuse.compress import without_think
 from langgraph_parallelmuse.errors import ends_the_run
 from langgraph_parallelmuse.protocol import quote_untrusted
@@ -82,8 +90,19 @@ GUIDED_PICK_TOKENS = 64
 
 # The reports are shown as "Report 1:", "Report 2:", ...: a small model may name one instead of its
 # answer, and snapped by overlap "Report 3" went to a candidate holding a "3", another report's answer.
-# ASCII digits only, compared as text: a number of thousands of digits must not reach int().
-_REPORT_NUMBER = re.compile(r"\breport\s+#?([0-9]+)", re.IGNORECASE)
+# It may name several ("Reports 1 and 2", "Report 1, 2 & 3"): read as one report, the rest ("and 2")
+# was snapped to the candidate "2". ASCII digits only, compared as text: a number of thousands of
+# digits must not reach int(). (No two whitespace runs meet without a token between: no backtracking.)
+_REPORT_NUMBERS = re.compile(
+    r"\breports?\s+#?[0-9]+(?:\s*(?:,\s*(?:(?:and|or|&)\s*)?|(?:and|or|&)\s*)#?[0-9]+)*", re.IGNORECASE
+)
+_DIGITS = re.compile(r"[0-9]+")
+# The prompt asks for <answer></answer>, and after the "Answer:" prefill a small model may write the
+# tag too: in the pick it is no part of the answer ("<answer>Lyon" matched no candidate).
+_ANSWER_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
+# ("<\s*/?\s*" would let two whitespace runs meet: quadratic on a "<" before a long blank run.)
+_ANSWER_TAG = re.compile(r"<\s*(?:/\s*)?answer\s*>", re.IGNORECASE)
 
 
 @dataclass
@@ -278,18 +297,26 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     # A candidate holding every word of the pick is what it names ("Paris, Texas" is not "Paris"),
     # however many more words it has: F1 alone preferred the shorter, partial one. CJK text has no
     # spaces: its words are characters, or "北京市" would share no word with "北京".
+    # Only a shared word that is not a function word makes a candidate what the pick names: through
+    # "of" and "it" the refusals "None of the reports is reliable" and "It is unclear which is right"
+    # were snapped to "Haymo of Faversham" and "It Happened One Night". A pick of function words only
+    # ("No") has no other word to share.
     words = set(vote_tokens(text))
+    shared = (words - FUNCTION_WORDS) or words
+    named = [i for i, c in enumerate(candidates) if shared & set(vote_tokens(c))]
+    if not named:
+        return None
     votes = Counter(normalize_vote_key(a) for a in answers)
     scores = [(words <= set(vote_tokens(c)), vote_overlap(text, c), votes[normalize_vote_key(c)]) for c in candidates]
-    best = max(range(len(candidates)), key=scores.__getitem__)
-    return candidates[best] if scores[best][1] > 0 else None
+    return candidates[max(named, key=scores.__getitem__)]
 
 
 def _named_reports(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str:
     """The candidate answered by the reports the pick names by number, or "" when one of them is not
     shown or has no answer, or they answer differently: a failed pick, not a guess between them."""
     shown = {str(i): normalize_vote_key(answer) for i, answer in enumerate(answers, 1)}
-    keys = {shown.get(number.lstrip("0"), "") for number in _REPORT_NUMBER.findall(text)}
+    numbers = (number for names in _REPORT_NUMBERS.finditer(text) for number in _DIGITS.findall(names[0]))
+    keys = {shown.get(number.lstrip("0"), "") for number in numbers}
     key = keys.pop() if len(keys) == 1 else ""
     return next((c for c in candidates if key and normalize_vote_key(c) == key), "")
 
@@ -300,9 +327,9 @@ def _resolved(picked: str, candidates: Sequence[str], answers: Sequence[str | No
     are all it says, the answer of the reports it names by number; "" if none."""
     key = normalize_vote_key(picked)
     # A candidate that itself reads "Report 12" ("Brundtland Report 1987") is matched as written.
-    if any(normalize_vote_key(c) == key for c in candidates) or not _REPORT_NUMBER.search(picked):
+    if any(normalize_vote_key(c) == key for c in candidates) or not _REPORT_NUMBERS.search(picked):
         return _snap(picked, candidates, answers) or ""
-    rest = _REPORT_NUMBER.sub(" ", picked)
+    rest = _REPORT_NUMBERS.sub(" ", picked)
     return (_snap(rest, candidates, answers) if normalize_vote_key(rest) else None) or _named_reports(
         picked, candidates, answers
     )
@@ -312,16 +339,18 @@ def _picked(turn: TurnResult, *, guided: bool, candidates: list[str], answers: l
     """The candidate the aggregator's turn names, or "" (the final answer is always one the
     trajectories gave)."""
     if guided:
-        lines = [" ".join(line.split()) for line in turn.segments.get("pick", "").splitlines()]
+        # A tag alone on the first line ("<answer>\nLyon") leaves the pick on the next.
+        lines = [" ".join(line.split()) for line in _ANSWER_TAG.sub(" ", turn.segments.get("pick", "")).splitlines()]
         picked = next((line for line in lines if line), "")
     elif turn.finish_reason == "length":  # a free-form answer cut off by the token limit is not an answer
         picked = ""
     else:
         # The stop at "</answer>" leaves the last tag open, and a reply may name the tag as it reasons
         # ("I will put my choice in the <answer> tag"): the pick is what follows the last <answer>
-        # outside think blocks.
-        _, tag, tail = without_think(turn.text).rpartition("<answer>")
-        picked = " ".join(tail.split("</answer>", 1)[0].split()) if tag else ""
+        # outside think blocks, whatever its case.
+        text = without_think(turn.text)
+        opened = [tag.end() for tag in _ANSWER_OPEN.finditer(text)]
+        picked = " ".join(_ANSWER_CLOSE.split(text[opened[-1] :], 1)[0].split()) if opened else ""
     return _resolved(picked, candidates, answers) if picked else ""
 
 

@@ -15,21 +15,39 @@ and "5"); and ASCII-only rules split one answer written with other characters ("
 
 from __future__ import annotations
 
+import bisect
 import re
 import string
 import unicodedata
 from collections import Counter
 
-__all__ = ["normalize_answer", "normalize_vote_key", "strip_answer_label", "token_f1", "vote_overlap", "vote_tokens"]
+__all__ = [
+    "FUNCTION_WORDS",
+    "normalize_answer",
+    "normalize_vote_key",
+    "strip_answer_label",
+    "token_f1",
+    "vote_overlap",
+    "vote_tokens",
+]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 # HotpotQA's script refuses partial credit when either side is one of these: "no" must not earn
 # token overlap with "no, it is not".
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
+# Words that name nothing by themselves: a shared "of" does not make two answers one.
+FUNCTION_WORDS = frozenset(
+    "a an and are as at be but by can could did do does for from had has have he her his how i if in is it its "
+    "me my no not of on or our she so than that the their them then there these they this those to us was we "
+    "were what when where which while who whom whose why will with would yes you your".split()
+)
 # Models often prefix their final line ("Answer: Paris", "**Final answer:** Paris"); the prefix
 # must not split votes for the same answer.
-_ANSWER_PREFIX = re.compile(r"^\W*(?:final\s+)?answer\W*?:", re.IGNORECASE)
+# The emphasis around a label goes with it: "**Final answer:** Paris" is "Paris". (Matched at a
+# position, not anchored by "^": several labels are read off in turn.)
+_LABEL_EMPHASIS = " \t\n*_"
+_ANSWER_PREFIX = re.compile(rf"\W*(?:final\s+)?answer\W*?:[{re.escape(_LABEL_EMPHASIS)}]*", re.IGNORECASE)
 # Punctuation that is part of a number: a decimal point, a ratio, a time, a range, a sign ("3.5",
 # "1/2", "9:30", "1914-1918", "-5", ".5", "-.5"), and the mark of an exponent ("10^6", "10^-6"). A
 # thousands separator is not: "3,000" is "3000".
@@ -167,20 +185,45 @@ def vote_tokens(answer: str | None) -> list[str]:
     return _CJK.sub(r" \g<0> ", normalize_vote_key(answer)).split()
 
 
+def _nfkc_by_character(text: str) -> tuple[str, list[int]]:
+    """The text NFKC-normalised character by character, and where each character's form ends in it.
+
+    The key is NFKC-folded, so a label is found as NFKC writes it ("Answer：" with a full-width colon
+    is "Answer:"); the shown answer keeps its own characters ("10⁶" is not "106"), so a label's end
+    must map back to the original text. (Character by character differs from whole-string NFKC only
+    where marks combine, which no label holds.)
+    """
+    ends, forms, length = [], [], 0
+    for ch in text:
+        forms.append(form := unicodedata.normalize("NFKC", ch))
+        length += len(form)
+        ends.append(length)
+    return "".join(forms), ends
+
+
 def strip_answer_label(answer: str | None) -> str:
-    """The answer without a leading ``answer:`` / ``final answer:`` label, stripped (``None`` gives ``""``).
+    """The answer without leading ``answer:`` / ``final answer:`` labels, stripped (``None`` gives ``""``).
+
+    Labels are found as NFKC reads them (a full-width colon is a colon), however many there are: the
+    vote key is made of what is left, so the shown answer and its key must agree.
 
     Example:
         >>> strip_answer_label("  Final answer: Paris "), strip_answer_label("**Final answer:** Paris")
         ('Paris', 'Paris')
+        >>> strip_answer_label("Answer： Paris"), strip_answer_label("Answer: Answer: 10⁶")
+        ('Paris', '10⁶')
     """
-    if not answer:
-        return ""
-    text = answer.strip()
-    if (label := _ANSWER_PREFIX.match(text)) is None:
+    text = (answer or "").strip()
+    folded, ends = _nfkc_by_character(text)
+    end = 0
+    # Labels are read off the folded text in one pass: a pass over the whole answer per label would
+    # be quadratic in an answer of many labels.
+    while label := _ANSWER_PREFIX.match(folded, end):
+        end = label.end()
+    if not end:
         return text
-    # The emphasis around a label goes with it: "**Final answer:** Paris" is "Paris".
-    return text[label.end() :].strip(" \t\n*_")
+    # The first character whose form reaches the labels' end is the last one they take.
+    return text[bisect.bisect_left(ends, end) + 1 :].strip(_LABEL_EMPHASIS)
 
 
 def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:

@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
-from langgraph_parallelmuse.answers import normalize_answer
+from langgraph_parallelmuse.answers import FUNCTION_WORDS, normalize_answer
 from langgraph_parallelmuse.driver import call_key, search_hits
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
 from langgraph_parallelmuse.tools.local_tools import NO_HITS
@@ -123,12 +123,7 @@ class Segment:
 
 # ----------------------------------------------------------------------------- named spans
 
-# Capitalised words that open a sentence or a question, not a name.
-_FUNCTION_WORDS = frozenset(
-    "a an and are as at be but by can could did do does for from had has have he her his how i if in is it its "
-    "me my no not of on or our she so than that the their them then there these they this those to us was we "
-    "were what when where which while who whom whose why will with would yes you your".split()
-)
+# Capitalised words that open a sentence or a question, not a name: the shared function words.
 # Lowercase words allowed inside a name ("Haymo of Faversham", "Ludwig van Beethoven").
 _CONNECTORS = frozenset("of the de da del der di du la le van von y".split())
 _WORD = re.compile(r"\d[\d,.]*\d|[^\W_](?:[\w'’&-]*[^\W_])?\.?")
@@ -139,7 +134,7 @@ _POSSESSIVE = re.compile(r"['’]s\b")
 
 
 def _is_name_word(word: str) -> bool:
-    return word[0].isupper() and word.rstrip(".").lower() not in _FUNCTION_WORDS
+    return word[0].isupper() and word.rstrip(".").lower() not in FUNCTION_WORDS
 
 
 def named_spans(text: str) -> list[str]:

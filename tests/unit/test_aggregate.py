@@ -521,3 +521,65 @@ async def test_the_free_aggregator_gets_room_to_reason_and_the_guided_pick_one_l
     choice = await choose_answer(model, "Where?", trajs, reports, config=config, guided=guided)
     assert model.calls[0]["kwargs"]["max_tokens"] == expected
     assert (choice.answer, choice.source) == ("Lyon", "aggregator")
+
+
+@pytest.mark.parametrize(
+    ("guided", "reply"),
+    [
+        (False, "<answer>Report 1 and 2</answer>"),
+        (False, "<answer>Reports 1 and 2</answer>"),
+        (True, " Reports 1 and 2 agree"),
+        (True, " Reports #1, #2"),
+        (False, "<answer>Reports 1 or 2</answer>"),
+    ],
+)
+async def test_a_pick_naming_several_reports_is_their_answer(fake_model, guided, reply):
+    """ "Report 1 and 2" was read as report 1 and the rest, "and 2", was snapped to the candidate "2",
+    report 3's answer, as the aggregator's pick; "Reports 1 and 2" named no report at all."""
+    reports = [_report("t0", "5"), _report("t1", "5"), _report("t2", "2")]
+    result = await aggregate_reports(fake_model([reply]), "How many?", reports, guided=guided)
+    assert (result.answer, result.source, result.error) == ("5", "aggregator", None)
+
+
+async def test_a_pick_naming_reports_that_answer_differently_is_a_failed_pick(fake_model):
+    """Report 3's number was snapped to the candidate "3" (report 2's answer) as the pick."""
+    reports = [_report(f"t{i}", a) for i, a in enumerate(["5", "3", "2", "5"])]
+    result = await aggregate_reports(
+        fake_model(["<answer>Report 1 and 3</answer>"]), "How many?", reports, guided=False
+    )
+    assert (result.answer, result.source) == ("5", "majority_fallback")
+    assert "names no candidate" in result.error
+
+
+@pytest.mark.parametrize(
+    ("pick", "other"),
+    [
+        ("None of the reports is reliable", "Haymo of Faversham"),
+        ("It is unclear which is right", "It Happened One Night"),
+    ],
+)
+@pytest.mark.parametrize("guided", [True, False])
+async def test_a_pick_sharing_only_function_words_with_a_candidate_is_a_failed_pick(fake_model, pick, other, guided):
+    """A refusal was snapped through "of" or "it" to a minority's answer, as the aggregator's pick."""
+    reports = [_report("t0", "Lyon"), _report("t1", "Lyon"), _report("t2", other)]
+    model = fake_model([f" {pick}" if guided else f"<answer>{pick}</answer>"])
+    result = await aggregate_reports(model, QUESTION, reports, guided=guided)
+    assert (result.answer, result.source) == ("Lyon", "majority_fallback")
+
+
+@pytest.mark.parametrize(
+    ("guided", "reply"),
+    [
+        (True, " <answer>Lyon"),
+        (True, " <ANSWER>Lyon</ANSWER>"),
+        (True, " <answer>\nLyon"),
+        (False, "I pick <ANSWER>Lyon</ANSWER>"),
+        (False, "<answer><Answer>Lyon"),
+    ],
+)
+async def test_answer_tags_are_no_part_of_the_pick(fake_model, guided, reply):
+    """After the "Answer:" prefill a small model may write the tag the prompt asks for: the vote key
+    kept "<answer>", the pick matched no candidate and the majority stood in."""
+    reports = [_report("t0", "Paris"), _report("t1", "Lyon")]
+    result = await aggregate_reports(fake_model([reply]), QUESTION, reports, guided=guided)
+    assert (result.answer, result.source) == ("Lyon", "aggregator")

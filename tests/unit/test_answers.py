@@ -1,0 +1,36 @@
+"""Answer labels: the shown answer and its vote key read the same label off it."""
+
+from __future__ import annotations
+
+import pytest
+
+from langgraph_parallelmuse.aggregate import majority_vote
+from langgraph_parallelmuse.answers import normalize_vote_key, strip_answer_label
+
+
+@pytest.mark.parametrize(
+    ("answer", "shown"),
+    [
+        ("Answer： Paris", "Paris"),  # a full-width colon: NFKC makes it a colon
+        ("Ａｎｓｗｅｒ: Paris", "Paris"),
+        ("Answer: Answer: Paris", "Paris"),
+        ("**Final answer:** Answer： Paris", "Paris"),
+        ("Answer： 10⁶", "10⁶"),  # the shown answer keeps its own characters
+    ],
+)
+def test_labels_are_read_as_nfkc_writes_them_and_all_go(answer, shown):
+    """The label was looked for before NFKC folding ("Answer：" kept, key "answer paris"), and only
+    once (the key of "Answer: Answer: Paris" was "answer paris" while the shown answer was "Paris")."""
+    assert strip_answer_label(answer) == shown
+    assert normalize_vote_key(answer) == normalize_vote_key(shown)
+
+
+def test_a_label_written_differently_does_not_split_a_vote(make_trajectory):
+    answers = ["Lyon", "Answer： Paris", "Answer: Answer: Paris"]
+    assert majority_vote([make_trajectory(f"t{i}", answer=a) for i, a in enumerate(answers)]) == "Paris"
+
+
+@pytest.mark.parametrize(("answer", "shown"), [("Answer Me", "Answer Me"), ("Answer:", ""), (None, "")])
+def test_an_answer_without_a_label_is_kept_and_a_label_alone_is_no_answer(answer, shown):
+    assert strip_answer_label(answer) == shown
+    assert normalize_vote_key(answer) == normalize_vote_key(shown)
