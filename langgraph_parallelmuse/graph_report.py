@@ -22,8 +22,9 @@ read leads to the answer"), and it ends in the canonical ``Final answer:`` line,
 reads it like any report. The answer is the trajectory's own, as in the text form. A report whose
 reasoning line fails twice keeps its facts and says so (``status`` ``"fallback"``: no model-written
 part). Guided, the line is at most :data:`GRAPH_REASONING_TOKENS` tokens after a prefilled
-``Reasoning:``; free, the model writes it within ``max_report_tokens``, and a reply cut off by that
-bound is malformed, as a free text report is.
+``Reasoning:``; free, the model writes it within ``max_report_tokens`` (the line is the reply's first
+paragraph outside think blocks), and a reply cut off by that bound before the line ended is
+malformed, as a free text report cut off is.
 
 The facts need tool outputs the information-state graph reads (``[n] Title (id: x)`` search hits,
 visits that name their document in ``doc_ids``: see :mod:`~langgraph_parallelmuse.infograph`); with
@@ -37,7 +38,14 @@ import time
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.compress import fallback_report, reasoning_line, report_attempts, trajectory_token_count
+from langgraph_parallelmuse.compress import (
+    LINE_CUT,
+    fallback_report,
+    reasoning_line,
+    report_attempts,
+    trajectory_token_count,
+    without_think,
+)
 from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
 from langgraph_parallelmuse.protocol import neutralize, quote_untrusted
 from langgraph_parallelmuse.segments import Gen, Lit, Sampling, TurnResult
@@ -123,11 +131,31 @@ def build_reasoning_messages(question: str, facts: str, answer: str) -> list[Bas
     return [SystemMessage(_SYSTEM), HumanMessage(body)]
 
 
-def _reasoning_line(text: str) -> str:
-    line = reasoning_line(text)
+def _reasoning_line(text: str, *, cut_off: bool = False) -> str:
+    """The reasoning line of a reply: its first paragraph outside think blocks, without a label.
+
+    A reasoning model's draft is no part of it (an unclosed think block leaves nothing). The free
+    form has no blank-line stop string (it would end the reply inside the draft), so its line ends
+    here, at the first blank line after the draft.
+
+    Args:
+        text: The generated reasoning segment.
+        cut_off: The reply ended at its token bound: the line counts only if something ended it
+            before (a blank line, or a final answer written after it).
+
+    Example:
+        >>> _reasoning_line("<think>Lyon?\\n\\nNo.</think>\\n\\nReasoning: The page names Paris.\\n\\nMore")
+        'The page names Paris.'
+        >>> _reasoning_line("The page names", cut_off=True), _reasoning_line("<think>draft, maybe Lyon")
+        ('', '')
+    """
+    visible = without_think(text).strip()
     for prefix in ("Reasoning:", "reasoning:"):
-        line = line.removeprefix(prefix).strip()
-    return line
+        visible = visible.removeprefix(prefix).lstrip()
+    paragraph, ended, _ = visible.partition("\n\n")
+    if cut_off and not ended and not LINE_CUT.search(paragraph):
+        return ""
+    return reasoning_line(paragraph)
 
 
 async def write_graph_report(
@@ -176,14 +204,16 @@ async def write_graph_report(
         [Lit("Reasoning:"), Gen(stop=("\n\n", "Final answer"), max_tokens=GRAPH_REASONING_TOKENS, name="reasoning")]
         if guided
         # A capable model's one sentence runs past the guided bound: a cut reply was thrown away and
-        # the line was "(none written)". Free, it has the text report's bound.
-        else [Gen(stop=("\n\n", "Final answer", "<answer>"), max_tokens=max_report_tokens, name="reasoning")]
+        # the line was "(none written)". Free, it has the text report's bound. A stop string fires inside
+        # a reasoning model's think block too: "\n\n" ended the reply in its draft, which became the
+        # line, and a draft quotes the prompt's "Final answer:" line. _reasoning_line ends the line.
+        else [Gen(stop=("<answer>",), max_tokens=max_report_tokens, name="reasoning")]
     )
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
 
     def read(turn: TurnResult) -> tuple[dict[str, str], str | None]:
         cut_off = not guided and turn.finish_reason == "length"
-        line = "" if cut_off else _reasoning_line(turn.segments.get("reasoning", ""))
+        line = _reasoning_line(turn.segments.get("reasoning", ""), cut_off=cut_off)
         return ({"reasoning": line}, None) if line else ({}, "no reasoning line")
 
     sections, problem, cost = await report_attempts(

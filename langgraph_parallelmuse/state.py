@@ -221,7 +221,7 @@ class Report(TypedDict):
     trajectory_id: str
     text: str
     answer: str | None
-    status: Literal["ok", "fallback"]  # fallback: compression failed, only the final answer is kept
+    status: Literal["ok", "fallback"]  # fallback: the model-written part failed twice (what it wrote is kept)
     tokens: int  # generated tokens of the report
     trajectory_tokens: int  # tokens of the trajectory text it compresses
     prompt_tokens: int  # prompt tokens sent to write it

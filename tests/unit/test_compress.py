@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langgraph_parallelmuse.compress import (
@@ -143,7 +144,7 @@ async def test_malformed_report_is_retried_with_another_seed(fake_model, make_tr
 
 
 async def test_retry_then_fallback_to_the_final_answer(fake_model, make_trajectory):
-    model = fake_model([RuntimeError("server down"), "Solution planning: x\n(no answer)"])
+    model = fake_model([RuntimeError("server down"), "I cannot summarise this."])
     traj = make_trajectory(answer="Paris, France")
     report = await compress_trajectory(model, QUESTION, traj, guided=False)
 
@@ -226,8 +227,10 @@ async def test_free_report_cut_off_by_the_token_limit_is_not_accepted(fake_model
     model = fake_model([(FREE_OK, "length"), (FREE_OK, "length")])
     report = await compress_trajectory(model, QUESTION, make_trajectory(), guided=False)
 
-    assert report["status"] == "fallback"
-    assert report["text"] == "Final answer: Paris"
+    assert (report["status"], report["problem"]) == ("fallback", "the report was cut off by the token limit")
+    # What it did write is kept: the aggregator reads more than the answer.
+    assert report["text"].startswith("Solution planning: One sub-problem: the capital.\n")
+    assert report["text"].endswith("\nFinal answer: Paris")
 
 
 async def test_trajectory_without_answer_is_not_sent_to_the_model(fake_model, make_trajectory):
@@ -373,3 +376,50 @@ async def test_guided_reasoning_ends_at_an_answer_written_in_any_case(fake_model
     lines = report["text"].splitlines()
     assert lines[0] == "Solution planning: The plan was to find the capital."
     assert lines[2] == "Final reasoning: The answer follows because the page says so."
+
+
+@pytest.mark.timeout(30)  # the old patterns took minutes here (18 s at 20,000 newlines, quadratic); now milliseconds
+def test_blank_lines_and_asterisk_runs_are_read_in_linear_time():
+    """A heading's prefix crossed newlines, so each line start rescanned every blank line after it; an
+    asterisk run before "final answer" was rescanned from each of its positions."""
+    assert parse_report("\n" * 100_000) == ({}, None)
+    assert reasoning_line("*" * 100_000) == "*" * 100_000
+    sections, answer = parse_report("Solution planning: a" + "\n" * 100_000 + "Final reasoning: b " + "*" * 100_000)
+    assert (sections["Solution planning"], sections["Final reasoning"][:3], answer) == ("a", "b *", None)
+    assert parse_report("**Final answer:** Paris" + "*" * 100_000)[1].startswith("Paris")
+
+
+BODY = (
+    "Solution planning: identify the country, then read its page to reach the final answer: the capital.\n"
+    "Solution methods: search(q=France) found d1\nFinal reasoning: d1 names the capital\n"
+)
+
+
+async def test_a_complete_free_report_stands_however_it_writes_its_answer(fake_model, make_trajectory):
+    """Only "<answer>" or "final answer:" counted as an answer: a report of three sections that ended
+    on "Answer: Lyon" fell back to its answer line alone, and "the final answer: the capital" in the
+    plan ended the sections there, dropping the other two."""
+    for ending in ("Answer: Lyon", "<Answer>Lyon</Answer>", "**Final Answer**\nLyon", "## Answer\nLyon", ""):
+        report = await compress_trajectory(fake_model([BODY + ending]), QUESTION, make_trajectory(), guided=False)
+        assert (report["status"], report["answer"]) == ("ok", "Paris"), ending
+        assert report["text"] == (
+            "Solution planning: identify the country, then read its page to reach the final answer: the capital.\n"
+            "Solution methods: search(q=France) found d1\nFinal reasoning: d1 names the capital\nFinal answer: Paris"
+        ), ending
+    # A language's own label is not read as one: its line stays in the last section, not the report's answer.
+    report = await compress_trajectory(fake_model([BODY + "最终答案：巴黎"]), QUESTION, make_trajectory(), guided=False)
+    assert report["status"] == "ok" and report["text"].endswith("最终答案：巴黎\nFinal answer: Paris")
+
+
+async def test_a_free_report_that_falls_back_keeps_the_sections_it_wrote(fake_model, make_trajectory):
+    """A fallback free report was its answer line alone, however much of it the model had written."""
+    partial = "Solution planning: find the capital\nFinal reasoning: the page names Paris\n<answer>Paris"
+    report = await compress_trajectory(
+        fake_model([partial, "Solution planning: x"]), QUESTION, make_trajectory(), guided=False
+    )
+    assert report["text"] == (
+        "Solution planning: find the capital\nSolution methods: (none written)\n"
+        "Final reasoning: the page names Paris\nFinal answer: Paris"
+    )
+    # Its problem is that of the sections it keeps, not the sparser retry's.
+    assert (report["status"], report["problem"]) == ("fallback", "missing or empty section(s): Solution methods")

@@ -113,3 +113,32 @@ async def test_the_free_form_bounds_its_reasoning_by_the_report_budget_not_the_g
     model = _Bounded(script=[sentence, sentence])
     report = await write_graph_report(model, QUESTION, two_hop(), guided=False, max_report_tokens=32)
     assert report["status"] == "fallback" and len(model.calls) == 2
+
+
+async def test_a_reasoning_models_draft_is_no_part_of_the_line():
+    """The free form stopped at the first blank line, inside the think block, and its draft ("Maybe
+    the answer is really Lyon?") became the report's reasoning, marked ok."""
+    line = "The journal's publisher is the APA, whose first president was Hall."
+    for reply in (
+        f"<think>\nOkay, one sentence. Maybe the answer is really Lyon?\n\nNo, Hall.\n</think>\n\n{line}",
+        # the chat template opened the block: only its end is in the reply
+        f"Okay, one sentence. Maybe Lyon?\n\nNo.\n</think>\n\nReasoning: {line}\n\nFinal answer: Hall",
+        # a draft quotes the prompt's answer line
+        f"<think>The prompt says\nFinal answer: G. Stanley Hall\nso I explain it.</think>{line} Final answer: x",
+    ):
+        model = ScriptedChatModel(script=[reply])
+        report = await write_graph_report(model, QUESTION, two_hop(), guided=False)
+        assert (report["status"], report["text"].splitlines()[-2]) == ("ok", f"Reasoning: {line}"), reply
+    # A reply cut off inside its draft has no line; one cut off after its line ended keeps it.
+    model = ScriptedChatModel(script=[Reply("<think>Maybe Lyon?", finish_reason="length")] * 2)
+    report = await write_graph_report(model, QUESTION, two_hop(), guided=False)
+    assert report["status"] == "fallback" and "Lyon" not in report["text"]
+    model = ScriptedChatModel(script=[Reply(f"{line}\n\nIn more detail, the", finish_reason="length")])
+    report = await write_graph_report(model, QUESTION, two_hop(), guided=False)
+    assert (report["status"], report["text"].splitlines()[-2]) == ("ok", f"Reasoning: {line}")
+
+
+async def test_the_guided_line_drops_a_draft_too():
+    model = ScriptedChatModel(script=[" <think>maybe Lyon</think> Hall led the APA."])
+    report = await write_graph_report(model, QUESTION, two_hop(), guided=True)
+    assert report["text"].splitlines()[-2] == "Reasoning: Hall led the APA."
