@@ -23,7 +23,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -56,10 +56,10 @@ def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
     g.add_argument(
         "--precision",
         choices=("auto", "float32", "bfloat16"),
-        default="float32",
+        default=None,
         help="in-process engine: bfloat16 matrix work is ~2x faster on CPUs with AMX/AVX-512-BF16 and many "
         "times slower on others; auto picks it only where the CPU has it; float32 keeps the logprobs exact "
-        "(default: float32)",
+        "(default: float32; refused with --base-url, whose server sets its own)",
     )
     g = p.add_argument_group("knowledge")
     g.add_argument(
@@ -135,7 +135,7 @@ def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None,
         args: The command line.
         settings: The settings the run will use, which the server is checked for (its driver,
             ``top_logprobs``, whether it branches); default: the command line's flags.
-        logprobs: Whether the server must return logprobs; default: when ``settings`` branch.
+        logprobs: Whether the server must return logprobs; default: :func:`_needs_logprobs` of ``settings``.
     """
     _check_model_flags(args)
     if args.base_url:
@@ -144,16 +144,48 @@ def _model(args: argparse.Namespace, settings: ParallelMuseConfig | None = None,
 
     with console.status("Loading the embedded model (SmolLM2-135M-Instruct)…"):
         if args.model_path:
-            return LocalChatModel(model_path=args.model_path, precision=args.precision)
-        return LocalChatModel.embedded(precision=args.precision)
+            return LocalChatModel(model_path=args.model_path, precision=_precision(args))
+        return LocalChatModel.embedded(precision=_precision(args))
+
+
+def _precision(args: argparse.Namespace) -> str:
+    """The in-process engine's precision: ``--precision``, float32 when not given."""
+    return args.precision or "float32"
 
 
 def _check_model_flags(args: argparse.Namespace) -> None:
-    """Refuse model flags one of which would be ignored."""
+    """Refuse model flags one of which would be ignored, and a ``--model-path`` the loader cannot open
+    (it loads lazily: found there, the error came from the graph's first step, after a checkpointed run
+    had stored its inputs)."""
     if args.base_url and args.model_path:
         raise ConfigError("--model-path loads a local checkpoint, --base-url uses a server: pass one of them")
+    if args.base_url and args.precision is not None:
+        raise ConfigError(
+            f"--precision {args.precision} sets the in-process engine's precision; the server of --base-url "
+            "runs its model at its own: drop --precision"
+        )
     if args.model and not args.base_url:
         raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
+    if args.model_path:
+        path = Path(args.model_path).expanduser()
+        if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+            what = "is not a directory nor a .gguf file" if path.exists() else "does not exist"
+            raise ConfigError(
+                f"--model-path {args.model_path} {what}: pass a local transformers checkpoint directory "
+                "(or a .gguf file); nothing is downloaded"
+            )
+
+
+def _needs_logprobs(settings: ParallelMuseConfig, *, weighted: bool = False) -> bool:
+    """Whether a run reads its trajectories' logprobs: to branch (a partial-rollout mode), or to weigh
+    the votes by confidence (``weighted``: a bench method does) — without them the weighted vote falls
+    back to a plain majority, and a server's check must say so before the first wave.
+
+    Example:
+        >>> _needs_logprobs(ParallelMuseConfig(mode="none", aggregation="weighted"))
+        True
+    """
+    return settings.mode != "none" or weighted or settings.aggregation == "weighted"
 
 
 def _served_name(args: argparse.Namespace) -> argparse.Namespace:
@@ -172,7 +204,7 @@ def _served_name(args: argparse.Namespace) -> argparse.Namespace:
 
 def _local_name(args: argparse.Namespace) -> str:
     """The in-process model a command line loads, as results record it."""
-    return f"{args.model_path or 'embedded'} {args.precision}"
+    return f"{args.model_path or 'embedded'} {_precision(args)}"
 
 
 def _model_identity(args: argparse.Namespace) -> str:
@@ -226,7 +258,7 @@ def _server_model(args: argparse.Namespace, settings: ParallelMuseConfig, *, log
             args.base_url,
             name,
             top_logprobs=settings.top_logprobs,
-            logprobs=settings.mode != "none" if logprobs is None else logprobs,
+            logprobs=_needs_logprobs(settings) if logprobs is None else logprobs,
             prefill=guided,
             api_key=api_key,
         )
@@ -454,7 +486,7 @@ def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
         # Not the server's URL: a server restarted on another port serves the same model (--model says which).
         "--model": args.model,
         "--model-path": args.model_path,
-        "--precision": None if args.base_url else args.precision,  # a server's model is its own
+        "--precision": None if args.base_url else _precision(args),  # a server's model is its own
     }
 
 
@@ -474,17 +506,49 @@ def _other_inputs(stored: dict[str, Any], now: dict[str, Any]) -> str | None:
     return ", ".join(f"{f} {shown(now.get(f))} (stored: {shown(stored.get(f))})" for f in flags) or None
 
 
+def _run_named(args: argparse.Namespace) -> str:
+    """The checkpointed run a command line names, as its errors say."""
+    return f"--run-id {args.run_id!r} in {args.db}"
+
+
+async def _stored_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the run ``--run-id`` in ``--db`` was started with, checked against the flags given.
+
+    Read before the model loads, so a resume's flags are validated on top of the stored settings (on
+    the defaults, ``--n 4`` of a run stored with ``--mode none`` was refused for the default mode's budget).
+
+    Returns:
+        The stored settings; ``{}`` when no run is stored (:func:`_resume_point` says so) or it stopped
+        before its settings were (in ``prepare``: it starts with this command's).
+
+    Raises:
+        ConfigError: A given setting other than ``max_concurrency`` differs from the stored one.
+    """
+    from langgraph_parallelmuse.persistence import open_checkpointer
+
+    async with open_checkpointer(args.db) as saver:
+        found = await saver.aget_tuple({"configurable": {"thread_id": args.run_id, "checkpoint_ns": ""}})
+    settings = (found.checkpoint.get("channel_values") or {}).get("settings") if found else None
+    settings = settings or {}
+    # How many run at once changes no trajectory: a resume may lower it (after an overload).
+    clash = {k: v for k, v in _overrides(args).items() if k in settings and k != "max_concurrency" and settings[k] != v}
+    if clash:
+        given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
+        raise ConfigError(f"{_run_named(args)} was started with other settings: {given}; drop these flags to resume it")
+    return settings
+
+
 async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) -> dict | None:
     """The stored state of the run ``--run-id`` names, checked to be the run this command describes.
 
     Returns ``None`` for a new run. Raises ``ConfigError`` when ``--resume`` names no run, when the
-    question, an explicitly given setting or an input (``run_config``'s :func:`_run_inputs`: the
-    corpus, the model) differs from the stored one, or when a new run would reuse the id of an
-    existing one. A run stored before its inputs were is resumed whatever they are.
+    question or an input (``run_config``'s :func:`_run_inputs`: the corpus, the model) differs from
+    the stored one, or when a new run would reuse the id of an existing one. A run stored before its
+    inputs were is resumed whatever they are. (The settings were checked by :func:`_stored_settings`.)
     """
     snap = await graph.aget_state(run_config)
     exists = bool(snap.values and snap.values.get("question"))
-    where = f"--run-id {args.run_id!r} in {args.db}"
+    where = _run_named(args)
     if not args.resume:
         if exists:
             raise ConfigError(f"{where} already holds a run: add --resume to continue it, or choose another --run-id")
@@ -497,12 +561,6 @@ async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) 
             f"{where} was started with the question {stored['question']!r}; resume it with that question, "
             "or start a new run with another --run-id"
         )
-    settings = stored.get("settings") or {}
-    # How many run at once changes no trajectory: a resume may lower it (after an overload).
-    clash = {k: v for k, v in _overrides(args).items() if k in settings and k != "max_concurrency" and settings[k] != v}
-    if clash:
-        given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
-        raise ConfigError(f"{where} was started with other settings: {given}; drop these flags to resume it")
     inputs = (snap.metadata or {}).get(_INPUTS)
     if inputs and (other := _other_inputs(json.loads(inputs), json.loads(run_config["metadata"][_INPUTS]))):
         raise ConfigError(
@@ -518,41 +576,60 @@ def _failed(state: dict[str, Any]) -> int:
     return sum(t.get("status") == "failed" for t in state.get("trajectories") or [])
 
 
-async def _stream(graph: Any, payload: dict | None, run_config: dict, context: dict, n: int) -> dict[str, Any]:
-    """Run (or continue) the graph with a live progress display; return the final state."""
+def _with_finished(state: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the trajectories and reports of the tasks in one ``updates`` chunk added.
+
+    The graph streams its whole state only when a superstep ends, and every initial trajectory runs
+    in one: interrupted in the middle, the last streamed state held none of those already finished.
+    """
+    from langgraph_parallelmuse.state import merge_reports, merge_trajectories
+
+    merged = dict(state)
+    for delta in update.values():
+        for key, merge in (("trajectories", merge_trajectories), ("reports", merge_reports)):
+            # A list only: prepare's Overwrite([]) starts the run, which the next state shows anyway.
+            if isinstance(delta, dict) and isinstance(delta.get(key), list):
+                merged[key] = merge(merged.get(key), delta[key])
+    return merged
+
+
+async def _stream(
+    graph: Any,
+    payload: dict | None,
+    run_config: dict,
+    context: dict,
+    n: int,
+    *,
+    on_interrupt: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or continue) the graph with a live progress display; return the final state.
+
+    ``on_interrupt`` gets the work done so far (the last state streamed, with the trajectories and
+    reports finished since) when Ctrl-C stops the run, before the interrupt goes on.
+    """
     final: dict[str, Any] = {}
     with _progress() as prog:
         roll = prog.add_task("trajectories", total=n)
         rep = prog.add_task("reports", total=None, visible=False)
         try:
             async for mode, chunk in graph.astream(
-                payload, run_config, context=context, stream_mode=["custom", "values"]
+                payload, run_config, context=context, stream_mode=["custom", "updates", "values"]
             ):
                 if mode == "values":
                     final = chunk
-                    continue
-                ev = chunk.get("event")
-                if ev == "trajectory_finished":
-                    prog.advance(roll)
-                    mark = {"answered": "[green]✓[/]", "failed": "[red]✗[/]"}.get(chunk["status"], "[yellow]·[/]")
-                    why = f" [dim]({_shown(one_line(chunk['error'], 100))})[/]" if chunk.get("error") else ""
-                    prog.console.print(
-                        f"  {mark} {chunk['id']:<12} {chunk['kind']:<8} {chunk['status']:<10} "
-                        f"steps={chunk['steps']} answer={_shown(repr(one_line(chunk['answer'] or '', 60)))}{why}"
-                    )
-                elif ev == "branch_picked":
-                    prog.console.print(
-                        f"  [yellow]⑂[/] round {chunk['round']}: branch from {chunk['parent']} step {chunk['step']} "
-                        f"({chunk['region']} PPL {chunk['score']:.2f})"
-                    )
-                elif ev == "report_written":
-                    prog.update(rep, visible=True, total=max(n, 1))
-                    prog.advance(rep)
+                elif mode == "updates":
+                    final = _with_finished(final, chunk)
+                else:
+                    _show_event(prog, chunk, roll=roll, rep=rep, n=n)
         except ParallelMuseError as exc:
             # A run-ending error of a node that holds only its own job (a report's): the last state
             # streamed before it is the work done (the aggregate node gives its own, with the reports).
             if exc.result is None and final.get("trajectories"):
                 exc.result = final
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if on_interrupt is not None and final.get("trajectories"):
+                on_interrupt(final)
             raise
         # The run is over: fewer than n trajectories when a consensus stopped it, and reports only
         # of the answered ones; a bar left short would look like work still running.
@@ -561,9 +638,32 @@ async def _stream(graph: Any, payload: dict | None, run_config: dict, context: d
     return final
 
 
+def _show_event(prog: Progress, event: dict[str, Any], *, roll: Any, rep: Any, n: int) -> None:
+    """Show one progress event of a run (a ``custom`` stream chunk) on its bars and above them."""
+    ev = event.get("event")
+    if ev == "trajectory_finished":
+        prog.advance(roll)
+        mark = {"answered": "[green]✓[/]", "failed": "[red]✗[/]"}.get(event["status"], "[yellow]·[/]")
+        why = f" [dim]({_shown(one_line(event['error'], 100))})[/]" if event.get("error") else ""
+        prog.console.print(
+            f"  {mark} {event['id']:<12} {event['kind']:<8} {event['status']:<10} "
+            f"steps={event['steps']} answer={_shown(repr(one_line(event['answer'] or '', 60)))}{why}"
+        )
+    elif ev == "branch_picked":
+        prog.console.print(
+            f"  [yellow]⑂[/] round {event['round']}: branch from {event['parent']} step {event['step']} "
+            f"({event['region']} PPL {event['score']:.2f})"
+        )
+    elif ev == "report_written":
+        prog.update(rep, visible=True, total=max(n, 1))
+        prog.advance(rep)
+
+
 def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     from langgraph_parallelmuse.view import render_tree
 
+    # Written first: printed first, it was lost to a closed stdout (`| head`), whose error ends the command.
+    _write_json(final, args)
     out.print(Panel(_shown(render_tree(final.get("trajectories", []))), title="Trajectory tree"))
     for report in final.get("reports", []):
         out.print(Panel(_shown(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
@@ -587,7 +687,6 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
             border_style="bold green",
         )
     )
-    _write_json(final, args)
 
 
 def _writable_file(path: str, flag: str) -> None:
@@ -622,38 +721,96 @@ def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(result, f, indent=2)
         raise ParallelMuseError(f"could not write --json {args.json} ({exc}); the result is in {kept}") from exc
-    console.print(f"Full result written to {args.json}", markup=False)
+    console.print(f"{'Partial' if 'partial' in result else 'Full'} result written to {args.json}", markup=False)
 
 
-async def _ask(args: argparse.Namespace) -> int:
-    from langgraph_parallelmuse.graph import create_parallelmuse
-    from langgraph_parallelmuse.persistence import check_db, open_checkpointer
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: through symbolic links, ``..`` and hard links.
 
-    # Everything that can be checked without the model is checked first.
-    settings = _config_from(args)
+    Example:
+        >>> _same_file("runs/../results.jsonl", "results.jsonl"), _same_file("a.json", "b.json")
+        (True, False)
+    """
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        return True
+    try:
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    except OSError:  # one does not exist (yet): an output still to create is no input
+        return False
+
+
+def _refuse_overwriting(flag: str, path: str, inputs: Sequence[tuple[str, str | None]]) -> None:
+    """Refuse an output file that is one of the files the command reads, before it runs.
+
+    Args:
+        flag: The output's flag, as the message names it.
+        path: The output file.
+        inputs: ``(flag, path)`` of each file the command reads (a path ``None``: not given).
+
+    Raises:
+        ConfigError: ``path`` names the file of one of ``inputs``; the message names both flags.
+    """
+    for source, given in inputs:
+        if given and _same_file(path, given):
+            raise ConfigError(
+                f"{flag} {path} names the same file as {source} {given}: writing it would destroy that input; "
+                f"give {flag} another path"
+            )
+
+
+def _ask_interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C of ``ask`` leaves, as its last line says (after ``interrupted; ``)."""
+    if not args.db:
+        return "without --db the run cannot be resumed (start one with --db FILE --run-id NAME to make it resumable)"
+    run = "" if args.run_id else " --run-id (the run id printed above)"
+    return f"rerun the same command with{run} --resume to continue it"
+
+
+async def _ask_settings(args: argparse.Namespace) -> ParallelMuseConfig:
+    """The settings ``ask`` runs with, checked with its flags before the index opens or the model loads.
+
+    A resume's flags are validated on top of its stored settings (:func:`_stored_settings`); an output
+    that would replace an input (``--json`` on the ``--db`` file, a corpus, the calibration) is refused.
+    """
+    from langgraph_parallelmuse.persistence import check_db
+
     if args.resume and not (args.db and args.run_id):
         raise ConfigError("--resume needs --db and --run-id: the store and the name of the interrupted run")
     if args.db:
         check_db(args.db, existing=args.resume)  # a mistyped path to resume is not made a new store
     elif args.run_id:
         raise ConfigError("--run-id names a run inside --db: add --db FILE (or a postgresql:// URL)")
+    _check_model_flags(args)
+    settings = make_config({**(await _stored_settings(args) if args.resume else {}), **_overrides(args)})
     if args.json:
         _writable_file(args.json, "--json")
+        inputs = [("--db", args.db), ("--calibration", settings.calibration), ("--model-path", args.model_path)]
+        _refuse_overwriting("--json", args.json, [*inputs, *(("--corpus", path) for path in args.corpus)])
+    return settings
+
+
+async def _ask(args: argparse.Namespace) -> int:
+    from langgraph_parallelmuse.graph import create_parallelmuse
+    from langgraph_parallelmuse.persistence import open_checkpointer
+
+    # Everything that can be checked without the model is checked first.
+    settings = await _ask_settings(args)
     tools = _tools(args)  # a missing corpus or search key is found before the model loads
     args = _served_name(args)  # a checkpointed run records its model by name
     _warn_other_model(settings.calibration, _model_identity(args))
-    model = _model(args)
+    # A resumed run's settings are its stored ones: the server is checked for the run's own driver and mode.
+    model = _model(args, settings)
     run_id = args.run_id or f"cli-{uuid.uuid4().hex[:8]}"
     async with open_checkpointer(args.db) if args.db else contextlib.nullcontext() as saver:
-        # The factory's max_concurrency is the bound a run's context cannot lift: it is the flag's.
-        build = functools.partial(
-            create_parallelmuse,
+        # The factory's max_concurrency is the bound a run's context cannot lift: it is the run's (the
+        # flag's, else a resumed run's stored one).
+        graph = create_parallelmuse(
+            model,
             tools=tools,
             config={"max_concurrency": settings.max_concurrency},
             checkpointer=saver,
             trajectory_checkpointer=saver,
         )
-        graph = build(model)
         run_config = {
             "configurable": {"thread_id": run_id},
             "max_concurrency": settings.max_concurrency,
@@ -665,47 +822,56 @@ async def _ask(args: argparse.Namespace) -> int:
             # ran, so the run starts with this command's settings.
             console.print(f"Run {run_id!r} stopped before its trajectories started: starting it", markup=False)
             resumed = None
-        if resumed is not None:
-            settings = make_config(resumed["state"]["settings"])
-            if args.base_url and settings.driver != _config_from(args).driver:
-                # The server model declares what the run's driver needs (a prefilled turn for guided).
-                model = _server_model(args, settings)
-                graph = build(model)
         console.print(Panel(_shown(args.question), title="Question"))
         console.print(
             f"N={settings.n} M={settings.m} k={settings.k} T={settings.t} mode={settings.mode} "
             f"estimator={settings.estimator}" + (f"  run id: {run_id} (db {redact(args.db)})" if args.db else ""),
             markup=False,
         )
-        failed = _failed(resumed["state"]) if resumed is not None else 0
-        if resumed is not None and not resumed["pending"] and not failed:
-            console.print(
-                f"Run {run_id!r} already finished: its stored result follows (nothing is run again)", markup=False
-            )
-            final = resumed["state"]
-        else:
-            payload, context = None, _overrides(args)
-            if resumed is None:
-                payload = {"question": args.question}
-            elif failed and (not resumed["pending"] or failed == len(resumed["state"]["trajectories"])):
-                # A finished run, or one stopped because every trajectory failed (resuming at
-                # ``collect`` would only re-raise): ask again with the stored settings; the same run
-                # id finds the same threads, finished ones are reused and each failed one continues.
-                payload, context = {"question": args.question}, resumed["state"]["settings"]
-                console.print(
-                    f"Retrying run {run_id!r}: {failed} of {len(resumed['state']['trajectories'])} trajectories "
-                    "had failed; each continues from its last step, the others are reused"
-                )
-            else:
-                console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}", markup=False)
-            try:
-                final = await _stream(graph, payload, run_config, context, settings.n)
-            except ParallelMuseError as exc:
-                if exc.result is not None:  # every trajectory failed, or Stage 2 met a wrong setting
-                    _write_json(exc.result, args)  # nothing finished is lost
-                raise
+        final = await _ask_run(graph, resumed, run_config, args, n=settings.n)
     _show_result(final, args)
     return 0 if final.get("answer") is not None else 2
+
+
+async def _ask_run(graph: Any, resumed: dict | None, run_config: dict, args: argparse.Namespace, *, n: int) -> dict:
+    """Run, continue or retry the ``ask`` run (``resumed``: its stored state); return its final state.
+
+    Whatever finished is written to ``--json`` when an error or Ctrl-C ends the run, marked partial.
+    """
+    run_id = run_config["configurable"]["thread_id"]
+    failed = _failed(resumed["state"]) if resumed is not None else 0
+    if resumed is not None and not resumed["pending"] and not failed:
+        console.print(
+            f"Run {run_id!r} already finished: its stored result follows (nothing is run again)", markup=False
+        )
+        return resumed["state"]
+    payload, context = None, _overrides(args)
+    if resumed is None:
+        payload = {"question": args.question}
+    elif failed and (not resumed["pending"] or failed == len(resumed["state"]["trajectories"])):
+        # A finished run, or one stopped because every trajectory failed (resuming at
+        # ``collect`` would only re-raise): ask again with the stored settings; the same run
+        # id finds the same threads, finished ones are reused and each failed one continues.
+        payload, context = {"question": args.question}, resumed["state"]["settings"]
+        console.print(
+            f"Retrying run {run_id!r}: {failed} of {len(resumed['state']['trajectories'])} trajectories "
+            "had failed; each continues from its last step, the others are reused"
+        )
+    else:
+        console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}", markup=False)
+    interrupted = functools.partial(_write_partial, args=args, why="interrupted (Ctrl-C) before the run finished")
+    try:
+        return await _stream(graph, payload, run_config, context, n, on_interrupt=interrupted)
+    except ParallelMuseError as exc:
+        if exc.result is not None:  # every trajectory failed, or Stage 2 met a wrong setting
+            _write_partial(exc.result, args=args, why=f"stopped by an error: {one_line(str(exc), 300)}")
+        raise
+
+
+def _write_partial(result: dict[str, Any], *, args: argparse.Namespace, why: str) -> None:
+    """Write the work of a run that did not finish to ``--json`` (nothing finished is lost), its
+    ``partial`` field saying why it stopped."""
+    _write_json({**result, "partial": why}, args)
 
 
 def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
@@ -812,13 +978,13 @@ async def _bench(args: argparse.Namespace) -> int:
         model=_model_identity(args),
         judge=redact(f"{args.judge_base_url} {args.judge_model}") if args.judge_base_url else None,
     )
-    if not args.report_only and settings.needs("partial"):  # the methods that read it checked it
-        _warn_other_model(settings.extra.get("calibration"), settings.model)
     items = load_questions(args.questions, limit=args.limit)
     if not items:
         raise ConfigError(f"--questions {args.questions} holds no questions: one {{id, question, answers}} per line")
     out_dir = Path(args.out)
     results = out_dir / "results.jsonl"
+    if not args.report_only:
+        _check_bench_inputs(args, settings, items, results)
     # A file on the way to --out made a traceback of the run's mkdir, and an empty report of --report-only.
     if file := next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None):
         raise ConfigError(
@@ -868,12 +1034,8 @@ async def _bench(args: argparse.Namespace) -> int:
     # The server is checked and built for the runs' own settings (--set driver=guided needs the
     # prefilled turn): a partial-rollout mode's when a method runs one, else from-scratch
     # sampling's; its logprobs are checked when a method branches or weighs votes by confidence.
-    partial = settings.needs("partial")
-    model = _model(
-        args,
-        settings.config(settings.modes[0] if partial else "none"),
-        logprobs=partial or "weighted" in settings.methods,
-    )
+    config = settings.config(settings.modes[0] if settings.needs("partial") else "none")
+    model = _model(args, config, logprobs=_needs_logprobs(config, weighted="weighted" in settings.methods))
     started = time.perf_counter()
     failure: RolloutFailedError | None = None
     try:
@@ -920,6 +1082,44 @@ async def _bench(args: argparse.Namespace) -> int:
     if failure is not None:
         raise failure
     return 0
+
+
+def _check_bench_inputs(args: argparse.Namespace, settings: Any, items: Sequence[Any], results: Path) -> None:
+    """Check what a bench run reads against what it runs and writes, before the model loads: the
+    calibration (fitted on this model's runs, and on other questions), and no input as ``results``.
+
+    Raises:
+        ConfigError: The calibration was fitted on some of ``items``, or ``results`` is an input file.
+    """
+    # Only the partial-rollout methods read the calibration: the others' runs have none.
+    calibration = settings.extra.get("calibration") if settings.needs("partial") else None
+    _warn_other_model(calibration, settings.model)
+    _check_calibration_questions(calibration, items)
+    inputs = [("--questions", args.questions), ("--set calibration", calibration)]
+    _refuse_overwriting("--out", str(results), [*inputs, *(("--corpus", path) for path in args.corpus)])
+
+
+def _check_calibration_questions(calibration: str | None, items: Sequence[Any]) -> None:
+    """Refuse to bench on questions ``calibration`` was fitted on: their thresholds came from these
+    very trajectories' perplexities, so the run would be measured on its own calibration.
+
+    Raises:
+        ConfigError: Some of ``items`` (by id, or by question for a calibration fitted on ``ask``
+            outputs) are among the calibration's questions; the message names them.
+    """
+    if calibration is None:
+        return
+    from langgraph_parallelmuse.calibration import Calibration
+    from langgraph_parallelmuse.tools.local_tools import describe_ids
+
+    fitted_on = set(Calibration.load(calibration).questions or ())  # None: not recorded, not checked
+    overlap = [item.id for item in items if item.id in fitted_on or item.question in fitted_on]
+    if overlap:
+        raise ConfigError(
+            f"--set calibration={calibration} was fitted on {len(overlap)} of these questions "
+            f"({describe_ids(overlap)}): a run on them is measured on its own calibration; bench other "
+            "questions (--questions, --limit), or calibrate on runs of other questions"
+        )
 
 
 async def _export(args: argparse.Namespace) -> int:
@@ -1089,6 +1289,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.calibration import Calibration
 
     _writable_file(args.out, "--out")
+    _refuse_overwriting("--out", args.out, [("the run file", path) for path in args.runs])
     runs = _scored_runs(args.runs)
     scored = {name: runs.only(name) for name in _ONE_OF}
     with warnings.catch_warnings(record=True) as caught:
@@ -1154,7 +1355,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue the run --run-id from --db: same question; its stored settings apply",
     )
-    ask.set_defaults(func=_ask, on_interrupt="rerun with --db/--run-id/--resume to continue a checkpointed run")
+    ask.set_defaults(func=_ask, on_interrupt=_ask_interrupted)
     agent = sub.add_parser("agent", help="run one agent trajectory and show every step")
     agent.add_argument("question", type=_question)
     _add_model_args(agent)
@@ -1198,8 +1399,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_setting,
         metavar="FIELD=VALUE",
         help="any other ParallelMuseConfig field, for every method's runs, e.g. --set rounds=2 "
-        "--set diverse_branches=true (repeatable; refused: the fields with a flag of their own, and "
-        "m, crossover, early_stop, consensus)",
+        "--set diverse_branches=true --set max_concurrency=2 (repeatable; refused: the fields with a flag "
+        "of their own, and m, crossover, early_stop, consensus, aggregation)",
     )
     bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
     bench.add_argument(
@@ -1252,7 +1453,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {_shown(text if len(text) <= 2000 else text[:1999] + '…')}")
         return 1
     except KeyboardInterrupt:
-        console.print(f"interrupted; {getattr(args, 'on_interrupt', 'rerun the command')}")
+        hint = getattr(args, "on_interrupt", "rerun the command")
+        console.print(f"interrupted; {hint(args) if callable(hint) else hint}", markup=False)
         return 130
 
 

@@ -174,7 +174,7 @@ def test_max_concurrency_above_the_default_takes_effect(monkeypatch):
     # The flag went only into the run's context, which may lower the factory's bound (8) but not
     # lift it: --max-concurrency 12 ran 8 trajectories at a time.
     model = ScriptedChatModel(responder=lambda msgs: Reply(answer_text("Paris"), delay=0.1))
-    monkeypatch.setattr(cli, "_model", lambda args: model)
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
     monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
     argv = (PARIS, "--n", "12", "--mode", "none", "--aggregation", "majority", "--max-concurrency", "12")
     assert _ask(*argv) == 0
@@ -223,7 +223,7 @@ def test_a_bad_db_is_one_line_before_anything_loads(target, message, tmp_path, m
     (tmp_path / "not-sqlite.txt").write_text("hello")
     monkeypatch.chdir(tmp_path)
 
-    def no_model(args):
+    def no_model(args, *_, **__):
         raise AssertionError("the model was loaded before --db was checked")
 
     monkeypatch.setattr(cli, "_model", no_model)

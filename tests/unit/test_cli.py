@@ -1,0 +1,253 @@
+"""The command line's outputs, interrupts, resumes and model flags, run through ``cli.main`` in-process.
+
+``cli._model`` and ``cli._tools`` are replaced by the scripted fakes (``tests/unit/fakes.py``), so no
+model loads and no index is built; a test that must not reach the model replaces it with one that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import io
+import json
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from langgraph_parallelmuse import cli
+from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.errors import ParallelMuseError
+from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder
+
+PARIS = "What is the capital of France?"
+SMALL = ("--n", "2", "--k", "1", "--t", "1")
+
+
+def _agent(index, messages):
+    if index == 0:
+        return Reply(call_text("search", "Look it up", query="capital"), regions={"tool_call": -2.0})
+    return Reply(answer_text("Paris"))
+
+
+def _cli_on(monkeypatch, agent=_agent) -> ScriptedChatModel:
+    """``cli.main`` on a scripted model whose agent steps ``agent`` writes; returns the model."""
+    model = ScriptedChatModel(responder=research_responder(agent))
+    monkeypatch.setattr(cli, "_model", lambda args, *_, **__: model)
+    monkeypatch.setattr(cli, "_tools", lambda args: make_tools()[0])
+    return model
+
+
+@pytest.fixture
+def fake_cli(monkeypatch) -> ScriptedChatModel:
+    return _cli_on(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    # Rich breaks a long path at the console's width: the messages are compared whole.
+    monkeypatch.setattr(cli.console, "_width", 10_000)
+
+
+def _ask(*argv: str) -> int:
+    return cli.main(["ask", *argv])
+
+
+def _err(capsys) -> str:
+    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines at the console width
+
+
+# ----------------------------------------------------------------------------- --json and a closed stdout
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+class _ClosedStdout(Console):
+    """Standard output piped to a reader that went away (``| head``)."""
+
+    def __init__(self) -> None:
+        super().__init__(file=_ClosedPipe(), emoji=False)
+
+    def on_broken_pipe(self) -> None:
+        # Rich's own ends the command the same way, after pointing the process's stdout at /dev/null.
+        self.quiet = True
+        raise SystemExit(1)
+
+
+def test_json_is_written_before_the_result_is_printed_to_a_stdout_that_may_be_closed(fake_cli, tmp_path, monkeypatch):
+    """``ask … --json r.json | head`` exited 1 and never wrote r.json: the JSON came after the printing."""
+    db, first, again = str(tmp_path / "x.sqlite"), tmp_path / "r.json", tmp_path / "again.json"
+    monkeypatch.setattr(cli, "out", _ClosedStdout())
+    with pytest.raises(SystemExit):
+        _ask(PARIS, *SMALL, "--db", db, "--run-id", "run1", "--json", str(first))
+    assert json.loads(first.read_text())["answer"] == "Paris"
+    monkeypatch.setattr(cli, "out", _ClosedStdout())
+    with pytest.raises(SystemExit):  # the stored result of a finished run
+        _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--json", str(again))
+    assert json.loads(again.read_text())["answer"] == "Paris"
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+# LangGraph's executor drops the tasks it had not started when the run is cancelled.
+@pytest.mark.filterwarnings("ignore:coroutine 'arun_with_retry' was never awaited:RuntimeWarning")
+def test_ctrl_c_writes_the_finished_trajectories_to_json_and_says_a_run_without_db_cannot_resume(
+    monkeypatch, tmp_path, capsys
+):
+    """Interrupted without ``--db``, the finished trajectories were lost though ``--json`` was given,
+    and the message suggested a resume this run could not do."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run's Ctrl-C handling
+    calls = {"agent": 0}
+
+    def agent(index, messages):
+        calls["agent"] += 1
+        if calls["agent"] == 6:  # the third trajectory's answer step: two have finished
+            signal.raise_signal(signal.SIGINT)  # what Ctrl-C sends
+            return Reply(answer_text("Paris"), delay=30.0)  # cancelled, never waited for
+        return _agent(index, messages)
+
+    _cli_on(monkeypatch, agent)
+    result = tmp_path / "r.json"
+    argv = ("--n", "4", "--mode", "none", "--max-concurrency", "1", "--json", str(result))
+    assert _ask(PARIS, *argv) == 130
+    kept = json.loads(result.read_text())
+    assert kept["partial"].startswith("interrupted") and kept.get("answer") is None
+    assert [t["status"] for t in kept["trajectories"]] == ["answered", "answered"]
+    said = _err(capsys)
+    assert f"Partial result written to {result}" in said and "without --db the run cannot be resumed" in said, said
+    checkpointed = argparse.Namespace(db="runs.sqlite", run_id=None)
+    assert (
+        cli._ask_interrupted(checkpointed)
+        == "rerun the same command with --run-id (the run id printed above) --resume to continue it"
+    )
+
+
+# ----------------------------------------------------------------------------- an output over an input
+
+
+def test_an_output_that_is_an_input_is_refused_before_anything_runs(fake_cli, tmp_path, capsys):
+    """``calibrate results.jsonl --out results.jsonl`` replaced the results; ``ask --json`` the
+    checkpoint store it was given as ``--db``, or a corpus (here through a hard link)."""
+    db, run = str(tmp_path / "x.sqlite"), tmp_path / "run.json"
+    assert _ask(PARIS, *SMALL, "--db", db, "--run-id", "run1", "--json", str(run)) == 0
+    stored, written = Path(db).read_bytes(), run.read_text()
+    calls = len(fake_cli.calls)
+
+    assert cli.main(["calibrate", str(run), "--out", str(run)]) == 1
+    said = _err(capsys)
+    assert f"--out {run} names the same file as the run file {run}:" in said, said
+    assert run.read_text() == written
+    assert _ask(PARIS, *SMALL, "--db", db, "--run-id", "run2", "--json", db) == 1
+    assert f"--json {db} names the same file as --db {db}:" in _err(capsys)
+    assert sqlite3.connect(db).execute("select count(*) from checkpoints").fetchone()[0] > 0
+    corpus, link = tmp_path / "c.jsonl", tmp_path / "link.json"
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
+    os.link(corpus, link)
+    assert _ask(PARIS, *SMALL, "--corpus", str(corpus), "--json", str(link)) == 1
+    assert f"--json {link} names the same file as --corpus {corpus}:" in _err(capsys)
+    assert len(fake_cli.calls) == calls and Path(db).read_bytes() == stored
+
+
+def test_ask_refuses_json_over_its_calibration_through_a_symlink(fake_cli, tmp_path, capsys):
+    calibration, link = tmp_path / "cal.json", tmp_path / "out.json"
+    regions = ("exploration", "reasoning", "all")
+    Calibration("nll", 0.8, dict.fromkeys(regions, 2.0), dict.fromkeys(regions, 60)).save(str(calibration))
+    link.symlink_to(calibration)
+    assert _ask(PARIS, "--calibration", str(calibration), "--json", str(link)) == 1
+    assert f"--json {link} names the same file as --calibration {calibration}:" in _err(capsys)
+    assert Calibration.load(str(calibration)).thresholds["exploration"] == 2.0 and not fake_cli.calls
+
+
+# ----------------------------------------------------------------------------- model flags
+
+
+def test_a_model_path_the_loader_cannot_open_is_refused_naming_the_flag(fake_cli, tmp_path, capsys):
+    """A mistyped ``--model-path`` failed in the graph's first step, after a checkpointed run had been
+    stored with it (the run id was then blocked), in the Python API's words."""
+    db = str(tmp_path / "x.sqlite")
+    missing = tmp_path / "smollm2-hf"
+    assert _ask(PARIS, *SMALL, "--model-path", str(missing), "--db", db, "--run-id", "run1") == 1
+    assert f"--model-path {missing} does not exist" in _err(capsys)
+    not_a_model = tmp_path / "notes.txt"
+    not_a_model.write_text("x")
+    assert _ask(PARIS, *SMALL, "--model-path", str(not_a_model)) == 1
+    assert "is not a directory nor a .gguf file" in _err(capsys)
+    assert not fake_cli.calls and not Path(db).exists()
+    # What the loader takes passes: a checkpoint directory, a .gguf file.
+    (gguf := tmp_path / "model.gguf").write_text("x")
+    for path in (tmp_path, gguf):
+        cli._check_model_flags(argparse.Namespace(base_url=None, model=None, model_path=str(path), precision=None))
+
+
+def test_precision_is_refused_with_a_server_and_means_float32_when_not_given(fake_cli, capsys):
+    """``--precision`` with ``--base-url`` was silently ignored (and dropped from the run's inputs)."""
+    server = ("--base-url", "http://127.0.0.1:9/v1", "--model", "smollm2")
+    assert _ask(PARIS, *SMALL, *server, "--precision", "bfloat16") == 1
+    said = _err(capsys)
+    assert "--precision bfloat16" in said and "--base-url" in said and not fake_cli.calls
+    local = cli.build_parser().parse_args(["ask", PARIS])
+    assert local.precision is None and cli._model_identity(local) == "embedded float32"
+    assert cli._run_inputs(local)["--precision"] == "float32"  # as runs stored before recorded it
+
+
+def test_a_server_without_logprobs_is_refused_for_a_weighted_vote_without_branching():
+    """``--mode none --aggregation weighted`` accepted such a server, and the weighted vote silently
+    fell back to a majority."""
+    from tests.unit.http_fakes import fake_http
+    from tests.unit.test_server_model import fake_server
+
+    with fake_http(fake_server(logprobs=None)) as server:
+        argv = ["ask", PARIS, "--base-url", f"{server.url}/v1", "--model", "smollm2", "--mode", "none"]
+        args = cli.build_parser().parse_args([*argv, "--aggregation", "weighted"])
+        with pytest.raises(ParallelMuseError, match="returned no logprobs"):
+            cli._server_model(args, cli._config_from(args))
+        args = cli.build_parser().parse_args([*argv, "--aggregation", "majority"])
+        cli._server_model(args, cli._config_from(args))  # no logprobs read: the server serves
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_resume_validates_the_given_flags_on_top_of_the_stored_settings(fake_cli, tmp_path, capsys):
+    """``--resume --n 4`` of a run stored with ``--mode none`` was refused for the default mode's
+    budget (n=4 < m + m*k*t = 7)."""
+    run = (PARIS, "--db", str(tmp_path / "x.sqlite"), "--run-id", "run1")
+    assert _ask(*run, "--n", "4", "--mode", "none") == 0
+    calls = len(fake_cli.calls)
+    assert _ask(*run, "--resume", "--n", "4") == 0
+    assert "already finished" in _err(capsys)
+    # Another setting is still named as such, not as the budget it would break.
+    assert _ask(*run, "--resume", "--mode", "exploration") == 1
+    assert "--mode exploration (stored: none)" in _err(capsys)
+    assert len(fake_cli.calls) == calls
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def test_bench_refuses_a_calibration_fitted_on_its_questions(tmp_path, monkeypatch, capsys):
+    """The calibration records the questions it was fitted on, but bench never looked: a run on them
+    is measured on its own calibration."""
+    monkeypatch.setattr(cli, "_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    questions, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
+    item = {"question": PARIS, "answers": ["Paris"], "context_doc_ids": ["d1"]}
+    questions.write_text("".join(json.dumps({"id": i, **item}) + "\n" for i in ("q1", "q2")))
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
+    regions = ("exploration", "reasoning", "all")
+    calibration = tmp_path / "cal.json"
+    fitted = Calibration("nll", 0.8, dict.fromkeys(regions, 2.0), dict.fromkeys(regions, 60), questions=("q2", "q9"))
+    fitted.save(str(calibration))
+    argv = ["bench", "--questions", str(questions), "--corpus", str(corpus), "--out", str(tmp_path / "run")]
+    assert cli.main([*argv, "--set", f"calibration={calibration}", "--methods", "partial"]) == 1
+    said = _err(capsys)
+    assert f"--set calibration={calibration} was fitted on 1 of these questions ('q2')" in said, said
+    assert "bench other questions" in said
+    items = [argparse.Namespace(id="q1", question=PARIS)]
+    cli._check_calibration_questions(str(calibration), items)  # other questions: measured fairly
