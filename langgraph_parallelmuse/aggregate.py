@@ -91,10 +91,15 @@ GUIDED_PICK_TOKENS = 64
 # The reports are shown as "Report 1:", "Report 2:", ...: a small model may name one instead of its
 # answer, and snapped by overlap "Report 3" went to a candidate holding a "3", another report's answer.
 # It may name several ("Reports 1 and 2", "Report 1, 2 & 3"): read as one report, the rest ("and 2")
-# was snapped to the candidate "2". ASCII digits only, compared as text: a number of thousands of
-# digits must not reach int(). (No two whitespace runs meet without a token between: no backtracking.)
+# was snapped to the candidate "2". After a singular "Report", a comma starts a list only where a
+# conjunction ends it: "Report 1, 2 million" names report 1 and the answer "2 million". ASCII digits
+# only, compared as text: a number of thousands of digits must not reach int(). (Possessive: no
+# whitespace run is rescanned.)
+_NUMBER = r"#?[0-9]++"
 _REPORT_NUMBERS = re.compile(
-    r"\breports?\s+#?[0-9]+(?:\s*(?:,\s*(?:(?:and|or|&)\s*)?|(?:and|or|&)\s*)#?[0-9]+)*", re.IGNORECASE
+    rf"\breports\s++{_NUMBER}(?:\s*+(?:,\s*+(?:(?:and|or|&)\s*+)?|(?:and|or|&)\s*+){_NUMBER})*+"
+    rf"|\breport\s++{_NUMBER}(?:(?:\s*+,\s*+{_NUMBER})*+\s*+,?\s*+(?:and|or|&)\s*+{_NUMBER})?",
+    re.IGNORECASE,
 )
 _DIGITS = re.compile(r"[0-9]+")
 # The prompt asks for <answer></answer>, and after the "Answer:" prefill a small model may write the
@@ -301,9 +306,17 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     # "of" and "it" the refusals "None of the reports is reliable" and "It is unclear which is right"
     # were snapped to "Haymo of Faversham" and "It Happened One Night". A pick of function words only
     # ("No") has no other word to share.
+    # A candidate of function words only ("yes", "It") is named by holding one of the pick's words
+    # ("Yes, both are American" names "yes").
     words = set(vote_tokens(text))
-    shared = (words - FUNCTION_WORDS) or words
-    named = [i for i, c in enumerate(candidates) if shared & set(vote_tokens(c))]
+    content = words - FUNCTION_WORDS
+
+    def names(candidate: str) -> bool:
+        tokens = set(vote_tokens(candidate))
+        own = tokens - FUNCTION_WORDS
+        return bool(content & own) if content and own else bool(words & tokens)
+
+    named = [i for i, c in enumerate(candidates) if names(c)]
     if not named:
         return None
     votes = Counter(normalize_vote_key(a) for a in answers)

@@ -568,6 +568,30 @@ async def test_a_pick_sharing_only_function_words_with_a_candidate_is_a_failed_p
 
 
 @pytest.mark.parametrize(
+    ("reply", "answers", "expected"),
+    [
+        # A comma after a singular "Report n" starts no list of reports: the answer follows it.
+        ("<answer>Report 1, 2 million</answer>", ["2 million", "3 million", "3 million"], "2 million"),
+        ("<answer>Report 2, 1989</answer>", ["1990", "1989", "1990"], "1989"),
+    ],
+)
+async def test_a_number_after_a_reports_comma_is_the_answer_not_another_report(fake_model, reply, answers, expected):
+    reports = [_report(f"t{i}", a) for i, a in enumerate(answers)]
+    result = await aggregate_reports(fake_model([reply]), "How many?", reports, guided=False)
+    assert (result.answer, result.source) == (expected, "aggregator")
+
+
+@pytest.mark.parametrize("guided", [False, True])
+async def test_a_yes_no_pick_with_more_words_names_its_candidate(fake_model, guided):
+    """ "yes" is a function word: a pick sharing only content words with candidates named none of them."""
+    reports = [_report("t0", "yes"), _report("t1", "no"), _report("t2", "no")]
+    pick = "Yes, both are American"
+    model = fake_model([f" {pick}" if guided else f"<answer>{pick}</answer>"])
+    result = await aggregate_reports(model, "Are both American?", reports, guided=guided)
+    assert (result.answer, result.source) == ("yes", "aggregator")
+
+
+@pytest.mark.parametrize(
     ("guided", "reply"),
     [
         (True, " <answer>Lyon"),
