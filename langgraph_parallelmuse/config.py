@@ -170,18 +170,7 @@ class ParallelMuseConfig(BaseModel):
         if self.mode == "none" and (self.rounds > 1 or self.calibration is not None):
             problems.append("rounds > 1 and calibration need a branching mode: set mode (e.g. 'exploration')")
         if self.calibration is not None and self.mode != "none":
-            try:
-                cal = Calibration.load(self.calibration)
-            except ConfigError as exc:
-                problems.append(f"calibration: {exc}")
-            else:
-                if cal.estimator != self.estimator:
-                    problems.append(
-                        f"calibration was fitted with estimator={cal.estimator!r} but estimator={self.estimator!r}:"
-                        " use the same estimator or recalibrate"
-                    )
-                if not any(r in cal.thresholds for r in REGIONS_OF_MODE[self.mode]):
-                    problems.append(f"calibration has no threshold for mode {self.mode!r}: recalibrate")
+            problems += self._calibration_problems()
         if not 0.0 <= self.temperature <= 2.0:
             problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:
@@ -227,6 +216,36 @@ class ParallelMuseConfig(BaseModel):
                     "early_stop needs calibration= a file with a confidence floor (`parallelmuse calibrate` on "
                     "runs of other questions)"
                 )
+        return problems
+
+    def _calibration_problems(self) -> list[str]:
+        try:
+            cal = Calibration.load(self.calibration)
+        except ConfigError as exc:
+            return [f"calibration: {exc}"]
+        problems = []
+        if cal.estimator != self.estimator:
+            problems.append(
+                f"calibration was fitted with estimator={cal.estimator!r} but estimator={self.estimator!r}:"
+                " use the same estimator or recalibrate"
+            )
+        if not any(r in cal.thresholds for r in REGIONS_OF_MODE[self.mode]):
+            problems.append(f"calibration has no threshold for mode {self.mode!r}: recalibrate")
+        # The entropy estimator's thresholds and DeepConf's floor are read from the top logprobs, so
+        # they move with how many there are (the same tokens' entropy PPL: 1.81 from 16, 1.15 from 2).
+        # The nll estimator reads the sampled token's logprob alone: without early_stop any count fits.
+        # A file that did not record its count (written before it did) cannot be checked.
+        uses = [
+            use
+            for use, on in (("estimator='entropy'", self.estimator == "entropy"), ("early_stop", self.early_stop))
+            if on
+        ]
+        if uses and cal.top_logprobs is not None and cal.top_logprobs != self.top_logprobs:
+            problems.append(
+                f"calibration was fitted with top_logprobs={cal.top_logprobs} but top_logprobs={self.top_logprobs}, "
+                f"which {' and '.join(uses)} read: set top_logprobs={cal.top_logprobs} or recalibrate with "
+                f"top_logprobs={self.top_logprobs}"
+            )
         return problems
 
     def _crossover_problems(self) -> list[str]:

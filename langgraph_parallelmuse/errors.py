@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 
 class ParallelMuseError(Exception):
     """Base class of every error raised on purpose by langgraph-parallelmuse.
@@ -9,7 +12,9 @@ class ParallelMuseError(Exception):
     Attributes:
         result: When the error ended a run after some of its work finished (a setting Stage 2 meets
             only after the rollout), that work: the question, the trajectories, the reports so far and
-            the stats, so a run without a checkpointer loses none of it. ``None`` otherwise.
+            the stats, so a run without a checkpointer loses none of it. ``None`` otherwise (a report's
+            error under a checkpointer, whose checkpoint keeps the work: resume the thread). Always the
+            raising run's own: see :func:`with_result`.
     """
 
     result: dict | None = None
@@ -50,6 +55,35 @@ class RolloutFailedError(ParallelMuseError):
     def __init__(self, message: str, *, result: dict) -> None:
         super().__init__(message)
         self.result: dict = result
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ``result`` is keyword-only: pickle's default rebuild (the class called with ``args``) misses it.
+        return functools.partial(type(self), result=self.result), self.args, self.__dict__
+
+
+def with_result(exc: ParallelMuseError, result: dict) -> ParallelMuseError:
+    """``exc`` carrying ``result`` (a run's finished work): itself when it carries none yet, else a copy.
+
+    A model wrapper may raise one stored instance in every run. The run that raised it first keeps its
+    result (its caller may still hold the instance); a later run raises a copy (same type, message and
+    attributes) with its own, so no run's error carries another question's work.
+
+    Example:
+        >>> stored = ConfigError("no prompt_logprobs")
+        >>> with_result(stored, {"question": "q1"}) is stored
+        True
+        >>> again = with_result(stored, {"question": "q2"})
+        >>> type(again).__name__, str(again), again.result, stored.result
+        ('ConfigError', 'no prompt_logprobs', {'question': 'q2'}, {'question': 'q1'})
+    """
+    if exc.result is None:
+        exc.result = result
+        return exc
+    # Built without __init__, whose signature a subclass may have changed (RolloutFailedError's result).
+    fresh = type(exc).__new__(type(exc), *exc.args)
+    fresh.__dict__.update(exc.__dict__)
+    fresh.result = result
+    return fresh
 
 
 _OVERFLOW_HINTS = (

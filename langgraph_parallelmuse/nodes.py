@@ -39,7 +39,7 @@ from langgraph_parallelmuse.config import (
 )
 from langgraph_parallelmuse.crossover import consensus_stop, crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
-from langgraph_parallelmuse.errors import ConfigError, InputError, ParallelMuseError, RolloutFailedError
+from langgraph_parallelmuse.errors import ConfigError, InputError, ParallelMuseError, RolloutFailedError, with_result
 from langgraph_parallelmuse.infograph import redundancy_summary, warn_unreadable
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
@@ -142,6 +142,35 @@ def finished_event(traj: Trajectory) -> dict[str, Any]:
         "steps": len(traj["steps"]),
         "generated_tokens": traj["stats"]["generated_tokens"],
     }
+
+
+def finished_work(state: ParallelMuseState) -> dict[str, Any]:
+    """What a run-ending error of Stage 2 carries as its ``result``: the question, the trajectories,
+    the reports so far and the stats.
+
+    Example:
+        >>> sorted(finished_work({"question": "2+2?", "trajectories": [], "run_id": "r"}).items())
+        [('question', '2+2?'), ('reports', None), ('stats', None), ('trajectories', [])]
+    """
+    return {key: state.get(key) for key in ("question", "trajectories", "reports", "stats")}
+
+
+@contextlib.contextmanager
+def carrying(work: dict[str, Any] | None) -> Iterator[None]:
+    """Around a Stage 2 node's model calls: a run-ending error leaves with ``work`` (this run's
+    :func:`finished_work`) as its ``result``; ``None`` leaves the error as it is.
+
+    Without a checkpointer the raise would take every trajectory and report with it. An instance that
+    already carries another run's result (a model wrapper raising one stored error) keeps it, and this
+    run raises a copy chained to it (:func:`~langgraph_parallelmuse.errors.with_result`).
+    """
+    try:
+        yield
+    except ParallelMuseError as exc:
+        ended = exc if work is None else with_result(exc, work)
+        if ended is exc:
+            raise
+        raise ended from exc
 
 
 def emit(event: str, **data: Any) -> None:
@@ -459,10 +488,25 @@ class ParallelMuseNodes:
         }
 
     @staticmethod
-    def _send(node: str, state: ParallelMuseState, job: Job) -> Send:
+    def _send(node: str, state: ParallelMuseState, job: Job, *, work: dict[str, Any] | None = None) -> Send:
         # The job names its thread and, for a branch, the parent's thread and checkpoint: the
-        # payload never carries a trajectory.
-        return Send(node, {"question": state["question"], "settings": state["settings"], "job": job})
+        # payload carries a trajectory only in ``work`` (see _work), never checkpointed.
+        payload = {"question": state["question"], "settings": state["settings"], "job": job}
+        return Send(node, payload if work is None else {**payload, "work": work})
+
+    @staticmethod
+    def _work(state: ParallelMuseState) -> dict[str, Any] | None:
+        """The run's finished work for a Stage 2 ``Send``, whose node holds one job but may end the run
+        (:func:`carrying`); ``None`` when the run has a checkpointer.
+
+        Without one the payload holds the state's own lists (nothing is copied or stored); with one
+        the checkpoint keeps the work, and a payload is checkpointed twice (see :func:`report_input`).
+        """
+        try:
+            saver = (get_config().get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
+        except RuntimeError:  # an edge called outside a graph run (a unit test)
+            saver = None
+        return finished_work(state) if saver is None else None
 
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
         settings = self.settings(state["settings"])
@@ -552,7 +596,7 @@ class ParallelMuseNodes:
         if self.settings(state["settings"]).aggregation != "parallelmuse":
             return "aggregate"
         answered = [t for t in state["trajectories"] if t["answer"]]
-        payload = {"question": state["question"], "settings": state["settings"]}
+        payload = {"question": state["question"], "settings": state["settings"], "work": self._work(state)}
         # With nothing to compress the reserved crossover slots still run (as fills): N stays N.
         after = "select_crossover" if self.settings(state["settings"]).crossover else "aggregate"
         return [Send("compress", {**payload, "trajectory": report_input(t)}) for t in answered] or after
@@ -560,7 +604,7 @@ class ParallelMuseNodes:
     @_timed("stage2")
     async def compress(self, job: dict[str, Any]) -> dict[str, Any]:
         settings, traj = self.settings(job["settings"]), job["trajectory"]
-        with routing_scope(job["question"]):
+        with carrying(job.get("work")), routing_scope(job["question"]):
             async with self.limit(settings):
                 report = await write_report(
                     self.model, job["question"], traj, config=settings, guided=self.guided(settings)
@@ -602,15 +646,20 @@ class ParallelMuseNodes:
         if not settings.crossover:
             return "aggregate"
         jobs = crossover_wave(state["trajectories"], state.get("crossovers", []), settings, run_id=state["run_id"])
-        return [self._send("crossover_rollout", state, job) for job in jobs] or "aggregate"
+        work = self._work(state)
+        return [self._send("crossover_rollout", state, job, work=work) for job in jobs] or "aggregate"
 
     async def crossover_rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One crossover trajectory (or the fill of an untaken slot) and its report."""
-        update = await self.rollout(payload)
+        work = payload.get("work")
+        with carrying(work):
+            update = await self.rollout(payload)
         traj = update["trajectories"][0]
         if not traj["answer"]:
             return update
-        report = await self.compress({**payload, "trajectory": traj})
+        if work is not None:  # finished too, and in no state yet: its report's error keeps it
+            work = {**work, "trajectories": [*work["trajectories"], traj]}
+        report = await self.compress({**payload, "trajectory": traj, "work": work})
         return {**update, "reports": report["reports"], "spans": update["spans"] + report["spans"]}
 
     async def aggregate(self, state: ParallelMuseState) -> dict[str, Any]:
@@ -618,23 +667,17 @@ class ParallelMuseNodes:
         settings = self.settings(state["settings"])
         trajectories, reports = state.get("trajectories", []), state.get("reports", [])
         stats: dict[str, Any] = {"timeline": {"end": time.time()}}
-        try:
-            with routing_scope(state["question"]):
-                async with self.limit(settings):
-                    choice = await choose_answer(
-                        self.aggregator,
-                        state["question"],
-                        trajectories,
-                        reports,
-                        config=settings,
-                        guided=self.guided(settings) if self.guided_aggregate is None else self.guided_aggregate,
-                    )
-        except ParallelMuseError as exc:  # a setting that ends the run (a failed call falls back to the vote)
-            # Without a checkpointer the raise would take every trajectory and report with it.
-            keys = ("question", "trajectories", "reports", "stats")
-            if exc.result is None:  # an instance raised again (a model's stored error) keeps its first run's
-                exc.result = {key: state.get(key) for key in keys}
-            raise
+        # A failed call falls back to the vote; a setting every call would meet ends the run.
+        with carrying(finished_work(state)), routing_scope(state["question"]):
+            async with self.limit(settings):
+                choice = await choose_answer(
+                    self.aggregator,
+                    state["question"],
+                    trajectories,
+                    reports,
+                    config=settings,
+                    guided=self.guided(settings) if self.guided_aggregate is None else self.guided_aggregate,
+                )
         stats["infograph"] = redundancy_summary(state["question"], trajectories)
         if settings.crossover:
             skipped = (state.get("stats") or {}).get("crossover", {}).get("skipped")

@@ -52,15 +52,24 @@ def first_wave(config: ParallelMuseConfig, *, run_id: str) -> list[Job]:
 def round_budget(config: ParallelMuseConfig, done: int, round: int) -> int:
     """Branches round ``round`` may launch when ``done`` trajectories exist.
 
-    Round 1 gets the planned M*k*T (or the calibrated cap); later rounds share what is left,
-    the last one taking all of it.
+    Round 1 gets the planned M*k*T (or the calibrated cap); later rounds share what is left, a
+    middle round's share rounded up and the last round taking all the rest.
+
+    Example:
+        >>> cfg = ParallelMuseConfig(n=3, k=1, t=1, rounds=3)
+        >>> [round_budget(cfg, 1, 1), round_budget(cfg, 2, 2), round_budget(cfg, 3, 3)]
+        [1, 1, 0]
     """
     remaining = max(config.rollout_n - done, 0)
     if config.mode == "none" or round > config.rounds:
         return 0
     if round == 1:
         return min(config.branch_budget, remaining)
-    return remaining if round == config.rounds else remaining // (config.rounds - round + 1)
+    if round == config.rounds:
+        return remaining
+    # Rounded down, fewer slots than rounds gave a middle round 0: next_wave read that as nothing
+    # picked and filled the rest from scratch, so the branches of the branches never ran.
+    return min(remaining, math.ceil(remaining / (config.rounds - round + 1)))
 
 
 def pick_branches(trajectories: Sequence[Trajectory], config: ParallelMuseConfig, *, round: int) -> list[Pick]:

@@ -106,11 +106,22 @@ def lowest_group_confidence(records: Sequence[TokenRecord], *, window: int, top_
 
 
 def step_uncertainty(step: Step, estimator: Estimator = "nll") -> dict[str, float | None]:
-    """Perplexity of the reasoning, exploration and whole generated region of one step."""
+    """Perplexity of the reasoning, exploration and whole generated region of one step; ``None`` for a
+    region the step does not have, or has empty (``<think></think>``).
+
+    Example:
+        >>> text, tokens = "<think></think>", [{"token": "<think", "logprob": -0.1, "top_logprobs": [],
+        ...     "start": 0, "end": 6}, {"token": "></", "logprob": -4.0, "top_logprobs": [], "start": 6, "end": 9}]
+        >>> step_uncertainty({"regions": {"reasoning": [7, 7]}, "tokens": tokens})["reasoning"] is None
+        True
+    """
     out: dict[str, float | None] = {}
     for region in ("reasoning", "exploration"):
         span = step["regions"].get(region)
-        out[region] = perplexity(tokens_in_span(step["tokens"], span), estimator) if span else None
+        # An empty span still overlaps a token across it ("></" of <think></think>): that token is a
+        # tag's, and scoring it would make the region the step lacks its most uncertain.
+        has = span is not None and span[1] > span[0]
+        out[region] = perplexity(tokens_in_span(step["tokens"], span), estimator) if has else None
     out["all"] = perplexity(step["tokens"], estimator)
     return out
 

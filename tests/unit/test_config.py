@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import (
     ParallelMuseConfig,
     ParallelMuseContext,
@@ -217,3 +218,38 @@ def test_a_parents_own_field_mirrored_into_configurable_is_not_a_misplaced_setti
     assert misplaced_settings({"k": 4, "n": 4}, {"k": 4, "parallelmuse": {"n": 2}}) == {}
     assert misplaced_settings({"k": 4, "n": 4}, _AppContext()) == {"n": 4}
     assert misplaced_settings({"k": 4}, None) == {"k": 4}
+
+
+def _calibration(tmp_path, *, top_logprobs, estimator="nll", floor=None):
+    path = tmp_path / f"cal-{estimator}-{top_logprobs}.json"
+    thresholds = {"reasoning": 1.5, "exploration": 1.5, "all": 1.5}
+    Calibration(estimator, 0.8, thresholds, {}, confidence_floor=floor, top_logprobs=top_logprobs).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("settings", "uses"),
+    [
+        ({"estimator": "entropy"}, "estimator='entropy'"),
+        ({"early_stop": True}, "early_stop"),
+        ({"estimator": "entropy", "early_stop": True}, "estimator='entropy' and early_stop"),
+    ],
+)
+def test_a_calibration_scored_with_other_top_logprobs_is_refused_where_they_matter(tmp_path, settings, uses):
+    # The entropy of the same tokens is another number from 16 top logprobs than from 2 (PPL 1.81 vs
+    # 1.15), and so is DeepConf's confidence: a threshold or floor fitted on 16 is no bound on 2.
+    path = _calibration(tmp_path, top_logprobs=16, estimator=settings.get("estimator", "nll"), floor=4.0)
+    with pytest.raises(ConfigError) as info:
+        make_config(settings, calibration=path, top_logprobs=2)
+    assert (
+        f"calibration was fitted with top_logprobs=16 but top_logprobs=2, which {uses} read: set "
+        "top_logprobs=16 or recalibrate with top_logprobs=2"
+    ) in str(info.value)
+    assert make_config(settings, calibration=path, top_logprobs=16).top_logprobs == 16
+
+
+def test_a_calibration_whose_top_logprobs_do_not_matter_or_are_unknown_is_accepted(tmp_path):
+    # nll reads the sampled token's logprob alone; a file written before it recorded the count cannot be checked.
+    assert make_config(calibration=_calibration(tmp_path, top_logprobs=16), top_logprobs=2).top_logprobs == 2
+    unknown = _calibration(tmp_path, top_logprobs=None, estimator="entropy", floor=4.0)
+    assert make_config(estimator="entropy", early_stop=True, calibration=unknown, top_logprobs=2).early_stop

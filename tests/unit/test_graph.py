@@ -22,6 +22,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph_parallelmuse import nodes as nodes_module
 from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError, ParallelMuseError
 from langgraph_parallelmuse.graph import create_parallelmuse, rollout_runner
+from tests.unit import test_crossover as crossing
 from tests.unit.fakes import (
     Reply,
     ScriptedChatModel,
@@ -29,6 +30,7 @@ from tests.unit.fakes import (
     answer_text,
     call_text,
     make_tools,
+    report_from_prompt,
     research_responder,
     role_of,
 )
@@ -264,8 +266,86 @@ async def test_a_wrong_setting_met_by_a_report_or_the_aggregator_ends_the_run(st
     graph = create_parallelmuse(
         ScriptedChatModel(responder=responder), make_tools()[0], config={"n": 2, "mode": "none"}
     )
-    with pytest.raises(ConfigError, match="supports_scoring=False"):
+    with pytest.raises(ConfigError, match="supports_scoring=False") as info:
         await graph.ainvoke({"question": QUESTION})
+    # Without a checkpointer the error is all the caller gets: it carries the finished work (a report's
+    # error carried nothing, while the aggregator's carried the trajectories and reports).
+    result = info.value.result
+    assert result["question"] == QUESTION
+    assert [t["answer"] for t in result["trajectories"]] == ["Paris", "Paris"]
+    assert len(result["reports"]) == (2 if stage == "aggregate" else 0)
+    assert result["stats"]["rollout"] and result["stats"]["budget"]["n"] == 2
+
+
+async def test_a_wrong_setting_met_by_a_crossover_report_ends_the_run_with_every_trajectory():
+    reports = itertools.count()
+
+    def third_report_fails(messages):
+        if next(reports) < 2:
+            return report_from_prompt(messages)
+        raise ConfigError("http://127.0.0.1:8000/v1 returned no prompt_logprobs: pass supports_scoring=False")
+
+    # Parents that disagree from the documents they read: a pair to cross.
+    responder = research_responder(crossing.agent(("Alpha", "Beta")), compress=third_report_fails)
+    tools, _ = make_tools(search=crossing.corpus_search)
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=responder), tools, config={"n": 3, "mode": "none", "crossover": 1, "seed": 0}
+    )
+    with pytest.raises(ConfigError, match="supports_scoring=False") as info:
+        await graph.ainvoke({"question": QUESTION})
+    result = info.value.result
+    # The crossover trajectory is finished but in no state yet: the error keeps it with the two reports.
+    assert Counter(t["origin"]["kind"] for t in result["trajectories"]) == {"initial": 1, "fill": 1, "crossover": 1}
+    assert len(result["reports"]) == 2
+
+
+async def test_a_report_error_under_a_checkpointer_leaves_the_work_in_the_checkpoint():
+    def wrong(messages):
+        raise ConfigError("returned no prompt_logprobs: pass supports_scoring=False")
+
+    responder = research_responder(_answers_in_call_order("Paris", "Paris"), compress=wrong)
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=responder),
+        make_tools()[0],
+        config={"n": 2, "mode": "none"},
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "reports"}}
+    with pytest.raises(ConfigError) as info:
+        await graph.ainvoke({"question": QUESTION}, config)
+    # The payloads (checkpointed) stay one trajectory each; the thread holds the work.
+    assert info.value.result is None
+    state = await graph.aget_state(config)
+    assert [t.name for t in state.tasks] == ["compress", "compress"]
+    assert len(state.values["trajectories"]) == 2
+
+
+async def test_one_stored_error_raised_for_two_questions_carries_each_runs_own_work():
+    """A model wrapper that re-raises one stored instance: the second question's error carried the
+    first question's trajectories. The first caller's instance keeps its own (why it is not overwritten)."""
+    stored = ConfigError("returned no prompt_logprobs: pass supports_scoring=False")
+
+    def agent(index, messages):
+        return answer_text("Paris" if "France" in messages[1].content else "Rome")
+
+    def aggregate(messages):
+        raise stored
+
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=research_responder(agent, aggregate=aggregate)),
+        make_tools()[0],
+        config={"n": 2, "mode": "none"},
+    )
+    raised = []
+    for question in ("What is the capital of France?", "What is the capital of Italy?"):
+        with pytest.raises(ConfigError) as info:
+            await graph.ainvoke({"question": question})
+        raised.append(info.value)
+    first, second = raised
+    assert first is stored and first.result["question"] == "What is the capital of France?"
+    assert second.result["question"] == "What is the capital of Italy?"
+    assert [t["answer"] for t in second.result["trajectories"]] == ["Rome", "Rome"]
+    assert type(second) is ConfigError and str(second) == str(stored) and second.__cause__ is stored
 
 
 async def test_a_down_compressor_and_aggregator_leave_their_reasons_in_the_result_and_the_events():

@@ -18,11 +18,12 @@ from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from langgraph_parallelmuse.schedule import partial_rollout, run_schedule
+from langgraph_parallelmuse.schedule import partial_rollout, round_budget, run_schedule
 from tests.unit.fakes import (
     OLD_CALIBRATION,
     Reply,
     ScriptedChatModel,
+    answer_text,
     call_text,
     make_tools,
     research_responder,
@@ -103,6 +104,34 @@ async def test_multi_round_branching_stays_within_n_and_spends_the_leftover_on_b
         before = [o for o in branch["observations"] if o["step"] < step]
         assert before == [o for o in parent["observations"] if o["step"] < step]
     assert {p["round"] for p in picks} == set(range(1, max(p["round"] for p in picks) + 1))
+
+
+@pytest.mark.parametrize(("n", "t"), [(3, 1), (4, 2)])
+async def test_a_middle_round_with_fewer_slots_left_than_rounds_still_branches(n, t):
+    """Before: round 2's share of the one slot left was 1 // 2 = 0, read as nothing picked, and a
+    from-scratch fill took the slot the branches of the branches were kept for."""
+    # Ten steps, the earlier more uncertain: every branch has later steps of its own to fork.
+    steps = [Reply(call_text("search", f"thought {i}", query=f"q{i}"), logprob=-(10 - i) * 0.3) for i in range(9)]
+    steps.append(Reply(answer_text("Paris"), logprob=-0.01))
+    runner, _, _ = _runner(by_step(steps))
+    cfg = make_config(n=n, m=1, k=1, t=t, mode="all", rounds=3, max_turns=10)
+    assert [round_budget(cfg, 1, 1), round_budget(cfg, 1 + t, 2), round_budget(cfg, n, 3)] == [t, 1, 0]
+    trajectories, picks = await partial_rollout(runner, QUESTION, config=cfg, run_id="mid")
+    kinds = Counter((tr["origin"]["kind"], tr["origin"].get("round")) for tr in trajectories)
+    assert kinds == Counter({("initial", 0): 1, ("branch", 1): t, ("branch", 2): 1})
+    assert [p["round"] for p in picks] == [1, 2]
+
+
+@pytest.mark.parametrize(("n", "t", "rounds"), [(3, 1, 3), (4, 2, 3), (9, 2, 4), (14, 2, 3), (20, 1, 5)])
+def test_later_rounds_share_what_is_left_never_none_of_it_nor_beyond_it(n, t, rounds):
+    cfg = make_config(n=n, m=1, k=1, t=t, rounds=rounds)
+    done = 1 + round_budget(cfg, 1, 1)
+    for round in range(2, rounds + 1):
+        budget, left = round_budget(cfg, done, round), n - done
+        # A round with slots left is never given none (read as nothing picked), nor more than is left.
+        assert 0 < budget <= left if left else budget == 0
+        done += budget
+    assert done == n  # the last round takes the rest
 
 
 async def test_rounds_2_with_default_budget_forks_the_round_1_branch_at_its_uncertain_step():

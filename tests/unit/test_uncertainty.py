@@ -150,6 +150,30 @@ def test_absent_region_is_none_not_a_number():
     assert scores["all"] is not None
 
 
+def test_an_empty_region_has_no_score_though_a_token_straddles_it():
+    # "<think></think>": the reasoning span is [7, 7], and the BPE token "></" overlaps it. Scored, that
+    # tag token (-4.0) made the reasoning the step does not have its most uncertain region.
+    step = _step_from_tokens(
+        [
+            ("<", -0.01, ()),
+            ("think", -0.01, ()),
+            ("></", -4.0, ()),
+            ("think", -0.01, ()),
+            (">\n<", -0.01, ()),
+            ("answer", -0.01, ()),
+            (">", -0.01, ()),
+            ("Paris", -0.2, ()),
+            ("</", -0.01, ()),
+            ("answer", -0.01, ()),
+            (">", -0.01, ()),
+        ]
+    )
+    assert step["regions"]["reasoning"] == [7, 7]
+    scores = step_uncertainty(step, "nll")
+    assert scores["reasoning"] is None and scores["exploration"] is None
+    assert scores["all"] is not None
+
+
 def test_step_without_tokens_scores_none_everywhere():
     step = _step_from_tokens([])
     step["text"] = "<think>prefilled</think><tool_call>{}</tool_call>"

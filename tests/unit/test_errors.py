@@ -1,0 +1,26 @@
+"""The library's exceptions: picklable, and a run's finished work attached to the run's own error."""
+
+from __future__ import annotations
+
+import pickle
+
+from langgraph_parallelmuse import errors
+from langgraph_parallelmuse.errors import ConfigError, RolloutFailedError
+
+
+def test_a_rollout_failure_survives_pickling_with_its_result():
+    # Before: pickle rebuilt it as RolloutFailedError(message), without the keyword-only result: TypeError.
+    failed = RolloutFailedError("every trajectory failed (2 of 2)", result={"question": "q", "trajectories": []})
+    failed.add_note("the server at 127.0.0.1:8000 was down")
+    back = pickle.loads(pickle.dumps(failed))
+    assert type(back) is RolloutFailedError and str(back) == str(failed)
+    assert back.result == failed.result and back.__notes__ == failed.__notes__
+
+
+def test_an_error_carrying_another_runs_result_is_copied_not_overwritten():
+    failed = RolloutFailedError("every trajectory failed", result={"question": "q1"})
+    again = errors.with_result(failed, {"question": "q2"})
+    assert failed.result == {"question": "q1"}
+    assert type(again) is RolloutFailedError and again.args == failed.args and again.result == {"question": "q2"}
+    fresh = ConfigError("bad")
+    assert errors.with_result(fresh, {"question": "q3"}) is fresh and fresh.result == {"question": "q3"}
