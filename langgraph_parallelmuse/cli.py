@@ -605,7 +605,7 @@ async def _stream(
     """Run (or continue) the graph with a live progress display; return the final state.
 
     ``on_interrupt`` gets the work done so far (the last state streamed, with the trajectories and
-    reports finished since) when Ctrl-C stops the run, before the interrupt goes on.
+    reports finished since; it may hold none) when Ctrl-C stops the run, before the interrupt goes on.
     """
     final: dict[str, Any] = {}
     with _progress() as prog:
@@ -628,7 +628,7 @@ async def _stream(
                 exc.result = final
             raise
         except (asyncio.CancelledError, KeyboardInterrupt):
-            if on_interrupt is not None and final.get("trajectories"):
+            if on_interrupt is not None:
                 on_interrupt(final)
             raise
         # The run is over: fewer than n trajectories when a consensus stopped it, and reports only
@@ -859,13 +859,33 @@ async def _ask_run(graph: Any, resumed: dict | None, run_config: dict, args: arg
         )
     else:
         console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}", markup=False)
-    interrupted = functools.partial(_write_partial, args=args, why="interrupted (Ctrl-C) before the run finished")
     try:
-        return await _stream(graph, payload, run_config, context, n, on_interrupt=interrupted)
+        return await _stream(
+            graph, payload, run_config, context, n, on_interrupt=functools.partial(_interrupted, args=args)
+        )
     except ParallelMuseError as exc:
         if exc.result is not None:  # every trajectory failed, or Stage 2 met a wrong setting
             _write_partial(exc.result, args=args, why=f"stopped by an error: {one_line(str(exc), 300)}")
         raise
+
+
+def _interrupted(state: dict[str, Any], *, args: argparse.Namespace) -> None:
+    """Write the work of a run Ctrl-C stopped to ``--json``, or say why there is none to write.
+
+    With online branching the whole rollout is one graph node, so no trajectory reaches the
+    streamed state before every one has ended: a run stopped during it has none to write.
+    """
+    if not args.json:
+        return
+    if state.get("trajectories"):
+        _write_partial(state, args=args, why="interrupted (Ctrl-C) before the run finished")
+        return
+    why = "no trajectory had finished"
+    if (state.get("settings") or {}).get("branching") == "online":
+        why = "with online branching the trajectories reach the run's state only when the whole rollout has ended"
+        if args.db:
+            why += "; those that finished are checkpointed in --db, and resuming the run reuses them"
+    console.print(f"--json not written: {why}", markup=False)
 
 
 def _write_partial(result: dict[str, Any], *, args: argparse.Namespace, why: str) -> None:

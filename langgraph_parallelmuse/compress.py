@@ -105,11 +105,14 @@ _FINAL_ANSWER = re.compile(
 # string would have cut), or at an inline final answer in any case.
 LINE_CUT = re.compile(r"(?-i:Final\s+answer)|" + _FINAL_ANSWER.pattern, _FINAL_ANSWER.flags)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
-# Where a free report's sections end: an answer tag in any case, or a line that starts with an answer
-# label ("Answer: Paris", "**Final Answer**" alone on its line). Words in a section's prose ("… to reach
-# the final answer: the capital.") end nothing: the sections after them were dropped with them.
-_BODY_END = re.compile(
-    r"<answer>|^[ \t#*>\-]*+(?:final[ \t]++)?answer\b[ \t*]*+(?::|[–—-](?=[ \t])|$)",
+# Where a free report's last section ends: an answer tag in any case, or a line that starts with an
+# answer label ("Answer: Paris", "4. Answer: Paris", "**Final Answer**" alone on its line), numbered
+# as a heading may be. Only after the last heading: before it, a label is a section's own line ("-
+# Answer: d1 names Paris" in the methods) or the answer a report wrote first, and words in a section's
+# prose ("… to reach the final answer: the capital.") end nothing.
+_ANSWER_OPEN = re.compile(r"<answer>", re.IGNORECASE)
+_ANSWER_LABEL = re.compile(
+    r"^[ \t#*>\-\d.)]*+(?:final[ \t]++)?answer\b[ \t*]*+(?::|[–—-](?=[ \t])|\r?$)",
     re.IGNORECASE | re.MULTILINE,
 )
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
@@ -251,10 +254,12 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
 
     The answer is the content of the last ``<answer>`` tag (a missing closing tag is tolerated:
     stop strings swallow it), else what follows the last ``Final answer:`` (or ``final answer -``,
-    in any case). The sections end at the first answer tag (in any case) or line that starts with
-    an answer label (``Final answer:``, ``Answer:``, ``**Final Answer**``); the last section also
-    ends at a final answer written inline ("… names Lyon. Final answer: Lyon"). Earlier sections do
-    not: there, "… to reach the final answer: the capital." is prose.
+    in any case). Each section but the last ends where the next heading starts: an answer label in
+    it ("- Answer: d1 names Paris") is its text, and an answer written above the sections ends none
+    of them. The last section ends at an answer tag (in any case), at a line after its first that
+    starts with an answer label (``Final answer:``, ``4. Answer:``, ``**Final Answer**``), or at a
+    final answer written inline ("… names Lyon. Final answer: Lyon"); in earlier sections, "… to
+    reach the final answer: the capital." is prose.
 
     Args:
         text: A report as the model wrote it (either form).
@@ -275,10 +280,9 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     lines = _FINAL_ANSWER.findall(text)
     raw = tags[-1] if tags else lines[-1] if lines else ""
     answer = one_line(raw) or None
-    cut = _BODY_END.search(text)
-    body = text[: cut.start()] if cut else text
     canonical = {s.lower(): s for s in SECTIONS}
-    heads = list(_HEADING.finditer(body))
+    heads = list(_HEADING.finditer(text))
+    body = text[: _body_end(text, heads[-1].end())] if heads else text
     sections: dict[str, str] = {}
     for i, head in enumerate(heads):
         if i + 1 < len(heads):
@@ -288,6 +292,21 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
             content = body[head.end() : inline.start() if inline else len(body)]
         sections.setdefault(canonical[head.group(1).lower()], content.strip())
     return sections, answer
+
+
+def _body_end(text: str, start: int) -> int:
+    """Where the last section, whose text starts at ``start``, ends: at an answer tag, or at an answer
+    label that starts a line after its first ("Final reasoning:\\nAnswer - the page says …" is its text).
+
+    Example:
+        >>> text = "Final reasoning: Answer - d1 says so\\n4. Answer: Paris"
+        >>> text[: _body_end(text, 17)]
+        'Final reasoning: Answer - d1 says so\\n'
+    """
+    first_line_end = text.find("\n", start)
+    label = _ANSWER_LABEL.search(text, first_line_end) if first_line_end >= 0 else None
+    ends = [m.start() for m in (_ANSWER_OPEN.search(text, start), label) if m]
+    return min(ends, default=len(text))
 
 
 def fallback_report(

@@ -436,9 +436,10 @@ def _lookup(index: CorpusIndex, doc: str, subset: tuple[str, ...] | None) -> Doc
         if found is None:
             continue
         # A title several documents share names none of them: opening the first would read a
-        # document the agent may not mean as the one it asked for. An exact id is never ambiguous.
+        # document the agent may not mean as the one it asked for. An exact id is never ambiguous;
+        # a near-miss ("The Antarctica") is as ambiguous as the title it matched.
         if found.id != name.strip():
-            namesakes = index.ids_titled(name, doc_ids=subset)
+            namesakes = index.ids_titled(found.title, doc_ids=subset)
             if len(namesakes) > 1:
                 return namesakes
         return found
@@ -452,15 +453,10 @@ def _namesakes_text(index: CorpusIndex, ids: Sequence[str], subset: tuple[str, .
     namesakes apart), from a few up to a line's worth.
     """
     first = index.get(ids[0], doc_ids=subset)
-    head = f"{len(ids)} documents are titled {echo(first.title if first else '', limit=100)}: visit one by its id."
-    shown: list[str] = []
-    used = len(head)
-    for n, doc_id in enumerate(ids):
-        after = len(ids) - n - 1
-        if used + len(f"\n- {doc_id}") + (len(f"\n(and {after} more)") if after else 0) > max_chars:
-            break
-        shown.append(doc_id)
-        used += len(f"\n- {doc_id}")
+    listed = sum(len(f"\n- {doc_id}") for doc_id in ids)
+    head = _namesakes_head(first.title if first else "", len(ids), room=max_chars - listed)
+    shown = _ids_that_fit(ids, room=max_chars - len(head))
+    used = len(head) + sum(len(f"\n- {doc_id}") for doc_id in shown)
     tail = f"\n(and {len(ids) - len(shown)} more)" if len(shown) < len(ids) else ""
     room = min((max_chars - used - len(tail)) // max(len(shown), 1) - len(": "), 60)
     lines = [head]
@@ -470,4 +466,43 @@ def _namesakes_text(index: CorpusIndex, ids: Sequence[str], subset: tuple[str, .
         if len(text) > room > 0:
             text = text[: room - 1].rstrip() + "…"
         lines.append(f"- {doc_id}: {text}" if text else f"- {doc_id}")
-    return "\n".join(lines) + tail
+    # Only a max_chars too small for the head's own words is left to cut here.
+    return ("\n".join(lines) + tail)[:max_chars]
+
+
+def _ids_that_fit(ids: Sequence[str], *, room: int) -> list[str]:
+    """The first of ``ids`` whose lines (``\\n- id``) fit in ``room`` characters: all of them, else as
+    many as leave room for an ``(and N more)`` line.
+
+    Example:
+        >>> ids = ["a1", "a2", "a3", "a4"]
+        >>> _ids_that_fit(ids, room=20), _ids_that_fit(ids, room=19)
+        (['a1', 'a2', 'a3', 'a4'], ['a1'])
+    """
+    if sum(len(f"\n- {doc_id}") for doc_id in ids) <= room:
+        return list(ids)
+    shown: list[str] = []
+    used = 0
+    for n, doc_id in enumerate(ids):
+        if used + len(f"\n- {doc_id}") + len(f"\n(and {len(ids) - n - 1} more)") > room:
+            break
+        shown.append(doc_id)
+        used += len(f"\n- {doc_id}")
+    return shown
+
+
+def _namesakes_head(title: str, count: int, *, room: int) -> str:
+    """The namesakes reply's first line, its echoed title cut (down to ``'…'``) to fit in ``room``
+    characters: the ids after it are what the agent needs, the title it already gave.
+
+    Example:
+        >>> _namesakes_head("Antarctica", 3, room=50)
+        "3 documents are titled 'An…': visit one by its id."
+    """
+    limit = min(len(title), 100)
+    while True:
+        head = f"{count} documents are titled {echo(title, limit=limit)}: visit one by its id."
+        if len(head) <= room or limit == 0:
+            return head
+        # By the overflow, not one by one: repr may escape a character into several.
+        limit = max(0, limit - (len(head) - room))

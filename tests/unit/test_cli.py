@@ -129,6 +129,35 @@ def test_ctrl_c_writes_the_finished_trajectories_to_json_and_says_a_run_without_
     )
 
 
+@pytest.mark.filterwarnings("ignore:coroutine 'arun_with_retry' was never awaited:RuntimeWarning")
+def test_ctrl_c_with_nothing_to_write_says_why_json_was_not_written(monkeypatch, tmp_path, capsys):
+    """Interrupted before any trajectory reached the run's state, ``--json`` was silently not written:
+    with online branching that is the whole rollout, one graph node, even after some had finished."""
+    calls = {"agent": 0, "stop": 1}
+
+    def agent(index, messages):
+        calls["agent"] += 1
+        if calls["agent"] == calls["stop"]:
+            signal.raise_signal(signal.SIGINT)
+            return Reply(answer_text("Paris"), delay=30.0)
+        return _agent(index, messages)
+
+    _cli_on(monkeypatch, agent)
+    result = tmp_path / "r.json"
+    assert _ask(PARIS, "--n", "2", "--mode", "none", "--max-concurrency", "1", "--json", str(result)) == 130
+    assert not result.exists()
+    assert "--json not written: no trajectory had finished" in _err(capsys)
+    calls.update(agent=0, stop=4)  # t0 has answered (two steps) and two more have started
+    online = ("--branching", "online", "--n", "4", "--k", "1", "--t", "1", "--max-concurrency", "1")
+    assert _ask(PARIS, *online, "--db", str(tmp_path / "x.sqlite"), "--run-id", "r1", "--json", str(result)) == 130
+    said = _err(capsys)
+    assert not result.exists() and "t0 initial answered" in said, said
+    assert (
+        "--json not written: with online branching the trajectories reach the run's state only when the whole "
+        "rollout has ended; those that finished are checkpointed in --db, and resuming the run reuses them"
+    ) in said, said
+
+
 # ----------------------------------------------------------------------------- an output over an input
 
 

@@ -423,3 +423,39 @@ async def test_a_free_report_that_falls_back_keeps_the_sections_it_wrote(fake_mo
     )
     # Its problem is that of the sections it keeps, not the sparser retry's.
     assert (report["status"], report["problem"]) == ("fallback", "missing or empty section(s): Solution methods")
+
+
+async def test_an_answer_label_ends_only_the_last_section(fake_model, make_trajectory):
+    """Any line that started with an answer label ended all sections: a methods bullet "- Answer: …"
+    dropped the reasoning, an answer written first dropped every section, "Answer - …" opening the
+    reasoning emptied it, and a numbered "4. Answer: Paris" was not read as a label."""
+    methods = "Solution methods:\n- search(q=France) found d1\n- Answer: d1 names Paris\n"
+    sections, _ = parse_report("Solution planning: a\n" + methods + "Final reasoning: c\n<answer>Paris</answer>")
+    assert sections == {
+        "Solution planning": "a",
+        "Solution methods": "search(q=France) found d1\n- Answer: d1 names Paris",
+        "Final reasoning": "c",
+    }
+    answer_first = "Answer: Paris\n\nSolution planning: a\nSolution methods: b\nFinal reasoning: c"
+    assert parse_report(answer_first)[0] == {"Solution planning": "a", "Solution methods": "b", "Final reasoning": "c"}
+    dash = (
+        "Solution planning: a\nSolution methods: b\nFinal reasoning:\nAnswer - the page d1 says so\nFinal answer: Paris"
+    )
+    assert parse_report(dash)[0]["Final reasoning"] == "Answer - the page d1 says so"
+    for label in ("4. Answer: Paris", "3) **Final answer:** Paris", "**Final Answer**\r\nParis"):
+        text = "1. Solution planning: a\n2. Solution methods: b\n3. Final reasoning: c\n" + label
+        assert parse_report(text)[0]["Final reasoning"] == "c", label
+    report = await compress_trajectory(fake_model([answer_first]), QUESTION, make_trajectory(), guided=False)
+    assert (report["status"], report["text"]) == (
+        "ok",
+        "Solution planning: a\nSolution methods: b\nFinal reasoning: c\nFinal answer: Paris",
+    )
+
+
+@pytest.mark.timeout(30)  # each input below is read in milliseconds; a backtracking label prefix took minutes
+def test_answer_labels_are_found_in_linear_time():
+    """The label prefix takes numbering too: runs of digits, dots and dashes must not be rescanned."""
+    for filler in ("1." * 50_000, "\n1." * 50_000, "- " * 50_000, "\n" * 100_000, "final " * 20_000):
+        sections, _ = parse_report("Final reasoning: c\n" + filler + "answer x")
+        assert sections["Final reasoning"].startswith("c"), filler[:4]
+    assert parse_report("Final reasoning: c\n" + "1." * 50_000 + "Answer: Paris")[0] == {"Final reasoning": "c"}

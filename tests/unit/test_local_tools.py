@@ -320,6 +320,33 @@ async def test_the_namesakes_reply_keeps_their_ids_first_within_max_chars(
     assert msg.artifact == {"doc_ids": [], "error": True}
 
 
+async def test_a_near_miss_of_a_shared_title_lists_the_namesakes_too(namesakes: CorpusIndex) -> None:
+    """Only an exact title was checked for namesakes: "The Antarctica" reached the best-title match
+    and opened the first of the three."""
+    _, visit = make_corpus_tools(namesakes, doc_ids=["a1", "a2", "a3", "s1"])
+    for doc in ("The Antarctica", "Antarctica.", "antarctica?"):
+        msg = await call(visit, doc=doc)
+        assert msg.artifact == {"doc_ids": [], "error": True}, doc
+        assert msg.content.startswith("3 documents are titled 'Antarctica': visit one by its id.\n- a1"), doc
+    # A near-miss of a title no other document shares opens that document.
+    assert (await call(visit, doc="The South Pole")).artifact == {"doc_ids": ["s1"]}
+
+
+@pytest.mark.parametrize("max_chars", [80, 120, 200])
+async def test_a_long_shared_title_leaves_the_namesakes_reply_room_for_their_ids(
+    tmp_path: Path, max_chars: int
+) -> None:
+    """The title was echoed up to 100 characters whatever max_chars left: with 120 the reply was 161
+    characters and listed no id."""
+    src = tmp_path / "long.jsonl"
+    src.write_text("".join(json.dumps({"id": f"x{i}", "title": "T" * 300, "text": "body"}) + "\n" for i in range(3)))
+    _, visit = make_corpus_tools(CorpusIndex.from_jsonl(src, cache_dir=tmp_path / "cache"), max_chars=max_chars)
+    msg = await call(visit, doc="T" * 300)
+    assert len(msg.content) <= max_chars, msg.content
+    assert [line[2:4] for line in msg.content.splitlines()[1:]] == ["x0", "x1", "x2"], msg.content
+    assert msg.content.startswith("3 documents are titled 'TTT"), msg.content
+
+
 @pytest.mark.parametrize("max_chars", [6, 40, 300, 1000])
 async def test_a_huge_title_is_cut_so_the_visit_reply_stays_within_max_chars(tmp_path: Path, max_chars: int) -> None:
     # A 2,000-character title gave a 2,011-character reply with max_chars=300.
