@@ -12,9 +12,10 @@ class ParallelMuseError(Exception):
     Attributes:
         result: When the error ended a run after some of its work finished (a setting Stage 2 meets
             only after the rollout), that work: the question, the trajectories, the reports so far and
-            the stats, so a run without a checkpointer loses none of it. ``None`` otherwise (a report's
-            error under a checkpointer, whose checkpoint keeps the work: resume the thread). Always the
-            raising run's own: see :func:`with_result`.
+            the stats, so a run without a checkpointer loses none of it (the aggregator's error; a
+            report's holds one trajectory and carries none: the CLI keeps the last streamed state, a
+            checkpointed thread keeps the work). ``None`` otherwise. The raising run's own: see
+            :func:`with_result`.
     """
 
     result: dict | None = None
@@ -82,6 +83,8 @@ def with_result(exc: ParallelMuseError, result: dict) -> ParallelMuseError:
     # Built without __init__, whose signature a subclass may have changed (RolloutFailedError's result).
     fresh = type(exc).__new__(type(exc), *exc.args)
     fresh.__dict__.update(exc.__dict__)
+    if hasattr(exc, "__notes__"):  # a note added to this run's copy must not reach the stored instance
+        fresh.__notes__ = list(exc.__notes__)
     fresh.result = result
     return fresh
 

@@ -156,18 +156,18 @@ def finished_work(state: ParallelMuseState) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def carrying(work: dict[str, Any] | None) -> Iterator[None]:
-    """Around a Stage 2 node's model calls: a run-ending error leaves with ``work`` (this run's
-    :func:`finished_work`) as its ``result``; ``None`` leaves the error as it is.
+def carrying(work: dict[str, Any]) -> Iterator[None]:
+    """Around the aggregator's model call: a run-ending error leaves with ``work`` (this run's
+    :func:`finished_work`) as its ``result``, or without a checkpointer the raise would take every
+    trajectory and report with it.
 
-    Without a checkpointer the raise would take every trajectory and report with it. An instance that
-    already carries another run's result (a model wrapper raising one stored error) keeps it, and this
-    run raises a copy chained to it (:func:`~langgraph_parallelmuse.errors.with_result`).
+    An instance that already carries another run's result (a model wrapper raising one stored error)
+    keeps it, and this run raises a copy chained to it (:func:`~langgraph_parallelmuse.errors.with_result`).
     """
     try:
         yield
     except ParallelMuseError as exc:
-        ended = exc if work is None else with_result(exc, work)
+        ended = with_result(exc, work)
         if ended is exc:
             raise
         raise ended from exc
@@ -488,25 +488,10 @@ class ParallelMuseNodes:
         }
 
     @staticmethod
-    def _send(node: str, state: ParallelMuseState, job: Job, *, work: dict[str, Any] | None = None) -> Send:
+    def _send(node: str, state: ParallelMuseState, job: Job) -> Send:
         # The job names its thread and, for a branch, the parent's thread and checkpoint: the
-        # payload carries a trajectory only in ``work`` (see _work), never checkpointed.
-        payload = {"question": state["question"], "settings": state["settings"], "job": job}
-        return Send(node, payload if work is None else {**payload, "work": work})
-
-    @staticmethod
-    def _work(state: ParallelMuseState) -> dict[str, Any] | None:
-        """The run's finished work for a Stage 2 ``Send``, whose node holds one job but may end the run
-        (:func:`carrying`); ``None`` when the run has a checkpointer.
-
-        Without one the payload holds the state's own lists (nothing is copied or stored); with one
-        the checkpoint keeps the work, and a payload is checkpointed twice (see :func:`report_input`).
-        """
-        try:
-            saver = (get_config().get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
-        except RuntimeError:  # an edge called outside a graph run (a unit test)
-            saver = None
-        return finished_work(state) if saver is None else None
+        # payload never carries a trajectory.
+        return Send(node, {"question": state["question"], "settings": state["settings"], "job": job})
 
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
         settings = self.settings(state["settings"])
@@ -596,7 +581,7 @@ class ParallelMuseNodes:
         if self.settings(state["settings"]).aggregation != "parallelmuse":
             return "aggregate"
         answered = [t for t in state["trajectories"] if t["answer"]]
-        payload = {"question": state["question"], "settings": state["settings"], "work": self._work(state)}
+        payload = {"question": state["question"], "settings": state["settings"]}
         # With nothing to compress the reserved crossover slots still run (as fills): N stays N.
         after = "select_crossover" if self.settings(state["settings"]).crossover else "aggregate"
         return [Send("compress", {**payload, "trajectory": report_input(t)}) for t in answered] or after
@@ -604,7 +589,7 @@ class ParallelMuseNodes:
     @_timed("stage2")
     async def compress(self, job: dict[str, Any]) -> dict[str, Any]:
         settings, traj = self.settings(job["settings"]), job["trajectory"]
-        with carrying(job.get("work")), routing_scope(job["question"]):
+        with routing_scope(job["question"]):
             async with self.limit(settings):
                 report = await write_report(
                     self.model, job["question"], traj, config=settings, guided=self.guided(settings)
@@ -646,20 +631,15 @@ class ParallelMuseNodes:
         if not settings.crossover:
             return "aggregate"
         jobs = crossover_wave(state["trajectories"], state.get("crossovers", []), settings, run_id=state["run_id"])
-        work = self._work(state)
-        return [self._send("crossover_rollout", state, job, work=work) for job in jobs] or "aggregate"
+        return [self._send("crossover_rollout", state, job) for job in jobs] or "aggregate"
 
     async def crossover_rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One crossover trajectory (or the fill of an untaken slot) and its report."""
-        work = payload.get("work")
-        with carrying(work):
-            update = await self.rollout(payload)
+        update = await self.rollout(payload)
         traj = update["trajectories"][0]
         if not traj["answer"]:
             return update
-        if work is not None:  # finished too, and in no state yet: its report's error keeps it
-            work = {**work, "trajectories": [*work["trajectories"], traj]}
-        report = await self.compress({**payload, "trajectory": traj, "work": work})
+        report = await self.compress({**payload, "trajectory": traj})
         return {**update, "reports": report["reports"], "spans": update["spans"] + report["spans"]}
 
     async def aggregate(self, state: ParallelMuseState) -> dict[str, Any]:

@@ -24,3 +24,12 @@ def test_an_error_carrying_another_runs_result_is_copied_not_overwritten():
     assert type(again) is RolloutFailedError and again.args == failed.args and again.result == {"question": "q2"}
     fresh = ConfigError("bad")
     assert errors.with_result(fresh, {"question": "q3"}) is fresh and fresh.result == {"question": "q3"}
+
+
+def test_a_note_added_to_a_runs_copy_stays_off_the_stored_error():
+    stored = ConfigError("no prompt_logprobs")
+    stored.result = {"question": "q1"}
+    stored.add_note("first run")
+    again = errors.with_result(stored, {"question": "q2"})
+    again.add_note("second run")
+    assert stored.__notes__ == ["first run"] and again.__notes__ == ["first run", "second run"]
