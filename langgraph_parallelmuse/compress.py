@@ -256,8 +256,9 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     stop strings swallow it), else what follows the last ``Final answer:`` (or ``final answer -``,
     in any case). Each section but the last ends where the next heading starts: an answer label in
     it ("- Answer: d1 names Paris") is its text, and an answer written above the sections ends none
-    of them. The last section ends at an answer tag (in any case), at a line after its first that
-    starts with an answer label (``Final answer:``, ``4. Answer:``, ``**Final Answer**``), or at a
+    of them. The last section ends at an answer tag (in any case), at a line that starts with an
+    answer label (``Final answer:``, ``4. Answer:``, ``**Final Answer**``; on its first line not a
+    dash one, "Answer - the page says …"), or at a
     final answer written inline ("… names Lyon. Final answer: Lyon"); in earlier sections, "… to
     reach the final answer: the capital." is prose.
 
@@ -295,16 +296,21 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
 
 
 def _body_end(text: str, start: int) -> int:
-    """Where the last section, whose text starts at ``start``, ends: at an answer tag, or at an answer
-    label that starts a line after its first ("Final reasoning:\\nAnswer - the page says …" is its text).
+    """Where the last section, whose text starts at ``start``, ends: at an answer tag, or at a line
+    that starts with an answer label; on the section's first line only a colon or bare label ends it
+    ("Final reasoning:\nAnswer: Lyon" wrote no reasoning), a dash one is its text ("Answer - the page
+    says …").
 
     Example:
-        >>> text = "Final reasoning: Answer - d1 says so\\n4. Answer: Paris"
+        >>> text = "Final reasoning: Answer - d1 says so\n4. Answer: Paris"
         >>> text[: _body_end(text, 17)]
-        'Final reasoning: Answer - d1 says so\\n'
+        'Final reasoning: Answer - d1 says so\n'
     """
     first_line_end = text.find("\n", start)
-    label = _ANSWER_LABEL.search(text, first_line_end) if first_line_end >= 0 else None
+    first_line_end = len(text) if first_line_end < 0 else first_line_end
+    label = _ANSWER_LABEL.search(text, start)
+    if label and label.start() <= first_line_end and label.group(0)[-1:] in "–—-":
+        label = _ANSWER_LABEL.search(text, first_line_end)
     ends = [m.start() for m in (_ANSWER_OPEN.search(text, start), label) if m]
     return min(ends, default=len(text))
 

@@ -581,6 +581,28 @@ async def test_a_number_after_a_reports_comma_is_the_answer_not_another_report(f
     assert (result.answer, result.source) == (expected, "aggregator")
 
 
+@pytest.mark.parametrize(
+    ("pick", "answers", "expected"),
+    [
+        # Function-word candidates are not named by a word somewhere in a refusal.
+        ("There is no clear answer", ["yes", "no", "yes"], ("yes", "majority_fallback")),
+        ("It is unclear which is right", ["Carrie", "It", "Carrie"], ("Carrie", "majority_fallback")),
+        # A pick opening with yes keeps to the candidates opening with yes.
+        (
+            "Yes, both are American",
+            ["No, they are not both American", "Yes", "No, they are not both American"],
+            ("Yes", "aggregator"),
+        ),
+    ],
+)
+async def test_a_yes_or_no_is_named_only_by_a_pick_that_opens_with_it(fake_model, pick, answers, expected):
+    reports = [_report(f"t{i}", a) for i, a in enumerate(answers)]
+    result = await aggregate_reports(
+        fake_model([f"<answer>{pick}</answer>"]), "Are both American?", reports, guided=False
+    )
+    assert (result.answer, result.source) == expected
+
+
 @pytest.mark.parametrize("guided", [False, True])
 async def test_a_yes_no_pick_with_more_words_names_its_candidate(fake_model, guided):
     """ "yes" is a function word: a pick sharing only content words with candidates named none of them."""

@@ -452,10 +452,19 @@ async def test_an_answer_label_ends_only_the_last_section(fake_model, make_traje
     )
 
 
-@pytest.mark.timeout(30)  # each input below is read in milliseconds; a backtracking label prefix took minutes
+@pytest.mark.timeout(30)  # a guard: each input below is read in milliseconds (the prefix is anchored at line starts)
 def test_answer_labels_are_found_in_linear_time():
-    """The label prefix takes numbering too: runs of digits, dots and dashes must not be rescanned."""
+    """The label prefix takes numbering too: long runs of digits, dots, dashes and blank lines stay linear."""
     for filler in ("1." * 50_000, "\n1." * 50_000, "- " * 50_000, "\n" * 100_000, "final " * 20_000):
         sections, _ = parse_report("Final reasoning: c\n" + filler + "answer x")
         assert sections["Final reasoning"].startswith("c"), filler[:4]
     assert parse_report("Final reasoning: c\n" + "1." * 50_000 + "Answer: Paris")[0] == {"Final reasoning": "c"}
+
+
+def test_a_colon_answer_label_opening_the_last_section_leaves_it_empty():
+    """ "Final reasoning:\\nAnswer: Lyon" wrote no reasoning: read as its text, the report stood with a
+    reasoning line naming another answer than the trajectory's."""
+    sections, _ = parse_report("Solution planning: a\nSolution methods: b\nFinal reasoning:\nAnswer: Lyon")
+    assert sections["Final reasoning"] == ""
+    sections, _ = parse_report("Solution planning: a\nSolution methods: b\nFinal reasoning:\nAnswer - d1 says so")
+    assert sections["Final reasoning"] == "Answer - d1 says so"
