@@ -306,20 +306,18 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     # "of" and "it" the refusals "None of the reports is reliable" and "It is unclear which is right"
     # were snapped to "Haymo of Faversham" and "It Happened One Night". A pick of function words only
     # ("No") has no other word to share.
-    # A candidate of function words only is named by its key (above), or, "yes" or "no", by a pick
-    # that opens with it ("Yes, both are American"): "There is no clear answer" names no "no", "It is
-    # unclear" no "It". A pick that opens with yes or no keeps to the candidates that do too ("Yes, both
-    # are American" is not "No, they are not both American").
+    # A candidate of function words only ("yes", "The Who") is named by holding one of the pick's words
+    # ("Yes, both are American" names "yes"; so does a refusal "There is no clear answer" name "no",
+    # as before). A pick opening with yes or no keeps to the candidates opening alike ("Yes, both are
+    # American" is not "No, they are not both American").
     order = vote_tokens(text)
     words = set(order)
     content = words - FUNCTION_WORDS
 
     def names(candidate: str) -> bool:
-        tokens = vote_tokens(candidate)
-        own = set(tokens) - FUNCTION_WORDS
-        if not own:
-            return tokens in (["yes"], ["no"]) and order[:1] == tokens
-        return bool(content & own) if content else bool(words & set(tokens))
+        tokens = set(vote_tokens(candidate))
+        own = tokens - FUNCTION_WORDS
+        return bool(content & own) if content and own else bool(words & tokens)
 
     named = [i for i, c in enumerate(candidates) if names(c)]
     if order[:1] in (["yes"], ["no"]):

@@ -298,13 +298,13 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
 def _body_end(text: str, start: int) -> int:
     """Where the last section, whose text starts at ``start``, ends: at an answer tag, or at a line
     that starts with an answer label; on the section's first line only a colon or bare label ends it
-    ("Final reasoning:\nAnswer: Lyon" wrote no reasoning), a dash one is its text ("Answer - the page
-    says …").
+    ("Final reasoning:" then "Answer: Lyon" wrote no reasoning), a dash one is its text ("Answer - the
+    page says …").
 
     Example:
-        >>> text = "Final reasoning: Answer - d1 says so\n4. Answer: Paris"
+        >>> text = "Final reasoning: Answer - d1 says so\\n4. Answer: Paris"
         >>> text[: _body_end(text, 17)]
-        'Final reasoning: Answer - d1 says so\n'
+        'Final reasoning: Answer - d1 says so\\n'
     """
     first_line_end = text.find("\n", start)
     first_line_end = len(text) if first_line_end < 0 else first_line_end

@@ -13,7 +13,7 @@ class ParallelMuseError(Exception):
         result: When the error ended a run after some of its work finished (a setting Stage 2 meets
             only after the rollout), that work: the question, the trajectories, the reports so far and
             the stats, so a run without a checkpointer loses none of it (the aggregator's error; a
-            report's holds one trajectory and carries none: the CLI keeps the last streamed state, a
+            report's holds one trajectory and adds none: the CLI keeps the last streamed state, a
             checkpointed thread keeps the work). ``None`` otherwise. The raising run's own: see
             :func:`with_result`.
     """

@@ -584,9 +584,9 @@ async def test_a_number_after_a_reports_comma_is_the_answer_not_another_report(f
 @pytest.mark.parametrize(
     ("pick", "answers", "expected"),
     [
-        # Function-word candidates are not named by a word somewhere in a refusal.
-        ("There is no clear answer", ["yes", "no", "yes"], ("yes", "majority_fallback")),
-        ("It is unclear which is right", ["Carrie", "It", "Carrie"], ("Carrie", "majority_fallback")),
+        # Candidates of function words only are named by the words they hold.
+        ("The Who, formed in 1964", ["No Doubt", "The Who", "No Doubt"], ("The Who", "aggregator")),
+        ("Yes", ["No, they are not", "Yes, they are", "No, they are not"], ("Yes, they are", "aggregator")),
         # A pick opening with yes keeps to the candidates opening with yes.
         (
             "Yes, both are American",
@@ -595,7 +595,7 @@ async def test_a_number_after_a_reports_comma_is_the_answer_not_another_report(f
         ),
     ],
 )
-async def test_a_yes_or_no_is_named_only_by_a_pick_that_opens_with_it(fake_model, pick, answers, expected):
+async def test_function_word_candidates_and_a_picks_yes_or_no(fake_model, pick, answers, expected):
     reports = [_report(f"t{i}", a) for i, a in enumerate(answers)]
     result = await aggregate_reports(
         fake_model([f"<answer>{pick}</answer>"]), "Are both American?", reports, guided=False
