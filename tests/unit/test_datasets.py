@@ -166,12 +166,23 @@ def test_outside_a_checkout_the_error_says_to_set_the_env_var(tmp_path, monkeypa
     assert "project root" not in message and "site-packages" not in message
 
 
-@pytest.mark.parametrize("answers", [[""], ["  ", "..."], ["The"]])
-def test_answers_that_all_normalise_to_nothing_are_rejected(tmp_path, answers):
-    # Before: accepted; no prediction can match an empty normalised answer, so the question scored 0
-    # for every method and quietly lowered every mean.
-    path = _write(tmp_path, [ROW, {**ROW, "id": "q2", "answers": answers}])
-    with pytest.raises(EvalDataError, match="'answers'.*give at least one real answer") as excinfo:
+_NO_ANSWER = "'answers'.*give at least one real answer"
+_NOT_AN_OBJECT = "'meta' must be an object.*leave it out"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        # Before: accepted; no prediction can match an empty normalised answer, so the question scored
+        # 0 for every method and quietly lowered every mean.
+        *(("answers", answers, _NO_ANSWER) for answers in ([""], ["  ", "..."], ["The"])),
+        # Before: ``or {}`` turned any falsy value into an empty object.
+        *(("meta", meta, _NOT_AN_OBJECT) for meta in ([], "", 0, False)),
+    ],
+)
+def test_a_field_that_cannot_be_used_names_its_line(tmp_path, field, value, match):
+    path = _write(tmp_path, [ROW, {**ROW, "id": "q2", field: value}])
+    with pytest.raises(EvalDataError, match=match) as excinfo:
         load_questions(path)
     assert f"{path}:2:" in str(excinfo.value)
 
@@ -179,15 +190,6 @@ def test_answers_that_all_normalise_to_nothing_are_rejected(tmp_path, answers):
 def test_one_real_answer_among_empty_aliases_is_enough(tmp_path):
     path = _write(tmp_path, [{**ROW, "answers": ["", "The Paris"]}])
     assert load_questions(path)[0].answers == ["", "The Paris"]
-
-
-@pytest.mark.parametrize("meta", [[], "", 0, False])
-def test_a_falsy_meta_that_is_not_an_object_is_rejected(tmp_path, meta):
-    # Before: ``or {}`` turned any falsy value into an empty object.
-    path = _write(tmp_path, [ROW, {**ROW, "id": "q2", "meta": meta}])
-    with pytest.raises(EvalDataError, match="'meta' must be an object.*leave it out") as excinfo:
-        load_questions(path)
-    assert f"{path}:2:" in str(excinfo.value)
 
 
 def test_a_null_meta_or_dataset_is_read_as_absent(tmp_path):
