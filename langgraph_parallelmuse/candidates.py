@@ -55,6 +55,11 @@ _LEADING = frozenset(
 # coordinate or a score, never the name of a thing a question calls by its type (a county, an
 # album); a whole number may be ("1989"), and so may a name that ends in a fraction ("Windows 3.1").
 _FRACTION = re.compile(r"[$£€]?[0-9][0-9,]*\.[0-9]+(?:\s|$)")
+# Nor is a whole date the name of a thing called by its type: "… the signing of what treaty?" was
+# answered "October 6, 1913", and "… in which California city?" "1999", dates of the pages read. A
+# work may be titled by a year ("1989", "1984"); a question that asks a time ("What century …") is of
+# kind "date" and keeps its dates; "Treaty of 1818" stays, a name with a year in it.
+_WORKS = frozenset("album film movie novel book song single record game title work play opera series show".split())
 _STOPWORDS = frozenset(
     "a an and are as at be by did do does for from has have how in is it its of on or that the this to was were "
     "what when where which who whom whose with s".split()
@@ -237,6 +242,13 @@ _TYPED = re.compile(
 )
 # "What is the capital of …": the noun after "the" names it.
 _OF_TYPE = re.compile(r"^(?:what|which|who)\s+(?:is|was|are|were)\s+the\s+([a-z][\w-]*)\s+of\b", re.IGNORECASE)
+# "… began with the signing of what treaty?", "… based in what state?": the asking wh-word later in
+# the question, its noun ending the question or followed by a verb.
+_LATE_TYPE = re.compile(
+    r"(?:which|what)\s+((?:[\w-]+\s+){0,2}?)([a-z][\w-]*)\b\s*"
+    r"(?:[?.!]|$|(?:is|was|are|were|did|does|do|has|had|have|can|could|will|would)\b)",
+    re.IGNORECASE,
+)
 # Nouns that say nothing of a name's type ("What kind of …", "What is the name of …", "What body
 # of water …") or ask for a quantity or a time, which is not a name.
 _UNTYPED = frozenset(
@@ -255,11 +267,17 @@ def answer_type(question: str) -> str | None:
 
     Example:
         >>> [answer_type(q) for q in ("Which country is the Eiffel Tower in?",
-        ...                           "what is the capital of France?", "Who wrote Hamlet?")]
-        ['country', 'capital', None]
+        ...                           "what is the capital of France?", "Who wrote Hamlet?",
+        ...                           "The ETUC began with the signing of what treaty?")]
+        ['country', 'capital', None, 'treaty']
     """
     q = " ".join(question.split())
     m = _TYPED.match(q) or _OF_TYPE.match(q)
+    if m is None and (wh := _asking_wh(q)) is not None and wh.start() > 0:
+        m = _LATE_TYPE.match(q, wh.start())
+        # "… starred in what for seven years?": a function word among them is no noun phrase.
+        if m is not None and {w.lower() for w in m.group(1).split()} & _STOPWORDS:
+            return None
     if m is None:
         return None
     words = [w.lower() for g in m.groups() for w in g.split()]
@@ -406,7 +424,7 @@ def candidates(
     Example:
         >>> candidates("Which city was Ellen Marsh born in?",
         ...            "Ellen Marsh (born 1921) is a writer. She was born in Dublin, Ireland.")
-        ['1921', 'Dublin', 'Ireland']
+        ['Dublin', 'Ireland']
     """
     kind = answer_kind(question)
     if kind == "yesno":
@@ -446,6 +464,7 @@ def candidates(
             or "\\" in span
             or any(c < " " for c in span)
             or (typed and _FRACTION.match(span))
+            or (typed and kind == "name" and _DATE.fullmatch(span) and not (typed in _WORKS and span.isdigit()))
         ):
             continue
         seen.add(span.lower())
