@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,6 +103,9 @@ _REPORT_NUMBERS = re.compile(
     re.IGNORECASE,
 )
 _DIGITS = re.compile(r"[0-9]+")
+# Where an answer's first clause ends: a comma, a bracket, a dash between words ("No, they were not",
+# "The Who (band)", "Yes - both"); a period only before a space or the end ("U.S." is one word).
+_CLAUSE_END = re.compile(r"[,;:!?()\[\]{}\u2013\u2014\u3001\u3002]|\.(?!\S)|\s-++\s")
 # The prompt asks for <answer></answer>, and after the "Answer:" prefill a small model may write the
 # tag too: in the pick it is no part of the answer ("<answer>Lyon" matched no candidate).
 _ANSWER_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
@@ -291,6 +295,12 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
     return [SystemMessage(_SYSTEM), HumanMessage(body)]
 
 
+def _first_clause(text: str) -> list[str]:
+    """The :func:`vote_tokens` of the text's first clause that has any, without an answer label."""
+    clauses = _CLAUSE_END.split(unicodedata.normalize("NFKC", strip_answer_label(text)))
+    return next((tokens for clause in clauses if (tokens := vote_tokens(clause))), [])
+
+
 def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str | None:
     key = normalize_vote_key(text)
     if same := [c for c in candidates if normalize_vote_key(c) == key]:
@@ -306,18 +316,23 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
     # "of" and "it" the refusals "None of the reports is reliable" and "It is unclear which is right"
     # were snapped to "Haymo of Faversham" and "It Happened One Night". A pick of function words only
     # ("No") has no other word to share.
-    # A candidate of function words only ("yes", "The Who") is named by holding one of the pick's words
-    # ("Yes, both are American" names "yes"; so does a refusal "There is no clear answer" name "no",
-    # as before). A pick opening with yes or no keeps to the candidates opening alike ("Yes, both are
-    # American" is not "No, they are not both American").
+    # A candidate of function words only ("yes", "The Who") has none either: a pick with content words
+    # names it only by opening with it as a clause of its own ("Yes, both are American" names "yes",
+    # "The Who, formed in 1964" names "The Who"). By any shared word the refusals "There is no clear
+    # answer" and "No report gives a reliable answer" named "no" and replaced the majority vote; the
+    # second opens with "no", but not as a clause. A pick opening with yes or no keeps to the
+    # candidates opening alike ("Yes, both are American" is not "No, they are not both American").
     order = vote_tokens(text)
     words = set(order)
     content = words - FUNCTION_WORDS
 
     def names(candidate: str) -> bool:
         tokens = set(vote_tokens(candidate))
-        own = tokens - FUNCTION_WORDS
-        return bool(content & own) if content and own else bool(words & tokens)
+        if not content:
+            return bool(words & tokens)
+        if own := tokens - FUNCTION_WORDS:
+            return bool(content & own)
+        return _first_clause(text) == _first_clause(candidate)
 
     named = [i for i, c in enumerate(candidates) if names(c)]
     if order[:1] in (["yes"], ["no"]):

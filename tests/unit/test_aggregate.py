@@ -614,6 +614,39 @@ async def test_a_yes_no_pick_with_more_words_names_its_candidate(fake_model, gui
 
 
 @pytest.mark.parametrize(
+    ("pick", "other"),
+    [
+        ("There is no clear answer", "no"),
+        ("No report gives a reliable answer", "No"),
+        ("It is unclear which is right", "It"),
+    ],
+)
+@pytest.mark.parametrize("guided", [True, False])
+async def test_a_refusal_names_no_candidate_of_function_words_only(fake_model, pick, other, guided):
+    """A refusal named the candidate "no" (or the novel "It") through the one word they share, and the
+    aggregator's refusal replaced the majority's answer."""
+    reports = [_report("t0", "yes"), _report("t1", "yes"), _report("t2", other)]
+    model = fake_model([f" {pick}" if guided else f"<answer>{pick}</answer>"])
+    result = await aggregate_reports(model, "Are both American?", reports, guided=guided)
+    assert (result.answer, result.source) == ("yes", "majority_fallback")
+
+
+@pytest.mark.parametrize(
+    ("pick", "expected"),
+    [
+        ("No. Both were born in Ohio", "no"),
+        ("No - Lyon is not the capital", "no"),
+        ("Answer: No, Lyon is not", "no"),
+        ("It (the 1986 novel)", "It"),
+    ],
+)
+async def test_a_pick_opening_with_a_function_word_candidate_as_a_clause_names_it(fake_model, pick, expected):
+    reports = [_report("t0", "yes"), _report("t1", "yes"), _report("t2", expected)]
+    result = await aggregate_reports(fake_model([f"<answer>{pick}</answer>"]), QUESTION, reports, guided=False)
+    assert (result.answer, result.source) == (expected, "aggregator")
+
+
+@pytest.mark.parametrize(
     ("guided", "reply"),
     [
         (True, " <answer>Lyon"),
