@@ -260,7 +260,8 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     answer label (``Final answer:``, ``4. Answer:``, ``**Final Answer**``; on its first line not a
     dash one, "Answer - the page says …"), or at a
     final answer written inline ("… names Lyon. Final answer: Lyon"); in earlier sections, "… to
-    reach the final answer: the capital." is prose.
+    reach the final answer: the capital." is prose. A heading written after the report's end (it
+    repeats a section below its answer) starts no section, see :func:`_section_heads`.
 
     Args:
         text: A report as the model wrote it (either form).
@@ -282,7 +283,7 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     raw = tags[-1] if tags else lines[-1] if lines else ""
     answer = one_line(raw) or None
     canonical = {s.lower(): s for s in SECTIONS}
-    heads = list(_HEADING.finditer(text))
+    heads = _section_heads(text)
     body = text[: _body_end(text, heads[-1].end())] if heads else text
     sections: dict[str, str] = {}
     for i, head in enumerate(heads):
@@ -295,7 +296,44 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     return sections, answer
 
 
-def _body_end(text: str, start: int) -> int:
+def _section_heads(text: str) -> list[re.Match[str]]:
+    """The headings that start sections: each one up to where the report would end were the section
+    before it the last one (its answer mark, as the last section's end is found), and after that end
+    only one that continues the report, naming a later section than any before it ("- Answer: d1
+    names Paris" in the methods then "Final reasoning:"). A heading the model repeats below its
+    answer ("Answer: Paris" then "Solution planning: …" again) starts no section: it would have
+    pulled the answer and what follows into the section above it.
+
+    Each stretch between two headings is searched once (the search stops at the next heading).
+
+    Example:
+        >>> text = "Final reasoning: c\\nAnswer: Paris\\nSolution planning: again"
+        >>> [h.group(1) for h in _section_heads(text)]
+        ['Final reasoning']
+    """
+    rank = {s.lower(): i for i, s in enumerate(SECTIONS)}
+    heads: list[re.Match[str]] = []
+    latest = -1  # the latest section, in SECTIONS' order, begun so far
+    end: int | None = None  # where the report ends after heads[-1], once found before a heading
+    for head in _HEADING.finditer(text):
+        if heads and end is None:
+            end = _section_end(text, heads[-1].end(), head.start())
+        if end is not None and rank[head.group(1).lower()] <= latest:
+            continue
+        heads.append(head)
+        latest, end = max(latest, rank[head.group(1).lower()]), None
+    return heads
+
+
+def _section_end(text: str, start: int, stop: int) -> int | None:
+    """Where a last section whose text starts at ``start`` would end before ``stop`` (a line start):
+    at its body's end or at a final answer written inline; ``None`` when it runs on to ``stop``."""
+    inline = _FINAL_ANSWER.search(text, start, stop)
+    end = min(_body_end(text, start, stop), inline.start() if inline else stop)
+    return end if end < stop else None
+
+
+def _body_end(text: str, start: int, stop: int | None = None) -> int:
     """Where the last section, whose text starts at ``start``, ends: at an answer tag, or at a line
     that starts with an answer label; on the section's first line only a colon or bare label ends it
     ("Final reasoning:" then "Answer: Lyon" wrote no reasoning), a dash one is its text ("Answer - the
@@ -306,13 +344,14 @@ def _body_end(text: str, start: int) -> int:
         >>> text[: _body_end(text, 17)]
         'Final reasoning: Answer - d1 says so\\n'
     """
-    first_line_end = text.find("\n", start)
-    first_line_end = len(text) if first_line_end < 0 else first_line_end
-    label = _ANSWER_LABEL.search(text, start)
+    stop = len(text) if stop is None else stop
+    first_line_end = text.find("\n", start, stop)
+    first_line_end = stop if first_line_end < 0 else first_line_end
+    label = _ANSWER_LABEL.search(text, start, stop)
     if label and label.start() <= first_line_end and label.group(0)[-1:] in "–—-":
-        label = _ANSWER_LABEL.search(text, first_line_end)
-    ends = [m.start() for m in (_ANSWER_OPEN.search(text, start), label) if m]
-    return min(ends, default=len(text))
+        label = _ANSWER_LABEL.search(text, first_line_end, stop)
+    ends = [m.start() for m in (_ANSWER_OPEN.search(text, start, stop), label) if m]
+    return min(ends, default=stop)
 
 
 def fallback_report(

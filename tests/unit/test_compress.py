@@ -468,3 +468,71 @@ def test_a_colon_answer_label_opening_the_last_section_leaves_it_empty():
     assert sections["Final reasoning"] == ""
     sections, _ = parse_report("Solution planning: a\nSolution methods: b\nFinal reasoning:\nAnswer - d1 says so")
     assert sections["Final reasoning"] == "Answer - d1 says so"
+
+
+LATE = (
+    "Solution planning: find the country, then its capital.\n"
+    "Solution methods: search(q=France) found d1, which names Paris as the capital\n"
+    "Final reasoning: d1 names Paris as the capital of France\n"
+)
+
+
+def test_a_heading_repeated_below_the_answer_starts_no_section():
+    """Headings were searched in the whole text: a section the model repeated below its answer line
+    ("Answer: Paris" then "Solution planning: …" again) made the reasoning run on over the answer and
+    the junk after it, up to that heading."""
+    for ending in (
+        "Answer: Paris\n\nSolution planning: The plan was to search for France.",
+        "<answer>Paris</answer>\n\n## Final reasoning\nThe page d1 names Paris.",
+        "**Final Answer:** Paris\n\n**Solution planning:** search, then read d1\n**Solution methods:** search",
+        "Final answer: Paris\n\nSolution methods: search(q=France)\nFinal reasoning: d1 again",
+        "4. Answer: Paris\n\n1. Solution planning: find the country",
+    ):
+        assert parse_report(LATE + ending)[0] == {
+            "Solution planning": "find the country, then its capital.",
+            "Solution methods": "search(q=France) found d1, which names Paris as the capital",
+            "Final reasoning": "d1 names Paris as the capital of France",
+        }, ending
+    # An answer written inline ends the report as well.
+    sections, answer = parse_report(LATE[:-1] + ". Final answer: Paris\n\nFinal reasoning: d1 names Paris")
+    assert (sections["Final reasoning"], answer) == ("d1 names Paris as the capital of France.", "Paris")
+    # A whole report written twice is read once: the first.
+    sections, _ = parse_report(LATE + "Answer: Paris\n\n" + LATE.replace("France", "Spain") + "Answer: Madrid")
+    assert sections["Final reasoning"] == "d1 names Paris as the capital of France"
+
+
+def test_a_heading_that_continues_the_report_still_starts_its_section():
+    """Before the report's end, headings start sections as before (in any order); after an answer label
+    in a section's own text, a later section still starts, a repeated one does not."""
+    methods = "Solution methods:\n- search(q=France) found d1\n- Answer: d1 names Paris\n- Solution planning step 2\n"
+    sections, _ = parse_report(
+        "Solution planning: a\n" + methods + "Final reasoning: c\nAnswer: Paris\nSolution planning: x"
+    )
+    assert sections == {
+        "Solution planning": "a",
+        "Solution methods": "search(q=France) found d1\n- Answer: d1 names Paris\n- Solution planning step 2",
+        "Final reasoning": "c",
+    }
+    out_of_order = "Solution methods: b\nSolution planning: a\nFinal reasoning: c\nAnswer: Paris"
+    assert parse_report(out_of_order)[0] == {"Solution methods": "b", "Solution planning": "a", "Final reasoning": "c"}
+
+
+async def test_a_free_report_keeps_no_answer_written_above_a_repeated_heading(fake_model, make_trajectory):
+    """The report's reasoning carried the model's "Answer: Lyon" line into the aggregator's prompt."""
+    text = LATE + "Answer: Lyon\n\n## Final reasoning\nThe capital is Lyon."
+    report = await compress_trajectory(fake_model([text]), QUESTION, make_trajectory(), guided=False)
+    assert (report["status"], report["answer"]) == ("ok", "Paris")
+    assert report["text"].endswith("Final reasoning: d1 names Paris as the capital of France\nFinal answer: Paris")
+    assert "Lyon" not in report["text"]
+
+
+@pytest.mark.timeout(30)  # a guard: each stretch between two headings is searched once
+def test_many_headings_are_read_in_linear_time():
+    for text in (
+        "Solution planning: a\n" * 5_000,
+        "Final reasoning: c\nAnswer: Paris\n" + "Solution planning: a\n" * 5_000,
+        "Solution planning: a\n" + "Answer: x\nSolution planning: a\n" * 5_000,
+        "Final reasoning: c\n" + "final answer " * 10_000 + "\nSolution methods: b",
+    ):
+        sections, _ = parse_report(text)
+        assert sections, text[:40]
