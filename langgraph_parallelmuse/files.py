@@ -7,11 +7,17 @@ summaries and plots, ``ask --json`` and ``calibrate --out``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+# As many links as Linux follows in one lookup before it gives up (ELOOP).
+_MAX_LINKS = 40
 
 
 @contextlib.contextmanager
@@ -23,10 +29,14 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
 
     Args:
         path: The file to write.
-        in_place: Yield ``path`` itself, to be written in place, when it cannot be replaced
-            (``/dev/stdout``, an existing file in a folder the user may not write). With False
-            such a path raises ``OSError`` instead: a file that only makes sense whole (a
-            database) must not be rewritten over an old one.
+        in_place: Write ``path`` in place when it cannot or must not be replaced: a path under
+            ``/dev`` or ``/proc`` or reached through a link there, or an existing file in a folder
+            the user may not write, is yielded itself. One of this process's descriptors
+            (``/dev/stdout``, ``/dev/fd/3``) gets a temporary, written to the descriptor once the
+            block ends without error, after what the process printed to it: reopened, the file
+            stdout was redirected to would be emptied. With False such a path raises ``OSError``
+            instead: a file that only makes sense whole (a database) must not be rewritten over an
+            old one.
 
     Example:
         >>> import tempfile
@@ -37,11 +47,19 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
         ('| method |', ['summary.md'])
     """
     path = Path(path)
+    # Checked before a link is followed: /dev/stdout redirected to a file (`ask --json /dev/stdout
+    # >> runs.jsonl`) resolves to that file, whose replacement dropped the lines already in it and
+    # everything the process printed.
+    special, descriptor = _special(path)
     if not in_place:
+        if special:  # as root a temporary can be made in /dev, and the rename would replace the link
+            raise OSError(errno.EINVAL, "a file under /dev or /proc cannot be replaced whole", str(path))
         yield from _replaced(path)
         return
-    # Checked before a link is followed: /dev/stdout links to a pipe's /proc entry, not a file.
-    if path.exists() and not path.is_file():
+    if descriptor is not None:
+        yield from _through_descriptor(path, descriptor)
+        return
+    if special or (path.exists() and not path.is_file()):
         yield path
         return
     path = path.resolve() if path.is_symlink() else path  # a link's file is replaced, not the link
@@ -49,6 +67,74 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
         yield path
         return
     yield from _replaced(path)
+
+
+def _special(path: Path) -> tuple[bool, int | None]:
+    """Whether ``path`` is under ``/dev`` or ``/proc`` or a link on the way to it leads there, and
+    which of this process's descriptors it names (``/dev/stdout``: 1), if any."""
+    special = False
+    own = {"self", str(os.getpid())}
+    for step in _lookup(path):
+        parts = step.split("/")  # "/proc/self/fd/1": "", "proc", "self", "fd", "1"
+        if len(parts) == 5 and parts[1] == "proc" and parts[2] in own and parts[3] == "fd" and parts[4].isdigit():
+            return True, int(parts[4])
+        special = special or step.startswith(("/dev/", "/proc/"))
+    return special, None
+
+
+def _lookup(path: Path) -> Iterator[str]:
+    """Every path a lookup of ``path`` passes, in order: each component and, for each link among
+    them, the components of its target.
+
+    ``Path.resolve()`` gives only the end of the walk, and ``/proc/self/fd/1`` ends at whatever file
+    stdout was redirected to, which then looked like an ordinary one.
+    """
+    parts = list(reversed((str(path) if path.is_absolute() else os.path.join(os.getcwd(), path)).split("/")))
+    current, links = "/", 0
+    while parts:
+        part = parts.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        step = os.path.join(current, part)
+        yield step
+        target = _link(step) if links < _MAX_LINKS else None
+        if target is None:
+            current = step
+            continue
+        links += 1  # a loop of links ends here; resolve() then reports it as it did
+        parts.extend(reversed(target.split("/")))
+        if target.startswith("/"):
+            current = "/"
+
+
+def _link(path: str) -> str | None:
+    """Where the link ``path`` points; None for anything else (a file, a folder, nothing there)."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _through_descriptor(path: Path, fd: int) -> Iterator[Path]:
+    # Written through the descriptor itself, the output lands where the process's own prints do:
+    # after them, and before what it prints next. The same suffix: a plot's format is read from it.
+    handle, name = tempfile.mkstemp(prefix="parallelmuse-", suffix=path.suffix)
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        yield tmp
+        data = memoryview(tmp.read_bytes())
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or no descriptor
+                if stream.fileno() == fd:
+                    stream.flush()  # what it printed first comes first
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _replaced(path: Path) -> Iterator[Path]:

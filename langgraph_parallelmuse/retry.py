@@ -31,10 +31,14 @@ _TRANSIENT_NAMES = {
 # 501 and 505 say the server cannot do what was asked (vLLM answers 501 for a NotImplementedError):
 # asking again gets the same answer. Every other 5xx (a proxy's 520-524, an overloaded 529) may pass.
 _PERMANENT_5XX = frozenset({501, 505})
+# A request timeout (408), a lock timeout (409) and a rate limit (429) pass too: the openai client
+# retries them, and a routed ServerChatModel, which turns its retries off, leaves them to us.
+_TRANSIENT_4XX = frozenset({408, 409, 429})
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Server hiccups worth a retry (timeouts, 429, 5xx but 501 and 505, dropped connections), nothing else.
+    """Server hiccups worth a retry, nothing else: timeouts, dropped connections, HTTP 408, 409 and
+    429, and every 5xx but 501 and 505.
 
     Example:
         >>> is_transient(TimeoutError()), is_transient(ValueError("bad"))
@@ -44,7 +48,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(status, int):
-        return status == 429 or (status >= 500 and status not in _PERMANENT_5XX)
+        return status in _TRANSIENT_4XX or (status >= 500 and status not in _PERMANENT_5XX)
     # By class name anywhere in the hierarchy: langchain-openai raises its own subclasses
     # (OpenAIConnectionError, OpenAITimeoutError), which carry no status code.
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)

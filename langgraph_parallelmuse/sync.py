@@ -67,13 +67,21 @@ class _Raised(NamedTuple):
     error: BaseException
 
 
-async def _contained(coro: Any) -> Any:
+async def _contained(afunc: Callable, arg: Any) -> Any:
     # Raised out of the task, it would stop the loop (asyncio re-raises them): it is returned
-    # instead, and the caller raises it in its own thread.
+    # instead, and the caller raises it in its own thread. afunc is called here, not in the loop
+    # callback that starts the task: what that call raises (a wrong arity, a wrapper that checks
+    # its input before it returns the coroutine) only got logged there, and the caller waited forever.
     try:
-        return await coro
+        return await afunc(arg)
     except (SystemExit, KeyboardInterrupt) as exc:
         return _Raised(exc)
+
+
+def _cancel(tasks: list[asyncio.Task]) -> None:
+    # Empty when start() could not create the task: its caller already has that error.
+    for task in tasks:
+        task.cancel()
 
 
 def async_node(name: str, afunc: Callable) -> RunnableLambda:
@@ -108,7 +116,13 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
         tasks: list[asyncio.Task] = []
 
         def start() -> None:
-            task = loop.create_task(_contained(afunc(arg)), context=context)
+            coro = _contained(afunc, arg)
+            try:
+                task = loop.create_task(coro, context=context)
+            except BaseException as exc:  # noqa: BLE001 - the caller raises it; a loop callback's is only logged
+                coro.close()
+                done.set_exception(exc)
+                return
             tasks.append(task)
 
             def finish(t: asyncio.Task) -> None:
@@ -132,7 +146,7 @@ def async_node(name: str, afunc: Callable) -> RunnableLambda:
                 # calling the model, writing checkpoints and holding this shared loop's
                 # max_concurrency slots, which the next run would wait for. Waiting lets it cancel
                 # its trajectories (start runs before this: the loop's callbacks are FIFO).
-                loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+                loop.call_soon_threadsafe(_cancel, tasks)
                 wait([done], timeout=_STOP_SECONDS)
             raise
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -48,3 +49,57 @@ def test_a_whole_only_file_is_never_written_in_place(tmp_path):
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_a_redirected_stdout_gets_the_output_after_what_was_printed(tmp_path):
+    # `ask --json /dev/stdout >> runs.jsonl`: /dev/stdout resolved to runs.jsonl, which was replaced
+    # (the earlier runs' lines and what the process printed were gone); reopened with "w" it would be
+    # emptied. The descriptor is written: after what it holds, before what is printed next.
+    for opening in (os.O_APPEND, os.O_TRUNC):  # `>>` and `>`
+        runs = tmp_path / f"runs-{opening}.jsonl"
+        runs.write_text('{"run": 1}\n')
+        fd = os.open(runs, os.O_WRONLY | opening)
+        try:
+            os.write(fd, b"printed before\n")
+            with replacing(f"/dev/fd/{fd}") as tmp:
+                tmp.write_text('{"run": 2}\n')
+            os.write(fd, b"printed after\n")
+        finally:
+            os.close(fd)
+        kept = '{"run": 1}\n' if opening == os.O_APPEND else ""
+        assert runs.read_text() == kept + 'printed before\n{"run": 2}\nprinted after\n', opening
+
+
+def test_a_link_on_the_way_to_a_descriptor_is_followed_and_nothing_is_written_on_failure(tmp_path, monkeypatch):
+    # resolve() sees only the end of the walk: a link to /dev/stdout, or through a folder linked
+    # to /proc/self/fd, ended at the redirected file, which was replaced.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporaries"))
+    (tmp_path / "temporaries").mkdir()
+    out = tmp_path / "out.txt"
+    out.write_text("earlier\n")
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND)
+    try:
+        (tmp_path / "to-fd").symlink_to(f"/dev/fd/{fd}")
+        (tmp_path / "fds").symlink_to("/proc/self/fd")
+        for path in (tmp_path / "to-fd", tmp_path / "fds" / str(fd)):
+            with replacing(path) as tmp:
+                tmp.write_text(f"via {path.name}\n")
+        with pytest.raises(RuntimeError, match="disk full"), replacing(tmp_path / "to-fd") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("disk full")
+    finally:
+        os.close(fd)
+    assert out.read_text() == f"earlier\nvia to-fd\nvia {fd}\n"
+    assert list((tmp_path / "temporaries").iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fds", "out.txt", "temporaries", "to-fd"]
+
+
+def test_a_link_to_an_ordinary_file_still_replaces_that_file(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    with replacing(link) as tmp:
+        tmp.write_text("new")
+    assert link.is_symlink() and real.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]

@@ -117,6 +117,23 @@ async def test_a_server_that_cannot_do_the_request_is_asked_once():
     assert len(calls) == 1
     statuses = {
         s: is_transient(APIStatusError("x", response=httpx.Response(s, request=request), body=None))
-        for s in (400, 404, 429, 500, 501, 502, 503, 504, 505, 520, 529)
+        for s in (400, 404, 408, 409, 422, 429, 500, 501, 502, 503, 504, 505, 520, 529)
     }
-    assert [s for s, transient in statuses.items() if transient] == [429, 500, 502, 503, 504, 520, 529]
+    assert [s for s, transient in statuses.items() if transient] == [408, 409, 429, 500, 502, 503, 504, 520, 529]
+
+
+async def test_a_request_or_lock_timeout_is_retried_as_the_openai_client_would():
+    # A routed ServerChatModel turns the openai client's retries off (it retries 408 and 409): a
+    # server's 408 or 409 ended the trajectory on its first try.
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    for status in (408, 409):
+        calls = []
+
+        async def call(status=status, calls=calls) -> str:
+            calls.append(1)
+            if len(calls) == 1:
+                raise APIStatusError("busy", response=httpx.Response(status, request=request), body=None)
+            return "answer"
+
+        assert await with_retries(call, base_delay=0.0) == "answer", status
+        assert len(calls) == 2

@@ -114,3 +114,43 @@ def test_a_sync_call_from_the_background_loop_itself_raises_instead_of_waiting_f
     assert isinstance(raised, RuntimeError), raised
     assert "'inner'" in str(raised) and "ainvoke" in str(raised)
     assert _within(5, lambda: async_node("double", _double).invoke(21)) == 42
+
+
+async def _takes_two(state, config):  # a node written for (state, config)
+    return state
+
+
+def _checks_first(state):  # a wrapper that checks its input before it returns the coroutine
+    if not state:
+        raise ValueError("empty state")
+    return _double(state)
+
+
+@pytest.mark.timeout(30)
+def test_a_node_whose_call_raises_raises_it_in_the_caller():
+    # afunc(arg) was called in the loop callback that starts the task: what the call raised was only
+    # logged ("Exception in callback") and the caller waited forever.
+    with pytest.raises(TypeError, match="config"):
+        async_node("takes_two", _takes_two).invoke(1)
+    with pytest.raises(ValueError, match="empty state"):
+        async_node("checks_first", _checks_first).invoke(0)
+    assert async_node("checks_first", _checks_first).invoke(21) == 42
+
+
+@pytest.mark.timeout(30)
+def test_a_task_the_loop_cannot_start_raises_in_the_caller():
+    from langgraph_parallelmuse import sync
+
+    assert async_node("double", _double).invoke(1) == 2  # the loop is running
+    loop = sync._LOOP
+
+    def refuse(loop, coro, **kwargs):
+        raise RuntimeError("no task today")
+
+    loop.set_task_factory(refuse)
+    try:
+        with pytest.raises(RuntimeError, match="no task today"):
+            async_node("double", _double).invoke(21)
+    finally:
+        loop.set_task_factory(None)
+    assert async_node("double", _double).invoke(21) == 42
