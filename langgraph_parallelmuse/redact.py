@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, SecretStr
 
-__all__ = ["SECRET_ENV_VARS", "redact", "secrets_in_argv", "secrets_of"]
+__all__ = ["SECRET_ENV_VARS", "mask_argv", "redact", "secrets_in_argv", "secrets_of"]
 
 SECRET_ENV_VARS = (
     "OPENAI_API_KEY",
@@ -27,14 +27,27 @@ SECRET_ENV_VARS = (
     "HUGGING_FACE_HUB_TOKEN",
     "VLLM_API_KEY",
 )
-_SECRET_FLAGS = ("--api-key", "--token", "--password")
+# The options of the servers the library starts that take a secret (the serving venv's argparse:
+# vLLM's --api-key and --hf-token, the routers' --api-key, sglang-router's --oracle-password and
+# --control-plane-api-keys, each also with sglang-router's "--router-" prefix), and generic ones.
+_SECRET_FLAGS = (
+    "--api-key",
+    "--hf-token",
+    "--token",
+    "--password",
+    "--oracle-password",
+    "--control-plane-api-keys",
+    "--router-api-key",
+    "--router-oracle-password",
+    "--router-control-plane-api-keys",
+)
 _SHORTEST_SECRET = 6  # shorter values (e.g. "none", "EMPTY") are placeholders, not secrets
 _PATTERNS = (
     re.compile(r"(?i)((?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{8,}"),
     # api_key=..., "password": "...", and a printed dict's 'api_key': ['...'].
     re.compile(r"""(?i)((?:api[_-]?key|x-api-key|password|secret|token)["']?\s*[:=]\s*[\["']*)[^\s"',}\]&]{6,}"""),
-    # A command line's --api-key VALUE (a server's argv in an error).
-    re.compile(r"(?i)(--(?:api-key|token|password)[\s=]+)\S{6,}"),
+    # A command line's --api-key VALUE (a server's argv in an error), --hf-token, --oracle-password, ...
+    re.compile(r"(?i)(--(?:[a-z-]*[-_])?(?:api[-_]keys?|token|password)[\s=]+)\S{6,}"),
     # A URL's query credentials: named so (?access_token=...), or a long value of ?key= (Google's
     # API keys); a short ?key=value or ?sig= of an ordinary link stays.
     re.compile(r"(?i)([?&](?:api_?key|access_token|auth_token|token)=)[^&\s\"']{6,}"),
@@ -70,22 +83,48 @@ def secrets_in_argv(argv: Sequence[str], *, flags: Sequence[str] = _SECRET_FLAGS
 
     A text pattern sees only the first value, but vLLM's ``--api-key`` takes several (argparse's
     ``nargs="+"``: every argument up to the next option), and vLLM logs them all in its arguments.
+    An option is read as argparse reads it in vLLM: ``_`` for ``-`` (``--api_key``) and an
+    abbreviation (``--api-k``) count.
 
     Example:
-        >>> secrets_in_argv(["vllm", "--api-key", "sk-one", "sk-two", "--port", "80", "--token=t0ken"])
-        ['sk-one', 'sk-two', 't0ken']
+        >>> secrets_in_argv(["vllm", "--api-key", "sk-one", "sk-two", "--port", "80", "--hf_token=hf0"])
+        ['sk-one', 'sk-two', 'hf0']
     """
-    found: list[str] = []
+    return [argv[index][start:] for index, start in _secret_values(argv, flags)]
+
+
+def mask_argv(argv: Sequence[str], *, flags: Sequence[str] = _SECRET_FLAGS) -> list[str]:
+    """``argv`` with the values of its secret ``flags`` replaced by ``***``, however short they are.
+
+    Example:
+        >>> mask_argv(["vllm", "--api-key", "k1", "k2", "--port", "80", "--hf-token=hf"])
+        ['vllm', '--api-key', '***', '***', '--port', '80', '--hf-token=***']
+    """
+    masked = list(argv)
+    for index, start in _secret_values(argv, flags):
+        masked[index] = masked[index][:start] + "***"
+    return masked
+
+
+def _secret_values(argv: Sequence[str], flags: Sequence[str]) -> Iterator[tuple[int, int]]:
+    """Where the secret values are: ``argv[index][start:]`` for each ``(index, start)``."""
     taking = False
-    for arg in argv:
+    for index, arg in enumerate(argv):
         if arg.startswith("-"):
-            flag, given, value = arg.partition("=")
-            taking = arg in flags
-            if given and flag in flags:
-                found.append(value)
+            option, given, _ = arg.partition("=")
+            secret = _is_secret_flag(option, flags)
+            if secret and given:
+                yield index, len(option) + 1
+            taking = secret and not given
         elif taking:
-            found.append(arg)
-    return found
+            yield index, 0
+
+
+def _is_secret_flag(option: str, flags: Sequence[str]) -> bool:
+    # vLLM's FlexibleArgumentParser takes --api_key for --api-key, and argparse takes an unambiguous
+    # abbreviation (--api-k); an ambiguous one fails, so counting it costs nothing.
+    name = option.replace("_", "-")
+    return name in flags or (len(name) > 2 and name.startswith("--") and any(f.startswith(name) for f in flags))
 
 
 def _fields(model: object) -> Iterable[object]:

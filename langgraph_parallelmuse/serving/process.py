@@ -10,7 +10,9 @@ and a server's children (vLLM's engine core and worker) go with it. A readiness 
 
 from __future__ import annotations
 
+import collections
 import http.client
+import ipaddress
 import math
 import os
 import shlex
@@ -19,20 +21,29 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
-from langgraph_parallelmuse.redact import redact, secrets_in_argv, secrets_of
+from langgraph_parallelmuse.redact import mask_argv, redact, secrets_in_argv, secrets_of
 
 HOST = "127.0.0.1"
 _LOG_TAIL = 3000
+# How much of the log is redacted before the tail is cut from it: a key that the cut would split is
+# then found whole (the window starts at a line, far before the tail).
+_REDACTED_WINDOW = 1 << 16
+# The ports free_ports() handed out lately: several specs made one by one (vllm_spec for each
+# replica) must not get one port twice before any of their servers binds it.
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=1024)
+_PORTS_LOCK = threading.Lock()
 
 # Run by `sh -c` in the server's process group: a background watchdog, then `exec` of the server
 # (so the server keeps the shell's pid and default signal dispositions: a background job of a
@@ -118,15 +129,44 @@ class Server:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
+    """A TCP port on 127.0.0.1 that nothing listens on right now (see :func:`free_ports`).
 
     Example:
         >>> 1024 <= free_port() <= 65535
         True
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that nothing listens on right now.
+
+    Each port is held until all are chosen (a port let go at once can come back from the next
+    bind), and none is one this process handed out lately and its server may not have bound yet.
+
+    Args:
+        count: How many ports (>= 1).
+
+    Raises:
+        ConfigError: ``count`` is not a whole number >= 1.
+
+    Example:
+        >>> first, second = free_ports(2)
+        >>> first != second
+        True
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ConfigError(f"free_ports(count={count!r}): ask for a whole number of ports >= 1")
+    ports: list[int] = []
+    with _PORTS_LOCK, ExitStack() as held:
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((HOST, 0))
+            port = sock.getsockname()[1]
+            if port not in _HANDED_OUT:  # a skipped one stays held, so the next bind picks another
+                ports.append(port)
+        _HANDED_OUT.extend(ports)
+    return ports
 
 
 @contextmanager
@@ -152,6 +192,7 @@ def serve(
         One :class:`Server` per spec, in order.
 
     Raises:
+        ConfigError: ``max_seconds`` is not a positive finite number, or two specs share a port.
         ServerError: A server exited during startup or was not ready in time (every server
             started here is stopped first).
 
@@ -164,6 +205,7 @@ def serve(
     if not (math.isfinite(max_seconds) and max_seconds > 0):
         # `timeout` would read 0 or inf as no bound at all: every server here has one.
         raise ConfigError(f"max_seconds={max_seconds}: give a positive number of seconds (default 3600)")
+    _check_ports(specs)
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
     started: list[tuple[Server, subprocess.Popen, ServerSpec]] = []
@@ -179,12 +221,27 @@ def serve(
         _stop_groups([(proc, spec.stop_signal) for _, proc, spec in reversed(started)], grace=grace)
 
 
+def _check_ports(specs: Sequence[ServerSpec]) -> None:
+    """Refuse two specs on one port: a server binding SO_REUSEPORT (vLLM) shares it with the other,
+    both look ready, and a client of either URL reaches either server."""
+    by_port: dict[int, list[str]] = {}
+    for spec in specs:
+        if spec.port:  # 0: a spec without a port of its own
+            by_port.setdefault(spec.port, []).append(spec.name)
+    for port, names in by_port.items():
+        if len(names) > 1:
+            raise ConfigError(
+                f"serve: {len(names)} specs ({', '.join(names)}) use port {port}: give each server its own "
+                "port (one vllm_spec()/router_spec() call each, or serving.process.free_ports(n))"
+            )
+
+
 def _spawn(spec: ServerSpec, log_path: Path, *, max_seconds: float, grace: float) -> tuple[Server, subprocess.Popen]:
     if shutil.which(spec.command[0]) is None:
         raise ServerError(
             _redacted(
                 spec.command,
-                f"{spec.name}: {spec.command[0]!r} is not an executable (command: {shlex.join(spec.command)})",
+                f"{spec.name}: {spec.command[0]!r} is not an executable (command: {_shown(spec.command)})",
             )
         )
     sig = signal.Signals(spec.stop_signal).name.removeprefix("SIG")
@@ -259,18 +316,29 @@ def _listening_sockets(port: int) -> set[str]:
 
 
 def _failure(server: Server, what: str) -> str:
+    # Redacted before the cut: cut first, a key across the cut lost its head and was not found.
+    tail = _redacted(server.command, _tail_from_a_line(server.log_path, _REDACTED_WINDOW))[-_LOG_TAIL:]
     return _redacted(
         server.command,
         f"{server.name} on 127.0.0.1 port {server.port} {what}.\n"
-        f"command: {shlex.join(server.command)}\n"
-        f"log {server.log_path}, last {_LOG_TAIL} characters:\n{server.log_tail()}",
+        f"command: {_shown(server.command)}\n"
+        f"log {server.log_path}, last {_LOG_TAIL} characters:\n{tail}",
+    )
+
+
+def _shown(command: Sequence[str]) -> str:
+    """The command line for a message, its secret options' values masked however short."""
+    # A masked argument is shown unquoted: shlex would quote the "***" that stands for the value.
+    return " ".join(
+        shown if shown != arg else shlex.quote(arg) for arg, shown in zip(command, mask_argv(command), strict=True)
     )
 
 
 def _redacted(command: Sequence[str], text: str) -> str:
     # The command line (extra_args) and the log (a server prints its arguments) may hold a key,
-    # and vLLM's --api-key takes several: each one is a secret wherever it shows.
-    return redact(text, [*secrets_of(), *secrets_in_argv(command)])
+    # and vLLM's --api-key takes several: each one is a secret wherever it shows. One given on the
+    # command line is a secret however short (a placeholder length does not make it one).
+    return redact(text, secrets_of(), passwords=secrets_in_argv(command))
 
 
 def stop_group(proc: subprocess.Popen, *, stop_signal: int = signal.SIGTERM, grace: float = 15.0) -> None:
@@ -357,6 +425,23 @@ def _tail(path: Path, chars: int) -> str:
         return ""
 
 
+def _tail_from_a_line(path: Path, chars: int) -> str:
+    """The last ``chars`` bytes of ``path`` from the first line that starts in them (all of a shorter file).
+
+    A line cut at its start could lose what makes a secret in it recognisable (``api_key=``).
+    """
+    try:
+        with open(path, "rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - chars)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return ""
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]
+    return data.decode(errors="replace")
+
+
 def http_ready(
     url: str, accept: Callable[[str], bool] = lambda body: True, *, headers: Mapping[str, str] | None = None
 ) -> Callable[[str], bool]:
@@ -368,12 +453,55 @@ def http_ready(
 
     def ready(_log: str) -> bool:
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=2) as resp:
+            with open_url(urllib.request.Request(url, headers=dict(headers or {})), timeout=2) as resp:
                 return resp.status == 200 and accept(resp.read().decode(errors="replace"))
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
             return False
 
     return ready
+
+
+class _LoopbackDirect(urllib.request.ProxyHandler):
+    """The environment's proxies (``http_proxy``, ``no_proxy``), except for a loopback host.
+
+    A proxy cannot reach this host's loopback (a remote one answers for its own, or fails), and a
+    probe sent to it hands it the probe's ``Authorization`` header: a loopback server is always
+    asked directly, also after a redirect. A remote URL (a user's vLLM) may need the proxy.
+    """
+
+    def proxy_open(self, req: urllib.request.Request, proxy: str, type: str) -> Any:  # noqa: A002 - urllib's name
+        if is_loopback(urllib.parse.urlsplit(req.full_url).hostname):
+            return None  # the next handler (HTTPHandler) connects directly
+        return super().proxy_open(req, proxy, type)
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` names this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``).
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("[::1]"), is_loopback("10.0.0.7")
+        (True, True, True, False)
+    """
+    if not host:
+        return False
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def open_url(request: urllib.request.Request, *, timeout: float) -> http.client.HTTPResponse:
+    """``urllib.request.urlopen(request)``, but a loopback URL never goes through a proxy.
+
+    The opener is built per call, so the proxy variables are read as they are now.
+
+    Raises:
+        urllib.error.URLError: As ``urlopen`` (``HTTPError`` for an HTTP error status).
+    """
+    return urllib.request.build_opener(_LoopbackDirect()).open(request, timeout=timeout)
 
 
 def venv_bin(venv: str | Path, name: str) -> str:

@@ -17,7 +17,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.serving.process import HOST, Server, ServerSpec, free_port, http_ready, serve_one, venv_bin
+from langgraph_parallelmuse.serving.process import (
+    HOST,
+    Server,
+    ServerSpec,
+    free_ports,
+    http_ready,
+    serve_one,
+    venv_bin,
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,7 @@ def router_spec(
         raise ConfigError(f"router policy={policy!r}: {kind} takes one of {', '.join(router.policies)}")
     if isinstance(extra_args, str):
         raise ConfigError(f"router extra_args={extra_args!r}: one string, not a list: pass a list of arguments")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)  # two free_port() calls could return one port twice
     argv = (
         venv_bin(venv, router.argv[0]),
         *router.argv[1:],

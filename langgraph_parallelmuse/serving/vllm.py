@@ -30,6 +30,7 @@ from langgraph_parallelmuse.serving.process import (
     ServerSpec,
     free_port,
     http_ready,
+    open_url,
     serve_one,
     venv_bin,
 )
@@ -257,7 +258,8 @@ def vllm_counters(url: str) -> dict[str, float]:
     from the prefix cache; ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` likewise).
 
     Args:
-        url: The server's root URL (``Server.url``).
+        url: The server's root URL (``Server.url``). A loopback one is asked directly, another
+            through the environment's proxy (``http_proxy``, ``no_proxy``).
 
     Raises:
         ServerError: The server did not answer, or answered with an error.
@@ -296,7 +298,7 @@ def _fetch(url: str, endpoint: str, *, timeout: float, post: bool = False, missi
     """
     request = urllib.request.Request(f"{url}{endpoint}", data=b"" if post else None)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with open_url(request, timeout=timeout) as resp:
             return resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         if exc.code == 404 and missing:

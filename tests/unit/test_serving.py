@@ -16,10 +16,14 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from langgraph_parallelmuse import redact as redact_module
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.serving import (
@@ -39,7 +43,7 @@ from langgraph_parallelmuse.serving import (
 from langgraph_parallelmuse.serving import process as serving_process
 from langgraph_parallelmuse.serving.process import http_ready
 from langgraph_parallelmuse.serving.vllm import LIBRARY_TOP_LOGPROBS
-from tests.unit.http_fakes import fake_http
+from tests.unit.http_fakes import FakeHTTP, fake_http
 from tests.unit.processes import ctrl_c_after
 
 
@@ -71,8 +75,9 @@ def _pids_in(path: Path, count: int) -> list[int]:
     raise AssertionError(f"{path} never held {count} pids")
 
 
-def sh(name: str, script: str, ready: str = "up", **kw) -> ServerSpec:
-    return ServerSpec(name, ("sh", "-c", script), 4242, "http://127.0.0.1:4242", lambda log: ready in log, **kw)
+def sh(name: str, script: str, ready: str = "up", *, port: int = 4242, **kw) -> ServerSpec:
+    """A stand-in server (it listens on nothing); several in one serve() need ports of their own."""
+    return ServerSpec(name, ("sh", "-c", script), port, f"http://127.0.0.1:{port}", lambda log: ready in log, **kw)
 
 
 @pytest.fixture
@@ -263,8 +268,8 @@ def test_startup_timeout_names_port_and_log_tail_and_stops_the_server(tmp_path: 
 def test_a_failed_start_stops_the_servers_already_started(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     good = sh("good", f"echo $$ > {pids}; echo up; exec sleep 300")
-    with pytest.raises(ServerError, match="bad on 127.0.0.1 port 4242 exited"):
-        with serve([good, sh("bad", "exit 1")], log_dir=tmp_path):
+    with pytest.raises(ServerError, match="bad on 127.0.0.1 port 4243 exited"):
+        with serve([good, sh("bad", "exit 1", port=4243)], log_dir=tmp_path):
             pass
     assert _wait_gone(_pids_in(pids, 1)[0], 5)
 
@@ -433,7 +438,7 @@ def test_the_vllm_probe_sends_the_key_vllm_will_require(tmp_path: Path, venv: Pa
 def test_an_interrupt_while_one_server_stops_still_stops_every_server(tmp_path: Path) -> None:
     """A second Ctrl-C during one server's grace left the servers not yet signalled running."""
     quick = sh("quick", "echo up; exec sleep 120")
-    stubborn = sh("stubborn", "trap '' TERM; echo up; while :; do sleep 0.1; done")
+    stubborn = sh("stubborn", "trap '' TERM; echo up; while :; do sleep 0.1; done", port=4243)
     groups: list[int] = []
     try:
         with contextlib.ExitStack() as stack, pytest.raises(KeyboardInterrupt):
@@ -462,7 +467,9 @@ def test_servers_are_stopped_together_not_one_grace_after_another(tmp_path: Path
         # The grace runs out at once: the servers that ignore SIGTERM are still there after it.
         wait_gone(procs, 0.2 if seconds == grace else seconds)
 
-    stubborn = [sh(f"stubborn{i}", "trap '' TERM; echo up; while :; do sleep 0.1; done") for i in range(2)]
+    stubborn = [
+        sh(f"stubborn{i}", "trap '' TERM; echo up; while :; do sleep 0.1; done", port=4242 + i) for i in range(2)
+    ]
     with serve(stubborn, grace=grace, max_seconds=60, log_dir=tmp_path) as servers:
         monkeypatch.setattr(os, "killpg", recording_killpg)
         monkeypatch.setattr(serving_process, "_wait_gone", recording_wait_gone)
@@ -562,3 +569,152 @@ def test_a_server_that_died_while_it_was_probed_is_not_ready(tmp_path: Path) -> 
     with pytest.raises(ServerError, match="dying on 127.0.0.1 port 4242 exited with status"):
         with serve([spec], log_dir=tmp_path):
             pass
+
+
+@pytest.fixture
+def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHTTP]:
+    """A recording HTTP proxy in ``http_proxy`` and no ``no_proxy``, as a fresh process sees them."""
+    with fake_http({}) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        for name in ("HTTP_PROXY", "no_proxy", "NO_PROXY", "REQUEST_METHOD"):
+            monkeypatch.delenv(name, raising=False)
+        # urlopen() reads the proxy variables once per process, when it first builds its opener.
+        monkeypatch.setattr(urllib.request, "_opener", None)
+        yield proxy
+
+
+def test_loopback_probes_and_counters_do_not_go_through_the_proxy(tmp_path: Path, venv: Path, proxied) -> None:
+    """With http_proxy set and 127.0.0.1 not in no_proxy, the readiness probe went to the proxy, with
+    vLLM's key in its Authorization header, and a running server was not ready until the timeout."""
+    (tmp_path / "config.json").write_text("{}")
+    spec = vllm_spec(tmp_path, venv=venv, extra_args=["--api-key", "sk-live-0123456789"])
+    routes = {
+        "GET /v1/models": lambda _: (200, {"data": [{"id": "smollm2"}]}),
+        "GET /metrics": lambda _: (200, "vllm:request_success_total 3\n"),
+    }
+    with fake_http(routes, port=spec.port) as server:
+        assert spec.ready("")
+        assert vllm_counters(server.url) == {"vllm:request_success_total": 3.0}
+    assert [r.headers.get("authorization") for r in server.requests][0] == "Bearer sk-live-0123456789"
+    assert proxied.requests == []
+
+
+def test_a_remote_counters_url_goes_through_the_environments_proxy(proxied) -> None:
+    """A user's vLLM on another host may be reachable through the proxy only."""
+    proxied.routes["GET http://vllm.example:8000/metrics"] = lambda _: (200, "vllm:request_success_total 2\n")
+    assert vllm_counters("http://vllm.example:8000") == {"vllm:request_success_total": 2.0}
+    assert [r.path for r in proxied.requests] == ["http://vllm.example:8000/metrics"]
+
+
+class _Kernel:
+    """Stands for the socket module: bind(("...", 0)) takes the lowest port of a small range that no
+    open socket holds, so a port let go comes back from the next bind, as the kernel's may."""
+
+    AF_INET, SOCK_STREAM = socket.AF_INET, socket.SOCK_STREAM
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+
+    def socket(self, *_args: object) -> _KernelSocket:
+        return _KernelSocket(self)
+
+
+class _KernelSocket:
+    def __init__(self, kernel: _Kernel) -> None:
+        self.kernel, self.port = kernel, 0
+
+    def __enter__(self) -> _KernelSocket:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.kernel.held.discard(self.port)
+
+    def bind(self, _address: object) -> None:
+        self.port = min(set(range(40000, 40100)) - self.kernel.held)
+        self.kernel.held.add(self.port)
+
+    def getsockname(self) -> tuple[str, int]:
+        return "127.0.0.1", self.port
+
+
+def test_specs_made_together_or_one_by_one_get_ports_of_their_own(
+    tmp_path: Path, venv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """free_port() let each port go at once: a router's --port and --prometheus-port, or two vLLM
+    specs, could get one port, and vLLM's SO_REUSEPORT then put two servers on it."""
+    monkeypatch.setattr(serving_process, "socket", _Kernel())
+    monkeypatch.setattr(serving_process, "_HANDED_OUT", deque(maxlen=1024), raising=False)
+    argv = list(router_spec(["http://127.0.0.1:8001"], venv=venv).command)
+    assert argv[argv.index("--port") + 1] != argv[argv.index("--prometheus-port") + 1]
+    (tmp_path / "config.json").write_text("{}")
+    ports = [vllm_spec(tmp_path, venv=venv).port for _ in range(3)]
+    assert len(set(ports)) == 3, ports
+
+
+def test_free_ports_are_distinct_ports_nothing_listens_on() -> None:
+    ports = serving_process.free_ports(8)
+    assert len(set(ports)) == 8 and all(1024 <= port <= 65535 for port in ports)
+    for port in ports:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))  # let go once chosen
+    with pytest.raises(ConfigError, match="count=0"):
+        serving_process.free_ports(0)
+
+
+def test_serve_refuses_two_specs_on_one_port(tmp_path: Path) -> None:
+    """Two servers binding SO_REUSEPORT on one port were both reported ready at one URL."""
+    twins = [sh(f"w{i}", "echo up; exec sleep 30") for i in range(2)]
+    with pytest.raises(ConfigError, match=r"2 specs \(w0, w1\) use port 4242: give each server its own port"):
+        with serve(twins, log_dir=tmp_path, max_seconds=30):
+            pass
+    assert list(tmp_path.iterdir()) == []  # refused before anything started
+    portless = [
+        ServerSpec(f"p{i}", ("sh", "-c", "echo up; exec sleep 30"), 0, "", lambda log: "up" in log) for i in (1, 2)
+    ]
+    with serve(portless, log_dir=tmp_path, max_seconds=30) as servers:
+        assert [s.port for s in servers] == [0, 0]  # port 0: no port of its own, nothing to share
+
+
+@pytest.mark.parametrize(
+    ("argv", "secrets"),
+    [
+        (("--hf-token", "hf_abc", "--port", "1"), ["hf_abc"]),  # vLLM's Hugging Face token
+        (("--api_key", "k"), ["k"]),  # vLLM's parser takes _ for -
+        (("--api-k", "k"), ["k"]),  # and argparse an abbreviation
+        (("--router-api-key=k",), ["k"]),  # sglang-router's prefixed options
+        (("--oracle-password", "pw"), ["pw"]),
+        (("--control-plane-api-keys", "a:n:admin:k1", "b:n:user:k2"), ["a:n:admin:k1", "b:n:user:k2"]),
+        (("--hf-token", "--port", "1"), []),  # --hf-token alone: the cached login
+    ],
+)
+def test_every_secret_option_of_the_serving_venv_is_found(argv: tuple[str, ...], secrets: list[str]) -> None:
+    assert redact_module.secrets_in_argv(("vllm", *argv)) == secrets
+    masked = redact_module.mask_argv(("vllm", *argv))
+    assert not set(secrets) & set(re.split(r"[\s=]", " ".join(masked)))
+    assert "--port" not in argv or masked[-2:] == ["--port", "1"]  # what follows the secret stays
+
+
+def test_short_keys_and_hf_tokens_are_redacted_from_a_failure(tmp_path: Path) -> None:
+    """--hf-token was no secret option, and an --api-key under 6 characters was taken for a placeholder."""
+    script = """echo "non-default args: {'api_key': ['$1'], 'hf_token': '$3'}"; exit 3"""
+    command = ("sh", "-c", script, "--api-key", "k3y42", "--hf-token", "hf_0123456789abcdef", "--port", "4242")
+    with pytest.raises(ServerError, match="exited with status 3") as info:
+        with serve([ServerSpec("vllm", command, 4242, "", lambda log: False)], log_dir=tmp_path):
+            pass
+    message = str(info.value)
+    assert "k3y42" not in message and "0123456789abcdef" not in message, message
+    assert "--api-key *** --hf-token *** --port 4242" in message and "'api_key': ['***']" in message
+
+
+def test_a_key_across_the_log_tails_cut_is_redacted(tmp_path: Path) -> None:
+    """The log tail was cut before it was redacted: a key split by the cut lost its head and was shown."""
+    key = "sk-live-SECRET-0123456789abcdef"
+    rest = "']}\nINFO starting engine ".ljust(serving_process._LOG_TAIL - len(key) + 3, ".")
+    (tmp_path / "printed").write_text(f"INFO non-default args: {{'api_key': ['{key}{rest}")  # the tail starts at key[3]
+    command = ("sh", "-c", f"cat {tmp_path / 'printed'}; exit 3", "--api-key", key)
+    with pytest.raises(ServerError, match="exited with status 3") as info:
+        with serve([ServerSpec("vllm", command, 4242, "", lambda log: False)], log_dir=tmp_path / "logs"):
+            pass
+    message = str(info.value)
+    assert "SECRET" not in message and "0123456789abcdef" not in message, message
+    assert "INFO starting engine" in message
