@@ -167,13 +167,9 @@ def _check_model_flags(args: argparse.Namespace) -> None:
     if args.model and not args.base_url:
         raise ConfigError(f"--model {args.model!r} names a model on a server: add --base-url (or drop --model)")
     if args.model_path:
-        path = Path(args.model_path).expanduser()
-        if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
-            what = "is not a directory nor a .gguf file" if path.exists() else "does not exist"
-            raise ConfigError(
-                f"--model-path {args.model_path} {what}: pass a local transformers checkpoint directory "
-                "(or a .gguf file); nothing is downloaded"
-            )
+        from langgraph_parallelmuse.models.local import check_model_path
+
+        check_model_path(args.model_path, flag="--model-path ")  # the check LocalChatModel makes
 
 
 def _needs_logprobs(settings: ParallelMuseConfig, *, weighted: bool = False) -> bool:

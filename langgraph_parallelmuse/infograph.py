@@ -53,8 +53,8 @@ from typing_extensions import TypedDict
 
 from langgraph_parallelmuse.answers import FUNCTION_WORDS, normalize_answer
 from langgraph_parallelmuse.driver import call_key, search_hits
+from langgraph_parallelmuse.protocol import NO_HITS
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
-from langgraph_parallelmuse.tools.local_tools import NO_HITS
 
 __all__ = [
     "Entity",

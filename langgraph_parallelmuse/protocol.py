@@ -19,6 +19,11 @@ from langgraph_parallelmuse.state import Action, Observation, Step
 
 # A search hit's line, "[2] Title (id: x)"; an id may hold parentheses ("Mercury_(planet)").
 SEARCH_HIT = re.compile(r"^\[\d+\] (.*) \(id: ([^\n]*)\)[ \t]*$", re.MULTILINE)
+# How the search tools (corpus and Tavily) reply to a search that shows no document: a search that
+# found nothing is not a tool whose output the information-state graph cannot read.
+EMPTY_QUERY = "empty query: give search some words to look for."
+NO_RESULTS = "No results for "  # then the query and "Try other words." (tools.local_tools.no_results)
+NO_HITS = (EMPTY_QUERY, NO_RESULTS)
 
 REGION_TAGS = {"reasoning": "think", "exploration": "tool_call", "answer": "answer"}
 

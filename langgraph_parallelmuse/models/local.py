@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -22,7 +23,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 
-__all__ = ["LocalChatModel"]
+__all__ = ["LocalChatModel", "check_model_path"]
 
 _CALL_KWARGS = frozenset(
     {"max_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "ignore_eos", "continuation"}
@@ -66,6 +67,52 @@ def _text(content: str | list[Any]) -> str:
                 " content block: send the content as text"
             )
     return "".join(parts)
+
+
+def check_model_path(model_path: str | None, gguf_file: str | None = None, *, flag: str = "model_path=") -> None:
+    """Refuse a ``model_path`` the loader cannot open, before anything loads (it loads lazily: found
+    there, the error was a transformers traceback from the first call, or from a run's first step).
+
+    What loads: a ``.gguf`` file; a directory holding ``gguf_file``; without ``gguf_file``, a
+    transformers checkpoint directory (its ``config.json``, as ``parallelmuse export-model`` writes).
+    ``None`` (the embedded SmolLM2) is checked when it loads.
+
+    Args:
+        model_path: The path to check.
+        gguf_file: The GGUF file name inside ``model_path``, if any.
+        flag: How the message names the setting: ``model_path=`` (the Python API) or ``--model-path ``.
+
+    Raises:
+        ConfigError: The path does not exist, or holds no model the loader opens; the message says what
+            is missing and what to pass.
+
+    Example:
+        >>> check_model_path("/nonexistent/smollm2")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: model_path=/nonexistent/smollm2 does not exist: pass a local ...
+    """
+    if model_path is None:
+        return
+    path = Path(model_path).expanduser()
+    fix = "pass a local transformers checkpoint directory (with its config.json) or a .gguf file; nothing is downloaded"
+    if path.is_file() and path.suffix == ".gguf":
+        return
+    if not path.exists():
+        what = "does not exist"
+    elif not path.is_dir():
+        what = "is not a directory nor a .gguf file"
+    elif gguf_file:
+        if (path / gguf_file).is_file():
+            return
+        what = f"holds no {gguf_file} (gguf_file)"
+    elif (path / "config.json").is_file():
+        return
+    else:
+        what = "is a directory without config.json (no transformers checkpoint)"
+        if ggufs := sorted(p.name for p in path.glob("*.gguf") if p.is_file()):
+            fix = f"pass the GGUF file itself ({path / ggufs[0]}), or a checkpoint directory with its config.json"
+    raise ConfigError(f"{flag}{model_path} {what}: {fix}")
 
 
 class LocalChatModel(BaseChatModel):
@@ -131,6 +178,11 @@ class LocalChatModel(BaseChatModel):
     supports_prefill: ClassVar[bool] = True
     #: Scores a given continuation (``continuation=``), so answers can be chosen by likelihood.
     supports_scoring: ClassVar[bool] = True
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        # Here, not in a validator (pydantic wraps a validator's ValueError): a ConfigError names the path.
+        check_model_path(self.model_path, self.gguf_file)
 
     @field_validator("top_logprobs")
     @classmethod

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from langgraph_parallelmuse.errors import CorpusError
-from langgraph_parallelmuse.protocol import SEARCH_HIT
+from langgraph_parallelmuse.errors import CorpusError, InputError
+from langgraph_parallelmuse.protocol import EMPTY_QUERY, NO_HITS, NO_RESULTS, SEARCH_HIT
 from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
 __all__ = [
@@ -40,11 +40,6 @@ __all__ = [
 ]
 
 ELLIPSIS = "[...]"
-EMPTY_QUERY = "empty query: give search some words to look for."
-# How the search tools (corpus and Tavily) begin a reply that shows no document: a search that
-# found nothing is not a tool whose output the information-state graph cannot read.
-_NO_RESULTS = "No results for "
-NO_HITS = (EMPTY_QUERY, _NO_RESULTS)
 SEARCH_DESCRIPTION = (
     "Search the knowledge base. Returns a ranked list of documents, each with its title, id and a "
     "short snippet. Use visit with an id to read a document."
@@ -101,7 +96,7 @@ def no_results(query: str) -> str:
         >>> no_results("capital of Atlantis")
         "No results for 'capital of Atlantis'. Try other words."
     """
-    return f"{_NO_RESULTS}{echo(query)}. Try other words."
+    return f"{NO_RESULTS}{echo(query)}. Try other words."
 
 
 def pasted_id(text: str) -> str | None:
@@ -156,8 +151,11 @@ class VisitInput(BaseModel):
         return "" if value is None else value
 
 
-class ToolArgumentError(ValueError):
-    """A tool call's arguments do not fit the tool; the message is one line (:func:`argument_error`)."""
+class ToolArgumentError(InputError):
+    """A tool call's arguments do not fit the tool; the message is one line (:func:`argument_error`).
+
+    An :class:`~langgraph_parallelmuse.errors.InputError`, so a :class:`ValueError` too (as it was).
+    """
 
 
 def argument_error(tool: str, schema: type[BaseModel], error: ValidationError) -> str:

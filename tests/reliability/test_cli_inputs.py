@@ -270,6 +270,50 @@ def test_a_model_flag_that_would_be_ignored_is_an_error(argv, message, monkeypat
     assert message in _err(capsys)
 
 
+def test_a_model_path_holding_no_checkpoint_is_refused_before_anything_loads(fake_cli, tmp_path, capsys):
+    """An empty directory passed the check (a directory was enough): ``ask`` printed the question, then
+    the graph's first step died in transformers ("Couldn't instantiate the backend tokenizer")."""
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    assert _ask(PARIS, "--model-path", str(empty)) == 1
+    said = _err(capsys)
+    assert f"--model-path {empty} is a directory without config.json" in said, said
+    assert "pass a local transformers checkpoint directory (with its config.json) or a .gguf file" in said
+    assert not fake_cli.calls
+    # A folder holding a GGUF: the loader opens the file, not the folder (no --gguf-file flag).
+    (gguf := empty / "SmolLM2.gguf").write_text("x")
+    assert _ask(PARIS, "--model-path", str(empty)) == 1
+    flat = "".join(_err(capsys).split())  # rich may wrap inside the path
+    assert f"passtheGGUFfileitself({gguf})" in flat and not fake_cli.calls
+    # What loads passes: a .gguf file, a checkpoint directory (its config.json).
+    (empty / "config.json").write_text("{}")
+    for path in (gguf, empty):
+        cli._check_model_flags(cli.build_parser().parse_args(["ask", PARIS, "--model-path", str(path)]))
+
+
+def test_local_chat_model_refuses_a_model_path_the_loader_cannot_open_when_built():
+    """The Python API's check is the CLI's: before, the error came from the first call, in transformers' words
+    (``agent`` and ``bench``, which build the model with it, likewise)."""
+    import tempfile
+
+    from langgraph_parallelmuse.models import LocalChatModel
+
+    with tempfile.TemporaryDirectory() as folder:
+        with pytest.raises(ConfigError, match=r"model_path=\S+ is a directory without config\.json"):
+            LocalChatModel(model_path=folder)
+        # agent and bench build theirs with the CLI's words (the same check, before the model is built).
+        with pytest.raises(ConfigError, match=r"--model-path \S+ is a directory without config\.json"):
+            cli._model(cli.build_parser().parse_args(["agent", PARIS, "--model-path", folder]))
+        with pytest.raises(ConfigError, match=r"holds no m\.gguf \(gguf_file\)"):
+            LocalChatModel(model_path=folder, gguf_file="m.gguf")
+        (Path(folder) / "m.gguf").write_text("x")
+        assert LocalChatModel(model_path=folder, gguf_file="m.gguf").gguf_file == "m.gguf"  # nothing loads yet
+        assert LocalChatModel(model_path=str(Path(folder) / "m.gguf")).model_path.endswith("m.gguf")
+    with pytest.raises(ConfigError, match="does not exist"):
+        LocalChatModel(model_path=folder)
+    assert LocalChatModel.embedded().model_path is None
+
+
 def test_bench_refuses_a_concurrency_below_one_and_its_own_fields_in_set(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--questions", "q.jsonl", "--concurrency", "0"])

@@ -209,8 +209,9 @@ def test_a_model_path_the_loader_cannot_open_is_refused_naming_the_flag(fake_cli
     assert _ask(PARIS, *SMALL, "--model-path", str(not_a_model)) == 1
     assert "is not a directory nor a .gguf file" in _err(capsys)
     assert not fake_cli.calls and not Path(db).exists()
-    # What the loader takes passes: a checkpoint directory, a .gguf file.
+    # What the loader takes passes: a checkpoint directory (its config.json), a .gguf file.
     (gguf := tmp_path / "model.gguf").write_text("x")
+    (tmp_path / "config.json").write_text("{}")
     for path in (tmp_path, gguf):
         cli._check_model_flags(argparse.Namespace(base_url=None, model=None, model_path=str(path), precision=None))
 

@@ -33,3 +33,29 @@ def test_a_note_added_to_a_runs_copy_stays_off_the_stored_error():
     again = errors.with_result(stored, {"question": "q2"})
     again.add_note("second run")
     assert stored.__notes__ == ["first run"] and again.__notes__ == ["first run", "second run"]
+
+
+def test_every_exception_the_package_defines_derives_from_parallelmuse_error():
+    """ARCHITECTURE.md says so (of every public one: a caller may meet it); ``ToolArgumentError`` was a
+    bare ``ValueError``."""
+    import importlib
+    import pkgutil
+
+    import langgraph_parallelmuse
+    from langgraph_parallelmuse.errors import InputError, ParallelMuseError
+    from langgraph_parallelmuse.tools import ToolArgumentError
+
+    names = [m.name for m in pkgutil.walk_packages(langgraph_parallelmuse.__path__, prefix="langgraph_parallelmuse.")]
+    defined = [
+        value
+        for name in names
+        for value in vars(importlib.import_module(name)).values()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__ == name
+        and not value.__name__.startswith("_")  # a module's own signal, caught where it is raised
+    ]
+    assert ToolArgumentError in defined
+    assert not [e.__qualname__ for e in defined if not issubclass(e, ParallelMuseError)]
+    # A tool call's bad arguments are the caller's input; ``except ValueError`` still catches them.
+    assert issubclass(ToolArgumentError, InputError) and issubclass(ToolArgumentError, ValueError)
