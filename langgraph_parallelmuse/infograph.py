@@ -502,10 +502,20 @@ def merge_context(
     """
     steps: list[Step] = []
     observations: list[Observation] = []
-    for (parent_steps, parent_observations, _), taken in zip(parents, merged_steps(parents), strict=True):
+    takes = merged_steps(parents)
+    # A step's bridge is a hop of its own parent's chain (the guided driver puts each bridge in
+    # place of the next phrase of the question, and never offers a bridge as the answer): two chains
+    # read as one put one parent's bridge in place of the other's next phrase ("How many stores are
+    # in Hank Snow?"). The merged context keeps the chain of the parent with the most hops taken.
+    hops = [sum("bridge" in p[0][i] for i in taken) for p, taken in zip(parents, takes, strict=True)]
+    chain = hops.index(max(hops, default=0))
+    for n, ((parent_steps, parent_observations, _), taken) in enumerate(zip(parents, takes, strict=True)):
         response = {o["step"]: o for o in parent_observations}
         for i in taken:
-            steps.append({**parent_steps[i], "index": len(steps)})
+            step = {**parent_steps[i], "index": len(steps)}
+            if n != chain:
+                step.pop("bridge", None)
+            steps.append(step)
             observations.append({**response[i], "step": len(steps) - 1})
     return steps, observations
 

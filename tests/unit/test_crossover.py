@@ -322,3 +322,45 @@ async def test_a_run_whose_tools_the_graph_cannot_read_warns_instead_of_crossing
     with pytest.warns(UserWarning, match=rf"{re.escape(uses)}.* found no document in any trajectory's tool output"):
         out = await graph.ainvoke({"question": QUESTION})
     assert out["stats"]["crossover"]["pairs"] == [] and out["stats"]["crossover"]["fills"] == 1
+
+
+def test_a_crossover_keeps_one_parents_chain_of_bridges():
+    # Two chains read as one put parent B's bridge for the first phrase in place of the second:
+    # the crossover answered "How many stores are in Hank Snow?".
+    from langgraph_parallelmuse.driver import GuidedDriver, StepContext
+    from langgraph_parallelmuse.infograph import merge_context
+
+    def search(i, query, bridge=None):
+        step = {
+            "index": i,
+            "text": f"<think>t{i}</think>",
+            "action": {"type": "tool_call", "name": "search", "arguments": {"query": query}},
+        }
+        return {**step, "bridge": bridge} if bridge else step
+
+    def seen(i, text):
+        return {"step": i, "name": "search", "arguments": {}, "content": text, "error": False, "seconds": 0.0}
+
+    a = (
+        [search(0, "Hello Love album"), search(1, "Hank Snow home", bridge="Hank Snow")],
+        [seen(0, "Hello Love is an album by Hank Snow."), seen(1, "Hank Snow lived in Tennessee.")],
+        [0, 1],
+    )
+    b = (
+        [
+            search(0, "Hello Love performer"),
+            search(1, "Hank Snow residence", bridge="Hank Snow"),
+            search(2, "Tennessee stores", bridge="Tennessee"),
+        ],
+        [
+            seen(0, "Hello Love is an album by Hank Snow."),
+            seen(1, "Hank Snow lived in Tennessee."),
+            seen(2, "Tennessee has 4,000 stores."),
+        ],
+        [0, 1, 2],
+    )
+    steps, observations = merge_context([a, b])
+    assert [s.get("bridge") for s in steps] == [None, None, None, "Hank Snow", "Tennessee"]
+    question = "How many stores are in the state where Hello Love's performer lived?"
+    ctx = StepContext(question, steps, observations, len(steps), True, 64)
+    assert GuidedDriver().question(ctx) == "How many stores are in Tennessee?"
