@@ -164,12 +164,14 @@ class Calibration:
     def excess(self, scores: Mapping[str, float | None], *, mode: str) -> tuple[str, float] | None:
         """The region of ``mode`` whose score most exceeds its threshold, as ``(region, score/threshold)``.
 
-        ``None`` when no region of the mode has both a score and a threshold.
+        ``None`` when no region of the mode has both a finite score and a threshold.
         """
         best: tuple[str, float] | None = None
         for region in REGIONS_OF_MODE.get(mode, ()):
             score, threshold = scores.get(region), self.thresholds.get(region)
-            if score is None or not threshold:
+            # A NaN ratio loses every comparison, so it would stay ``best`` and hide the other
+            # region's crossing; like ``select_branch_steps``, a non-finite score is no score.
+            if score is None or not math.isfinite(score) or not threshold:
                 continue
             ratio = score / threshold
             if best is None or ratio > best[1]:

@@ -95,14 +95,21 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
         for i in range(start, len(traj["steps"])):
             lines.append(f"{indent}├─ {_step_line(traj, i)}")
             for child in children.get((traj["id"], i), []):
+                if child["id"] in shown:  # already printed (a repeated id, or a loop of parents)
+                    continue
                 lines.append(f"{indent}│  ⑂ forked here:")
                 walk(child, i, indent + "│     ")
 
     for traj in trajectories:
         if traj["origin"].get("kind") != "branch":
             walk(traj, 0, "")
-    # A branch whose parent is not in the list (a caller kept only some) is shown, not dropped.
-    for traj in trajectories:
+    # A branch whose parent is not in the list (a caller kept only some) is shown, not dropped. Those
+    # whose parent is absent go first: listed child-first, an orphaned chain would print the child on
+    # its own and then again under its parent. What is left (a fork step past its parent's steps, a
+    # loop of parents) is shown last.
+    ids = {t["id"] for t in trajectories}
+    orphans = [t for t in trajectories if t["origin"].get("parent") not in ids]
+    for traj in orphans + list(trajectories):
         if traj["id"] not in shown:
             origin = traj["origin"]
             walk(traj, origin.get("step") or 0, "", f", of {origin.get('parent')} step {origin.get('step')}")
@@ -112,15 +119,19 @@ def render_tree(trajectories: Sequence[Trajectory]) -> str:
 def plot_step_uncertainty(trajectories: Sequence[Mapping[str, Any]], path: str | Path | None = None):
     """Step-wise reasoning and exploration perplexity of each trajectory (Figure 1 analogue).
 
-    Returns the matplotlib figure (saved to ``path`` when given).
+    Returns the matplotlib figure. Without ``path`` it is a pyplot figure, so a notebook shows it;
+    with ``path`` it is saved there and kept out of pyplot: the process's backend is not switched
+    (a notebook's later plots still show) and a loop saving many plots does not pile up open figures.
     """
-    import matplotlib
+    if path is None:
+        import matplotlib.pyplot as plt
 
-    if path is not None:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharex=True)
+    else:
+        from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharex=True)
+        fig = Figure(figsize=(10, 3.5))
+        axes = fig.subplots(1, 2, sharex=True)
     for ax, region in zip(axes, ("exploration", "reasoning"), strict=True):
         for traj in trajectories:
             points = [(i + 1, u[region]) for i, u in enumerate(traj["uncertainty"]) if u.get(region) is not None]
@@ -130,7 +141,10 @@ def plot_step_uncertainty(trajectories: Sequence[Mapping[str, Any]], path: str |
         ax.set_title(f"{region} uncertainty")
         ax.set_xlabel("step")
         ax.set_ylabel("perplexity")
-    axes[1].legend(fontsize=6, ncol=2)
+    # A legend over no lines only warns ("No artists with labels"): put it where lines were drawn.
+    labelled = [ax for ax in reversed(axes) if ax.get_legend_handles_labels()[0]]
+    if labelled:
+        labelled[0].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)

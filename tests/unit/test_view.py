@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
+
+import pytest
 
 from langgraph_parallelmuse.cli import stats_table
 from langgraph_parallelmuse.nodes import failure_message, rollout_summary
@@ -155,3 +158,75 @@ def test_a_tool_call_without_arguments_is_shown():
     traj = _traj("t0", answer="ok")
     traj["steps"][0] = {"action": {"type": "tool_call", "name": "visit", "arguments": None}}
     assert "visit()" in render_tree([traj])
+
+
+def test_an_orphaned_chain_listed_child_first_shows_each_branch_once_under_its_parent():
+    """The child was printed on its own, then again under its parent when that orphan was shown."""
+    child = _traj("t0.s1.b0.s2.b0", kind="branch", answer="x", parent="t0.s1.b0", step=1)
+    parent = _traj("t0.s1.b0", kind="branch", answer="x", parent="t0", step=0)
+    tree = render_tree([child, parent])
+    heads = [line.strip(" │") for line in tree.splitlines() if "(branch" in line]
+    assert heads == [
+        "t0.s1.b0 (branch, of t0 step 0) answered: 'x'",
+        "t0.s1.b0.s2.b0 (branch) answered: 'x'",
+    ]
+    assert tree.index("t0.s1.b0 (") < tree.index("⑂ forked here") < tree.index("t0.s1.b0.s2.b0 (")
+
+
+def test_a_loop_of_parents_shows_each_trajectory_once():
+    first = _traj("a", kind="branch", answer="x", parent="b", step=0)
+    second = _traj("b", kind="branch", answer="x", parent="a", step=0)
+    tree = render_tree([first, second])
+    assert tree.count("a (branch") == 1 and tree.count("b (branch") == 1
+
+
+def _scored(tid: str, **origin) -> dict:
+    return {"id": tid, "origin": origin or {"kind": "initial"}, "uncertainty": [{"exploration": 2.0}, {}]}
+
+
+@pytest.mark.parametrize(
+    "trajectories",
+    [
+        [],
+        [{"id": "t0", "origin": {"kind": "initial"}, "uncertainty": []}],
+        [_scored("t0"), _scored("t0.s0.b0", kind="branch")],
+    ],
+)
+def test_saving_a_plot_leaves_pyplot_as_it_was_and_warns_of_no_empty_legend(tmp_path, trajectories):
+    """Saving switched the whole process to Agg (a notebook's later plots stopped showing), left each
+    figure open in pyplot, and a run with no scored step warned of a legend with no labels."""
+    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from langgraph_parallelmuse.view import plot_step_uncertainty
+
+    previous = matplotlib.get_backend()
+    matplotlib.use("svg")  # not Agg, so a switch to Agg shows
+    try:
+        open_before = plt.get_fignums()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig = plot_step_uncertainty(trajectories, tmp_path / "plot.png")
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == open_before
+        assert not [w for w in caught if "legend" in str(w.message)]
+        assert (tmp_path / "plot.png").stat().st_size > 0
+        assert bool(fig.axes[0].get_legend() or fig.axes[1].get_legend()) == any(
+            u for t in trajectories for u in t["uncertainty"]
+        )
+    finally:
+        matplotlib.use(previous)
+
+
+def test_a_plot_not_saved_is_a_pyplot_figure_a_notebook_shows():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from langgraph_parallelmuse.view import plot_step_uncertainty
+
+    fig = plot_step_uncertainty([_scored("t0")])
+    try:
+        assert fig.number in plt.get_fignums()
+        assert fig.axes[1].get_legend() is None and fig.axes[0].get_legend() is not None
+    finally:
+        plt.close(fig)
