@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import math
 import os
 import re
 import urllib.error
@@ -166,10 +167,20 @@ class ServerChatModel(ChatOpenAI):
 
     # ------------------------------------------------------------------ scoring (Choose)
 
+    @property
+    def _where(self) -> str:
+        """The server and model an error about a reply names (a URL's password removed)."""
+        return redact(f"{self.openai_api_base} (model {self.model_name!r})")
+
     def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
+        raw = response.model_dump(warnings=False) if hasattr(response, "model_dump") else response
+        # A reply without a usable choice (``choices: []``, a null message) failed deep inside
+        # ChatOpenAI or langchain-core with a bare IndexError or AttributeError naming no server. A
+        # reply carrying an ``error`` is left to ChatOpenAI, which raises that error.
+        if isinstance(raw, dict) and not raw.get("error") and (problem := _choices_problem(raw)):
+            raise _malformed(self._where, problem)
         result = super()._create_chat_result(response, generation_info)
-        raw = response if isinstance(response, dict) else response.model_dump()
-        if raw.get("prompt_logprobs") is not None:  # vLLM's field, which ChatOpenAI does not read
+        if isinstance(raw, dict) and raw.get("prompt_logprobs") is not None:  # vLLM's, unread by ChatOpenAI
             result.generations[0].message.response_metadata["prompt_logprobs"] = raw["prompt_logprobs"]
         return result
 
@@ -186,7 +197,7 @@ class ServerChatModel(ChatOpenAI):
             return super()._generate(messages, stop, run_manager, **kwargs)
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
-        return _scored(super()._generate(sent, None, run_manager, **call), continuation, top, self.openai_api_base)
+        return _scored(super()._generate(sent, None, run_manager, **call), continuation, top, self._where)
 
     async def _agenerate(
         self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
@@ -195,58 +206,205 @@ class ServerChatModel(ChatOpenAI):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
-        return _scored(
-            await super()._agenerate(sent, None, run_manager, **call), continuation, top, self.openai_api_base
-        )
+        return _scored(await super()._agenerate(sent, None, run_manager, **call), continuation, top, self._where)
 
 
-def _scored(result: ChatResult, continuation: str, top: int, server: str | None) -> ChatResult:
+def _scored(result: ChatResult, continuation: str, top: int, where: str) -> ChatResult:
     """The reply of a scoring request: ``continuation`` with its prompt logprobs and the end's.
 
     vLLM's ``prompt_logprobs`` give, per prompt token, ``{token_id: {logprob, rank, decoded_token}}``:
     the prompt token itself first, then the top alternatives by rank (vLLM's
     ``append_logprobs_for_next_position``). The continuation's tokens are the last run of prompt
-    tokens whose text spells it; the next token is the template's end of turn.
+    tokens whose text spells it; the next token is the template's end of turn. A chat template that
+    trims the reply (Llama 3's ``| trim``) scores the option without its outer whitespace: the reply
+    is then that trimmed text, the one the tokens spell. A field missing, null or of another shape
+    is a :class:`ProtocolError` naming ``where`` (the server and model) and the field.
     """
     message = result.generations[0].message
-    positions = [list(e.values()) for e in message.response_metadata.get("prompt_logprobs") or [] if e]
-    entries = [p[0] for p in positions]
-    if not entries:
+    positions = _prompt_positions(message.response_metadata.get("prompt_logprobs"), where)
+    if not positions:
         raise ServerCheckError(
-            f"{server} returned no prompt_logprobs: scoring a continuation needs vLLM; for another server pass "
+            f"{where} returned no prompt_logprobs: scoring a continuation needs vLLM; for another server pass "
             "ServerChatModel(supports_scoring=False) and the guided driver lets the model write its answers"
         )
-    pieces = [e.get("decoded_token") or "" for e in entries]
-    span = _spelling(pieces, continuation)
-    if span is None:  # this option's text, not the server's set-up: it fails only its trajectory
-        raise ProtocolError(f"{server}: no run of prompt tokens spells the continuation {continuation!r}")
+    pieces = [_piece(f"{field}[{position[0][0]}]", position[0][1], where) for field, position in positions]
+    for text in dict.fromkeys((continuation, continuation.strip())):
+        if (span := _spelling(pieces, text)) is not None:
+            break
+    else:  # this option's text, not the server's set-up: it fails only its trajectory
+        raise ProtocolError(f"{where}: no run of prompt tokens spells the continuation {continuation!r}")
     start, end = span
     content = [
         {
             "token": piece,
-            "logprob": float(own["logprob"]),
+            "logprob": _number(position[0][1], "logprob", f"{field}[{position[0][0]}]", where),
             "bytes": list(raw),
-            "top_logprobs": [
-                {"token": alt.get("decoded_token") or "", "logprob": float(alt["logprob"])}
-                for alt in sorted(position, key=lambda a: a["rank"])[:top]
-            ],
+            "top_logprobs": _alternatives(position, top, field, where),
         }
-        for piece, raw, own, position in zip(
+        for piece, raw, (field, position) in zip(
             pieces[start:end],
-            piece_bytes(pieces[start:end], continuation),  # the run spells it: _spelling checked
-            entries[start:end],
+            piece_bytes(pieces[start:end], text),  # the run spells it: _spelling checked
             positions[start:end],
             strict=True,
         )
     ]
+    field, position = positions[end]
     metadata = {
         "finish_reason": "stop",
         "logprobs": {"content": content},
-        "end_logprob": float(entries[end]["logprob"]),
+        "end_logprob": _number(position[0][1], "logprob", f"{field}[{position[0][0]}]", where),
     }
     usage = message.usage_metadata
-    reply = AIMessage(continuation, response_metadata=metadata, usage_metadata=usage)
+    reply = AIMessage(text, response_metadata=metadata, usage_metadata=usage)
     return ChatResult(generations=[ChatGeneration(message=reply)], llm_output=result.llm_output)
+
+
+# A prompt position: the field that holds it and its (token id, entry) pairs, the prompt token first.
+_Position = tuple[str, list[tuple[str, dict]]]
+
+
+def _prompt_positions(prompt_logprobs: Any, where: str) -> list[_Position]:
+    """vLLM's ``prompt_logprobs``, one position per scored prompt token, each entry checked an object.
+
+    Only the prompt's first tokens may be null (nothing before them scores them): a null later
+    would shift every following token onto its neighbour's logprob (a null end of turn scored the
+    token after it).
+
+    Example:
+        >>> _prompt_positions([None, {"7": {"logprob": -1.0, "rank": 1, "decoded_token": "x"}}], "srv")
+        [('prompt_logprobs[1]', [('"7"', {'logprob': -1.0, 'rank': 1, 'decoded_token': 'x'})])]
+        >>> _prompt_positions([None, {"7": {"logprob": -1.0}}, None], "srv")
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ProtocolError: srv sent a malformed reply: prompt_logprobs[2] is null, ...
+    """
+    if not prompt_logprobs:  # none returned (an empty list, or a server that ignores the field)
+        return []
+    if not isinstance(prompt_logprobs, list):
+        raise _malformed(where, f"prompt_logprobs is {_show(prompt_logprobs)}, not a list")
+    positions: list[_Position] = []
+    for i, entry in enumerate(prompt_logprobs):
+        field = f"prompt_logprobs[{i}]"
+        if entry is None and not positions:
+            continue
+        if not isinstance(entry, dict) or not entry:
+            raise _malformed(
+                where,
+                f"{field} is {_show(entry)}, not an object of {{token_id: {{logprob, rank, decoded_token}}}} "
+                "(only the first prompt tokens may be null)",
+            )
+        for token_id, alt in entry.items():
+            if not isinstance(alt, dict):
+                raise _malformed(where, f"{field}[{_show(token_id)}] is {_show(alt)}, not an object")
+        positions.append((field, [(_show(token_id), alt) for token_id, alt in entry.items()]))
+    return positions
+
+
+def _piece(field: str, own: dict, where: str) -> str:
+    """A prompt token's text (vLLM's ``decoded_token``; none given reads as no text, as before)."""
+    text = own.get("decoded_token")
+    if text is not None and not isinstance(text, str):
+        raise _malformed(where, f"{field}.decoded_token is {_show(text)}, not a string")
+    return text or ""
+
+
+def _alternatives(position: list[tuple[str, dict]], top: int, field: str, where: str) -> list[dict]:
+    """A position's ``top`` best entries by vLLM's ``rank``, as chat logprobs' ``top_logprobs``."""
+    ranked = sorted(position, key=lambda pair: _number(pair[1], "rank", f"{field}[{pair[0]}]", where))
+    return [
+        {
+            "token": _piece(f"{field}[{token_id}]", alt, where),
+            "logprob": _number(alt, "logprob", f"{field}[{token_id}]", where),
+        }
+        for token_id, alt in ranked[:top]
+    ]
+
+
+def _number(entry: dict, key: str, field: str, where: str) -> float:
+    """``entry[key]`` as a float; missing, null or not a number (NaN included) is a ProtocolError.
+
+    A null logprob must stay an error: read as any number it would score the token as that.
+    """
+    value = entry.get(key)
+    if not _is_number(value):
+        got = "missing" if key not in entry else _show(value)
+        raise _malformed(where, f"{field}.{key} is {got}, not a number")
+    return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    """Whether ``float(value)`` reads ``value`` as a number other than NaN (as the logprobs module reads one)."""
+    try:
+        return not math.isnan(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _choices_problem(raw: dict) -> str | None:
+    """What makes a chat completion's ``choices`` unreadable, or ``None``.
+
+    Example:
+        >>> _choices_problem({"choices": []}), _choices_problem({"choices": [{"message": None}]})
+        ('choices is [], not a list of at least one choice', 'choices[0].message is null, not an object')
+    """
+    choices = raw.get("choices")
+    if not isinstance(choices, list) or not choices:
+        got = "missing" if "choices" not in raw else _show(choices)
+        return f"choices is {got}, not a list of at least one choice"
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            return f"choices[{i}] is {_show(choice)}, not an object"
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            return f"choices[{i}].message is {_show(message)}, not an object"
+        if not isinstance(message.get("content"), str | list | None):
+            return f"choices[{i}].message.content is {_show(message['content'])}, not a string or null"
+        if problem := _token_logprobs_problem(f"choices[{i}].logprobs", choice.get("logprobs")):
+            return problem
+    return None
+
+
+def _token_logprobs_problem(field: str, logprobs: Any) -> str | None:
+    """What in a choice's chat ``logprobs`` no reader can take (a null logprob, a ``top_logprobs``
+    that is no list), or ``None``: only what :func:`~langgraph_parallelmuse.logprobs.normalize_logprobs`
+    rejects too, named here with the server (other shapes are left to it).
+
+    Example:
+        >>> _token_logprobs_problem("lp", {"content": [{"token": "A", "logprob": None, "top_logprobs": []}]})
+        'lp.content[0].logprob is null, not a number'
+        >>> _token_logprobs_problem("lp", {"content": [{"token": "A", "logprob": -0.1, "top_logprobs": 3}]})
+        'lp.content[0].top_logprobs is 3, not a list'
+    """
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    for j, entry in enumerate(content if isinstance(content, list) else []):
+        at = f"{field}.content[{j}]"
+        if not isinstance(entry, dict):
+            return f"{at} is {_show(entry)}, not an object"
+        if "logprob" in entry and not _is_number(entry["logprob"]):
+            return f"{at}.logprob is {_show(entry['logprob'])}, not a number"
+        tops = entry.get("top_logprobs")
+        if tops is not None and not isinstance(tops, list | dict):
+            return f"{at}.top_logprobs is {_show(tops)}, not a list"
+        for k, alt in enumerate(tops if isinstance(tops, list) else []):
+            if not isinstance(alt, dict):
+                return f"{at}.top_logprobs[{k}] is {_show(alt)}, not an object"
+            if "logprob" in alt and not _is_number(alt["logprob"]):
+                return f"{at}.top_logprobs[{k}].logprob is {_show(alt['logprob'])}, not a number"
+    return None
+
+
+def _show(value: Any) -> str:
+    """``value`` as JSON on one line, cut to 60 characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _malformed(where: str, what: str) -> ProtocolError:
+    """The error of a reply that cannot be read: one line naming the server, the model and the field."""
+    return ProtocolError(f"{where} sent a malformed reply: {what}")
 
 
 def _spelling(pieces: list[str], text: str) -> tuple[int, int] | None:

@@ -516,3 +516,148 @@ def test_a_base_urls_password_is_kept_out_of_the_invalid_url_error(password: str
     with pytest.raises(ServerCheckError, match=r"is not a valid URL \(nonnumeric port: '\*\*\*@127.0.0.1'\)") as err:
         served_models(f"http://alice:{password}@127.0.0.1/v1", timeout=2)
     assert not any(part in str(err.value) for part in password.split(":"))
+
+
+# ----------------------------------------------------------------------------- malformed replies name server and field
+
+# "Vienna" as vLLM scores the closed reply: the continuation's tokens, the end of turn, a newline.
+_VIENNA = [("<|im_start|>", None), ("assistant", -3.0), ("\n", -0.5), ("Vi", -1.0), ("enna", -0.3)]
+_VIENNA += [("<|im_end|>", -0.7), ("\n", -0.01)]
+
+
+def _scoring_reply() -> dict:
+    """A well-formed scoring reply for "Vienna", with an alternative (rank 2) at "Vi"."""
+    reply = {**_completion(len(_VIENNA), None), "prompt_logprobs": _prompt_logprobs(_VIENNA)}
+    reply["prompt_logprobs"][3]["99"] = {"logprob": -2.0, "rank": 2, "decoded_token": "X"}
+    return reply
+
+
+def _set(path: tuple, value: Any) -> Any:
+    """A change to a reply: ``value`` at ``path`` (a key path into the JSON), or the key dropped (``...``)."""
+
+    def change(reply: dict) -> None:
+        *head, last = path
+        for key in head:
+            reply = reply[key]
+        if value is ...:
+            del reply[last]
+        else:
+            reply[last] = value
+
+    return change
+
+
+async def _score(reply: dict, continuation: str = "Vienna") -> AIMessage:
+    with fake_http({**fake_server(), "POST /v1/chat/completions": lambda _body: (200, reply)}) as fake:
+        return await llm(f"{fake.url}/v1").ainvoke(QUESTION, continuation=continuation)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        # Before: IndexError, TypeError, KeyError or AttributeError naming neither server nor field.
+        (_set(("choices",), []), "choices is []"),
+        (_set(("choices", 0, "message"), None), "choices[0].message is null"),
+        (_set(("prompt_logprobs", 4, "4", "logprob"), None), 'prompt_logprobs[4]["4"].logprob is null'),
+        (_set(("prompt_logprobs", 5, "5", "logprob"), None), 'prompt_logprobs[5]["5"].logprob is null'),
+        (_set(("prompt_logprobs", 4, "4", "logprob"), ...), 'prompt_logprobs[4]["4"].logprob is missing'),
+        (_set(("prompt_logprobs", 3, "99", "logprob"), None), 'prompt_logprobs[3]["99"].logprob is null'),
+        (_set(("prompt_logprobs", 3, "99", "rank"), ...), 'prompt_logprobs[3]["99"].rank is missing'),
+        (_set(("prompt_logprobs", 3, "99", "rank"), None), 'prompt_logprobs[3]["99"].rank is null'),
+        (_set(("prompt_logprobs", 4), [{"logprob": -0.3, "rank": 1}]), "prompt_logprobs[4] is [{"),
+        (_set(("prompt_logprobs", 4, "4"), -0.3), 'prompt_logprobs[4]["4"] is -0.3, not an object'),
+        (_set(("prompt_logprobs",), {"4": -0.3}), 'prompt_logprobs is {"4": -0.3}, not a list'),
+        (_set(("prompt_logprobs", 4, "4", "decoded_token"), 5), 'prompt_logprobs[4]["4"].decoded_token is 5'),
+        # Before: read as numbers, silently: NaN scored the option, and a null end of turn was
+        # skipped, so the token after it ("\n", -0.01) was scored as the end.
+        (_set(("prompt_logprobs", 4, "4", "logprob"), "NaN"), 'prompt_logprobs[4]["4"].logprob is "NaN"'),
+        (_set(("prompt_logprobs", 5), None), "prompt_logprobs[5] is null"),
+        (_set(("prompt_logprobs", 5), {}), "prompt_logprobs[5] is {}"),
+    ],
+)
+async def test_a_malformed_scoring_reply_is_a_protocol_error_naming_server_model_and_field(change, field) -> None:
+    from langgraph_parallelmuse.errors import ends_the_run
+
+    reply = _scoring_reply()
+    change(reply)
+    with pytest.raises(ProtocolError) as info:
+        await _score(reply)
+    message = str(info.value)
+    assert "\n" not in message and "(model 'smollm2') sent a malformed reply: " in message
+    assert message.startswith("http://127.0.0.1:") and field in message
+    assert not ends_the_run(info.value)  # the reply's fault: it fails its trajectory only
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (_set(("choices",), []), "choices is []"),  # before: IndexError
+        (_set(("choices",), ...), "choices is null"),  # before: a TypeError (the openai client reads it as null)
+        (_set(("choices", 0), "x"), 'choices[0] is "x"'),  # before: TypeError
+        # Before: returned, the null read (a ProtocolError naming no server) only by whoever read it.
+        (_set(("choices", 0, "logprobs", "content", 0, "logprob"), None), "logprobs.content[0].logprob is null"),
+        (_set(("choices", 0, "logprobs", "content", 0, "top_logprobs"), 3), "content[0].top_logprobs is 3, not a list"),
+        (
+            _set(("choices", 0, "logprobs", "content", 0, "top_logprobs", 1, "logprob"), None),
+            "choices[0].logprobs.content[0].top_logprobs[1].logprob is null",
+        ),
+    ],
+)
+async def test_a_malformed_chat_reply_is_a_protocol_error_naming_server_model_and_field(change, field) -> None:
+    reply = json.loads(json.dumps(_completion(30)))  # its top_logprobs are one object, repeated
+    change(reply)
+    with fake_http({**fake_server(), "POST /v1/chat/completions": lambda _body: (200, reply)}) as fake:
+        with pytest.raises(
+            ProtocolError, match=r"^http://127\.0\.0\.1:\d+/v1 \(model 'smollm2'\) sent a malformed"
+        ) as info:
+            await llm(f"{fake.url}/v1").ainvoke(QUESTION)
+    assert field in str(info.value) and "\n" not in str(info.value)
+
+
+async def test_well_formed_odd_replies_are_read_as_before() -> None:
+    """A null message content (a tool call's) and a null logprobs content are no errors; an error the
+    server put in the reply is still ChatOpenAI's ValueError carrying it."""
+    reply = _completion(30)
+    reply["choices"][0]["message"]["content"] = None
+    reply["choices"][0]["logprobs"] = {"content": None}
+    with fake_http({**fake_server(), "POST /v1/chat/completions": lambda _body: (200, reply)}) as fake:
+        assert (await llm(f"{fake.url}/v1").ainvoke(QUESTION)).content == ""
+    scoring = _scoring_reply()
+    scoring["choices"][0]["message"]["content"] = None
+    scored = await _score(scoring)
+    assert scored.content == "Vienna" and scored.response_metadata["end_logprob"] == -0.7
+    content = scored.response_metadata["logprobs"]["content"]
+    assert content[0]["top_logprobs"] == [{"token": "Vi", "logprob": -1.0}, {"token": "X", "logprob": -2.0}]
+    with fake_http({**fake_server(), "POST /v1/chat/completions": lambda _b: (200, {"error": "overloaded"})}) as fake:
+        with pytest.raises(ValueError, match="overloaded") as info:
+            await llm(f"{fake.url}/v1").ainvoke(QUESTION)
+    assert not isinstance(info.value, ProtocolError)
+
+
+# Llama 3's chat template writes each message as ``message['content'] | trim``.
+_TRIMMING_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n\n' + m['content'] | trim + '<|im_end|>' }}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("option", [" Vienna", "Vienna ", " the Danube\n"])
+async def test_an_option_a_trimming_chat_template_strips_is_scored_as_the_text_it_scored(option: str) -> None:
+    """Before: the prompt's tokens spelled the trimmed option, so no run spelled the option itself and
+    scoring it was a ProtocolError (the in-memory BPE tokenizer shows vLLM's tokens of the prompt)."""
+    from tests.unit.tiny_model import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    conversation = [{"role": "user", "content": "Which river?"}, {"role": "assistant", "content": option}]
+    prompt = tokenizer.apply_chat_template(conversation, chat_template=_TRIMMING_TEMPLATE, tokenize=False)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    pieces = [tokenizer.decode([i]) for i in ids]  # vLLM's decoded_token: each token on its own
+    assert pieces[-1] == "<|im_end|>" and "".join(pieces).endswith(f"{option.strip()}<|im_end|>")
+    logprobs = [(piece, -1.0 - i / 100) for i, piece in enumerate(pieces)]
+    reply = await _score(
+        {**_completion(len(ids), None), "prompt_logprobs": _prompt_logprobs([(pieces[0], None), *logprobs[1:]])},
+        option,
+    )
+    assert reply.content == option.strip()  # the text the template gave the model, and its tokens spell
+    assert reply.response_metadata["end_logprob"] == logprobs[-1][1]
+    content = reply.response_metadata["logprobs"]["content"]
+    assert b"".join(bytes(e["bytes"]) for e in content).decode() == option.strip()
