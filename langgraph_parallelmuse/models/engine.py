@@ -188,7 +188,9 @@ class InferenceEngine:
         forced = _token_ids(request.forced_ids, "forced_ids")
         if not prompt:
             raise InputError("the prompt is empty: send at least one message")
-        if len(prompt) + len(forced) >= self.max_context_tokens:
+        # A scored pass feeds prompt + forced[:-1], so prompt + forced may fill the context exactly;
+        # a generation needs room after the prompt for at least one token.
+        if len(prompt) + max(len(forced), 1) > self.max_context_tokens:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens (+ {len(forced)} to score) but the "
                 f"model's context is {self.max_context_tokens}: shorten the messages"

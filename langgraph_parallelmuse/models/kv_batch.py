@@ -2,18 +2,21 @@
 
 A request joins with the pieces of KV that cover its prompt (views of prefix-cache entries, or its
 own prefill output). Pieces that another request of the batch also reads become *shared segments*:
-they stay where they are and attention reads them once for all their rows. A long piece only one
-row reads (a conversation's cached history) stays where it is too, as that row's own segment, and
-so does a long run of short pieces after it, gathered into one. The rest of a row's pieces (a short
-tail), and every position it decodes, live in its row of the private buffer
-``[layers, rows, kv_heads, capacity, head_dim]``, whose capacity is the longest row's. Nothing
-is copied per decode step (the new position is written in place); a leaving row is replaced by
-the last row, so only that row's private positions move.
+they stay where they are and attention reads them once for all their rows. Segments are ranges of
+a storage, not whole pieces: a branch forked deeper or shallower into a running row's prompt
+brings a view of the same storage (the prefix cache splits edges into views), so the segment is cut
+where the rows' ranges part and each position is still read once, by every row that covers it.
+A long piece only one row reads (a conversation's cached history) stays where it is too, as that
+row's own segment, and so does a long run of short pieces after it, gathered into one. The rest of
+a row's pieces (a short tail), and every position it decodes, live in its row of the private
+buffer ``[layers, rows, kv_heads, capacity, head_dim]``, whose capacity is the longest row's.
+Nothing is copied per decode step (the new position is written in place); a leaving row is
+replaced by the last row, so only that row's private positions move.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,15 +35,48 @@ _GROWTH = 64
 _SEGMENT_MIN = 256
 
 
+# Identities of pieces laid out unusually (never met in the engine): negative, so never an address.
+_UNSHARED = itertools.count(1)
+
+#: Which memory a state's positions live in: per slot ``(address, offset of position 0, strides)``.
+#: Two pieces with the same storage read the same bytes at the same position.
+Storage = tuple[tuple[int, int, tuple[int, ...]], ...]
+
+
 @dataclass(eq=False)
 class _Segment:
-    state: tuple[torch.Tensor, ...]  # held so the identity in the key is never reused
+    """Positions ``[start, start + length)`` of ``storage``, read in place by ``rows``."""
+
+    state: tuple[torch.Tensor, ...]  # views of exactly those positions (held: the address stays this storage's)
     length: int
+    storage: Storage
+    start: int
     rows: list[int] = field(default_factory=list)
 
 
-def _key(piece: Piece) -> tuple[int, int]:
-    return id(piece[0]), piece[1]
+def _span(piece: Piece) -> tuple[Storage, int, int]:
+    """``(storage, first position in it, positions)`` of a piece."""
+    state, n = piece
+    step = state[0].stride(-2)
+    if step <= 0 or state[0].storage_offset() % step:
+        return ((-next(_UNSHARED), 0, ()),), 0, n  # a layout not cut along positions: shares with nobody
+    start = state[0].storage_offset() // step
+    storage = tuple(
+        (t.untyped_storage().data_ptr(), t.storage_offset() - start * t.stride(-2), t.stride()) for t in state
+    )
+    return storage, start, n
+
+
+def _moved(state: tuple[torch.Tensor, ...], by: int, length: int) -> tuple[torch.Tensor, ...]:
+    """Views of ``length`` positions starting ``by`` after ``state``'s first, in the same storage.
+
+    They may reach past ``state``'s own end, only ever onto positions another view of that storage
+    covers (neighbouring segments joined), so they read computed KV; torch checks the bounds.
+    """
+    return tuple(
+        t.as_strided((*t.shape[:-2], length, t.shape[-1]), t.stride(), t.storage_offset() + by * t.stride(-2))
+        for t in state
+    )
 
 
 def _gathered(pieces: Sequence[Piece]) -> Piece:
@@ -74,7 +110,7 @@ class BatchKV:
         self.values = torch.empty_like(self.keys)
         self.offsets: list[int] = []  # positions a row reads from shared segments
         self.lengths: list[int] = []  # positions in its private row
-        self.segments: dict[tuple[int, int], _Segment] = {}
+        self.segments: dict[tuple[Storage, int], _Segment] = {}  # by (storage, start); ranges never overlap
         self._plan: list[tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None]] | None = None
         self._mask: torch.Tensor | None = None
         self._write_at: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -93,34 +129,95 @@ class BatchKV:
 
     def add(self, rows: Sequence[Sequence[Piece]]) -> None:
         """Append rows, each given by the pieces covering its positions in order."""
-        uses = Counter(_key(p) for pieces in rows for p in pieces)
+        rows = [[p for p in pieces if p[1] > 0] for pieces in rows]
+        spans = [[_span(p) for p in pieces] for pieces in rows]
         plans = []
-        for pieces in rows:
+        for r, pieces in enumerate(rows):
             shared = 0
-            while shared < len(pieces) and self._stays(pieces[shared], uses):
+            while shared < len(pieces) and self._stays(spans, r, shared):
                 shared += 1
-            head, tail = list(pieces[:shared]), pieces[shared:]
+            head, tail = list(zip(pieces[:shared], spans[r][:shared], strict=True)), pieces[shared:]
             if sum(n for _, n in tail) >= _SEGMENT_MIN:
                 # A long run of short pieces (a conversation's turns, each its own cache edge) is
                 # gathered once into a segment of its exact size: in the private buffer every row
                 # is padded to the longest row (measured: 700 MiB allocated for 150 MiB of rows).
-                head.append(_gathered(tail))
+                gathered = _gathered(tail)
+                head.append((gathered, _span(gathered)))
                 tail = []
             plans.append((head, tail))
         first = len(self.lengths)
-        self.offsets += [sum(n for _, n in head) for head, _ in plans]
+        self.offsets += [sum(piece[1] for piece, _ in head) for head, _ in plans]
         self.lengths += [0] * len(rows)
         self._reserve(max((sum(n for _, n in tail) for _, tail in plans), default=0))
         for row, (head, tail) in enumerate(plans, first):
-            for piece in head:
-                self.segments.setdefault(_key(piece), _Segment(*piece)).rows.append(row)
+            for piece, span in head:
+                self._read(row, piece[0], span)
             for state, n in tail:
                 self._write_row(row, state, n)
+        self._coalesce()
         self._plan = None
 
-    def _stays(self, piece: Piece, uses: Counter) -> bool:
-        key = _key(piece)
-        return key in self.segments or uses[key] > 1 or piece[1] >= _SEGMENT_MIN
+    def _stays(self, spans: list[list[tuple[Storage, int, int]]], r: int, i: int) -> bool:
+        """Whether piece ``i`` of new row ``r`` is read in place: long, or positions another row reads."""
+        storage, start, n = spans[r][i]
+        if n >= _SEGMENT_MIN:
+            return True
+        if any(
+            s.storage == storage and s.start < start + n and start < s.start + s.length for s in self.segments.values()
+        ):
+            return True
+        return any(
+            other != r and st == storage and a < start + n and start < a + m
+            for other, row_spans in enumerate(spans)
+            for st, a, m in row_spans
+        )
+
+    def _read(self, row: int, state: tuple[torch.Tensor, ...], span: tuple[Storage, int, int]) -> None:
+        """Make ``row`` read the piece's positions: the segments already there, new ones for the rest."""
+        storage, start, n = span
+        stop = start + n
+        self._cut(storage, start)
+        self._cut(storage, stop)
+        inside = sorted(
+            (s for s in self.segments.values() if s.storage == storage and start <= s.start < stop),
+            key=lambda s: s.start,
+        )
+        at = start
+        for segment in [*inside, None]:
+            end = stop if segment is None else segment.start
+            if end > at:  # positions no segment holds yet: a new one on the piece's own views
+                self.segments[storage, at] = _Segment(_moved(state, at - start, end - at), end - at, storage, at, [row])
+            if segment is not None:
+                segment.rows.append(row)
+                at = segment.start + segment.length
+
+    def _cut(self, storage: Storage, at: int) -> None:
+        """Split the segment of ``storage`` that holds positions on both sides of ``at``, if any."""
+        for segment in self.segments.values():
+            if segment.storage == storage and segment.start < at < segment.start + segment.length:
+                k = at - segment.start
+                right = _Segment(_moved(segment.state, k, segment.length - k), segment.length - k, storage, at)
+                right.rows = list(segment.rows)
+                segment.state, segment.length = _moved(segment.state, 0, k), k
+                self.segments[storage, at] = right
+                return
+
+    def _coalesce(self) -> None:
+        """Join neighbouring segments of one storage that the same rows read (one attention call, not two)."""
+        joined: dict[tuple[Storage, int], _Segment] = {}
+        last: _Segment | None = None
+        for segment in sorted(self.segments.values(), key=lambda s: (s.storage, s.start)):
+            if (
+                last is not None
+                and last.storage == segment.storage
+                and last.start + last.length == segment.start
+                and sorted(last.rows) == sorted(segment.rows)
+            ):
+                last.length += segment.length
+                last.state = _moved(last.state, 0, last.length)
+                continue
+            joined[segment.storage, segment.start] = last = segment
+        self.segments = joined
 
     def _write_row(self, row: int, state: tuple[torch.Tensor, ...], n: int) -> None:
         at = self.lengths[row]
@@ -161,6 +258,7 @@ class BatchKV:
                     segment.rows = [row if r == last else r for r in segment.rows]
             del self.offsets[last], self.lengths[last], order[last]
         self.segments = {k: s for k, s in self.segments.items() if s.rows}
+        self._coalesce()  # a branch gone: the rows left may read its boundary's two sides as one
         self._plan = None
         longest = max(self.lengths, default=0)
         if self.keys.shape[3] > 2 * (longest + _GROWTH):

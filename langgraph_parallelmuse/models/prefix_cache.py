@@ -1,7 +1,10 @@
 """A radix tree of token ids that stores the KV states of processed sequences.
 
 Every edge of the tree holds a run of token ids together with the KV slice that the model computed
-for exactly those positions, so sequences sharing a prefix share its memory. ``match`` walks the
+for exactly those positions, so sequences sharing a prefix share its memory. Splitting an edge
+leaves both halves views of the storage it held (no copy), so a batch row still reading the whole
+edge and a branch reading its first half read one memory; the bytes are counted per storage, whole
+while any edge holds a view of it, and evicting part of one copies the rest out so it can be freed. ``match`` walks the
 query down the tree and returns views of the slices on the way (no copy: the engine's attention
 reads them in place, and stored entries are never written); ``PrefixMatch.concatenated`` copies them
 into fresh tensors a caller may extend. Memory is bounded in bytes; least recently used leaves are
@@ -27,13 +30,24 @@ __all__ = ["PrefixCache", "PrefixMatch"]
 
 
 @dataclass(eq=False)
+class _Store:
+    """The memory under the states of one or more nodes: a split leaves both halves views of it.
+
+    Counted whole while any node holds a view of it, so the byte bound covers what is really kept.
+    """
+
+    nbytes: int
+    nodes: set[_Node] = field(default_factory=set)
+
+
+@dataclass(eq=False)
 class _Node:
     tokens: tuple[int, ...]
     state: tuple[torch.Tensor, ...]
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)
     last_used: int = 0
-    nbytes: int = 0
+    store: _Store | None = None
 
 
 @dataclass(frozen=True)
@@ -64,9 +78,13 @@ def _owns_storage(t: torch.Tensor) -> bool:
 
 
 def _slice(state: Sequence[torch.Tensor], start: int, stop: int) -> tuple[torch.Tensor, ...]:
-    # clone() so a stored slice never pins the (larger) storage of the tensor it was cut from,
-    # which would make the byte accounting a lie.
-    return tuple(t[..., start:stop, :].clone() for t in state)
+    # A copy, so a stored slice never pins the (larger) storage of the tensor it was cut from
+    # (a caller's buffer, or a storage the tree no longer needs whole).
+    return tuple(t[..., start:stop, :].clone(memory_format=torch.contiguous_format) for t in state)
+
+
+def _view(state: Sequence[torch.Tensor], start: int, stop: int) -> tuple[torch.Tensor, ...]:
+    return tuple(t[..., start:stop, :] for t in state)
 
 
 class PrefixCache:
@@ -187,11 +205,10 @@ class PrefixCache:
                 parent=node,
                 last_used=stamp,
             )
-            leaf.nbytes = _state_bytes(leaf.state)
+            self._own(leaf)
             node.children[leaf.tokens[0]] = leaf
             self._leaves.add(leaf)
             self._leaves.discard(node)
-            self._bytes += leaf.nbytes
 
     def _descend(self, tokens: tuple[int, ...]) -> tuple[_Node, int, int]:
         """Walk ``tokens`` down the tree, splitting the edge where they diverge; touch the path.
@@ -216,24 +233,48 @@ class PrefixCache:
         self._touch_ancestors(node, stamp)
         return node, pos, stamp
 
+    def _own(self, node: _Node) -> None:
+        """Give ``node`` a store of its own: its state is a fresh copy or an adopted whole tensor."""
+        node.store = _Store(_state_bytes(node.state), {node})
+        self._bytes += node.store.nbytes
+
     def _split(self, child: _Node, n: int) -> _Node:
-        """Cut ``child``'s edge after ``n`` tokens; return the new upper node."""
+        """Cut ``child``'s edge after ``n`` tokens; return the new upper node.
+
+        Both halves become views of the same storage, no copy: a running batch row that reads the
+        whole edge and a new one that reads its first ``n`` positions then share that memory (the
+        batch groups segments by storage). The bytes do not change.
+        """
+        assert child.parent is not None and child.store is not None
         upper = _Node(
             tokens=child.tokens[:n],
-            state=_slice(child.state, 0, n),
+            state=_view(child.state, 0, n),
             parent=child.parent,
             last_used=child.last_used,
+            store=child.store,
         )
-        upper.nbytes = _state_bytes(upper.state)
-        lower_state = _slice(child.state, n, len(child.tokens))
-        assert child.parent is not None
+        child.store.nodes.add(upper)
         child.parent.children[upper.tokens[0]] = upper
-        child.tokens, child.state, child.parent = child.tokens[n:], lower_state, upper
-        old = child.nbytes
-        child.nbytes = _state_bytes(lower_state)
+        child.tokens, child.state, child.parent = child.tokens[n:], _view(child.state, n, len(child.tokens)), upper
         upper.children[child.tokens[0]] = child
-        self._bytes += upper.nbytes + child.nbytes - old
         return upper
+
+    def _drop(self, node: _Node) -> None:
+        """Release ``node``'s view of its store; free the store, or the part nobody needs, now.
+
+        When other nodes still hold views of the store, they are copied out of it (and it goes) so
+        that no evicted positions stay pinned and counted: the bound frees what eviction promised.
+        """
+        store = node.store
+        assert store is not None
+        store.nodes.discard(node)
+        node.store = None
+        # Copied before any count changes: a failed copy leaves the store counted, never under-counted.
+        copies = [(rest, _slice(rest.state, 0, len(rest.tokens))) for rest in store.nodes]
+        self._bytes -= store.nbytes
+        for rest, state in copies:
+            rest.state = state
+            self._own(rest)
 
     def _touch_ancestors(self, node: _Node, stamp: int) -> None:
         while node is not None and node is not self._root:
@@ -264,7 +305,7 @@ class PrefixCache:
             parent = victim.parent
             del parent.children[victim.tokens[0]]
             self._leaves.discard(victim)
-            self._bytes -= victim.nbytes
+            self._drop(victim)
             if not parent.children and parent is not self._root:
                 self._leaves.add(parent)
                 if id(parent) not in protected:

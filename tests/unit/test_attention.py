@@ -138,3 +138,35 @@ def test_a_long_run_of_short_pieces_is_gathered_at_its_size_not_padded_into_the_
     batch.advance()
     start, state = batch.row_state(0)  # what the cache stores after the row ends: its decoded positions
     assert start == 350 and state[0].shape[-2] == 1 and torch.equal(state[0], new[0][:1])
+
+
+def test_rows_reading_different_prefixes_of_one_storage_read_each_position_once() -> None:
+    # Branches forked at two depths of a running row bring views of its storage (the prefix cache
+    # splits edges into views): the segment is cut where they part instead of copied per row.
+    history = state_of([kv(300)])
+    batch = BatchKV(num_layers=1, kv_heads=KV_HEADS, head_dim=DIM, dtype=torch.float32)
+    batch.add([[(history, 300)]])
+    for depth in (200, 100):
+        batch.add([[(tuple(t[..., :depth, :] for t in history), depth), (state_of([kv(2)]), 2)]])
+    assert batch.shared_positions == 300 and len(batch.segments) == 3
+    assert batch.positions().tolist() == [300, 202, 102]
+
+    def check(depths: list[int]) -> None:
+        q, new = torch.randn(len(depths), HEADS, 1, DIM), kv(1, len(depths))
+        out = batch.attend(0, q, *new)
+        for row, depth in enumerate(depths):
+            _, private = batch.row_state(row)
+            n = batch.lengths[row]
+            keys = [history[0][..., :depth, :], private[0][..., :n, :], new[0][row : row + 1]]
+            values = [history[1][..., :depth, :], private[1][..., :n, :], new[1][row : row + 1]]
+            assert torch.allclose(out[row : row + 1], reference(q[row : row + 1], keys, values), atol=TOL)
+        batch.advance()
+
+    check([300, 200, 100])
+    assert batch.remove([0]) == [2, 1]  # the deepest branch's row moves into the hole
+    # Left: [0, 100) read by both, [100, 200) by one; the boundary at 200 is gone with its row.
+    assert sorted(s.length for s in batch.segments.values()) == [100, 100]
+    check([100, 200])
+    batch.remove([0])
+    assert [s.length for s in batch.segments.values()] == [200]  # one row again: one segment, one read
+    check([200])

@@ -305,6 +305,83 @@ def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> No
         assert result.token_ids == plain.generate(request).token_ids
 
 
+def test_branches_forked_at_two_depths_while_the_parent_decodes_read_one_copy_of_its_prompt(
+    model, tokenizer, plain, monkeypatch
+) -> None:
+    # Online branching: a branch forks from a running parent at one step, another at an earlier one.
+    # Each fork split the parent's cache edge into copies, so every row read a private copy of the
+    # common prompt (three copies here) and the batch held memory the cache bound never counted.
+    from langgraph_parallelmuse.models import kv_batch
+
+    monkeypatch.setattr(kv_batch, "_SEGMENT_MIN", 32)  # the tiny model's prompts stay in place as segments
+    engine = InferenceEngine(model, tokenizer, batch_window=0.0)
+    seen: list[tuple[int, int, int]] = []  # per step: rows, positions in segments, bytes of their storages
+    decode = engine.runner.decode
+
+    def watched(batch, tokens):
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for s in batch.segments.values()
+            for t in s.state
+        }
+        seen.append((len(batch), batch.shared_positions, sum(storages.values())))
+        time.sleep(0.01)  # the parent surely runs on while the branches arrive
+        return decode(batch, tokens)
+
+    monkeypatch.setattr(engine.runner, "decode", watched)
+
+    def wait_for(rows: int) -> None:
+        deadline = time.monotonic() + 30
+        while not any(n == rows for n, _, _ in seen) and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    parent = ids(tokenizer, " ".join(PROMPTS * 3))[:120]
+    requests = [GenerationRequest(parent, max_new_tokens=80, temperature=0.0, ignore_eos=True)]
+    requests += [
+        GenerationRequest(parent[:depth] + ids(tokenizer, " so"), max_new_tokens=20, temperature=0.0, ignore_eos=True)
+        for depth in (100, 70)
+    ]
+    try:
+        futures = [engine.submit(requests[0])]
+        for rows, request in enumerate(requests[1:], 1):
+            wait_for(rows)
+            futures.append(engine.submit(request))
+        results = [f.result(timeout=60) for f in futures]
+    finally:
+        engine.close()
+    three = [(positions, nbytes) for rows, positions, nbytes in seen if rows == 3]
+    assert three, seen
+    # The three rows read the parent's prompt once: its 120 positions in one storage.
+    assert set(three) == {(len(parent), len(parent) * engine.runner.bytes_per_token)}
+    for request, result in zip(requests, results, strict=True):
+        assert result.token_ids == plain.generate(request).token_ids
+
+
+def test_a_scored_continuation_may_fill_the_context_a_prompt_alone_may_not(model, tokenizer) -> None:
+    # The scoring pass feeds prompt + forced[:-1]: 250 + 6 tokens fit a 256-token context, as a
+    # generation of 250 + 6 does; a prompt that fills the context leaves no room to generate.
+    engine = InferenceEngine(model, tokenizer)
+    context = engine.max_context_tokens
+    prompt = [(7 * i) % 200 + 3 for i in range(context - 6)]
+    forced = [11, 12, 13, 14, 15, 16]
+    try:
+        scored = engine.generate(GenerationRequest(prompt, forced_ids=forced, top_logprobs=1))
+        generated = engine.generate(GenerationRequest(prompt, max_new_tokens=6, temperature=0.0, ignore_eos=True))
+        with pytest.raises(InputError, match="context"):
+            engine.submit(GenerationRequest(prompt, forced_ids=[*forced, 17]))
+        with pytest.raises(InputError, match="context"):
+            engine.submit(GenerationRequest([5] * context, max_new_tokens=1))
+        alone = engine.generate(
+            GenerationRequest([5] * (context - 1), max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        )
+    finally:
+        engine.close()
+    assert scored.token_ids == forced
+    assert_matches_teacher(model, prompt, scored)
+    assert generated.completion_tokens == 6
+    assert alone.completion_tokens == 1  # one position left: one token
+
+
 def test_prompts_longer_than_a_pass_are_split_over_passes(model, tokenizer, monkeypatch) -> None:
     from langgraph_parallelmuse.models import runner as runner_module
 

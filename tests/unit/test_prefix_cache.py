@@ -200,3 +200,23 @@ def test_adopted_state_is_kept_without_a_copy() -> None:
     # Only a whole tensor is adopted; a tail of it is copied so the rest is not pinned.
     cache.insert([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]), adopt=True)
     assert cache.nbytes == 5 * BYTES_PER_TOKEN
+
+
+def test_a_split_keeps_views_of_one_storage_and_eviction_frees_what_it_drops() -> None:
+    # A running batch row reads the stored tensor of an edge; a branch that splits the edge must get
+    # views of that same memory (not copies), or the row and the branch each hold the prefix.
+    cache = PrefixCache(max_bytes=7 * BYTES_PER_TOKEN)
+    state = kv([1, 2, 3, 4, 5])
+    cache.insert([1, 2, 3, 4, 5], state, adopt=True)
+    cache.insert([1, 2, 3, 9], kv([9]), start=3)  # splits [1..5] after 3
+    upper = cache.match([1, 2, 3, 9]).pieces[0][0]
+    lower = cache.match([1, 2, 3, 4, 5]).pieces[1][0]
+    for half in (upper, lower):
+        assert half[0].untyped_storage().data_ptr() == state[0].untyped_storage().data_ptr()
+    assert cache.nbytes == 6 * BYTES_PER_TOKEN
+    cache.match([1, 2, 3, 9])  # [4, 5] is now the least recently used leaf
+    cache.insert([7, 8, 9], kv([7, 8, 9]))  # needs three: [4, 5] goes, its storage with it
+    assert cache.nbytes == cache.num_tokens * BYTES_PER_TOKEN == 7 * BYTES_PER_TOKEN
+    assert cache.match([1, 2, 3, 4, 5]).length == 3
+    assert_state_is(cache.match([1, 2, 3, 9]).concatenated(), [1, 2, 3, 9])
+    assert_state_is(cache.match([7, 8, 9]).concatenated(), [7, 8, 9])
