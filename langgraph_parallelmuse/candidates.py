@@ -138,7 +138,9 @@ def choice_options(question: str) -> list[str]:
         []
     """
     q = " ".join(question.split()).rstrip("?").strip()
-    between = re.match(r"^between\s+(.+?)\s+and\s+(.+?),\s*(?:which|who|what)\b", q, re.IGNORECASE)
+    # The first "and" splits the options, atomically: when nothing after it asks, nothing after a
+    # later one does, and trying each "and" in turn read the question once per "and" (quadratic).
+    between = re.match(r"^between\s+(?>(.+?)\s+and\s+)(.+?),\s*(?:which|who|what)\b", q, re.IGNORECASE)
     if between:
         sides = list(between.groups())
     elif q.count(" or ") == 1 and _WH.match(q):
@@ -175,9 +177,14 @@ def _asking_wh(question: str) -> re.Match[str] | None:
     """The first wh-word of ``question`` that asks: one right after a noun starts a relative clause
     ("the director who made Jaws"), one after a function word or first asks ("… born in what city?").
     """
+    # The words before each wh-word are read on from the last one's (read from the start for each,
+    # a question of many wh-words was read once per wh-word: quadratic). A wh-word starts a word, so
+    # no word runs across where the reading resumes.
+    last, start = None, 0
     for m in _WH.finditer(question):
-        before = re.findall(r"\w+", question[: m.start()].lower())
-        if not before or before[-1] in _ASKING:
+        words = re.findall(r"\w+", question[start : m.start()].lower())
+        last, start = words[-1] if words else last, m.start()
+        if last is None or last in _ASKING:
             return m
     return None
 

@@ -481,7 +481,8 @@ class GuidedDriver:
     def query_prompt(
         self, ctx: StepContext, *, bridge: str | None = None, question: str | None = None
     ) -> list[BaseMessage]:
-        """The plain search prompt: the question, and from the second search on, what was found.
+        """The plain search prompt: the question, and from the second search on, what was found
+        and the queries so far, or, while nothing was, the queries that found nothing.
 
         With a ``bridge`` (the last hop's best entity) the reply is prefilled with it, so the
         model's query continues from the entity the next hop is about. With the ``question`` that
@@ -496,16 +497,23 @@ class GuidedDriver:
         Example:
             >>> GuidedDriver().query_prompt(StepContext("Who?", [], [], 0, False, 64))[-1].content
             'Question: Who?'
+            >>> step = {"index": 0, "action": {"type": "tool_call", "name": "search", "arguments": {"query": "who"}}}
+            >>> GuidedDriver().query_prompt(StepContext("Who?", [step], [], 1, False, 64))[-1].content.splitlines()[1]
+            'Already searched (nothing found): who'
         """
         context = self.evidence(ctx)
         prefill: list[BaseMessage] = [AIMessage(bridge)] if bridge else []
-        if question is not None or not context:
+        queries = _queries(ctx)
+        if question is not None or not (context or queries):
             return [SystemMessage(QUERY_SYSTEM), HumanMessage(f"Question: {question or ctx.question}"), *prefill]
-        searched = "; ".join(_queries(ctx))
+        # With no evidence yet, every search so far found nothing, and the prompt says so. Without
+        # them it was the first search's prompt again, and a model at temperature 0 wrote the same
+        # query until the hops ran out (reject() flags the repeat, but a resample repeats it too).
+        searched = "Already searched: " if context else "Already searched (nothing found): "
         prompt: list[BaseMessage] = [
             SystemMessage(QUERY_SYSTEM),
             HumanMessage(
-                f"{context}\n\nQuestion: {ctx.question}\nAlready searched: {searched}\n"
+                (f"{context}\n\n" if context else "") + f"Question: {ctx.question}\n{searched}{'; '.join(queries)}\n"
                 "Write a new search query for what is still missing."
             ),
         ]

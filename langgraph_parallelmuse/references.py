@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from langgraph_parallelmuse.candidates import CAPITAL
 
@@ -23,32 +24,48 @@ __all__ = ["Reference", "inner_reference", "reference_depth", "resolve", "resolv
 
 # A name may hold an apostrophe ("The Girl Who Kicked the Hornets' Nest") and the lower-case words
 # of titles and of German, Dutch or Romance names ("Bastien und Bastienne", "Ludwig van Beethoven").
+# Its words, their length and its lower-case runs are bounded: unbounded, a search tried from each
+# word of a long capitalised run read on to the run's end (quadratic: _POSSESSIVE took 20 s on a
+# 20,000-char run, every plan step, on the event loop). No real name comes near the bounds (the
+# eval questions' longest word has 18 characters).
+_NAME_WORD = r"(?:" + CAPITAL + r"|[0-9])[\w.\-'’]{0,80}"
 _NAME = (
-    rf"(?:{CAPITAL}|[0-9])[\w.\-'’]*(?:\s+(?:(?:of|the|and|und|de|del|da|di|du|la|le|von|van|der|den|for|with|a)\s+)*"
-    rf"(?:{CAPITAL}|[0-9])[\w.\-'’]*)*"
+    rf"{_NAME_WORD}(?:\s+(?:(?:of|the|and|und|de|del|da|di|du|la|le|von|van|der|den|for|with|a)\s+){{0,4}}"
+    rf"{_NAME_WORD}){{0,24}}"
 )
 # A name a comma continues ("Albert, King of Belgium", "Alexander and the Terrible, Horrible, No Good,
 # Very Bad Day"): it is one entity's, not a list's, when a phrase names it after "of".
 _NAMES = rf"{_NAME}(?:,\s+{_NAME})*"
 _PARTICIPLE = r"(?:located|born|found|formed|founded|held|based|situated|headquartered|set|(?:a\s+)?part\s+of)"
-# One character of a relative clause (or a name and its comma), which ends at a comma, a question mark
-# or a sentence's stop. A comma between two names stays inside ("the county in which Johnnycake, West
-# Virginia is located"), and so does the stop of an initial or a title ("Harris W. Fawell", "Mr. Cool").
-# The two stops' alternatives are disjoint: a run of dots that both took was tried 2^n ways (24 dots: 11 s).
-_CLAUSE_CHAR = (
-    rf"(?:{CAPITAL}[\w.\-'’]*,\s+(?={CAPITAL}|[0-9])|[^,?.]|\.(?!\s+{CAPITAL})|(?<![a-z]{{2}})\.(?=\s+{CAPITAL}))"
+# One step of a relative clause, which ends at a comma, a question mark or a sentence's stop: a word
+# and the spaces after it, another character, or a name and its comma. A comma between two names
+# stays inside ("the county in which Johnnycake, West Virginia is located"), and so does the stop of
+# an initial or a title ("Harris W. Fawell", "Mr. Cool").
+# No two steps take the same text, or a clause that ended with no "is located" was tried every way
+# its steps could split it: a run of dots that two stops took, 2^n ways (24 dots: 11 s); a word of
+# n capitals before a comma, n ways when a name could start at any of them ("McDonald, ": 8 words
+# of 7 capitals, 6 s). So a name starts where its word does (a capital outside \w, "Ⓐ", is of the
+# word), when the word has a capital; and a word is one step, which also makes a clause fewer steps.
+_RUN_CHAR = rf"(?:[\w.\-'’]|{CAPITAL})"
+_CLAUSE_STEP = (
+    rf"(?:(?<!{_RUN_CHAR})(?={_RUN_CHAR}*+,)(?={_RUN_CHAR}*?{CAPITAL}){_RUN_CHAR}*+,\s+(?={CAPITAL}|[0-9])"
+    rf"|\w++\s*+|[^\w,?.]|\.(?!\s+{CAPITAL})|(?<![a-z]{{2}})\.(?=\s+{CAPITAL}))"
 )
 # "the country where …", "a German musician whose …", "the person under whom …": a head noun (up to
-# two words before it) and a relative clause, which runs to the clause's end (_CLAUSE_CHAR), or ends
+# two words before it) and a relative clause, which runs to the clause's end (_CLAUSE_STEP), or ends
 # after a "located"/"born"-like participle ("the area where X is located became a state"); an "in"
 # after it is the clause's only at its end ("the country X is located in?", not "… located in the city
 # where …").
 _RELATIVE = re.compile(
     r"\b(?:the|a|an)\s+((?:[\w-]+\s+){0,2}?[a-z][\w-]*)\s+"
     r"(?P<pronoun>which|that|who|whom|where|whose|when|(?:in|under|by|for|from|with|on|at|during)\s+(?:which|whom))\s+"
-    rf"(?P<clause>{_CLAUSE_CHAR}+?\b(?:is|was|are|were)\s+{_PARTICIPLE}(?:\s+in(?=\s*(?:[,?.]|$)))?\b"
-    rf"|{_CLAUSE_CHAR}+)"
+    rf"(?P<clause>{_CLAUSE_STEP}+?\b(?:is|was|are|were)\s+{_PARTICIPLE}(?:\s+in(?=\s*(?:[,?.]|$)))?\b"
+    rf"|{_CLAUSE_STEP}+)"
 )
+# Characters of a relative phrase, at most: each determiner's phrase is read to its clause's end, so
+# a question of nested phrases was read once per phrase (quadratic: 4 s for each plan step of a
+# 4,000-char question). Real phrases are far shorter (the eval questions' longest clause has 171).
+_LONGEST_PHRASE = 400
 # The shorter clause of a phrase whose long one took the question's own verb ("What time does the
 # state where Greenfield-Central High is stop selling booze?"): a named subject and its verb ...
 _OBJECT_CLAUSE = re.compile(
@@ -108,9 +125,14 @@ _NOT_NOUNS = frozenset(
 )
 _NOT_NAMES = frozenset("What Which Who Whom Whose When Where How The A An In Of".split())
 _DEEPEST = 8  # phrases resolved at most by reference_depth
+# Characters before a phrase that hold the word it follows (_NEEDS_VERB, _DESCRIBES).
+_WINDOW = 40
 # What is left of a question once a phrase is taken out: if only these words remain, the phrase
 # was the question's whole object ("Who is the wife of Kim Jong-chul?"), not a hop on the way.
 _BARE = frozenset("what which who whom whose when where how is was are were did does do the a an of".split())
+_WORD = re.compile(r"\w+")
+# Nothing after a phrase but a comma or question mark: the phrase ends what _ASKS_FOR asks.
+_ENDS = re.compile(r"\s*(?:[,?]|$)")
 
 
 @dataclass(frozen=True)
@@ -148,16 +170,20 @@ def _phrases(question: str) -> list[Reference]:
             if m.group(1).split()[0] not in _NOT_NAMES
         ),
     ]
-    found = []
+    # A phrase repeated ("the author of X … the author of X") is taken out of the question once.
+    found, others, alone = [], _other_words(question), {}
     for ask, at, span, name, noun, head in matches:
         span = span.rstrip(" ?,")
         head = _head(head)
-        before, after = question[:at], question[at + len(span) :]
+        if span not in alone:
+            alone[span] = _only_bare_without(question, span, others)
+        # What stands before and after the phrase is read in place: a slice of each copied the
+        # question once per phrase.
         if (
             head in _NOT_NOUNS
-            or not _words(question.replace(span, " ")) - _BARE
-            or (_ASKS_FOR.fullmatch(before) and re.match(r"\s*(?:[,?]|$)", after))
-            or (re.match(r"an?\s", span) and _DESCRIBES.search(before))
+            or alone[span]
+            or (_ASKS_FOR.fullmatch(question, 0, at) and _ENDS.match(question, at + len(span)))
+            or (re.match(r"an?\s", span) and _DESCRIBES.search(question, max(at - _WINDOW, 0), at))
         ):
             continue
         found.append(Reference(span, ask.format(span=span, noun=noun, name=name), head))
@@ -174,15 +200,22 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
     where the question's own words go on; a phrase whose clause asks is left out.
     """
     # A relative clause may hold another ("the state that borders the east of the state where
-    # …"), so it is tried from every determiner.
+    # …"), so it is tried from every determiner. What is read around each phrase is a window, not
+    # the question's whole head or tail: read whole, a question of nested phrases was read once per
+    # phrase (quadratic). The window holds the word before the phrase, as ``question`` has single
+    # spaces (inner_reference); what follows the question's last word is only stops.
+    last = len(question.rstrip(" ?.!"))
     for determiner in re.finditer(r"\b(?:the|a|an)\s", question):
-        m = _RELATIVE.match(question, determiner.start())
-        if m is None:
+        window = determiner.start() + _LONGEST_PHRASE
+        m = _RELATIVE.match(question, determiner.start(), window)
+        # A phrase that reaches the window's end goes on past it: no phrase read, rather than one cut.
+        if m is None or m.end() >= window:
             continue
         pronoun, at = m.group("pronoun"), m.start("clause")
         clause = _own_clause(pronoun, m.group("clause"))
-        if _NEEDS_VERB.search(question[: m.start()]) and not question[at + len(clause) :].strip(" ?.!"):
-            shorter = (_SUBJECT_CLAUSE if _is_subject(pronoun, clause) else _OBJECT_CLAUSE).match(question, at)
+        end = at + len(clause)
+        if _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start()) and end >= last:
+            shorter = (_SUBJECT_CLAUSE if _is_subject(pronoun, clause) else _OBJECT_CLAUSE).match(question, at, end)
             clause = shorter.group(0) if shorter and len(shorter.group(0)) < len(clause) else clause
         clause = clause.rstrip(" ?,")
         if _ASKED.search(clause) or (pronoun.endswith(" which") and _WHICH_ASKS.fullmatch(clause)):
@@ -211,10 +244,32 @@ def _own_clause(pronoun: str, clause: str) -> str:
     return clause
 
 
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"\w+", text.lower()))
+def _other_words(question: str) -> tuple[int, int]:
+    """Where the first word of ``question`` other than the bare ones (_BARE) ends and the last starts.
+
+    A word is lower-cased alone, which gives the words of the lower-cased question: no character
+    outside a word becomes a word's when lower-cased.
+    """
+    others = [m.span() for m in _WORD.finditer(question) if set(_WORD.findall(m.group(0).lower())) - _BARE]
+    return (others[0][1], others[-1][0]) if others else (len(question) + 1, -1)
 
 
+def _only_bare_without(question: str, span: str, others: tuple[int, int]) -> bool:
+    """True when only bare words (_BARE) are left of ``question`` with ``span`` taken out wherever it
+    stands: the phrase is the question's whole object, not a hop on the way.
+
+    A word other than the bare ones (``others``: :func:`_other_words`) before the span's first
+    place or after its last is left: this settles it without taking the span out, which read the
+    question once per phrase (quadratic in a question of nested phrases).
+    """
+    if others[0] <= question.find(span) or others[1] >= question.rfind(span) + len(span):
+        return False
+    return not set(_WORD.findall(question.replace(span, " ").lower())) - _BARE
+
+
+# Memoised: a plan step asks again for each question it asked before (GuidedDriver.budget runs
+# reference_depth on every step), and both are pure functions of the question's text.
+@lru_cache(maxsize=1024)
 def inner_reference(question: str) -> Reference | None:
     """The innermost phrase of ``question`` that names an entity it does not give, if any.
 
@@ -233,6 +288,7 @@ def inner_reference(question: str) -> Reference | None:
     return max(found, key=lambda r: (q.rfind(r.span), -len(r.span))) if found else None
 
 
+@lru_cache(maxsize=1024)
 def reference_depth(question: str) -> int:
     """How many entities ``question`` names without giving them, one inside the next: the hops
     its own words ask for before the hop that finds the answer.

@@ -126,6 +126,36 @@ def test_a_long_run_of_spaces_between_names_is_split_in_linear_time():
     assert candidates("Which city is it?", "Alpha" + " " * 100_000 + "Beta") == ["Alpha Beta"]
 
 
+@pytest.mark.parametrize(
+    ("question", "kind", "noun"),
+    [
+        # The wh-word after a function word asks; one after a noun starts a relative clause.
+        ("Chiang Kai-shek, who died on which date?", "date", None),
+        ("The director who made Jaws was born in what city?", "name", "city"),
+        ("Do you know who wrote Hamlet?", "person", None),
+        ("Name the director who made Jaws", "person", None),
+    ],
+)
+def test_the_wh_word_that_asks_decides_what_is_asked(question, kind, noun):
+    assert (answer_kind(question), answer_type(question)) == (kind, noun)
+
+
+@pytest.mark.timeout(10)  # 16 s before: the words before each wh-word were read from the start (quadratic)
+def test_a_question_of_many_relative_wh_words_is_read_in_linear_time():
+    question = "Ab " + "which ab " * 4444 + "?"
+    assert (answer_kind(question), answer_type(question)) == ("name", None)
+
+
+@pytest.mark.timeout(10)  # 27 s before: each "and" was tried as the split, each read to the end (quadratic)
+def test_a_between_question_of_many_ands_is_read_in_linear_time():
+    question = "Between " + "ab and " * 11_428 + "?"
+    assert (choice_options(question), answer_kind(question)) == ([], "name")
+    assert choice_options("Between Simon and Garfunkel and Queen, which band is older?") == [
+        "Simon",
+        "Garfunkel and Queen",
+    ]
+
+
 def test_a_fraction_is_no_candidate_for_a_thing_named_by_its_type():
     # MuSiQue "In what county is the city where Harris W. Fawell was born?": the agent answered
     # "29.582799", a coordinate of the page it read.

@@ -222,3 +222,48 @@ def test_a_hit_line_a_page_wrote_stays_page_text_in_the_evidence():
 
     assert [m.group(2) for m in search_hits(content, ["d2", "d1"])] == ["d2", "d1"]
     assert len(search_hits(content)) == 3  # no ids recorded: every hit line counts, as before
+
+
+async def test_a_search_that_found_nothing_is_named_in_the_next_query_prompt(tmp_path, monkeypatch):
+    # A deterministic model (temperature 0): its query is a function of the prompt. Before the fix
+    # the prompt after a fruitless search was the first one again, so the query was repeated until
+    # the hops ran out.
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    prompts: list[str] = []
+
+    def greedy(messages):
+        if messages[-1].type == "ai":  # the thought, continuing the agent conversation
+            return f"step {len(messages)} look further"
+        prompts.append(messages[-1].content)
+        return f"Zorblax river source {len(messages[-1].content)}"
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"id": "p", "title": "Paris", "text": "Paris is the capital of France."}) + "\n")
+    tools = make_corpus_tools(CorpusIndex.from_jsonl(path))
+    runner = RolloutRunner(ScoringChatModel(responder=greedy), tools, driver=GuidedDriver())
+    question = "Where does the Zorblax river rise?"
+    traj = await runner.run(question, trajectory_id="t", thread_id="zr/t", config=ParallelMuseConfig(temperature=0))
+    queries = [s["action"]["arguments"]["query"] for s in traj["steps"] if s["action"].get("name") == "search"]
+    assert prompts[0] == f"Question: {question}"
+    assert prompts[1] == (
+        f"Question: {question}\nAlready searched (nothing found): {queries[0]}\n"
+        "Write a new search query for what is still missing."
+    )
+    assert len(queries) > 1 and len(set(queries)) == len(queries)
+    assert not any(s.get("rejected") for s in traj["steps"])
+
+
+def test_a_query_prompt_with_evidence_is_unchanged_by_searches_that_found_nothing():
+    ctx = StepContext(
+        "Q?",
+        [_step(0, "search"), _step(1, "search")],
+        [_obs(0, "search", "", []), _obs(1, "search", "[1] Paris (id: p)\nParis is a city.", ["p"])],
+        2,
+        False,
+        64,
+        TOOLS,
+    )
+    assert GuidedDriver().query_prompt(ctx)[-1].content == (
+        "Paris\nParis is a city.\n\nQuestion: Q?\nAlready searched: q0; q1\n"
+        "Write a new search query for what is still missing."
+    )

@@ -217,6 +217,58 @@ def test_a_run_of_dots_in_a_relative_clause_is_read_in_linear_time():
     assert reference_depth(question) == 1
 
 
+@pytest.mark.parametrize(
+    ("question", "span"),
+    [
+        # A name's comma stays inside the clause whichever letters of its word are capitals.
+        (
+            "Which county borders the county in which McDonald, Ohio is located?",
+            "the county in which McDonald, Ohio is located",
+        ),
+        ("What river flows through the city where eBay, Inc. was founded?", "the city where eBay, Inc. was founded"),
+    ],
+)
+def test_a_comma_after_a_name_with_capitals_inside_its_word_stays_in_the_clause(question, span):
+    reference = inner_reference(question)
+    assert reference is not None and reference.span == span
+
+
+# Guards, each read in milliseconds now: the old patterns read each run or clause once per word or
+# phrase in it (quadratic), or a comma-separated run of words with several capitals every way.
+@pytest.mark.timeout(10)  # 11-21 s before: a name was tried from each word of the run, read to its end
+def test_a_long_capitalised_run_is_read_in_linear_time():
+    assert inner_reference("Who is " + "Ab " * 6666 + "?") is None
+    assert inner_reference("Who is " + "A'" * 10000 + "?") is None  # 16 s before: each letter starts a word
+
+
+@pytest.mark.timeout(10)  # a name could start at any of a word's capitals: 7^12 ways, years
+def test_words_of_many_capitals_before_commas_are_read_in_linear_time():
+    assert inner_reference("What is the city where " + "AbAbAbAbAbAbAb, " * 12 + "?") is None
+    assert inner_reference("What is the city where " + "McDonald, " * 40 + "?") is None
+
+
+@pytest.mark.timeout(10)  # 14 s before (40,000 chars): from each capital of the word, read to its end
+def test_a_long_word_in_a_relative_clause_is_read_in_linear_time():
+    assert inner_reference("What is the city where " + "Ab" * 20000 + "?") is None
+
+
+@pytest.mark.timeout(10)  # over 40 s before, for every plan step: each phrase was read to the question's end
+def test_a_question_of_many_nested_phrases_is_read_in_bounded_time():
+    question = "How many stores are in the state where " + "the city where " * 1330 + "Hello Love's performer lived?"
+    assert GuidedDriver().budget(question) == (10, 20)  # hops for the 8 innermost phrases at most
+    # A phrase longer than any real one is not read as one (cut, it would be a clause's first part).
+    assert inner_reference(question).span == "Hello Love's performer"
+
+
+def test_a_questions_phrases_are_found_once_for_all_its_plan_steps():
+    question = "How many stores are in the state where the city where Hello Love's performer lived is located?"
+    budget = GuidedDriver().budget(question)
+    hits = reference_depth.cache_info().hits
+    assert GuidedDriver().budget(question) == budget
+    assert reference_depth.cache_info().hits == hits + 1
+    assert inner_reference(question) is inner_reference(question)
+
+
 def _hops_done(question: str, searches: int) -> StepContext:
     """``searches`` hops done (each a search and a visit of its hit), the last one's hit not opened yet."""
     steps, observations = [], []
