@@ -301,6 +301,21 @@ def _first_clause(text: str) -> list[str]:
     return next((tokens for clause in clauses if (tokens := vote_tokens(clause))), [])
 
 
+def _leads(pick: list[str], candidate: list[str]) -> bool:
+    """Whether an unpunctuated pick still opens (or a yes/no one ends) with a function-word candidate.
+
+    "Yes both are American", "No they were not", "The Who band", "… so yes" name theirs; "No report
+    gives a reliable answer" does not: a "no" before a content word is a determiner, not the answer.
+    """
+    if len(candidate) > 1:
+        return pick[: len(candidate)] == candidate
+    if candidate == ["yes"]:
+        return pick[:1] == ["yes"] or pick[-1:] == ["yes"]
+    if candidate == ["no"]:
+        return pick[-1:] == ["no"] or (pick[:1] == ["no"] and (len(pick) == 1 or pick[1] in FUNCTION_WORDS))
+    return False
+
+
 def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -> str | None:
     key = normalize_vote_key(text)
     if same := [c for c in candidates if normalize_vote_key(c) == key]:
@@ -332,7 +347,7 @@ def _snap(text: str, candidates: Sequence[str], answers: Sequence[str | None]) -
             return bool(words & tokens)
         if own := tokens - FUNCTION_WORDS:
             return bool(content & own)
-        return _first_clause(text) == _first_clause(candidate)
+        return _first_clause(text) == _first_clause(candidate) or _leads(order, vote_tokens(candidate))
 
     named = [i for i, c in enumerate(candidates) if names(c)]
     if order[:1] in (["yes"], ["no"]):

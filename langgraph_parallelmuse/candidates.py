@@ -55,11 +55,17 @@ _LEADING = frozenset(
 # coordinate or a score, never the name of a thing a question calls by its type (a county, an
 # album); a whole number may be ("1989"), and so may a name that ends in a fraction ("Windows 3.1").
 _FRACTION = re.compile(r"[$£€]?[0-9][0-9,]*\.[0-9]+(?:\s|$)")
-# Nor is a whole date the name of a thing called by its type: "… the signing of what treaty?" was
-# answered "October 6, 1913", and "… in which California city?" "1999", dates of the pages read. A
-# work may be titled by a year ("1989", "1984"); a question that asks a time ("What century …") is of
-# kind "date" and keeps its dates; "Treaty of 1818" stays, a name with a year in it.
-_WORKS = frozenset("album film movie novel book song single record game title work play opera series show".split())
+# Nor is a whole calendar date the name of a thing called by its type: "… the signing of what
+# treaty?" was answered "October 6, 1913", a date of the page read. A bare number is, for some
+# types ("1989" an album, "747" a model, "1992" an election), but never for a place ("… in which
+# California city?" was answered "1999"). A type that is a time ("what month", "which century")
+# keeps every date; "Treaty of 1818" stays, a name with a year in it.
+_CALENDAR_DATE = re.compile(rf"(?:\d{{1,2}}\s+)?(?:{_MONTHS})\b.*\d{{3,4}}")
+_PLACES = frozenset(
+    "city town village state country county province region district capital nation continent island river "
+    "lake mountain mountains range sea ocean territory area borough municipality neighborhood".split()
+)
+_TIMES = frozenset("time year date month day week season century decade era period age dynasty reign".split())
 _STOPWORDS = frozenset(
     "a an and are as at be by did do does for from has have how in is it its of on or that the this to was were "
     "what when where which who whom whose with s".split()
@@ -403,6 +409,11 @@ def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[
     return (_described(sentence) if described else []) + named + [m.group(0) for m in _DATE.finditer(sentence)]
 
 
+def _not_a_name(span: str, typed: str) -> bool:
+    """Whether a whole-date span cannot name a thing of type ``typed`` (see ``_CALENDAR_DATE``)."""
+    return bool(_DATE.fullmatch(span)) and (bool(_CALENDAR_DATE.match(span)) or typed in _PLACES)
+
+
 def candidates(
     question: str,
     evidence: str,
@@ -471,7 +482,7 @@ def candidates(
             or "\\" in span
             or any(c < " " for c in span)
             or (typed and _FRACTION.match(span))
-            or (typed and kind == "name" and _DATE.fullmatch(span) and not (typed in _WORKS and span.isdigit()))
+            or (typed and kind == "name" and typed not in _TIMES and _not_a_name(span, typed))
         ):
             continue
         seen.add(span.lower())

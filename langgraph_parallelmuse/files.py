@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+_STD_STREAMS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
 # As many links as Linux follows in one lookup before it gives up (ELOOP).
 _MAX_LINKS = 40
 
@@ -30,8 +31,9 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
     Args:
         path: The file to write.
         in_place: Write ``path`` in place when it cannot or must not be replaced: a path under
-            ``/dev`` or ``/proc`` or reached through a link there, or an existing file in a folder
-            the user may not write, is yielded itself. One of this process's descriptors
+            ``/proc`` or ``/dev/fd`` (or ``/dev/std*``) or reached through a link there, an existing
+            path that is no regular file (``/dev/null``), or an existing file in a folder the user
+            may not write, is yielded itself. One of this process's descriptors
             (``/dev/stdout``, ``/dev/fd/3``) gets a temporary, written to the descriptor once the
             block ends without error, after what the process printed to it: reopened, the file
             stdout was redirected to would be emptied. With False such a path raises ``OSError``
@@ -52,8 +54,9 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
     # everything the process printed.
     special, descriptor = _special(path)
     if not in_place:
-        if special:  # as root a temporary can be made in /dev, and the rename would replace the link
-            raise OSError(errno.EINVAL, "a file under /dev or /proc cannot be replaced whole", str(path))
+        # As root a temporary can be made in /dev, and the rename would replace the device or link.
+        if special or (path.exists() and not path.is_file()):
+            raise OSError(errno.EINVAL, "not a regular file: it cannot be replaced whole", str(path))
         yield from _replaced(path)
         return
     if descriptor is not None:
@@ -70,15 +73,16 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
 
 
 def _special(path: Path) -> tuple[bool, int | None]:
-    """Whether ``path`` is under ``/dev`` or ``/proc`` or a link on the way to it leads there, and
-    which of this process's descriptors it names (``/dev/stdout``: 1), if any."""
+    """Whether ``path`` names a descriptor (under ``/proc``, ``/dev/fd``, ``/dev/std*``, or through a
+    link there), and which of this process's it names (``/dev/stdout``: 1), if any. A regular file
+    elsewhere under ``/dev`` (a tmpfs at ``/dev/shm``) is replaced as any other."""
     special = False
     own = {"self", str(os.getpid())}
     for step in _lookup(path):
         parts = step.split("/")  # "/proc/self/fd/1": "", "proc", "self", "fd", "1"
         if len(parts) == 5 and parts[1] == "proc" and parts[2] in own and parts[3] == "fd" and parts[4].isdigit():
             return True, int(parts[4])
-        special = special or step.startswith(("/dev/", "/proc/"))
+        special = special or step.startswith(("/proc/", "/dev/fd/")) or step in _STD_STREAMS
     return special, None
 
 

@@ -508,7 +508,7 @@ def merge_context(
     # read as one put one parent's bridge in place of the other's next phrase ("How many stores are
     # in Hank Snow?"). The merged context keeps the chain of the parent with the most hops taken.
     hops = [sum("bridge" in p[0][i] for i in taken) for p, taken in zip(parents, takes, strict=True)]
-    chain = hops.index(max(hops, default=0))
+    chain = max(range(len(hops)), key=hops.__getitem__, default=0)  # the first of the most
     for n, ((parent_steps, parent_observations, _), taken) in enumerate(zip(parents, takes, strict=True)):
         response = {o["step"]: o for o in parent_observations}
         for i in taken:

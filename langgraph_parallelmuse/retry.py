@@ -31,14 +31,16 @@ _TRANSIENT_NAMES = {
 # 501 and 505 say the server cannot do what was asked (vLLM answers 501 for a NotImplementedError):
 # asking again gets the same answer. Every other 5xx (a proxy's 520-524, an overloaded 529) may pass.
 _PERMANENT_5XX = frozenset({501, 505})
-# A request timeout (408), a lock timeout (409) and a rate limit (429) pass too: the openai client
-# retries them, and a routed ServerChatModel, which turns its retries off, leaves them to us.
-_TRANSIENT_4XX = frozenset({408, 409, 429})
+# A request timeout (408) and a rate limit (429) pass too: the openai client retries them, and a
+# routed ServerChatModel, which turns its retries off, leaves them to us. Not 409, which the openai
+# client also retries: a conflict is no sign of a server down, and the bench reads a judge's
+# transient error as the judge being unreachable (it stops judging the questions left).
+_TRANSIENT_4XX = frozenset({408, 429})
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Server hiccups worth a retry, nothing else: timeouts, dropped connections, HTTP 408, 409 and
-    429, and every 5xx but 501 and 505.
+    """Server hiccups worth a retry, nothing else: timeouts, dropped connections, HTTP 408 and 429,
+    and every 5xx but 501 and 505.
 
     Example:
         >>> is_transient(TimeoutError()), is_transient(ValueError("bad"))

@@ -638,6 +638,10 @@ async def test_a_refusal_names_no_candidate_of_function_words_only(fake_model, p
         ("No - Lyon is not the capital", "no"),
         ("Answer: No, Lyon is not", "no"),
         ("It (the 1986 novel)", "It"),
+        # Unpunctuated, a leading yes or no is still the answer ("no" before a content word is not).
+        ("Yes both are American", "yes"),
+        ("Both are American, so yes", "yes"),
+        ("No they were not", "no"),
     ],
 )
 async def test_a_pick_opening_with_a_function_word_candidate_as_a_clause_names_it(fake_model, pick, expected):

@@ -364,3 +364,9 @@ def test_a_crossover_keeps_one_parents_chain_of_bridges():
     question = "How many stores are in the state where Hello Love's performer lived?"
     ctx = StepContext(question, steps, observations, len(steps), True, 64)
     assert GuidedDriver().question(ctx) == "How many stores are in Tennessee?"
+
+
+def test_a_merge_of_no_parents_is_empty():
+    from langgraph_parallelmuse.infograph import merge_context
+
+    assert merge_context([]) == ([], [])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +105,27 @@ def test_a_link_to_an_ordinary_file_still_replaces_that_file(tmp_path):
         tmp.write_text("new")
     assert link.is_symlink() and real.read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir() or not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_a_regular_file_under_dev_shm_is_replaced_whole_as_any_other():
+    # Only descriptor paths are special: a corpus cache kept on tmpfs (/dev/shm) was refused with
+    # in_place=False, and written in place (not whole) otherwise.
+    folder = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        target = folder / "index.sqlite"
+        with replacing(target, in_place=False) as tmp:
+            assert tmp != target
+            tmp.write_text("new")
+        assert target.read_text() == "new"
+        with replacing(folder / "summary.md") as tmp:
+            assert tmp != folder / "summary.md"
+            tmp.write_text("| method |")
+        assert sorted(p.name for p in folder.iterdir()) == ["index.sqlite", "summary.md"]
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_device_is_never_replaced_whole():
+    with pytest.raises(OSError, match="not a regular file"), replacing("/dev/null", in_place=False):
+        pass

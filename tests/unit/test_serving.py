@@ -718,3 +718,13 @@ def test_a_key_across_the_log_tails_cut_is_redacted(tmp_path: Path) -> None:
     message = str(info.value)
     assert "SECRET" not in message and "0123456789abcdef" not in message, message
     assert "INFO starting engine" in message
+
+
+@pytest.mark.timeout(30)
+def test_a_long_run_of_dashes_is_redacted_in_linear_time():
+    # Each "--" of a dash run read on to the run's end (20,000 dashes: 42 s); a failure message now
+    # redacts 64 KiB of log.
+    from langgraph_parallelmuse.redact import redact
+
+    text = "-" * 200_000 + " --router-api-key abcdefgh"
+    assert redact(text, []).endswith("--router-api-key ***")
