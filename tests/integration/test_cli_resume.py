@@ -176,6 +176,11 @@ def test_sigkill_then_resume_keeps_finished_trajectories(tmp_path, small_corpus,
 
     proc = _run(_ask(small_corpus, db, out2, *config, resume=True), tmp_path, "resume", timeout=1000)
     assert proc.returncode in (0, 2), proc.stdout[-3000:] + proc.stderr[-3000:]
+    if "already finished" in proc.stderr:
+        # The race this test cannot win every time: the graph reached its end between the poll that
+        # saw a finished trajectory and the kill (the process was still writing its output), so
+        # there is nothing to resume. Seen once in ~20 runs of the suite, on a loaded machine.
+        pytest.skip(f"the first run finished its graph before the kill ({killed_at:.0f}s in): nothing to resume")
     assert "Resuming run 'r1'" in proc.stderr
     assert "Run statistics" in proc.stdout and "Trajectory tree" in proc.stdout
     result = json.loads(out2.read_text())
