@@ -603,32 +603,25 @@ async def test_function_word_candidates_and_a_picks_yes_or_no(fake_model, pick, 
     assert (result.answer, result.source) == expected
 
 
-@pytest.mark.parametrize("guided", [False, True])
-async def test_a_yes_no_pick_with_more_words_names_its_candidate(fake_model, guided):
-    """ "yes" is a function word: a pick sharing only content words with candidates named none of them."""
-    reports = [_report("t0", "yes"), _report("t1", "no"), _report("t2", "no")]
-    pick = "Yes, both are American"
-    model = fake_model([f" {pick}" if guided else f"<answer>{pick}</answer>"])
-    result = await aggregate_reports(model, "Are both American?", reports, guided=guided)
-    assert (result.answer, result.source) == ("yes", "aggregator")
-
-
 @pytest.mark.parametrize(
-    ("pick", "other"),
+    ("pick", "answers", "expected"),
     [
-        ("There is no clear answer", "no"),
-        ("No report gives a reliable answer", "No"),
-        ("It is unclear which is right", "It"),
+        # "yes" is a function word: a pick sharing only content words with candidates named none of them.
+        ("Yes, both are American", ("yes", "no", "no"), ("yes", "aggregator")),
+        # A refusal named the candidate "no" (or the novel "It") through the one word they share, and
+        # the aggregator's refusal replaced the majority's answer.
+        ("There is no clear answer", ("yes", "yes", "no"), ("yes", "majority_fallback")),
+        ("No report gives a reliable answer", ("yes", "yes", "No"), ("yes", "majority_fallback")),
+        ("It is unclear which is right", ("yes", "yes", "It"), ("yes", "majority_fallback")),
     ],
 )
 @pytest.mark.parametrize("guided", [True, False])
-async def test_a_refusal_names_no_candidate_of_function_words_only(fake_model, pick, other, guided):
-    """A refusal named the candidate "no" (or the novel "It") through the one word they share, and the
-    aggregator's refusal replaced the majority's answer."""
-    reports = [_report("t0", "yes"), _report("t1", "yes"), _report("t2", other)]
+async def test_a_pick_names_no_candidate_through_function_words_alone(fake_model, pick, answers, expected, guided):
+    """A yes/no pick with more words names its candidate; a refusal names none and the majority stands."""
+    reports = [_report(f"t{i}", a) for i, a in enumerate(answers)]
     model = fake_model([f" {pick}" if guided else f"<answer>{pick}</answer>"])
     result = await aggregate_reports(model, "Are both American?", reports, guided=guided)
-    assert (result.answer, result.source) == ("yes", "majority_fallback")
+    assert (result.answer, result.source) == expected
 
 
 @pytest.mark.parametrize(
