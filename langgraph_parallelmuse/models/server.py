@@ -17,12 +17,14 @@ import math
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import openai
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_openai import ChatOpenAI
@@ -30,6 +32,7 @@ from pydantic import Field
 
 from langgraph_parallelmuse.errors import ConfigError, ProtocolError
 from langgraph_parallelmuse.logprobs import SPLIT_CHAR, piece_bytes
+from langgraph_parallelmuse.loopback import is_loopback, open_url
 from langgraph_parallelmuse.models.routing import routing_key
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import current_attempt
@@ -127,6 +130,7 @@ class ServerChatModel(ChatOpenAI):
         # own URL: streamed (any astream(stream_mode="messages") of a graph), every call to vLLM or
         # SGLang then reported 0 prompt tokens, and max_context_tokens never forced an answer.
         kwargs.setdefault("stream_usage", True)
+        kwargs.update(_direct_clients(kwargs))
         super().__init__(**kwargs)
 
     @property
@@ -207,6 +211,43 @@ class ServerChatModel(ChatOpenAI):
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
         return _scored(await super()._agenerate(sent, None, run_manager, **call), continuation, top, self._where)
+
+
+def _direct_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``http_client`` and ``http_async_client`` that ask a loopback ``base_url`` directly, or none.
+
+    With ``http_proxy`` set and no ``no_proxy``, ``ChatOpenAI``'s own clients (httpx reading the
+    environment) sent every call to a local vLLM or llama.cpp server to the proxy, its API key
+    included, and failed. Only the base URL's host is mounted direct: a redirect elsewhere keeps the
+    environment's proxy. ``ChatOpenAI``'s clients stay when they proxy nothing here: a remote URL, no
+    proxy in the environment (they connect directly, with their TCP keepalive options), or a caller
+    who chose the HTTP layer (``http_client``, ``http_async_client``, ``openai_proxy`` or
+    ``OPENAI_PROXY``, ``http_socket_options``).
+    """
+    chosen = ("http_client", "http_async_client", "openai_proxy", "http_socket_options")
+    if any(kwargs.get(name) is not None for name in chosen) or os.environ.get("OPENAI_PROXY"):
+        return {}
+    proxies = urllib.request.getproxies()  # what httpx reads
+    if not any(proxies.get(scheme) for scheme in ("http", "https", "all")):
+        return {}
+    # ChatOpenAI's order: the argument (either name), then OPENAI_API_BASE, then the SDK's OPENAI_BASE_URL.
+    base = kwargs.get("base_url") or kwargs.get("openai_api_base")
+    base = base or os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL")
+    try:
+        host = urllib.parse.urlsplit(base).hostname if isinstance(base, str) else None
+    except ValueError:  # not a URL: ChatOpenAI's clients fail on it as they did
+        return {}
+    if not is_loopback(host):
+        return {}
+    # A mount of None is the client's own transport, which is never proxied.
+    direct = {f"all://[{host}]" if ":" in host else f"all://{host}": None}
+    return {
+        "http_client": openai.DefaultHttpxClient(mounts=direct),
+        "http_async_client": openai.DefaultAsyncHttpxClient(mounts=direct),
+        # ChatOpenAI's socket options go only into clients it builds, here none: without this it warns
+        # that they disable the environment's proxy, which these clients keep for every other host.
+        "http_socket_options": (),
+    }
 
 
 def _scored(result: ChatResult, continuation: str, top: int, where: str) -> ChatResult:
@@ -576,7 +617,7 @@ class _Client:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.base}{path}", data=data, headers=self.headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+            with open_url(request, timeout=self.timeout) as resp:  # a local server directly, never via http_proxy
                 return resp.status, _as_object(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import http.client
-import ipaddress
 import math
 import os
 import shlex
@@ -24,7 +23,6 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError
+from langgraph_parallelmuse.loopback import open_url
 from langgraph_parallelmuse.redact import mask_argv, redact, secrets_in_argv, secrets_of
 
 HOST = "127.0.0.1"
@@ -459,49 +458,6 @@ def http_ready(
             return False
 
     return ready
-
-
-class _LoopbackDirect(urllib.request.ProxyHandler):
-    """The environment's proxies (``http_proxy``, ``no_proxy``), except for a loopback host.
-
-    A proxy cannot reach this host's loopback (a remote one answers for its own, or fails), and a
-    probe sent to it hands it the probe's ``Authorization`` header: a loopback server is always
-    asked directly, also after a redirect. A remote URL (a user's vLLM) may need the proxy.
-    """
-
-    def proxy_open(self, req: urllib.request.Request, proxy: str, type: str) -> Any:  # noqa: A002 - urllib's name
-        if is_loopback(urllib.parse.urlsplit(req.full_url).hostname):
-            return None  # the next handler (HTTPHandler) connects directly
-        return super().proxy_open(req, proxy, type)
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether ``host`` names this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``).
-
-    Example:
-        >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("[::1]"), is_loopback("10.0.0.7")
-        (True, True, True, False)
-    """
-    if not host:
-        return False
-    host = host.strip("[]").rstrip(".").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name
-        return False
-
-
-def open_url(request: urllib.request.Request, *, timeout: float) -> http.client.HTTPResponse:
-    """``urllib.request.urlopen(request)``, but a loopback URL never goes through a proxy.
-
-    The opener is built per call, so the proxy variables are read as they are now.
-
-    Raises:
-        urllib.error.URLError: As ``urlopen`` (``HTTPError`` for an HTTP error status).
-    """
-    return urllib.request.build_opener(_LoopbackDirect()).open(request, timeout=timeout)
 
 
 def venv_bin(venv: str | Path, name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.loopback import open_url
 from langgraph_parallelmuse.models.hardware import PRECISIONS, resolve_precision
 from langgraph_parallelmuse.redact import redact, secrets_in_argv
 from langgraph_parallelmuse.serving.process import (
@@ -30,7 +31,6 @@ from langgraph_parallelmuse.serving.process import (
     ServerSpec,
     free_port,
     http_ready,
-    open_url,
     serve_one,
     venv_bin,
 )

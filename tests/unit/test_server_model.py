@@ -6,7 +6,9 @@ tests/integration/test_vllm.py runs the same code against a real vLLM.
 from __future__ import annotations
 
 import json
+import urllib.request
 import warnings
+from collections.abc import Iterator
 from typing import Any, TypedDict
 
 import pytest
@@ -31,7 +33,7 @@ from langgraph_parallelmuse.models.server import (
 )
 from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
 from tests.unit.fakes import ScriptedChatModel, make_tools, research_responder
-from tests.unit.http_fakes import Route, fake_http
+from tests.unit.http_fakes import FakeHTTP, Route, fake_http
 from tests.unit.test_dropin import STEPS
 
 QUESTION = [SystemMessage("Answer."), HumanMessage("Which river flows through Vienna?")]
@@ -267,6 +269,44 @@ def test_a_server_that_dies_mid_request_is_not_called_unreachable() -> None:
     with fake_http(routes) as fake:
         with pytest.raises(ServerCheckError, match=r"/v1/chat/completions dropped the request .*crashed; read its log"):
             check_server(f"{fake.url}/v1", "smollm2")
+
+
+@pytest.fixture
+def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHTTP]:
+    """A recording HTTP proxy in ``http_proxy`` and no ``no_proxy``, as a fresh process sees them."""
+    with fake_http({}) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        for name in ("HTTP_PROXY", "no_proxy", "NO_PROXY", "REQUEST_METHOD", "OPENAI_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        # urlopen() reads the proxy variables once per process, when it first builds its opener.
+        monkeypatch.setattr(urllib.request, "_opener", None)
+        yield proxy
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_local_server_is_asked_directly_with_http_proxy_set(proxied: FakeHTTP, host: str) -> None:
+    """With http_proxy set and 127.0.0.1 not in no_proxy, check_server (urllib) and every chat call
+    (ChatOpenAI's httpx clients) went to the proxy, the API key in their Authorization header."""
+    with fake_http(fake_server()) as fake:
+        base = fake.url.replace("127.0.0.1", host) + "/v1"
+        check_server(base, "smollm2", api_key="sk-local-0123456789")
+        model = llm(base, api_key="sk-local-0123456789")
+        assert model.invoke(QUESTION).content == "A"
+        assert (await model.ainvoke(QUESTION)).content == "A"
+    assert proxied.requests == []
+    assert [r.path for r in fake.requests[-2:]] == ["/v1/chat/completions"] * 2
+    assert {r.headers["authorization"] for r in fake.requests} == {"Bearer sk-local-0123456789"}
+
+
+async def test_a_remote_server_is_asked_through_the_environments_proxy(proxied: FakeHTTP) -> None:
+    """A user's vLLM on another host may be reachable through the proxy only."""
+    base = "http://vllm.example:8000/v1"
+    server = fake_server()  # the proxy answers as the remote server (a proxy's request line holds the whole URL)
+    proxied.routes[f"GET {base}/models"] = server["GET /v1/models"]
+    proxied.routes[f"POST {base}/chat/completions"] = server["POST /v1/chat/completions"]
+    assert served_models(base) == ["smollm2", "other"]
+    assert (await llm(base).ainvoke(QUESTION)).content == "A"
+    assert [r.path for r in proxied.requests] == [f"{base}/models", f"{base}/chat/completions"]
 
 
 def _prompt_logprobs(prompt: list[tuple[str, float | None]]) -> list[dict | None]:

@@ -1,0 +1,84 @@
+"""HTTP to this machine's loopback never goes through the environment's proxy.
+
+``http_proxy`` (or ``HTTP_PROXY``) without ``no_proxy`` sends every request to the proxy, a
+``127.0.0.1`` one too: a proxy cannot reach this host's loopback (a remote one answers for its own,
+or fails), and the request hands it its ``Authorization`` header (a local vLLM's key). The library's
+own HTTP calls (:func:`~langgraph_parallelmuse.models.server.check_server`, the serving readiness
+probes and counters) go through :func:`open_url`; ``ServerChatModel``'s clients ask
+:func:`is_loopback` of their base URL. A remote URL (a user's vLLM elsewhere) may need the proxy
+and keeps it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import urllib.parse
+import urllib.request
+from typing import Any
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` names this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``).
+
+    Args:
+        host: A URL's host, as ``urllib.parse.urlsplit(url).hostname`` gives it (IPv6 with or
+            without brackets).
+
+    Returns:
+        ``True`` for ``localhost`` and its subdomains, 127.0.0.0/8 and ``::1``; ``False`` for
+        anything else, an empty or missing host included.
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("[::1]"), is_loopback("10.0.0.7")
+        (True, True, True, False)
+    """
+    if not host:
+        return False
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+class _LoopbackDirect(urllib.request.ProxyHandler):
+    """The environment's proxies (``http_proxy``, ``no_proxy``), except for a loopback host.
+
+    Decided per request, so a loopback server is asked directly also after a redirect.
+    """
+
+    def proxy_open(self, req: urllib.request.Request, proxy: str, type: str) -> Any:  # noqa: A002 - urllib's name
+        if is_loopback(urllib.parse.urlsplit(req.full_url).hostname):
+            return None  # the next handler (HTTPHandler) connects directly
+        return super().proxy_open(req, proxy, type)
+
+
+def open_url(request: urllib.request.Request, *, timeout: float) -> http.client.HTTPResponse:
+    """``urllib.request.urlopen(request)``, but a loopback URL never goes through a proxy.
+
+    The opener is built per call, so the proxy variables are read as they are now (``urlopen``
+    reads them once per process).
+
+    Args:
+        request: The request, its headers included.
+        timeout: Seconds for the connection and each read.
+
+    Returns:
+        The response, to use as a context manager.
+
+    Raises:
+        urllib.error.URLError: As ``urlopen`` (``HTTPError`` for an HTTP error status).
+
+    Example:
+        >>> import urllib.error
+        >>> from langgraph_parallelmuse.serving import free_port
+        >>> try:  # asked directly, with or without http_proxy set: nothing listens there
+        ...     open_url(urllib.request.Request(f"http://127.0.0.1:{free_port()}/"), timeout=2)
+        ... except urllib.error.URLError as exc:
+        ...     print("unreachable:", type(exc.reason).__name__)
+        unreachable: ConnectionRefusedError
+    """
+    return urllib.request.build_opener(_LoopbackDirect()).open(request, timeout=timeout)
