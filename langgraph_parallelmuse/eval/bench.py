@@ -10,13 +10,16 @@ Reports are written once per trajectory and shared by every method that aggregat
 graph, at most ``max_concurrency`` (``--set``) trajectories or reports of a question are in flight.
 
 Results are appended to a JSONL file one question at a time; a rerun skips finished questions.
-A question whose every trajectory of a set failed (the model could not be called), or whose judging
-failed (the judge could not be called), is not recorded: a rerun runs it again.
+A question whose every trajectory of a set failed (the model could not be called: every from-scratch
+sample, or every branch a partial-rollout mode ran), whose every report or an aggregation's model call
+failed with the server down, or whose judging failed (the judge could not be called), is not recorded:
+a rerun runs it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import math
 import time
@@ -41,6 +44,7 @@ from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_
 from langgraph_parallelmuse.files import replacing
 from langgraph_parallelmuse.lineage import Pick
 from langgraph_parallelmuse.protocol import one_line
+from langgraph_parallelmuse.retry import is_transient
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.stage2 import choose_answer, write_report
 from langgraph_parallelmuse.state import Trajectory
@@ -272,10 +276,15 @@ class _Rollouts:
     timings: dict[str, float]
 
 
-def _check_not_all_failed(item: QAItem, label: str, group: Sequence[Trajectory]) -> None:
+def _check_not_all_failed(item: QAItem, what: str, group: Sequence[Trajectory]) -> None:
     """Stop a question when every trajectory of one of its sets failed (the model could not be
     called), as the graph's ``collect`` stops such a run: its scores would be the outage's. A set
     where only some failed goes on with the others, as the graph's run does.
+
+    Args:
+        item: The question.
+        what: The trajectories of ``group``, as the message names them (``"from-scratch trajectory"``).
+        group: The trajectories the set ran itself (a partial mode's, without the samples it reuses).
 
     Raises:
         RolloutFailedError: Every trajectory of ``group`` failed; the message gives the first's error.
@@ -283,8 +292,65 @@ def _check_not_all_failed(item: QAItem, label: str, group: Sequence[Trajectory])
     if group and all(t["status"] == "failed" for t in group):
         first = one_line(group[0].get("error") or "no error recorded", 300)
         raise RolloutFailedError(
-            f"every {label} trajectory failed ({len(group)} of {len(group)}), the first: {first}",
+            f"every {what} failed ({len(group)} of {len(group)}), the first: {first}",
             result={"id": item.id, "trajectories": list(group)},
+        )
+
+
+# How Stage 2 records a model call that raised, before the error's "Name: message": a report's
+# problem (compress.report_attempts) and an aggregation's error (aggregate.aggregate_reports).
+_REPORT_CALL_FAILED = "the model call failed: "
+_AGGREGATOR_CALL_FAILED = "the aggregator's model call failed: "
+
+
+def _outage(error: str | None, prefix: str) -> str | None:
+    """The ``Name: message`` of a model call that failed because its server was down, else ``None``.
+
+    Down as :func:`~langgraph_parallelmuse.retry.is_transient` judges an exception (a refused or
+    dropped connection, a timeout, a 5xx, a 429), after the call's retries. Stage 2 keeps only the
+    error's text, so the exception is judged by its class name: a builtin's by its class
+    (``ConnectionError`` and kin), another's by the names ``is_transient`` reads (``APIConnectionError``).
+    A reply that was junk records no such error, nor is a request the server refused (a 400, met
+    again at every rerun) an outage: both stay the question's result, as in the graph's run.
+
+    Args:
+        error: A report's ``problem`` or an aggregation's ``error``.
+        prefix: How that stage records a failed call.
+
+    Example:
+        >>> _outage("the model call failed: ConnectionError: Connection refused", _REPORT_CALL_FAILED)
+        'ConnectionError: Connection refused'
+        >>> _outage("the model call failed: BadRequestError: prompt refused", _REPORT_CALL_FAILED) is None
+        True
+    """
+    if not error or not error.startswith(prefix):
+        return None
+    said = error[len(prefix) :]
+    name = said.split(":", 1)[0]
+    if not name.isidentifier():
+        return None
+    builtin = getattr(builtins, name, None)
+    down = isinstance(builtin, type) and issubclass(builtin, (ConnectionError, TimeoutError))
+    # A stand-in of the recorded name: is_transient reads a client library's exception by its class names.
+    return said if down or is_transient(type(name, (Exception,), {})()) else None
+
+
+def _check_reports_reached(item: QAItem, reports: dict[str, dict]) -> None:
+    """Stop a question when every report fell back because its server was down (:func:`_outage`): the
+    aggregation methods' scores would be the outage's (answer-only reports, or the majority vote).
+
+    Raises:
+        RolloutFailedError: Every report's model call failed with an outage; the message gives the first's.
+    """
+    down = [
+        said
+        for r in reports.values()
+        if r["status"] == "fallback" and (said := _outage(r.get("problem"), _REPORT_CALL_FAILED))
+    ]
+    if reports and len(down) == len(reports):
+        raise RolloutFailedError(
+            f"every report's model call failed ({len(down)} of {len(reports)}), the first: {one_line(down[0], 300)}",
+            result={"id": item.id, "reports": list(reports.values())},
         )
 
 
@@ -293,7 +359,8 @@ async def _rollouts(
 ) -> _Rollouts:
     started = time.perf_counter()
     scratch, _ = await run_schedule(runner, item.question, config=settings.config(), run_id=f"{item.id}/scratch")
-    _check_not_all_failed(item, "from-scratch", scratch)  # before any branch is sent to a server that is down
+    _check_not_all_failed(item, "from-scratch trajectory", scratch)  # before a branch is sent to a server that is down
+    sampled = {t["thread_id"] for t in scratch}
     out = _Rollouts({"scratch": scratch}, {}, {"scratch_rollout": time.perf_counter() - started})
     note(f"{settings.n} from-scratch trajectories")
     for mode in settings.modes if settings.needs("partial") else ():
@@ -305,7 +372,10 @@ async def _rollouts(
         config = settings.config(mode)
         run_id = f"{item.id}/partial" + (f"-{mode}" if config.branching == "online" else "")
         group, picks = await run_schedule(runner, item.question, config=config, run_id=run_id, reuse=scratch)
-        _check_not_all_failed(item, f"{mode} partial-rollout", group)
+        # Only the trajectories the mode ran itself: the from-scratch samples it reuses answered above, so
+        # with them counted a server that died after those let every branch fail and the question be recorded.
+        ran = [t for t in group if t["thread_id"] not in sampled]
+        _check_not_all_failed(item, f"{mode} partial-rollout branch", ran)
         out.timings[f"branches_{mode}"] = time.perf_counter() - t0
         out.picks[mode] = [[p["step"], p["region"], p["score"], p["round"]] for p in picks]
         # Branch ids repeat across modes; this record holds every mode's trajectories, each branch
@@ -357,6 +427,11 @@ async def _method_record(
         own = [reports[i] for i in ids if i in reports]
         config = make_config(base, aggregation=aggregation)
         choice = await choose_answer(model, item.question, group, own, config=config, guided=guided)
+        if said := _outage(choice.error, _AGGREGATOR_CALL_FAILED):
+            # Recorded, the outage's majority fallback would stand as this method's score.
+            raise RolloutFailedError(
+                f"the aggregator's model call failed ({name}): {one_line(said, 300)}", result={"id": item.id}
+            )
         rec = {"answer": choice.answer, "source": choice.source, **score_answer(choice.answer, item.answers)}
         if family.reports:
             rec["aggregate_tokens"] = choice.tokens
@@ -397,8 +472,10 @@ async def run_question(
     matches the gold answer; ``None`` for an unreadable verdict, counted in ``judge_unreadable``).
 
     Raises:
-        RolloutFailedError: Every trajectory of the from-scratch set, or of a partial-rollout mode's
-            set, failed (the rule of the graph's run); ``result`` holds the question id and that set.
+        RolloutFailedError: Every trajectory of the from-scratch set, or every branch a partial-rollout
+            mode ran, failed (the rule of the graph's run); or every report's, or an aggregation's,
+            model call failed with its server down (:func:`_outage`); ``result`` holds the question id
+            and what failed.
         JudgeError: The ``judge`` model's call failed.
     """
 
@@ -423,6 +500,7 @@ async def run_question(
     if to_compress:
         t0 = time.perf_counter()
         reports = await _reports(model, item, to_compress, config=base, guided=guided_reports)
+        _check_reports_reached(item, reports)  # before the aggregator is sent to a server that is down
         rollouts.timings["compress"] = time.perf_counter() - t0
         note(f"{len({r['text'] for r in reports.values()})} reports")
     methods = {
@@ -786,6 +864,18 @@ def markdown_table(summary: dict[str, dict], *, baseline: str = "majority") -> s
 # searched its questions' own corpus (check_doc_ids refuses one without their documents), so an older
 # record's corpus is taken to be the one given now, as the code of its day took it.
 _UNRECORDED_BEFORE = frozenset({"corpus"})
+# The ParallelMuseConfig fields (``--set``) that change how many trajectories or reports run at once,
+# not which run nor what they say: a run may continue with another value (lowered after a server was
+# overloaded), as ``ask --resume`` may, and a summary reads one table from records of both.
+_SCHEDULING = frozenset({"max_concurrency"})
+
+
+def _compared(settings: dict) -> dict:
+    """A record's settings as they are compared: without the scheduling fields of ``extra``."""
+    extra = settings.get("extra")
+    if not isinstance(extra, dict):
+        return settings
+    return {**settings, "extra": {k: v for k, v in extra.items() if k not in _SCHEDULING}}
 
 
 def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSettings | None = None) -> list[dict]:
@@ -798,7 +888,8 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
             run with them and record each (but those of :data:`_UNRECORDED_BEFORE`, which records
             older than them lack). ``None`` (summarising alone, as ``bench --report-only``):
             the records must all have been run with one settings, whichever; a field some records
-            lack (older than the field) is compared among the records that have it.
+            lack (older than the field) is compared among the records that have it. Either way the
+            scheduling fields of ``extra`` (:data:`_SCHEDULING`: ``max_concurrency``) are not compared.
 
     Raises:
         ConfigError: ``settings`` is given and a record was run with other settings or does not
@@ -825,9 +916,9 @@ def finished_records(path: Path, items: Sequence[QAItem], *, settings: BenchSett
         _check_one_settings(path, records)
         return records
     # Through JSON, as stored: tuples become lists.
-    wanted = json.loads(json.dumps(asdict(settings)))
+    wanted = _compared(json.loads(json.dumps(asdict(settings))))
     for rec in records:
-        stored = rec.get("settings") or {}
+        stored = _compared(rec.get("settings") or {})
         # A field the record lacks was added after it ran: what it was run with is unknown, so it
         # is no match (a served-model run must not continue an embedded model's file).
         unknown = [k for k in wanted if k not in stored and k not in _UNRECORDED_BEFORE]
@@ -850,7 +941,7 @@ def _check_one_settings(path: Path, records: Sequence[dict]) -> None:
     names = sorted({name for rec in records for name in rec.get("settings") or {}})
     values: dict[str, dict[str, list[str]]] = {name: {} for name in names}  # field -> value -> question ids
     for rec in records:
-        stored = rec.get("settings") or {}
+        stored = _compared(rec.get("settings") or {})
         for name in names:
             if name in stored:
                 values[name].setdefault(json.dumps(stored[name], sort_keys=True), []).append(rec["id"])
@@ -943,7 +1034,8 @@ async def run_bench(
 
     Raises:
         RolloutFailedError: After every other question, when some failed (every trajectory of one of
-            their sets did, or the judge did: :func:`run_question` raises): they are not recorded, so
+            their sets did, their reports or aggregator met a server down, or the judge failed:
+            :func:`run_question` raises): they are not recorded, so
             a rerun runs them again. ``result["records"]`` holds the finished records, ``result["failed"]``
             the failed questions' ids and reasons.
     """

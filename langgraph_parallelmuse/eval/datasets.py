@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,11 +156,13 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         ``context_doc_ids`` a line lacks are ``[]``.
 
     Raises:
-        EvalDataError: ``path`` is not a readable file, or a line is not UTF-8 (raw bytes, or a
-            lone surrogate escape such as ``\\ud83c`` in any string) or not valid JSON, lacks a
-            required field (``id``, ``question``, ``answers`` with at least one answer that is not
-            empty once normalised), has one of the wrong type (``meta`` not an object) or repeats
-            an earlier line's ``id``; the message gives ``file:line`` and the problem.
+        EvalDataError: ``path`` is not a readable file (missing, a directory, no read permission),
+            or a line is not UTF-8 (raw bytes, or a lone surrogate escape such as ``\\ud83c`` in
+            any string) or not valid JSON, lacks a required field (``id``, ``question``, ``answers``
+            with at least one answer that is not empty once normalised), has one of the wrong type
+            (``meta`` not an object) or repeats an earlier line's ``id``; the message gives
+            ``file:line`` (the file alone when it cannot be read) and the problem. A UTF-8 byte
+            order mark at the start of the file is skipped.
 
     Example:
         >>> import json, os, tempfile
@@ -175,26 +178,46 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
     path = Path(path)
-    if not path.is_file():
-        raise EvalDataError(f"{path}: no such questions file (a JSONL of {{id, question, answers, ...}})")
+    try:  # a stat (a folder on the way without search permission), the open or a read may fail
+        if path.is_dir():
+            raise EvalDataError(
+                f"{path}: a directory, not a questions file (a JSONL of {{id, question, answers, ...}})"
+            )
+        if not path.is_file():
+            raise EvalDataError(f"{path}: no such questions file (a JSONL of {{id, question, answers, ...}})")
+        # utf-8-sig: a file saved "UTF-8 with BOM" (Notepad, Excel) made its first line invalid JSON.
+        # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.
+        with path.open(encoding="utf-8-sig", errors="surrogateescape") as handle:
+            return _read_items(handle, path, limit)
+    except OSError as exc:  # no read permission, a disk error: named with the file, not a traceback
+        raise EvalDataError(
+            f"{path}: cannot read the questions file ({exc.strerror or exc}): check its permissions, "
+            "or give a copy that can be read"
+        ) from exc
+
+
+def _read_items(handle: Iterable[str], path: Path, limit: int | None) -> list[QAItem]:
+    """The questions of an open questions file, at most ``limit``, each line checked by :func:`_parse_line`.
+
+    Raises:
+        EvalDataError: A line is malformed or repeats an earlier line's ``id``.
+    """
     items: list[QAItem] = []
     line_of: dict[str, int] = {}
-    # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.
-    with path.open(encoding="utf-8", errors="surrogateescape") as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            if limit is not None and len(items) >= limit:
-                break
-            if not raw.strip():
-                continue
-            item = _parse_line(raw, f"{path}:{lineno}")
-            if item.id in line_of:
-                # Results are kept by id: a resumed bench would report one of the two twice.
-                raise EvalDataError(
-                    f"{path}:{lineno}: duplicate id {item.id!r} (also on line {line_of[item.id]}): "
-                    "give each question its own id"
-                )
-            line_of[item.id] = lineno
-            items.append(item)
+    for lineno, raw in enumerate(handle, start=1):
+        if limit is not None and len(items) >= limit:
+            break
+        if not raw.strip():
+            continue
+        item = _parse_line(raw, f"{path}:{lineno}")
+        if item.id in line_of:
+            # Results are kept by id: a resumed bench would report one of the two twice.
+            raise EvalDataError(
+                f"{path}:{lineno}: duplicate id {item.id!r} (also on line {line_of[item.id]}): "
+                "give each question its own id"
+            )
+        line_of[item.id] = lineno
+        items.append(item)
     return items
 
 

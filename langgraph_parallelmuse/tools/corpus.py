@@ -575,7 +575,9 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
         with _reading(f), f.open("rb") as fh:
             for lineno, raw in enumerate(fh, 1):
                 try:
-                    line = raw.decode("utf-8")
+                    # A file saved "UTF-8 with BOM" starts with U+FEFF, which json.loads refuses: it marks the
+                    # encoding, it is no part of the first line.
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
                 except UnicodeDecodeError as exc:
                     raise CorpusError(f"{f}:{lineno}: not UTF-8 text ({exc.reason}): save the file as UTF-8") from None
                 if not line.strip():

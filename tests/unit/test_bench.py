@@ -16,6 +16,7 @@ from langgraph_parallelmuse.errors import ConfigError, CorpusError, RolloutFaile
 from langgraph_parallelmuse.eval.bench import (
     METHODS,
     BenchSettings,
+    finished_records,
     fork_table,
     load_done,
     markdown_table,
@@ -306,6 +307,73 @@ async def test_a_bench_whose_model_and_judge_failed_says_to_check_both_servers(i
     assert [r["id"] for r in failed.value.result["records"]] == ["q1"]
 
 
+async def test_a_question_whose_every_branch_failed_after_its_samples_is_not_recorded(index, tmp_path, fast_retries):
+    # Before: the check counted the from-scratch samples the mode reuses, which had answered, so a server
+    # that died after them left every branch, report and aggregation failed and the question recorded.
+    out = tmp_path / "results.jsonl"
+    agent_calls = []
+
+    def responder(messages):
+        if role_of(messages) == "agent":
+            agent_calls.append(1)
+        if len(agent_calls) > 8:  # 4 from-scratch trajectories of 2 steps, then the server is down
+            raise ConnectionError("Connection refused")
+        return research_responder(_agent)(messages)
+
+    with pytest.raises(RolloutFailedError) as failed:
+        await run_bench(ScriptedChatModel(responder=responder), index, ITEMS[:1], BenchSettings(**SMALL), out)
+    said = str(failed.value)
+    assert said.startswith(
+        "1 of 1 question(s) failed and were not recorded: q1: every exploration partial-rollout branch failed "
+        "(2 of 2), the first: model call failed at step "
+    )
+    assert "ConnectionError: Connection refused. Check that the model's server is up" in said
+    assert list(failed.value.result["failed"]) == ["q1"] and load_done(out) == {}
+    (rec,) = await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL), out)  # the rerun runs it
+    assert rec["methods"]["parallelmuse_exploration"]["source"] == "aggregator"
+
+
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        ("compress", "q1: every report's model call failed (6 of 6), the first: ConnectionError: Connection refused."),
+        (
+            "aggregate",
+            "q1: the aggregator's model call failed (aggregation_only): ConnectionError: Connection refused.",
+        ),
+    ],
+)
+async def test_a_question_whose_reports_or_aggregator_met_a_server_down_is_not_recorded(
+    index, tmp_path, fast_retries, stage, message
+):
+    # Before: recorded, with answer-only reports and the majority vote standing as ParallelMuse's score.
+    out = tmp_path / "results.jsonl"
+    model = ScriptedChatModel(responder=research_responder(_agent, **{stage: lambda messages: _refused()}))
+    with pytest.raises(RolloutFailedError) as failed:
+        await run_bench(model, index, ITEMS[:1], BenchSettings(**SMALL), out)
+    assert message in str(failed.value) and "Check that the model's server is up" in str(failed.value)
+    assert load_done(out) == {}
+
+
+@pytest.mark.parametrize(
+    ("stage", "reply"),
+    [
+        ("compress", lambda messages: Reply("I will not write sections.")),  # junk: every report falls back
+        ("compress", lambda messages: RuntimeError("HTTP 400: the prompt was refused")),  # not an outage
+        ("aggregate", lambda messages: RuntimeError("HTTP 400: the prompt was refused")),
+    ],
+)
+async def test_a_report_or_aggregation_that_failed_without_an_outage_is_recorded(index, tmp_path, stage, reply):
+    # A rerun would meet the same reply: the fallback is the question's result, as in the graph's run.
+    model = ScriptedChatModel(responder=research_responder(_agent, **{stage: reply}))
+    (rec,) = await run_bench(model, index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl")
+    assert rec["methods"]["parallelmuse_exploration"]["answer"] == "Paris"
+    if stage == "compress":
+        assert {r["status"] for r in rec["reports"].values()} == {"fallback"}
+    else:
+        assert rec["methods"]["parallelmuse_exploration"]["source"] == "majority_fallback"
+
+
 async def test_a_question_where_some_trajectories_failed_is_recorded_from_the_others(index, tmp_path):
     # The rule of the graph's run (and `ask`): only a set whose every trajectory failed stops.
     calls = []
@@ -383,6 +451,22 @@ async def test_continuing_a_bench_with_other_settings_is_refused_not_mixed_into_
     assert model.calls == []  # refused before anything ran
     records = await run_bench(model, index, ITEMS[:2], BenchSettings(**SMALL), out)  # the same settings continue
     assert [r["id"] for r in records] == ["q1", "q2"]
+
+
+async def test_continuing_a_bench_with_a_lower_max_concurrency_proceeds(index, tmp_path):
+    # Before: refused ("extra {'max_concurrency': 8} (now {'max_concurrency': 2})"), though how many run at
+    # once changes no trajectory and `ask --resume` accepts it (a run lowered after overloading a server).
+    out = tmp_path / "results.jsonl"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL, extra={"max_concurrency": 8}), out)
+    model = _model()
+    records = await run_bench(model, index, ITEMS[:2], BenchSettings(**SMALL, extra={"max_concurrency": 2}), out)
+    assert [r["id"] for r in records] == ["q1", "q2"]
+    assert {_question(c["messages"]) for c in model.calls} == {ITEMS[1].question}  # q1 was not run again
+    assert [r["id"] for r in finished_records(out, ITEMS[:2])] == ["q1", "q2"]  # one table (--report-only)
+    assert [r["id"] for r in finished_records(out, ITEMS, settings=BenchSettings(**SMALL))] == ["q1", "q2"]
+    # A setting that changes the trajectories is still compared; the scheduling one is not shown.
+    with pytest.raises(ConfigError, match=r"other settings: extra \{\} \(now \{'temperature': 0.3\}\); run"):
+        finished_records(out, ITEMS, settings=BenchSettings(**SMALL, extra={"temperature": 0.3}))
 
 
 async def test_a_record_that_does_not_record_a_setting_is_not_continued(index, tmp_path):

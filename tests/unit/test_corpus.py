@@ -425,3 +425,13 @@ def test_best_title_match_folds_case_as_search_does(tmp_path: Path, cache: Path)
     assert index.search("İSMET İNÖNÜ", k=1)[0].id == "d6"
     assert index.get("İSMET İNÖNÜ").id == "d6"
     assert index.get("ismet inonu").id == "d6"
+
+
+def test_a_corpus_file_saved_with_a_byte_order_mark_indexes_its_first_document(tmp_path: Path, cache: Path) -> None:
+    # Before: "c.jsonl:1: not valid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))".
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(d) + "\n" for d in DOCS), encoding="utf-8-sig")
+    assert src.read_bytes().startswith(b"\xef\xbb\xbf")
+    index = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert len(index) == len(DOCS) and index.missing(["d1"]) == []
+    assert index.get("d1").title == "Eiffel Tower"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,36 @@ def test_a_full_surrogate_pair_escape_loads_as_one_character(tmp_path):
     path = _write(tmp_path, [{**ROW, "question": "Who sang \U0001f3b5?"}])
     assert "\\ud83c\\udfb5" in path.read_text(encoding="utf-8")
     assert load_questions(path)[0].question == "Who sang \U0001f3b5?"
+
+
+@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied"), OSError(5, "Input/output error")])
+def test_a_questions_file_that_cannot_be_read_is_an_eval_data_error_naming_it(tmp_path, monkeypatch, error):
+    # Before: the bare PermissionError (OSError) of path.open, a traceback naming no fix.
+    path = _write(tmp_path, [ROW])
+    real_open = Path.open
+
+    def refusing_open(self, *args, **kwargs):
+        if self == path:
+            raise error  # as for a file without read permission (the tests may run as root)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    with pytest.raises(EvalDataError) as excinfo:
+        load_questions(path)
+    said = str(excinfo.value)
+    assert said.startswith(f"{path}: cannot read the questions file ({error.strerror})")
+    assert "check its permissions" in said
+
+
+def test_a_directory_given_as_the_questions_file_is_named_as_one(tmp_path):
+    with pytest.raises(EvalDataError, match=rf"^{re.escape(str(tmp_path))}: a directory, not a questions file"):
+        load_questions(tmp_path)
+
+
+def test_a_questions_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    # Before: its first line was "not valid JSON (Unexpected UTF-8 BOM ...)".
+    path = tmp_path / "bom.questions.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + json.dumps({**ROW, "id": "q2"}) + "\n", encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert [item.id for item in load_questions(path)] == ["q1", "q2"]
+    assert load_questions(path)[0] == load_questions(_write(tmp_path, [ROW]))[0]
