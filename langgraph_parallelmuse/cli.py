@@ -507,63 +507,62 @@ def _run_named(args: argparse.Namespace) -> str:
     return f"--run-id {args.run_id!r} in {args.db}"
 
 
-async def _stored_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings the run ``--run-id`` in ``--db`` was started with, checked against the flags given.
+async def _stored_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of the run ``--run-id`` in ``--db``, checked to be the run this command describes.
 
-    Read before the model loads, so a resume's flags are validated on top of the stored settings (on
-    the defaults, ``--n 4`` of a run stored with ``--mode none`` was refused for the default mode's budget).
+    Read before the index opens or the model loads: a wrong resume was found only after both. A resume's
+    flags are then validated on top of the stored settings (on the defaults, ``--n 4`` of a run stored
+    with ``--mode none`` was refused for the default mode's budget). A run stored before its inputs were
+    is resumed whatever they are.
 
     Returns:
-        The stored settings; ``{}`` when no run is stored (:func:`_resume_point` says so) or it stopped
-        before its settings were (in ``prepare``: it starts with this command's).
+        The stored settings; ``{}`` for a new run, or a run that stopped before its settings were stored
+        (in ``prepare``: it starts with this command's).
 
     Raises:
-        ConfigError: A given setting other than ``max_concurrency`` differs from the stored one.
+        ConfigError: A new run would reuse the id of an existing one; ``--resume`` names no run; or the
+            question, an input (:func:`_run_inputs`: the corpus, the model) or a given setting other than
+            ``max_concurrency`` differs from the stored one.
     """
     from langgraph_parallelmuse.persistence import open_checkpointer
 
     async with open_checkpointer(args.db) as saver:
         found = await saver.aget_tuple({"configurable": {"thread_id": args.run_id, "checkpoint_ns": ""}})
-    settings = (found.checkpoint.get("channel_values") or {}).get("settings") if found else None
-    settings = settings or {}
-    # How many run at once changes no trajectory: a resume may lower it (after an overload).
-    clash = {k: v for k, v in _overrides(args).items() if k in settings and k != "max_concurrency" and settings[k] != v}
-    if clash:
-        given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
-        raise ConfigError(f"{_run_named(args)} was started with other settings: {given}; drop these flags to resume it")
-    return settings
-
-
-async def _resume_point(graph: Any, run_config: dict, args: argparse.Namespace) -> dict | None:
-    """The stored state of the run ``--run-id`` names, checked to be the run this command describes.
-
-    Returns ``None`` for a new run. Raises ``ConfigError`` when ``--resume`` names no run, when the
-    question or an input (``run_config``'s :func:`_run_inputs`: the corpus, the model) differs from
-    the stored one, or when a new run would reuse the id of an existing one. A run stored before its
-    inputs were is resumed whatever they are. (The settings were checked by :func:`_stored_settings`.)
-    """
-    snap = await graph.aget_state(run_config)
-    exists = bool(snap.values and snap.values.get("question"))
+    stored = (found.checkpoint.get("channel_values") or {}) if found else {}
     where = _run_named(args)
     if not args.resume:
-        if exists:
+        if stored.get("question"):
             raise ConfigError(f"{where} already holds a run: add --resume to continue it, or choose another --run-id")
-        return None
-    if not exists:
+        return {}
+    if not stored.get("question"):
         raise ConfigError(f"no run {where}: start it without --resume (same --db and --run-id)")
-    stored = snap.values
     if stored["question"] != args.question.strip():
         raise ConfigError(
             f"{where} was started with the question {stored['question']!r}; resume it with that question, "
             "or start a new run with another --run-id"
         )
-    inputs = (snap.metadata or {}).get(_INPUTS)
-    if inputs and (other := _other_inputs(json.loads(inputs), json.loads(run_config["metadata"][_INPUTS]))):
+    inputs = (found.metadata or {}).get(_INPUTS)
+    if inputs and (other := _other_inputs(json.loads(inputs), _run_inputs(args))):
         raise ConfigError(
             f"{where} was started with other inputs: {other}; give those flags as stored to resume it, "
             "or start a new run with another --run-id"
         )
-    return {"state": stored, "pending": list(snap.next)}
+    settings = stored.get("settings") or {}
+    # How many run at once changes no trajectory: a resume may lower it (after an overload).
+    clash = {k: v for k, v in _overrides(args).items() if k in settings and k != "max_concurrency" and settings[k] != v}
+    if clash:
+        given = ", ".join(f"--{k.replace('_', '-')} {v} (stored: {settings[k]})" for k, v in clash.items())
+        raise ConfigError(f"{where} was started with other settings: {given}; drop these flags to resume it")
+    return settings
+
+
+async def _resume_point(graph: Any, run_config: dict) -> dict:
+    """The stored state of the run ``run_config`` names and the nodes still to run.
+
+    The run was checked to be the one the command describes by :func:`_stored_run`, before the model loaded.
+    """
+    snap = await graph.aget_state(run_config)
+    return {"state": snap.values, "pending": list(snap.next)}
 
 
 def _failed(state: dict[str, Any]) -> int:
@@ -674,15 +673,38 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
             f"[bold yellow]warning: {roll['tool_errors']} of {calls} tool calls failed[/] "
             f"({_shown('; '.join(roll.get('tool_error_reasons') or []))}): the answer rests on little or no evidence"
         )
-    if error := (stats.get("aggregate") or {}).get("error"):
+    answer = final.get("answer")
+    # Without an answer the panel says why (the same error): no aggregator's pick was there to be used.
+    if answer is not None and (error := (stats.get("aggregate") or {}).get("error")):
         out.print(f"[yellow]the aggregator's pick was not used:[/] {_shown(error)}")
     out.print(
         Panel(
-            _shown(final.get("answer")),
+            _shown(answer if answer is not None else _no_answer(final)),
             title=f"Answer (source: {final.get('answer_source')})",
-            border_style="bold green",
+            border_style="bold green" if answer is not None else "bold red",
         )
     )
+
+
+def _no_answer(final: dict[str, Any]) -> str:
+    """Why a run has no answer, as its aggregate step wrote it in its last message ("No answer: …").
+
+    Whatever the aggregation: a baseline's (``--aggregation majority``) keeps no error in the stats,
+    only the ``parallelmuse`` aggregation does.
+
+    Example:
+        >>> from langchain_core.messages import AIMessage
+        >>> said = AIMessage("No answer: no trajectory answered (2 max_turns).", name="parallelmuse")
+        >>> _no_answer({"messages": [said]})
+        'No answer: no trajectory answered (2 max_turns).'
+        >>> _no_answer({"stats": {"aggregate": {"error": "no report carries an answer"}}})
+        'No answer: no report carries an answer.'
+    """
+    last = (final.get("messages") or [None])[-1]
+    if getattr(last, "name", None) == "parallelmuse" and str(getattr(last, "content", "")).startswith("No answer"):
+        return str(last.content)
+    error = ((final.get("stats") or {}).get("aggregate") or {}).get("error")
+    return f"No answer: {error or 'no trajectory answered'}."
 
 
 def _writable_file(path: str, flag: str) -> None:
@@ -762,27 +784,31 @@ def _ask_interrupted(args: argparse.Namespace) -> str:
     return f"rerun the same command with{run} --resume to continue it"
 
 
-async def _ask_settings(args: argparse.Namespace) -> ParallelMuseConfig:
-    """The settings ``ask`` runs with, checked with its flags before the index opens or the model loads.
+async def _ask_settings(args: argparse.Namespace) -> tuple[argparse.Namespace, ParallelMuseConfig]:
+    """The command line (a server's only model named) and the settings ``ask`` runs with, checked with
+    its flags before the index opens or the model loads.
 
-    A resume's flags are validated on top of its stored settings (:func:`_stored_settings`); an output
-    that would replace an input (``--json`` on the ``--db`` file, a corpus, the calibration) is refused.
+    The run ``--run-id`` names is checked against the store (:func:`_stored_run`: a resume's flags are
+    validated on top of its stored settings); an output that would replace an input (``--json`` on the
+    ``--db`` file, a corpus, the calibration) is refused.
     """
     from langgraph_parallelmuse.persistence import check_db
 
     if args.resume and not (args.db and args.run_id):
         raise ConfigError("--resume needs --db and --run-id: the store and the name of the interrupted run")
-    if args.db:
-        check_db(args.db, existing=args.resume)  # a mistyped path to resume is not made a new store
-    elif args.run_id:
+    if args.run_id and not args.db:
         raise ConfigError("--run-id names a run inside --db: add --db FILE (or a postgresql:// URL)")
-    _check_model_flags(args)
-    settings = make_config({**(await _stored_settings(args) if args.resume else {}), **_overrides(args)})
+    # A mistyped path to resume is not made a new store.
+    kind = check_db(args.db, existing=args.resume) if args.db else None
+    args = _served_name(args)  # a checkpointed run records its model by name: the stored run's is compared
+    # A SQLite file still to be created holds no run, and is not created before the index opens (which may fail).
+    look = args.run_id and (kind == "postgres" or Path(args.db).expanduser().exists())
+    settings = make_config({**(await _stored_run(args) if look else {}), **_overrides(args)})
     if args.json:
         _writable_file(args.json, "--json")
         inputs = [("--db", args.db), ("--calibration", settings.calibration), ("--model-path", args.model_path)]
         _refuse_overwriting("--json", args.json, [*inputs, *(("--corpus", path) for path in args.corpus)])
-    return settings
+    return args, settings
 
 
 async def _ask(args: argparse.Namespace) -> int:
@@ -790,9 +816,8 @@ async def _ask(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.persistence import open_checkpointer
 
     # Everything that can be checked without the model is checked first.
-    settings = await _ask_settings(args)
+    args, settings = await _ask_settings(args)
     tools = _tools(args)  # a missing corpus or search key is found before the model loads
-    args = _served_name(args)  # a checkpointed run records its model by name
     _warn_other_model(settings.calibration, _model_identity(args))
     # A resumed run's settings are its stored ones: the server is checked for the run's own driver and mode.
     model = _model(args, settings)
@@ -812,7 +837,7 @@ async def _ask(args: argparse.Namespace) -> int:
             "max_concurrency": settings.max_concurrency,
             "metadata": {_INPUTS: json.dumps(_run_inputs(args), sort_keys=True)},  # kept with the run
         }
-        resumed = await _resume_point(graph, run_config, args) if args.db else None
+        resumed = await _resume_point(graph, run_config) if args.resume else None
         if resumed is not None and not resumed["state"].get("settings"):
             # Stopped in ``prepare`` (the local model loading): only the question is stored, nothing
             # ran, so the run starts with this command's settings.

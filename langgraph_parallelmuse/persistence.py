@@ -43,7 +43,11 @@ def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postg
     Args:
         target: A SQLite file's path or a ``postgresql://`` URL.
         existing: The store must already hold checkpoints (to resume a run or delete a thread): a
-            SQLite file must exist and have the saver's tables.
+            SQLite file must exist and have the saver's tables. Whatever it is, an existing SQLite file
+            that holds tables but not the saver's is refused: it is another program's database, which
+            the saver's set-up would change (its tables added, the file switched to WAL). A PostgreSQL
+            database is not looked into: one holding other tables is the usual case there, and the
+            saver only adds its own tables to it.
 
     Example:
         >>> check_db("postgresql://user@127.0.0.1:5432/runs")
@@ -80,7 +84,8 @@ def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postg
 
 
 def _check_sqlite_file(path: Path, shown: str, *, existing: bool) -> None:
-    """Refuse a path the SQLite saver could not create, read and write, or (``existing``) holds no checkpoints."""
+    """Refuse a path the SQLite saver could not create, read and write, another program's SQLite file, or
+    (``existing``) a file that holds no checkpoints."""
     if path.is_dir():
         raise ConfigError(f"--db {shown!r} is a directory: give a file in it, e.g. {redact(str(path / 'runs.sqlite'))}")
     if not path.parent.is_dir():
@@ -112,26 +117,44 @@ def _check_sqlite_file(path: Path, shown: str, *, existing: bool) -> None:
             f"--db {shown!r}: the folder {redact(str(path.parent))} is not writable, and SQLite keeps -wal and -shm "
             "files beside the database: make the folder writable or choose another path"
         )
-    if existing and not _holds_checkpoints(path, shown):
+    tables = _tables_of(path, shown)
+    if "checkpoints" in tables:
+        return
+    earlier = "the file the runs were checkpointed in"
+    if tables:  # for a new run too: the saver's set-up would add its tables and switch the file to WAL
+        names = ", ".join(tables[:3]) + (", ..." if len(tables) > 3 else "")
+        fix = f"give {earlier}" if existing else f"give a new file name to start a store, or {earlier}"
         raise ConfigError(
-            f"--db {shown!r} holds no checkpoints (is it another program's database, e.g. a corpus index?): "
-            "give the file the runs were checkpointed in"
+            f"--db {shown!r} holds no checkpoints but other tables ({names}): it is another program's database "
+            f"(a corpus index?), left unchanged: {fix}"
         )
+    if existing:  # an empty file: opening it would make an empty store, and say only that the run is not there
+        raise ConfigError(f"--db {shown!r} holds no checkpoints: give {earlier}")
 
 
-def _holds_checkpoints(path: Path, shown: str) -> bool:
-    """Whether the SQLite file has the saver's ``checkpoints`` table, read without changing the file.
+def _tables_of(path: Path, shown: str) -> list[str]:
+    """The tables of the SQLite file (not SQLite's own ``sqlite_*``), read without changing the file.
 
     Opened read-only: the saver's ``setup()`` would add its tables and switch the file to WAL.
     """
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
-            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'")
-            return found.fetchone() is not None
-    except sqlite3.Error as exc:
-        raise ConfigError(
-            f"--db {shown!r}: cannot read it ({exc}): give the file the runs were checkpointed in"
-        ) from None
+            found = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' ESCAPE '!' "
+                "ORDER BY name"
+            )
+            return [row[0] for row in found.fetchall()]
+    except sqlite3.Error as exc:  # e.g. a -wal beside it that is no file: what the saver would meet opening it
+        raise _unopenable(shown, exc) from None
+
+
+def _unopenable(shown: str, exc: sqlite3.Error) -> ConfigError:
+    """The error for a SQLite file SQLite cannot open: when it is checked, and when the saver opens it."""
+    return ConfigError(
+        f"--db {shown!r}: cannot open it as a SQLite store ({redact(str(exc))}): check that this user may write the "
+        "file and its folder (SQLite keeps -wal and -shm files beside it) and that no other program locks it, or "
+        "choose another path"
+    )
 
 
 def _check_postgres_url(target: str, scheme: str) -> None:
@@ -252,11 +275,7 @@ async def _sqlite_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
             # Now, not at the first read (after the model loaded), so a store it cannot write fails here.
             await saver.setup()
         except sqlite3.Error as exc:
-            raise ConfigError(
-                f"--db {redact(target)!r}: cannot open it as a SQLite store ({redact(str(exc))}): check that this "
-                "user may write the file and its folder (SQLite keeps -wal and -shm files beside it) and that no "
-                "other program locks it, or choose another path"
-            ) from exc
+            raise _unopenable(redact(target), exc) from exc
         yield saver
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from langgraph_parallelmuse import cli
 from langgraph_parallelmuse.calibration import Calibration
-from langgraph_parallelmuse.errors import ParallelMuseError
+from langgraph_parallelmuse.errors import CorpusError, ParallelMuseError
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder
 
 PARIS = "What is the capital of France?"
@@ -194,6 +194,24 @@ def test_ask_refuses_json_over_its_calibration_through_a_symlink(fake_cli, tmp_p
     assert Calibration.load(str(calibration)).thresholds["exploration"] == 2.0 and not fake_cli.calls
 
 
+# ----------------------------------------------------------------------------- the result
+
+
+@pytest.mark.parametrize("aggregation", ["majority", "parallelmuse"])
+def test_a_run_without_an_answer_says_why_whatever_the_aggregation(aggregation, monkeypatch, capsys):
+    """With a baseline aggregation (``--aggregation majority``) the answer panel showed ``None`` and no reason."""
+
+    def never_answers(index, messages):
+        return Reply(call_text("search", f"Look {index}", query=f"q{index}"))
+
+    _cli_on(monkeypatch, never_answers)
+    assert _ask(PARIS, "--n", "2", "--mode", "none", "--max-turns", "2", "--aggregation", aggregation) == 2
+    shown = " ".join(capsys.readouterr().out.split())
+    panel = shown.rpartition("Answer (source: none)")[2]
+    assert "No answer: no trajectory answered (2 max_turns)." in panel and "None" not in panel, shown
+    assert shown.count("no trajectory answered") == 1  # said once, not again as an aggregator's error
+
+
 # ----------------------------------------------------------------------------- model flags
 
 
@@ -257,6 +275,41 @@ def test_resume_validates_the_given_flags_on_top_of_the_stored_settings(fake_cli
     assert _ask(*run, "--resume", "--mode", "exploration") == 1
     assert "--mode exploration (stored: none)" in _err(capsys)
     assert len(fake_cli.calls) == calls
+
+
+def test_a_taken_run_id_or_a_resume_of_another_run_is_refused_before_the_index_or_the_model_loads(
+    fake_cli, tmp_path, monkeypatch, capsys
+):
+    """These were found when the graph read the stored run: after the index had opened and the model loaded."""
+    db = str(tmp_path / "x.sqlite")
+    assert _ask(PARIS, *SMALL, "--db", db, "--run-id", "run1") == 0
+    loaded = []
+    monkeypatch.setattr(cli, "_model", lambda *a, **k: loaded.append("model") or fake_cli)
+    monkeypatch.setattr(cli, "_tools", lambda *a, **k: loaded.append("tools") or make_tools()[0])
+    refused = [
+        ((PARIS, "--run-id", "run1"), "--run-id 'run1' in {db} already holds a run: add --resume"),
+        (("Where is Rome?", "--run-id", "run1", "--resume"), f"was started with the question {PARIS!r}"),
+        ((PARIS, "--run-id", "run1", "--resume", "--doc-ids", "d1"), "other inputs: --doc-ids d1 (stored: not given)"),
+        ((PARIS, "--run-id", "nope", "--resume"), "no run --run-id 'nope' in {db}: start it without --resume"),
+    ]
+    for argv, message in refused:
+        assert _ask(*argv, "--db", db) == 1
+        said = _err(capsys)
+        assert message.format(db=db) in said, said
+    assert loaded == []
+    # The run itself passes the checks, and then loads them, in that order.
+    assert _ask(PARIS, "--db", db, "--run-id", "run1", "--resume") == 0 and "already finished" in _err(capsys)
+    assert loaded == ["tools", "model"]
+
+    def no_corpus(args):
+        raise CorpusError("cannot read the corpus c.jsonl")
+
+    # The checks read no SQLite file still to be created (nothing is stored there): an index that fails
+    # to open leaves no new file behind.
+    monkeypatch.setattr(cli, "_tools", no_corpus)
+    new = tmp_path / "new.sqlite"
+    assert _ask(PARIS, "--db", str(new), "--run-id", "run2") == 1
+    assert "cannot read the corpus c.jsonl" in _err(capsys) and not new.exists()
 
 
 # ----------------------------------------------------------------------------- bench

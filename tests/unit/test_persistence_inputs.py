@@ -340,21 +340,54 @@ def _tables_and_journal(path: Path) -> tuple[list[str], str]:
         return tables, conn.execute("PRAGMA journal_mode").fetchone()[0]
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [["delete-thread", "run1"], ["ask", "Which city?", "--run-id", "run1", "--resume"]],
-    ids=["delete", "resume"],
-)
-def test_another_programs_sqlite_file_is_refused_unchanged(argv, no_loading, tmp_path: Path, capsys) -> None:
+def _corpus_index(tmp_path: Path) -> Path:
+    """Another program's SQLite file: a table of its own, the default rollback journal."""
     index = tmp_path / "corpus-index.sqlite"
     with contextlib.closing(sqlite3.connect(index)) as conn:
         conn.execute("CREATE TABLE docs (title TEXT, text TEXT)")
         conn.commit()
+    return index
+
+
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["delete-thread", "run1"], "give the file the runs were checkpointed in"),
+        (["ask", "Which city?", "--run-id", "run1", "--resume"], "give the file the runs were checkpointed in"),
+        # A new run: before, its saver added its tables to the file and switched it to WAL.
+        (["ask", "Which city?", "--run-id", "run1"], "give a new file name to start a store, or the file"),
+        (["ask", "Which city?"], "give a new file name to start a store, or the file"),
+    ],
+    ids=["delete", "resume", "new-run", "new-run-without-id"],
+)
+def test_another_programs_sqlite_file_is_refused_unchanged(
+    argv, fix, no_loading, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(cli.console, "_width", 10_000)  # rich breaks a long path at the console's width
+    index = _corpus_index(tmp_path)
     before = _tables_and_journal(index)
     assert cli.main([*argv, "--db", str(index)]) == 1
-    assert "holds no checkpoints" in " ".join(capsys.readouterr().err.split())
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"--db '{index}' holds no checkpoints but other tables (docs): it is another program's database" in said
+    assert fix in said, said
     # Before the fix the saver's tables were added and the file switched to WAL.
     assert _tables_and_journal(index) == before == (["docs"], "delete")
+
+
+async def test_open_checkpointer_refuses_another_programs_file_and_sets_up_an_empty_one(tmp_path: Path) -> None:
+    index = _corpus_index(tmp_path)
+    with pytest.raises(ConfigError, match=r"holds no checkpoints but other tables \(docs\)"):
+        async with open_checkpointer(str(index)):
+            pass
+    assert _tables_and_journal(index) == (["docs"], "delete")
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()  # a file with no table yet (an earlier store's, before its set-up)
+    with pytest.raises(ConfigError, match=r"holds no checkpoints: give the file the runs were checkpointed in"):
+        check_db(str(empty), existing=True)
+    assert check_db(str(empty)) == "sqlite"
+    async with open_checkpointer(str(empty)):
+        pass
+    assert check_db(str(empty), existing=True) == "sqlite"
 
 
 async def test_a_store_the_saver_set_up_is_an_existing_one(tmp_path: Path) -> None:
