@@ -12,6 +12,11 @@ a row's pieces (a short tail), and every position it decodes, live in its row of
 buffer ``[layers, rows, kv_heads, capacity, head_dim]``, whose capacity is the longest row's.
 Nothing is copied per decode step (the new position is written in place); a leaving row is
 replaced by the last row, so only that row's private positions move.
+
+When the rows read less than half of a storage (a branch forked early into a long edge, or the
+row that read the rest gone), the part they read is copied out: a view pins the whole storage,
+which the prefix cache stops counting once it evicts the edge. The copy's segments are still found
+by the storage they came from while it lives, so later rows that bring views of it share the copy.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from langgraph_parallelmuse.models.attention import decode_attention
 
@@ -38,41 +44,51 @@ _SEGMENT_MIN = 256
 # Identities of pieces laid out unusually (never met in the engine): negative, so never an address.
 _UNSHARED = itertools.count(1)
 
-#: Which memory a state's positions live in: per slot ``(address, offset of position 0, strides)``.
-#: Two pieces with the same storage read the same bytes at the same position.
-Storage = tuple[tuple[int, int, tuple[int, ...]], ...]
+#: Which memory a state's positions live in: slot 0's ``(address, strides)``, positions counted from
+#: the storage's start. Two pieces with the same storage read the same bytes at the same position.
+Storage = tuple[int, tuple[int, ...]]
 
 
 @dataclass(eq=False)
 class _Segment:
     """Positions ``[start, start + length)`` of ``storage``, read in place by ``rows``."""
 
-    state: tuple[torch.Tensor, ...]  # views of exactly those positions (held: the address stays this storage's)
+    # Views of exactly those positions: of ``storage`` itself (held, so its address stays its own),
+    # or of a copy of them (``copied``; then ``BatchKV._sources`` tells whether the address still is).
+    state: tuple[torch.Tensor, ...]
     length: int
     storage: Storage
     start: int
     rows: list[int] = field(default_factory=list)
+    copied: bool = False
 
 
 def _span(piece: Piece) -> tuple[Storage, int, int]:
-    """``(storage, first position in it, positions)`` of a piece."""
+    """``(storage, first position in it, positions)`` of a piece.
+
+    Slot 0 alone names the storage: every state the engine builds (a prefill pass's KV, the prefix
+    cache's copies and the views it splits them into, a gathered run) is one tensor per slot, all
+    created together, and its views are cut at the same positions of every slot; so two pieces
+    whose slot 0 reads one memory at one position read one memory at that position in every slot.
+    (Reading all 2 x layers slots' identities made ``add`` take tens of milliseconds.)
+    """
     state, n = piece
-    step = state[0].stride(-2)
-    if step <= 0 or state[0].storage_offset() % step:
-        return ((-next(_UNSHARED), 0, ()),), 0, n  # a layout not cut along positions: shares with nobody
-    start = state[0].storage_offset() // step
-    storage = tuple(
-        (t.untyped_storage().data_ptr(), t.storage_offset() - start * t.stride(-2), t.stride()) for t in state
-    )
-    return storage, start, n
+    t = state[0]
+    step, offset = t.stride(-2), t.storage_offset()
+    if step <= 0 or offset % step:
+        return (-next(_UNSHARED), ()), 0, n  # a layout not cut along positions: shares with nobody
+    return (t.untyped_storage().data_ptr(), t.stride()), offset // step, n
 
 
 def _moved(state: tuple[torch.Tensor, ...], by: int, length: int) -> tuple[torch.Tensor, ...]:
     """Views of ``length`` positions starting ``by`` after ``state``'s first, in the same storage.
 
-    They may reach past ``state``'s own end, only ever onto positions another view of that storage
-    covers (neighbouring segments joined), so they read computed KV; torch checks the bounds.
+    They may reach past ``state``'s own ends, only ever onto positions another view of that memory
+    covers (neighbouring segments joined, a storage's segments moved onto one memory), so they read
+    computed KV; torch checks the bounds.
     """
+    if by == 0 and state[0].shape[-2] == length:
+        return state  # a whole cache edge, the common case: its views are already these (slots alike)
     return tuple(
         t.as_strided((*t.shape[:-2], length, t.shape[-1]), t.stride(), t.storage_offset() + by * t.stride(-2))
         for t in state
@@ -84,6 +100,11 @@ def _gathered(pieces: Sequence[Piece]) -> Piece:
     slots = len(pieces[0][0])
     state = tuple(torch.cat([s[i][..., :n, :] for s, n in pieces], dim=-2) for i in range(slots))
     return state, sum(n for _, n in pieces)
+
+
+def _overlap(a: int, m: int, b: int, n: int) -> bool:
+    """Whether positions ``[a, a + m)`` and ``[b, b + n)`` meet."""
+    return a < b + n and b < a + m
 
 
 class BatchKV:
@@ -111,6 +132,10 @@ class BatchKV:
         self.offsets: list[int] = []  # positions a row reads from shared segments
         self.lengths: list[int] = []  # positions in its private row
         self.segments: dict[tuple[Storage, int], _Segment] = {}  # by (storage, start); ranges never overlap
+        self._groups: dict[Storage, list[_Segment]] = {}  # the segments again, by storage
+        # Storages whose segments all read a copy: while one lives its address is its own, so a piece
+        # with that address is a view of it; once it is freed the address may be given to another.
+        self._sources: dict[Storage, StorageWeakRef] = {}
         self._plan: list[tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None]] | None = None
         self._mask: torch.Tensor | None = None
         self._write_at: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -129,12 +154,17 @@ class BatchKV:
 
     def add(self, rows: Sequence[Sequence[Piece]]) -> None:
         """Append rows, each given by the pieces covering its positions in order."""
+        self._forget_freed()
         rows = [[p for p in pieces if p[1] > 0] for pieces in rows]
         spans = [[_span(p) for p in pieces] for pieces in rows]
+        claims: dict[Storage, list[tuple[int, int, int]]] = {}  # storage -> (row, start, n) of the new rows
+        for r, row_spans in enumerate(spans):
+            for storage, start, n in row_spans:
+                claims.setdefault(storage, []).append((r, start, n))
         plans = []
         for r, pieces in enumerate(rows):
             shared = 0
-            while shared < len(pieces) and self._stays(spans, r, shared):
+            while shared < len(pieces) and self._stays(spans[r][shared], r, claims):
                 shared += 1
             head, tail = list(zip(pieces[:shared], spans[r][:shared], strict=True)), pieces[shared:]
             if sum(n for _, n in tail) >= _SEGMENT_MIN:
@@ -154,23 +184,17 @@ class BatchKV:
                 self._read(row, piece[0], span)
             for state, n in tail:
                 self._write_row(row, state, n)
-        self._coalesce()
+        self._settle()
         self._plan = None
 
-    def _stays(self, spans: list[list[tuple[Storage, int, int]]], r: int, i: int) -> bool:
-        """Whether piece ``i`` of new row ``r`` is read in place: long, or positions another row reads."""
-        storage, start, n = spans[r][i]
+    def _stays(self, span: tuple[Storage, int, int], r: int, claims: dict[Storage, list[tuple[int, int, int]]]) -> bool:
+        """Whether a piece of new row ``r`` is read in place: long, or positions another row reads."""
+        storage, start, n = span
         if n >= _SEGMENT_MIN:
             return True
-        if any(
-            s.storage == storage and s.start < start + n and start < s.start + s.length for s in self.segments.values()
-        ):
+        if any(_overlap(s.start, s.length, start, n) for s in self._groups.get(storage, ())):
             return True
-        return any(
-            other != r and st == storage and a < start + n and start < a + m
-            for other, row_spans in enumerate(spans)
-            for st, a, m in row_spans
-        )
+        return any(other != r and _overlap(a, m, start, n) for other, a, m in claims[storage])
 
     def _read(self, row: int, state: tuple[torch.Tensor, ...], span: tuple[Storage, int, int]) -> None:
         """Make ``row`` read the piece's positions: the segments already there, new ones for the rest."""
@@ -178,33 +202,97 @@ class BatchKV:
         stop = start + n
         self._cut(storage, start)
         self._cut(storage, stop)
-        inside = sorted(
-            (s for s in self.segments.values() if s.storage == storage and start <= s.start < stop),
-            key=lambda s: s.start,
-        )
+        group = self._groups.setdefault(storage, [])
+        inside = sorted((s for s in group if start <= s.start < stop), key=lambda s: s.start)
         at = start
         for segment in [*inside, None]:
             end = stop if segment is None else segment.start
             if end > at:  # positions no segment holds yet: a new one on the piece's own views
-                self.segments[storage, at] = _Segment(_moved(state, at - start, end - at), end - at, storage, at, [row])
+                new = _Segment(_moved(state, at - start, end - at), end - at, storage, at, [row])
+                self.segments[storage, at] = new
+                group.append(new)
             if segment is not None:
                 segment.rows.append(row)
                 at = segment.start + segment.length
 
     def _cut(self, storage: Storage, at: int) -> None:
         """Split the segment of ``storage`` that holds positions on both sides of ``at``, if any."""
-        for segment in self.segments.values():
-            if segment.storage == storage and segment.start < at < segment.start + segment.length:
+        for segment in self._groups.get(storage, ()):
+            if segment.start < at < segment.start + segment.length:
                 k = at - segment.start
-                right = _Segment(_moved(segment.state, k, segment.length - k), segment.length - k, storage, at)
-                right.rows = list(segment.rows)
+                right = _Segment(
+                    _moved(segment.state, k, segment.length - k),
+                    segment.length - k,
+                    storage,
+                    at,
+                    list(segment.rows),
+                    segment.copied,
+                )
                 segment.state, segment.length = _moved(segment.state, 0, k), k
                 self.segments[storage, at] = right
+                self._groups[storage].append(right)
                 return
 
+    def _forget_freed(self) -> None:
+        """Name the segments of a copied storage that is gone by their copy: its address may be reused."""
+        for storage, source in list(self._sources.items()):
+            if source.expired():
+                del self._sources[storage]
+                for segment in self._groups.pop(storage):
+                    del self.segments[storage, segment.start]
+                    segment.storage, segment.start, _ = _span((segment.state, segment.length))
+                    segment.copied = False
+                    self.segments[segment.storage, segment.start] = segment
+                    self._groups.setdefault(segment.storage, []).append(segment)
+
+    def _settle(self) -> None:
+        """Fit each storage's segments to the positions the rows read of it, then join neighbours."""
+        groups: dict[Storage, list[_Segment]] = {}
+        for segment in self.segments.values():
+            groups.setdefault(segment.storage, []).append(segment)
+        for storage, group in groups.items():
+            self._fit(storage, group)
+        self._sources = {
+            storage: source
+            for storage, source in self._sources.items()
+            if storage in groups and all(s.copied for s in groups[storage])
+        }
+        self._coalesce()
+
+    def _fit(self, storage: Storage, group: list[_Segment]) -> None:
+        """Put one storage's segments on one memory: the storage, or a copy of the positions read.
+
+        The storage while the rows read at least half of it; otherwise a fresh copy of the range
+        they read, so the batch never keeps alive more than twice what it reads. All the segments
+        move together, so neighbours stay joinable and rows that share positions share the copy.
+        """
+        lo, hi = min(s.start for s in group), max(s.start + s.length for s in group)
+        source = next((s for s in group if not s.copied), group[0])  # the storage holds every position
+        t = source.state[0]
+        held = t.untyped_storage().nbytes()
+        read = (hi - lo) * t.numel() // t.shape[-2] * t.element_size()
+        if 2 * read >= held:
+            if not source.copied:  # back onto the storage a new row holds anyway: the copy can go
+                for segment in group:
+                    if segment.copied:
+                        segment.state = _moved(source.state, segment.start - source.start, segment.length)
+                        segment.copied = False
+            return
+        if not source.copied:
+            self._sources[storage] = StorageWeakRef(t.untyped_storage())
+        hull = _moved(source.state, lo - source.start, hi - lo)
+        fresh = tuple(x.clone(memory_format=torch.contiguous_format) for x in hull)
+        for segment in group:
+            segment.state, segment.copied = _moved(fresh, segment.start - lo, segment.length), True
+
     def _coalesce(self) -> None:
-        """Join neighbouring segments of one storage that the same rows read (one attention call, not two)."""
+        """Join neighbouring segments of one storage that the same rows read (one attention call, not two).
+
+        Sound after ``_fit``: a storage's segments are all views of one memory.
+        """
         joined: dict[tuple[Storage, int], _Segment] = {}
+        groups: dict[Storage, list[_Segment]] = {}
+        grown: dict[_Segment, None] = {}
         last: _Segment | None = None
         for segment in sorted(self.segments.values(), key=lambda s: (s.storage, s.start)):
             if (
@@ -214,10 +302,13 @@ class BatchKV:
                 and sorted(last.rows) == sorted(segment.rows)
             ):
                 last.length += segment.length
-                last.state = _moved(last.state, 0, last.length)
+                grown[last] = None
                 continue
             joined[segment.storage, segment.start] = last = segment
-        self.segments = joined
+            groups.setdefault(segment.storage, []).append(segment)
+        for segment in grown:  # new views once per joined run, not once per join
+            segment.state = _moved(segment.state, 0, segment.length)
+        self.segments, self._groups = joined, groups
 
     def _write_row(self, row: int, state: tuple[torch.Tensor, ...], n: int) -> None:
         at = self.lengths[row]
@@ -258,7 +349,9 @@ class BatchKV:
                     segment.rows = [row if r == last else r for r in segment.rows]
             del self.offsets[last], self.lengths[last], order[last]
         self.segments = {k: s for k, s in self.segments.items() if s.rows}
-        self._coalesce()  # a branch gone: the rows left may read its boundary's two sides as one
+        # A branch gone: the rows left may read its boundary's two sides as one, or too little of a
+        # storage to keep it whole.
+        self._settle()
         self._plan = None
         longest = max(self.lengths, default=0)
         if self.keys.shape[3] > 2 * (longest + _GROWTH):

@@ -4,7 +4,8 @@ Every edge of the tree holds a run of token ids together with the KV slice that 
 for exactly those positions, so sequences sharing a prefix share its memory. Splitting an edge
 leaves both halves views of the storage it held (no copy), so a batch row still reading the whole
 edge and a branch reading its first half read one memory; the bytes are counted per storage, whole
-while any edge holds a view of it, and evicting part of one copies the rest out so it can be freed. ``match`` walks the
+while any edge holds a view of it, and evicting part of one copies the rest out so it can be freed
+(once the eviction is over, so a part evicted with it is not copied first). ``match`` walks the
 query down the tree and returns views of the slices on the way (no copy: the engine's attention
 reads them in place, and stored entries are never written); ``PrefixMatch.concatenated`` copies them
 into fresh tensors a caller may extend. Memory is bounded in bytes; least recently used leaves are
@@ -21,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -259,22 +260,21 @@ class PrefixCache:
         upper.children[child.tokens[0]] = child
         return upper
 
-    def _drop(self, node: _Node) -> None:
-        """Release ``node``'s view of its store; free the store, or the part nobody needs, now.
+    def _drop(self, loose: Iterable[_Store]) -> None:
+        """Free the stores an eviction round took nodes from: whole, or all but what their nodes left need.
 
-        When other nodes still hold views of the store, they are copied out of it (and it goes) so
+        When other nodes still hold views of a store, they are copied out of it (and it goes) so
         that no evicted positions stay pinned and counted: the bound frees what eviction promised.
         """
-        store = node.store
-        assert store is not None
-        store.nodes.discard(node)
-        node.store = None
-        # Copied before any count changes: a failed copy leaves the store counted, never under-counted.
-        copies = [(rest, _slice(rest.state, 0, len(rest.tokens))) for rest in store.nodes]
-        self._bytes -= store.nbytes
-        for rest, state in copies:
-            rest.state = state
-            self._own(rest)
+        # The stores nobody is left in first: freeing them cannot fail, so a failed copy below never
+        # leaves a store both gone from the tree and counted.
+        for store in sorted(loose, key=lambda s: bool(s.nodes)):
+            # Copied before any count changes: a failed copy leaves the store counted, never under-counted.
+            copies = [(rest, _slice(rest.state, 0, len(rest.tokens))) for rest in store.nodes]
+            self._bytes -= store.nbytes
+            for rest, state in copies:
+                rest.state = state
+                self._own(rest)
 
     def _touch_ancestors(self, node: _Node, stamp: int) -> None:
         while node is not None and node is not self._root:
@@ -300,13 +300,24 @@ class PrefixCache:
         order = itertools.count()  # ties in last_used: oldest pushed first, never compare nodes
         heap = [(n.last_used, next(order), n) for n in self._leaves if id(n) not in protected]
         heapq.heapify(heap)
-        while heap and self._bytes + needed > self.max_bytes:
+        # A victim's store is freed once the round is over, not at once: the nodes left in it would
+        # be copied out, and they are often next (the upper half of a split edge becomes a leaf when
+        # its lower half goes), so the copies were thrown away. Counted as if freed meanwhile.
+        loose: dict[_Store, int] = {}  # store -> bytes freeing it saves, its remaining nodes copied out
+        saved = 0
+        while heap and self._bytes - saved + needed > self.max_bytes:
             _, _, victim = heapq.heappop(heap)
-            parent = victim.parent
+            parent, store = victim.parent, victim.store
+            assert store is not None
             del parent.children[victim.tokens[0]]
             self._leaves.discard(victim)
-            self._drop(victim)
+            store.nodes.discard(victim)
+            victim.store = None
+            saved -= loose.get(store, 0)
+            loose[store] = store.nbytes - sum(_state_bytes(rest.state) for rest in store.nodes)
+            saved += loose[store]
             if not parent.children and parent is not self._root:
                 self._leaves.add(parent)
                 if id(parent) not in protected:
                     heapq.heappush(heap, (parent.last_used, next(order), parent))
+        self._drop(loose)

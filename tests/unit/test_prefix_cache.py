@@ -220,3 +220,34 @@ def test_a_split_keeps_views_of_one_storage_and_eviction_frees_what_it_drops() -
     assert cache.match([1, 2, 3, 4, 5]).length == 3
     assert_state_is(cache.match([1, 2, 3, 9]).concatenated(), [1, 2, 3, 9])
     assert_state_is(cache.match([7, 8, 9]).concatenated(), [7, 8, 9])
+
+
+def test_an_eviction_copies_no_survivor_it_evicts_next(monkeypatch) -> None:
+    # Evicting the lower half of a split edge copied the upper half out of their storage, and the
+    # same eviction then took the upper half too: that copy was thrown away.
+    from langgraph_parallelmuse.models import prefix_cache
+
+    copied: list[int] = []  # positions copied per call
+    slice_ = prefix_cache._slice
+
+    def counted(state, start: int, stop: int):
+        copied.append(stop - start)
+        return slice_(state, start, stop)
+
+    monkeypatch.setattr(prefix_cache, "_slice", counted)
+    cache = PrefixCache(max_bytes=4 * BYTES_PER_TOKEN)
+    cache.insert([1, 2, 3], kv([1, 2, 3]), adopt=True)
+    cache.insert([1, 2, 4], kv([4]), start=2)  # [1, 2] -> {[3], [4]}; [1, 2] and [3] share one storage
+    copied.clear()
+    cache.insert([7, 8, 9], kv([7, 8, 9]))  # needs three: [3], [4], then [1, 2] go
+    assert copied == [3]  # the new entry only
+    assert cache.nbytes == cache.num_tokens * BYTES_PER_TOKEN == 3 * BYTES_PER_TOKEN
+    assert_state_is(cache.match([7, 8, 9]).concatenated(), [7, 8, 9])
+    # An upper half the eviction spares is still copied out, once, so its storage's rest is freed.
+    cache.insert([7, 5], kv([5]), start=1)  # [7] -> {[8, 9], [5]}: [7] and [8, 9] share one storage
+    cache.match([7, 5])
+    copied.clear()
+    cache.insert([6], kv([6]))  # needs one: [8, 9] goes, [7] stays
+    assert copied == [1, 1]  # [7] out of its storage, and the new entry
+    assert cache.nbytes == cache.num_tokens * BYTES_PER_TOKEN == 3 * BYTES_PER_TOKEN
+    assert_state_is(cache.match([7, 5]).concatenated(), [7, 5])
