@@ -77,7 +77,8 @@ class ParallelMuseConfig(BaseModel):
     early_stop: bool = Field(
         False,
         description="Stop a trajectory whose lowest sliding-window confidence falls below the calibration's "
-        "floor (DeepConf); it is left out of voting and aggregation.",
+        "floor (DeepConf); it is left out of voting and aggregation. Works with mode='none' too (plain "
+        "sampling, as DeepConf), where only the calibration's floor is read.",
     )
     consensus: float | None = Field(
         None,
@@ -162,14 +163,13 @@ class ParallelMuseConfig(BaseModel):
             problems.append(f"m={self.m} > {n}: initial trajectories cannot exceed N")
         elif self.mode != "none" and self._top_k and self.m + self.m * self.k * self.t > self.rollout_n:
             problems.append(f"{n} < m + m*k*t = {self.m + self.m * self.k * self.t}: raise n or lower k/t")
-        elif not self._top_k and self.m + self.t > self.rollout_n:
+        elif self.mode != "none" and not self._top_k and self.m + self.t > self.rollout_n:
             problems.append(f"{n} < m + t = {self.m + self.t}: no room for one calibrated pick's branches")
         problems += self._online_problems() + self._crossover_problems()
         if self.rounds < 1:
             problems.append(f"rounds={self.rounds}: use 1 (the paper) or more")
-        if self.mode == "none" and (self.rounds > 1 or self.calibration is not None):
-            problems.append("rounds > 1 and calibration need a branching mode: set mode (e.g. 'exploration')")
-        if self.calibration is not None and self.mode != "none":
+        problems += self._unbranched_problems()
+        if self.calibration is not None:
             problems += self._calibration_problems()
         if not 0.0 <= self.temperature <= 2.0:
             problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
@@ -218,18 +218,39 @@ class ParallelMuseConfig(BaseModel):
                 )
         return problems
 
+    def _unbranched_problems(self) -> list[str]:
+        """Settings that mode 'none' (from-scratch sampling) would silently ignore: each message names
+        a way out that validates (DeepConf's early stop reads only the calibration's floor, so it runs
+        without branching)."""
+        if self.mode != "none":
+            return []
+        problems = []
+        if self.rounds > 1:
+            problems.append(
+                f"rounds={self.rounds}: rounds after the first branch the branches, so they need a branching mode "
+                "(mode='none' makes none): set mode (e.g. 'exploration') or rounds=1"
+            )
+        if self.calibration is not None and not self.early_stop:
+            problems.append(
+                "calibration: mode='none' picks no branch points, so only early_stop reads the calibration (its "
+                "confidence floor): set early_stop=True, a branching mode (e.g. mode='exploration'), or no calibration"
+            )
+        return problems
+
     def _calibration_problems(self) -> list[str]:
         try:
             cal = Calibration.load(self.calibration)
         except ConfigError as exc:
             return [f"calibration: {exc}"]
         problems = []
-        if cal.estimator != self.estimator:
+        # With mode 'none' only early_stop reads the file: its thresholds and estimator are unused.
+        branching = self.mode != "none"
+        if branching and cal.estimator != self.estimator:
             problems.append(
                 f"calibration was fitted with estimator={cal.estimator!r} but estimator={self.estimator!r}:"
                 " use the same estimator or recalibrate"
             )
-        if not any(r in cal.thresholds for r in REGIONS_OF_MODE[self.mode]):
+        if branching and not any(r in cal.thresholds for r in REGIONS_OF_MODE[self.mode]):
             problems.append(f"calibration has no threshold for mode {self.mode!r}: recalibrate")
         # The entropy estimator's thresholds and DeepConf's floor are read from the top logprobs, so
         # they move with how many there are (the same tokens' entropy PPL: 1.81 from 16, 1.15 from 2).
@@ -237,7 +258,10 @@ class ParallelMuseConfig(BaseModel):
         # A file that did not record its count (written before it did) cannot be checked.
         uses = [
             use
-            for use, on in (("estimator='entropy'", self.estimator == "entropy"), ("early_stop", self.early_stop))
+            for use, on in (
+                ("estimator='entropy'", branching and self.estimator == "entropy"),
+                ("early_stop", self.early_stop),
+            )
             if on
         ]
         if uses and cal.top_logprobs is not None and cal.top_logprobs != self.top_logprobs:

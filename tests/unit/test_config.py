@@ -253,3 +253,35 @@ def test_a_calibration_whose_top_logprobs_do_not_matter_or_are_unknown_is_accept
     assert make_config(calibration=_calibration(tmp_path, top_logprobs=16), top_logprobs=2).top_logprobs == 2
     unknown = _calibration(tmp_path, top_logprobs=None, estimator="entropy", floor=4.0)
     assert make_config(estimator="entropy", early_stop=True, calibration=unknown, top_logprobs=2).early_stop
+
+
+def test_early_stop_on_plain_sampling_leads_to_a_valid_config_by_following_the_messages(tmp_path):
+    """Before, each fix triggered the other error: early_stop asked for a calibration, and the
+    calibration was refused as needing a branching mode (with rounds=1 too)."""
+    floor = _calibration(tmp_path, top_logprobs=16, floor=4.0)
+    with pytest.raises(ConfigError, match="early_stop needs calibration= a file with a confidence floor"):
+        make_config(mode="none", early_stop=True)
+    cfg = make_config(mode="none", early_stop=True, calibration=floor)
+    assert (cfg.early_stop, cfg.branch_budget, cfg.fill_budget) == (True, 0, cfg.n - 1)
+    # A small N: no room is kept for calibrated branches mode='none' never makes.
+    assert make_config(mode="none", early_stop=True, calibration=floor, n=2, t=3).n == 2
+    # The floor is DeepConf's, read from the top logprobs: still checked without branching.
+    with pytest.raises(ConfigError, match="which early_stop read: set top_logprobs=16"):
+        make_config(mode="none", early_stop=True, calibration=floor, top_logprobs=2)
+    # The estimator and thresholds are branching's: not read, not checked.
+    assert make_config(mode="none", early_stop=True, calibration=floor, estimator="entropy").early_stop
+
+
+def test_settings_mode_none_would_ignore_name_a_way_out_that_validates(tmp_path):
+    floor = _calibration(tmp_path, top_logprobs=16, floor=4.0)
+    with pytest.raises(ConfigError) as info:
+        make_config(mode="none", calibration=floor)
+    message = str(info.value)
+    assert "only early_stop reads the calibration" in message and "rounds" not in message
+    assert "set early_stop=True, a branching mode (e.g. mode='exploration'), or no calibration" in message
+    assert make_config(mode="none", calibration=floor, early_stop=True).early_stop
+    assert make_config(mode="exploration", calibration=floor).calibration == floor
+    with pytest.raises(ConfigError) as info:
+        make_config(mode="none", rounds=2)
+    assert "need a branching mode" in str(info.value) and "calibration" not in str(info.value)
+    assert make_config(mode="exploration", rounds=2).rounds == 2

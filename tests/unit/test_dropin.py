@@ -268,6 +268,84 @@ async def test_a_parents_send_fan_out_through_a_node_function_collects_every_ans
     assert asked_questions(model) == {"Where is the Eiffel Tower?", "Where is the Colosseum?"}
 
 
+_TWICE = [
+    Reply(call_text("search", "Find the city", query="Eiffel Tower"), regions={"tool_call": -2.5}, delay=0.05),
+    Reply(answer_text("Paris", "The page says Paris"), delay=0.05),
+]
+
+
+async def _fan_out(config: dict, questions: list[str], thread_id: str) -> tuple[dict, ScriptedChatModel, dict]:
+    """A checkpointed parent's Send fan-out over ``questions``: its output, the model, and the number of
+    checkpoints of each trajectory thread (by trajectory id) in the parent's saver, where they live."""
+    from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+
+    from langgraph_parallelmuse.graph import rollout_runner
+
+    model = ScriptedChatModel(responder=research_responder(lambda i, messages: _TWICE[min(i, 1)]))
+    graph = create_parallelmuse(model, make_tools()[0], config=config)
+
+    async def research(question: str) -> dict:
+        out = await graph.ainvoke({"question": question})
+        return {"answers": [[(t["id"], t["answer"], len(t["steps"])) for t in out["trajectories"]]]}
+
+    builder = StateGraph(_FanOut)
+    builder.add_node("research", research)
+    builder.add_conditional_edges(START, lambda s: [Send("research", q) for q in s["questions"]])
+    saver = InMemorySaver()
+    app = builder.compile(checkpointer=saver)
+    out = await app.ainvoke({"questions": questions}, {"configurable": {"thread_id": thread_id}})
+    rollouts = rollout_runner(graph).graph
+    checkpoints = {}
+    for thread in [t for t in saver.storage if t.startswith(f"{thread_id}:")]:
+        config = {"configurable": {"thread_id": thread, CONFIG_KEY_CHECKPOINTER: saver}}
+        if history := [s async for s in rollouts.aget_state_history(config)]:  # not a thread only looked up
+            checkpoints[thread.rsplit("/", 1)[1]] = len(history)
+    return out, model, checkpoints
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"n": 2, "mode": "none"}, {"n": 4, "k": 1, "t": 2}, {"n": 4, "k": 1, "t": 2, "branching": "online"}],
+    ids=["from_scratch", "post_hoc", "online"],
+)
+async def test_a_fan_out_asking_one_question_twice_on_a_checkpointed_thread_is_one_run(config):
+    """Both branches have one run id (the parent's thread, the question, the settings): before, both
+    drove the same trajectory threads at once, twice the model calls for one set of trajectories, and a
+    thread history holding two different step 0s. Now the second waits for each trajectory and reuses
+    it, as asking again later on the thread does."""
+    question = "Where is the Eiffel Tower?"
+    _, alone, checkpoints_alone = await _fan_out(config, [question], "solo")
+    out, model, checkpoints = await _fan_out(config, [question, question], "chat")
+    first, second = (sorted(a) for a in out["answers"])  # in the order they finished
+    assert first == second and len(first) == config["n"] and {a for _, a, _ in first} == {"Paris"}
+    agent_calls = [c for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert len(agent_calls) == len([c for c in alone.calls if role_of(c["messages"]) == "agent"])
+    # Each trajectory thread holds one run's snapshots: no second writer's step 0 among them.
+    assert checkpoints == checkpoints_alone and len(checkpoints) == config["n"]
+    from langgraph_parallelmuse.nodes import IN_FLIGHT
+
+    assert not IN_FLIGHT._held  # every claim ended with its trajectory
+
+
+async def test_a_run_cancelled_on_a_checkpointed_thread_leaves_no_claim_and_resumes_at_once():
+    from langgraph_parallelmuse.nodes import IN_FLIGHT
+
+    model = ScriptedChatModel(responder=research_responder(lambda i, messages: _TWICE[min(i, 1)]))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none"})
+    app = chat_app(graph, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "cancelled"}}
+    ask = {"messages": [HumanMessage("Where is the Eiffel Tower?")]}
+    run = asyncio.create_task(app.ainvoke(ask, thread))
+    while not model.calls:
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not IN_FLIGHT._held
+    out = await asyncio.wait_for(app.ainvoke(ask, thread), 10)
+    assert out["answer"] == "Paris"
+
+
 # ----------------------------------------------------------------------------- a parent's interrupts
 
 

@@ -1125,3 +1125,145 @@ def test_a_sync_only_trajectory_checkpointer_is_refused_when_the_graph_is_built(
 
     with pytest.raises(ConfigError, match="PostgresSaver has no async methods: pass its async counterpart"):
         _graph({"n": 4, "m": 1, "k": 1, "t": 2}, trajectory_checkpointer=PostgresSaver())
+
+
+# ----------------------------------------------------------------------------- what the factory takes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"model": "openai:gpt-4o-mini"},
+            "model='openai:gpt-4o-mini' is a model name, not a model: pass a chat model object, e.g. "
+            "init_chat_model('openai:gpt-4o-mini', logprobs=True, top_logprobs=16)",
+        ),
+        ({"model": None}, "model=None (NoneType) is not a chat model: pass a chat model object, e.g. init_chat_model("),
+        (
+            {"aggregator_model": "gpt-4o"},
+            "aggregator_model='gpt-4o' is a model name, not a model: pass a chat model object, e.g. "
+            "init_chat_model('gpt-4o')",
+        ),
+        ({"aggregator_model": object()}, "(object) is not a chat model"),
+    ],
+)
+def test_a_model_that_is_no_chat_model_is_refused_when_the_graph_is_built(kwargs, message):
+    """Before, the graph built: a model name or None then failed every run inside a node
+    (AttributeError: 'str' object has no attribute 'name'), and an aggregator name made every run
+    fall back to the majority vote, said only in stats.aggregate.error."""
+    agent = ScriptedChatModel()
+    with pytest.raises(InputError) as info:
+        create_parallelmuse(**{"model": agent, **kwargs}, tools=make_tools()[0], config={"n": 2, "mode": "none"})
+    assert message in str(info.value)
+    assert agent.calls == []
+
+
+@pytest.mark.parametrize("wrap", ["bind", "with_retry", "with_fallbacks"])
+@pytest.mark.parametrize("which", ["model", "aggregator_model"])
+async def test_runnables_wrapping_a_chat_model_are_still_taken(wrap, which):
+    def wrapped() -> Any:
+        model, spare = (ScriptedChatModel(responder=research_responder(by_step())) for _ in range(2))
+        return {
+            "bind": lambda: model.bind(stop=None),
+            "with_retry": lambda: model.with_retry(stop_after_attempt=2),
+            "with_fallbacks": lambda: model.with_fallbacks([spare]),
+        }[wrap]()
+
+    models = {"model": ScriptedChatModel(responder=research_responder(by_step())), which: wrapped()}
+    graph = create_parallelmuse(tools=make_tools()[0], config={"n": 2, "mode": "none"}, **models)
+    out = await graph.ainvoke({"question": QUESTION})
+    assert out["answer"] == "Paris" and out["answer_source"] == "aggregator"
+    assert [t["status"] for t in out["trajectories"]] == ["answered", "answered"]
+
+
+def _undocumented(query: str) -> str:
+    return "no results"
+
+
+def test_tools_that_are_no_list_of_tools_are_refused_naming_the_fix():
+    """Before: AttributeError ('tuple' object has no attribute 'name': a pydantic tool iterates over its
+    fields) or one over each character of a string."""
+    model, (search, visit) = ScriptedChatModel(), make_tools()[0]
+    cases = [
+        (search, "tools is one tool ('search'), not a list of tools: pass [search]"),
+        ("search", "tools='search' (str) is not a list of tools: pass e.g. make_corpus_tools(index)"),
+        ({"search": search}, "(dict) is not a list of tools"),
+        ([search, "visit"], "tool 'visit' (str) is not a tool: wrap a function with @tool"),
+        ([search, lambda doc: doc], "(function) is not a tool: wrap a function with @tool"),
+        ([_undocumented, visit], "tool function '_undocumented' cannot be made a tool (Function must have a docstring"),
+    ]
+    for tools, message in cases:
+        with pytest.raises(InputError) as info:
+            create_parallelmuse(model, tools)
+        assert message in str(info.value), tools
+    assert model.calls == []
+
+
+async def test_plain_functions_are_made_tools_as_tool_node_makes_them():
+    """Before: AttributeError: 'function' object has no attribute 'name', at run time."""
+    searched: list[str] = []
+
+    async def search(query: str) -> str:
+        """Search the web; returns result snippets with document titles."""
+        searched.append(query)
+        return f"Snippets for {query}: the capital of France is Paris."
+
+    def visit(doc: str) -> str:
+        """Open a document by title; returns its text."""
+        return f"Document {doc}: Paris is the capital of France."
+
+    model = ScriptedChatModel(responder=research_responder(by_step()))
+    graph = create_parallelmuse(model, [search, visit], config={"n": 2, "mode": "none"})
+    assert sorted(t.name for t in rollout_runner(graph).tools) == ["search", "visit"]
+    out = await graph.ainvoke({"question": QUESTION})
+    assert out["answer"] == "Paris" and searched == ["capital of France"] * 2
+    observations = [o for t in out["trajectories"] for o in t["observations"]]
+    assert any("Paris is the capital of France" in str(o) for o in observations)
+
+
+# ----------------------------------------------------------------------------- early stop on plain sampling
+
+
+def _floor_calibration(tmp_path) -> str:
+    from langgraph_parallelmuse.calibration import Calibration
+
+    regions = ("exploration", "reasoning", "all")
+    cal = Calibration(
+        "nll", 0.8, dict.fromkeys(regions, 1e9), {}, confidence_floor=1.0, confidence_window=4, top_logprobs=16
+    )
+    return str(cal.save(tmp_path / "floor.json"))
+
+
+async def test_early_stop_stops_a_low_confidence_trajectory_of_plain_sampling(tmp_path):
+    """Before, mode='none' with early_stop asked for a calibration, and with one refused it as needing
+    a branching mode: DeepConf's own setting (plain sampling) could not be run."""
+    runners = itertools.count()
+    sure, unsure = -3.0, -0.02  # DeepConf's confidence is the negated mean top logprob: 3.0 and 0.02
+
+    def agent(index, messages):
+        if index == 0:
+            me = next(runners)
+            return Reply(call_text("search", f"runner {me}", query="capital"), logprob=unsure if me == 1 else sure)
+        second = "runner 1" in " ".join(str(m.content) for m in messages)
+        return Reply(answer_text("Lyon" if second else "Paris"), logprob=unsure if second else sure)
+
+    model = ScriptedChatModel(responder=research_responder(agent))
+    config = {"n": 3, "mode": "none", "early_stop": True, "calibration": _floor_calibration(tmp_path)}
+    graph = create_parallelmuse(model, make_tools()[0], config=config)
+    out = await graph.ainvoke({"question": QUESTION})
+    assert sorted(t["status"] for t in out["trajectories"]) == ["answered", "answered", "stopped"]
+    stopped = next(t for t in out["trajectories"] if t["status"] == "stopped")
+    assert "< floor 1.000" in stopped["error"] and stopped["answer"] is None
+    assert out["answer"] == "Paris" and stopped["id"] not in {r["trajectory_id"] for r in out["reports"]}
+
+
+async def test_early_stop_on_plain_sampling_refuses_a_model_without_logprobs(tmp_path):
+    # The agent checks logprobs only for a branching mode: early_stop would never stop anything.
+    no_lp = lambda i, msgs: Reply(answer_text("Paris"), logprobs=False)  # noqa: E731
+    config = {"n": 3, "mode": "none", "early_stop": True, "calibration": _floor_calibration(tmp_path)}
+    graph, model, _ = _graph(config, agent=no_lp)
+    with pytest.raises(MissingLogprobsError, match=r"no token logprobs, which early_stop reads.*early_stop=False"):
+        await graph.ainvoke({"question": QUESTION})
+    assert all(role_of(c["messages"]) == "agent" for c in model.calls)  # no report, no aggregation
+    plain, _, _ = _graph({"n": 3, "mode": "none"}, agent=no_lp)  # without early_stop nothing reads them
+    assert (await plain.ainvoke({"question": QUESTION}))["answer"] == "Paris"
