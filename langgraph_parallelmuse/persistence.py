@@ -83,6 +83,10 @@ def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postg
     return "sqlite"
 
 
+#: The tables langgraph's ``SqliteStore`` keeps (its vector index's included).
+_LANGGRAPH_STORE_TABLES = frozenset({"store", "store_migrations", "store_vectors", "vector_migrations"})
+
+
 def _check_sqlite_file(path: Path, shown: str, *, existing: bool) -> None:
     """Refuse a path the SQLite saver could not create, read and write, another program's SQLite file, or
     (``existing``) a file that holds no checkpoints."""
@@ -121,8 +125,10 @@ def _check_sqlite_file(path: Path, shown: str, *, existing: bool) -> None:
     if "checkpoints" in tables:
         return
     earlier = "the file the runs were checkpointed in"
-    if tables:  # for a new run too: the saver's set-up would add its tables and switch the file to WAL
-        names = ", ".join(tables[:3]) + (", ..." if len(tables) > 3 else "")
+    # A LangGraph store's tables (SqliteStore, the checkpointer's usual companion) may share the file.
+    foreign = [t for t in tables if t not in _LANGGRAPH_STORE_TABLES]
+    if foreign:  # for a new run too: the saver's set-up would add its tables and switch the file to WAL
+        names = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         fix = f"give {earlier}" if existing else f"give a new file name to start a store, or {earlier}"
         raise ConfigError(
             f"--db {shown!r} holds no checkpoints but other tables ({names}): it is another program's database "

@@ -390,6 +390,20 @@ async def test_open_checkpointer_refuses_another_programs_file_and_sets_up_an_em
     assert check_db(str(empty), existing=True) == "sqlite"
 
 
+async def test_a_file_a_langgraph_store_set_up_takes_the_checkpoints_beside_it(tmp_path: Path) -> None:
+    """SqliteStore's tables are LangGraph's, not another program's: the checkpointer's usual companion."""
+    from langgraph.store.sqlite import SqliteStore
+
+    app = tmp_path / "app.sqlite"
+    with contextlib.closing(sqlite3.connect(app, check_same_thread=False, isolation_level=None)) as conn:
+        SqliteStore(conn).setup()
+    with pytest.raises(ConfigError, match=r"holds no checkpoints: give the file the runs were checkpointed in"):
+        check_db(str(app), existing=True)
+    async with open_checkpointer(str(app)):
+        pass
+    assert check_db(str(app), existing=True) == "sqlite"
+
+
 async def test_a_store_the_saver_set_up_is_an_existing_one(tmp_path: Path) -> None:
     db = str(tmp_path / "runs.sqlite")
     async with open_checkpointer(db):
