@@ -234,16 +234,23 @@ class BatchKV:
                 return
 
     def _forget_freed(self) -> None:
-        """Name the segments of a copied storage that is gone by their copy: its address may be reused."""
-        for storage, source in list(self._sources.items()):
-            if source.expired():
-                del self._sources[storage]
-                for segment in self._groups.pop(storage):
-                    del self.segments[storage, segment.start]
-                    segment.storage, segment.start, _ = _span((segment.state, segment.length))
-                    segment.copied = False
-                    self.segments[segment.storage, segment.start] = segment
-                    self._groups.setdefault(segment.storage, []).append(segment)
+        """Name the segments of a copied storage that is gone by their copy: its address may be reused.
+
+        All gone ones are taken out before any is put back: one's copy may sit at the address of
+        another gone one (freed, then given to the copy), whose name it would take while still in use.
+        """
+        gone = [storage for storage, source in self._sources.items() if source.expired()]
+        moved = []
+        for storage in gone:
+            del self._sources[storage]
+            for segment in self._groups.pop(storage):
+                del self.segments[storage, segment.start]
+                moved.append(segment)
+        for segment in moved:  # a copy's address is a live allocation's: no other storage's name
+            segment.storage, segment.start, _ = _span((segment.state, segment.length))
+            segment.copied = False
+            self.segments[segment.storage, segment.start] = segment
+            self._groups.setdefault(segment.storage, []).append(segment)
 
     def _settle(self) -> None:
         """Fit each storage's segments to the positions the rows read of it, then join neighbours."""

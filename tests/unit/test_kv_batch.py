@@ -163,6 +163,30 @@ def test_a_freed_storage_address_given_to_new_kv_is_not_taken_for_the_copy(monke
     checked.step()  # the new rows read the new KV, the branch its copy
 
 
+def test_two_freed_storages_whose_copy_sits_at_the_others_address_are_both_renamed(monkeypatch) -> None:
+    """One copy may be given the address of another copied storage already freed: renamed one at a
+    time, the first took the second's name and its segment, and the batch lost a segment (or raised)."""
+    monkeypatch.setattr(kv_batch, "_SEGMENT_MIN", 8)
+    checked = Checked()
+    a, x = state(400), state(40)
+    checked.add([[first(a, 40), (state(1), 1)], [first(a, 40), (state(2), 2)]])  # 40 of 400 read: copied
+    checked.add([[first(x, 10), (state(1), 1)], [first(x, 10), (state(3), 3)]])  # 10 of 40 read: copied
+    key_a, key_x = kv_batch._span(first(a, 1))[0], kv_batch._span(first(x, 1))[0]
+    copy_a = checked.batch.segments[key_a, 0].state[0].untyped_storage().data_ptr()
+    del a, x
+    gc.collect()
+    span = kv_batch._span
+
+    def reused(piece: Piece):  # what the allocator may do: x's freed address given to a's copy
+        got = span(piece)
+        return (key_x, *got[1:]) if piece[0][0].untyped_storage().data_ptr() == copy_a else got
+
+    monkeypatch.setattr(kv_batch, "_span", reused)
+    checked.add([[(state(3), 3)]])
+    assert sorted(s.length for s in checked.batch.segments.values()) == [10, 40]
+    checked.step()
+
+
 def test_random_joins_leaves_and_evictions_read_each_position_once_and_hold_at_most_twice_what_they_read(
     monkeypatch,
 ) -> None:
