@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,24 @@ async def test_check_server_says_this_server_cannot_continue_an_assistant_messag
     assert "closed the trailing assistant message" in message and "driver='free'" in message
     support = check_server(server, MODEL_ALIAS, top_logprobs=5, prefill=False)  # the name and logprobs are fine
     assert not support.scoring  # llama.cpp returns no prompt_logprobs: its model must not be declared scoring
+
+
+async def test_a_dead_http_proxy_does_not_stand_between_the_library_and_a_local_server(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``http_proxy`` set and no ``no_proxy``, check_server (urllib) and ServerChatModel's
+    calls (ChatOpenAI's httpx clients) went to the proxy: here a port nothing listens on."""
+    from langgraph_parallelmuse.models.server import ServerChatModel, check_server
+
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    for name in ("HTTP_PROXY", "no_proxy", "NO_PROXY", "OPENAI_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen reads the proxy variables once
+    check_server(server, MODEL_ALIAS, top_logprobs=5, prefill=False)  # through the proxy: unreachable
+    model = ServerChatModel(base_url=server, model=MODEL_ALIAS, logprobs=True, top_logprobs=5, timeout=120)
+    kwargs = Sampling(temperature=0.0, top_logprobs=5).kwargs(max_tokens=4, seed=1, model=model)
+    reply = await model.ainvoke([HumanMessage("Count from 1 to 20, separated by commas.")], **kwargs)
+    assert reply.usage_metadata["output_tokens"] == len(reply.response_metadata["logprobs"]["content"]) == 4
 
 
 def _first_request(model: RecordingChatOpenAI, trajectory_id: str, step: int) -> dict[str, Any]:
