@@ -108,38 +108,73 @@ class InFlight:
     """
 
     POLL_SECONDS = 0.05
+    #: How long the holder's event loop may run nothing while a task waits for its claim: a loop
+    #: that long stuck is blocked, e.g. by a sync ``invoke`` of the same run called inside it, which
+    #: waits for the waiter, which waits for the loop, for good.
+    STALL_SECONDS = 60.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: set[Hashable] = set()
+        self._held: dict[Hashable, asyncio.AbstractEventLoop] = {}  # key -> the event loop of its holder
 
     def held(self, key: Hashable) -> bool:
         """Whether some task holds ``key`` now."""
         with self._lock:
             return key in self._held
 
-    def _take(self, key: Hashable) -> bool:
+    def _take(self, key: Hashable) -> asyncio.AbstractEventLoop | None:
+        """Take ``key`` for the running task: ``None``, or the event loop of the task holding it."""
         with self._lock:
-            if key in self._held:
-                return False
-            self._held.add(key)
-            return True
+            holder = self._held.get(key)
+            if holder is not None and holder.is_closed():  # its task can never release it
+                holder = None
+            if holder is None:
+                self._held[key] = asyncio.get_running_loop()
+            return holder
 
     @contextlib.asynccontextmanager
     async def claim(self, key: Hashable) -> AsyncIterator[None]:
-        """Hold ``key`` inside the block, waiting while another task holds it (a waiter holds nothing)."""
-        while not self._take(key):
+        """Hold ``key`` inside the block, waiting while another task holds it (a waiter holds nothing).
+
+        Raises:
+            RuntimeError: The holder's event loop ran nothing for :attr:`STALL_SECONDS` while this
+                task waited (a sync call blocking that loop waits for this task).
+        """
+        probe: tuple[asyncio.AbstractEventLoop, threading.Event, float] | None = None
+        while (holder := self._take(key)) is not None:
+            if holder is not asyncio.get_running_loop():  # on this loop, the holder runs while this one sleeps
+                probe = self._probe(key, holder, probe)
             await asyncio.sleep(self.POLL_SECONDS)
         try:
             yield
         finally:
             with self._lock:
-                self._held.discard(key)
+                self._held.pop(key, None)
+
+    def _probe(
+        self, key: Hashable, holder: asyncio.AbstractEventLoop, probe: tuple | None
+    ) -> tuple[asyncio.AbstractEventLoop, threading.Event, float] | None:
+        """Ask the holder's loop to run a callback; raise when an earlier ask waited too long."""
+        if probe is not None and probe[0] is holder and not probe[1].is_set():
+            if time.monotonic() - probe[2] > self.STALL_SECONDS:
+                raise RuntimeError(
+                    f"trajectory thread {key!r} is held by a run whose event loop has run nothing for "
+                    f"{self.STALL_SECONDS:.0f} s: a sync call (invoke, batch, stream) made inside that loop "
+                    "blocks it while it waits for this run, which waits for that loop; await the async form "
+                    "(ainvoke, abatch, astream) there instead"
+                )
+            return probe
+        ran = threading.Event()
+        try:
+            holder.call_soon_threadsafe(ran.set)
+        except RuntimeError:  # closed since: the next _take frees its claim
+            return None
+        return holder, ran, time.monotonic()
 
     def forget(self) -> None:
         """Drop every claim (a forked child: the tasks that held them are not in it)."""
         self._lock = threading.Lock()
-        self._held = set()
+        self._held = {}
 
 
 #: The trajectory threads (and online runs) being run in this process, by name.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -344,6 +345,37 @@ async def test_a_run_cancelled_on_a_checkpointed_thread_leaves_no_claim_and_resu
     assert not IN_FLIGHT._held
     out = await asyncio.wait_for(app.ainvoke(ask, thread), 10)
     assert out["answer"] == "Paris"
+
+
+def test_a_sync_call_blocking_the_loop_that_runs_the_same_run_is_refused_not_hung(monkeypatch):
+    """``invoke`` inside a coroutine while that loop runs the same question on the same thread (a
+    notebook's task, then a sync cell): the sync run's nodes waited for the claims of a task on the
+    loop the call blocks, forever."""
+    from langgraph_parallelmuse.nodes import IN_FLIGHT
+
+    monkeypatch.setattr(IN_FLIGHT, "STALL_SECONDS", 1.0)
+    model = ScriptedChatModel(responder=research_responder(lambda i, messages: _TWICE[min(i, 1)]))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "blocked"}}
+    said: list[BaseException] = []
+
+    async def notebook() -> str:
+        running = asyncio.create_task(graph.ainvoke({"question": "Where is the Eiffel Tower?"}, thread))
+        while not model.calls:
+            await asyncio.sleep(0.005)
+        try:
+            graph.invoke({"question": "Where is the Eiffel Tower?"}, thread)  # blocks this loop
+        except RuntimeError as exc:
+            said.append(exc)
+        return (await running)["answer"]
+
+    answers: list[str] = []
+    worker = threading.Thread(target=lambda: answers.append(asyncio.run(notebook())), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the sync call hung"
+    assert "has run nothing for 1 s: a sync call (invoke, batch, stream)" in str(said[0]) and "ainvoke" in str(said[0])
+    assert answers == ["Paris"] and not IN_FLIGHT._held  # the running run went on and finished
 
 
 # ----------------------------------------------------------------------------- a parent's interrupts
