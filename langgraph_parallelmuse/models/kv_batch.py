@@ -360,11 +360,11 @@ class BatchKV:
         # storage to keep it whole.
         self._settle()
         self._plan = None
-        longest = max(self.lengths, default=0)
-        if self.keys.shape[3] > 2 * (longest + _GROWTH):
-            # The longest row left: give back the capacity only it needed.
-            self.keys = self.keys[:, :, :, : longest + _GROWTH].clone()
-            self.values = self.values[:, :, :, : longest + _GROWTH].clone()
+        longest, rows = max(self.lengths, default=0), len(self.lengths)
+        if self.keys.shape[3] > 2 * (longest + _GROWTH) or self.keys.shape[1] > 2 * rows + 8:
+            # The longest row left, the rows left: give back the capacity only the rows gone needed.
+            self.keys = self.keys[:, : 2 * rows + 8, :, : longest + _GROWTH].clone()
+            self.values = self.values[:, : 2 * rows + 8, :, : longest + _GROWTH].clone()
         return order
 
     def row_state(self, row: int) -> tuple[int, tuple[torch.Tensor, ...]]:

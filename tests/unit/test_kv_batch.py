@@ -187,6 +187,16 @@ def test_two_freed_storages_whose_copy_sits_at_the_others_address_are_both_renam
     checked.step()
 
 
+def test_rows_leaving_give_back_the_private_rows_they_needed() -> None:
+    """The private buffer shrank in positions when long rows left, never in rows: 32 rows joining
+    and 31 leaving kept 32 rows of buffer (42x the positions in use)."""
+    checked = Checked()
+    checked.add([[(state(200), 200)] for _ in range(32)])
+    checked.remove(list(range(1, 32)))
+    assert checked.batch.keys.shape[1] <= 2 * 1 + 8
+    checked.step()
+
+
 def test_random_joins_leaves_and_evictions_read_each_position_once_and_hold_at_most_twice_what_they_read(
     monkeypatch,
 ) -> None:
