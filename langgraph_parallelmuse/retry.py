@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextvars
 import datetime
 import email.utils
@@ -54,6 +55,22 @@ def is_transient(exc: BaseException) -> bool:
     # By class name anywhere in the hierarchy: langchain-openai raises its own subclasses
     # (OpenAIConnectionError, OpenAITimeoutError), which carry no status code.
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
+
+
+def is_transient_name(name: str) -> bool:
+    """:func:`is_transient` for an exception known only by its class name (a recorded error's
+    ``"Name: message"``): a builtin by its class, another by the client libraries' names.
+
+    Example:
+        >>> is_transient_name("ConnectionRefusedError"), is_transient_name("APIConnectionError")
+        (True, True)
+        >>> is_transient_name("BadRequestError"), is_transient_name("ValueError")
+        (False, False)
+    """
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        return issubclass(builtin, (TimeoutError, ConnectionError))
+    return name in _TRANSIENT_NAMES
 
 
 #: The longest wait a server's Retry-After may ask for before a retry.

@@ -19,7 +19,6 @@ a rerun runs it again.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import json
 import math
 import time
@@ -44,7 +43,7 @@ from langgraph_parallelmuse.eval.stats import bootstrap_ci, format_diff, paired_
 from langgraph_parallelmuse.files import replacing
 from langgraph_parallelmuse.lineage import Pick
 from langgraph_parallelmuse.protocol import one_line
-from langgraph_parallelmuse.retry import is_transient
+from langgraph_parallelmuse.retry import is_transient_name
 from langgraph_parallelmuse.schedule import run_schedule
 from langgraph_parallelmuse.stage2 import choose_answer, write_report
 from langgraph_parallelmuse.state import Trajectory
@@ -308,8 +307,8 @@ def _outage(error: str | None, prefix: str) -> str | None:
 
     Down as :func:`~langgraph_parallelmuse.retry.is_transient` judges an exception (a refused or
     dropped connection, a timeout, a 5xx, a 429), after the call's retries. Stage 2 keeps only the
-    error's text, so the exception is judged by its class name: a builtin's by its class
-    (``ConnectionError`` and kin), another's by the names ``is_transient`` reads (``APIConnectionError``).
+    error's text, so the exception is judged by its class name
+    (:func:`~langgraph_parallelmuse.retry.is_transient_name`).
     A reply that was junk records no such error, nor is a request the server refused (a 400, met
     again at every rerun) an outage: both stay the question's result, as in the graph's run.
 
@@ -326,13 +325,7 @@ def _outage(error: str | None, prefix: str) -> str | None:
     if not error or not error.startswith(prefix):
         return None
     said = error[len(prefix) :]
-    name = said.split(":", 1)[0]
-    if not name.isidentifier():
-        return None
-    builtin = getattr(builtins, name, None)
-    down = isinstance(builtin, type) and issubclass(builtin, (ConnectionError, TimeoutError))
-    # A stand-in of the recorded name: is_transient reads a client library's exception by its class names.
-    return said if down or is_transient(type(name, (Exception,), {})()) else None
+    return said if is_transient_name(said.split(":", 1)[0]) else None
 
 
 def _check_reports_reached(item: QAItem, reports: dict[str, dict]) -> None:
