@@ -261,8 +261,8 @@ class _StepNodes:
                     seed=lambda attempt: derive_seed(cfg.seed, state.get("trajectory_id"), index, attempt),
                     spent=spent,
                 )
-                if cfg.mode != "none":  # fail on the first call, not after a whole wave
-                    require_logprobs("".join(turn.segments.values()), turn.tokens)
+                if (reader := _logprobs_reader(cfg)) is not None:  # fail on the first call, not after a wave
+                    require_logprobs("".join(turn.segments.values()), turn.tokens, **reader)
                 break
             except Exception as exc:  # noqa: BLE001 - a dead model ends this trajectory, not the run
                 if ends_the_run(exc):
@@ -491,6 +491,19 @@ def lend_checkpointer(runner: RolloutRunner, saver: BaseCheckpointSaver | None) 
         yield
     finally:
         _LENT.reset(token)
+
+
+def _logprobs_reader(cfg: ParallelMuseConfig) -> dict[str, str] | None:
+    """What reads a step's logprobs, as :func:`require_logprobs` names it, or ``None`` when nothing does.
+
+    Branching ranks steps by them; early stop on plain sampling (mode 'none') reads their confidence,
+    and without them would silently never stop anything.
+    """
+    if cfg.mode != "none":
+        return {}
+    if cfg.early_stop:
+        return {"reader": "early_stop reads (DeepConf's token confidence)", "way_out": "early_stop=False"}
+    return None
 
 
 class RolloutRunner:

@@ -173,15 +173,16 @@ def _check_model_flags(args: argparse.Namespace) -> None:
 
 
 def _needs_logprobs(settings: ParallelMuseConfig, *, weighted: bool = False) -> bool:
-    """Whether a run reads its trajectories' logprobs: to branch (a partial-rollout mode), or to weigh
-    the votes by confidence (``weighted``: a bench method does) — without them the weighted vote falls
-    back to a plain majority, and a server's check must say so before the first wave.
+    """Whether a run reads its trajectories' logprobs: to branch (a partial-rollout mode), to stop a
+    trajectory early (``early_stop``, with any mode), or to weigh the votes by confidence
+    (``weighted``: a bench method does) — without them the weighted vote falls back to a plain
+    majority, and a server's check must say so before the first wave.
 
     Example:
         >>> _needs_logprobs(ParallelMuseConfig(mode="none", aggregation="weighted"))
         True
     """
-    return settings.mode != "none" or weighted or settings.aggregation == "weighted"
+    return settings.mode != "none" or settings.early_stop or weighted or settings.aggregation == "weighted"
 
 
 def _served_name(args: argparse.Namespace) -> argparse.Namespace:

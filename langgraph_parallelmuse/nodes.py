@@ -44,7 +44,6 @@ from langgraph_parallelmuse.driver import GuidedDriver
 from langgraph_parallelmuse.errors import (
     ConfigError,
     InputError,
-    MissingLogprobsError,
     ParallelMuseError,
     RolloutFailedError,
     with_result,
@@ -74,15 +73,6 @@ _ENGINE_COUNTERS = (
     "cancelled",
     "prefill_seconds",
     "decode_seconds",
-)
-
-
-# What a run with early_stop and mode='none' says when its model returns no logprobs (the agent checks
-# them on every call only when a branching mode needs them).
-EARLY_STOP_LOGPROBS = (
-    "the model returned no token logprobs, which early_stop reads (DeepConf's confidence of the generated "
-    "tokens). Use a backend that returns them (ChatOpenAI(..., logprobs=True, top_logprobs=16) against "
-    "vLLM/SGLang/llama.cpp/OpenAI, or LocalChatModel), or set early_stop=False."
 )
 
 
@@ -180,23 +170,6 @@ class InFlight:
 #: The trajectory threads (and online runs) being run in this process, by name.
 IN_FLIGHT = InFlight()
 os.register_at_fork(after_in_child=IN_FLIGHT.forget)
-
-
-def early_stop_readable(settings: ParallelMuseConfig, trajectory: Trajectory) -> None:
-    """Raise :class:`MissingLogprobsError` when early stop cannot read ``trajectory``'s confidence.
-
-    With a branching mode the agent refuses a reply without logprobs at once; with mode 'none' it does
-    not, and early_stop would silently never stop anything. Checked when the first trajectory ends.
-
-    Example:
-        >>> cfg = ParallelMuseConfig(mode="none")
-        >>> early_stop_readable(cfg, {"steps": [{"text": "Paris", "generated_tokens": 2, "tokens": []}]})
-    """
-    if not (settings.early_stop and settings.mode == "none"):
-        return
-    steps = [s for s in trajectory["steps"] if s["generated_tokens"]]
-    if "".join(s["text"] for s in steps).strip() and not any(s["tokens"] for s in steps):
-        raise MissingLogprobsError(EARLY_STOP_LOGPROBS)
 
 
 def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
@@ -652,7 +625,6 @@ class ParallelMuseNodes:
                 emit("trajectory_started", id=job["id"], kind=job["origin"]["kind"], step=job["origin"].get("step"))
                 traj = await self.runner.run_job(job, question=payload["question"], config=settings)
         emit("trajectory_finished", **finished_event(traj))
-        early_stop_readable(settings, traj)
         return {"trajectories": [traj]}
 
     @_timed("rollout")

@@ -131,18 +131,23 @@ def score_steps(steps: Sequence[Step], estimator: Estimator = "nll") -> list[dic
     return [step_uncertainty(step, estimator) for step in steps]
 
 
-MISSING_LOGPROBS = (
-    "the model returned no token logprobs, which uncertainty-guided branching needs. "
-    "Use a backend that returns them (ChatOpenAI(..., logprobs=True, top_logprobs=16) "
-    "against vLLM/SGLang/llama.cpp/OpenAI, or LocalChatModel), or set mode='none'."
-)
-
-
-def require_logprobs(generated: str, tokens: Sequence[TokenRecord]) -> None:
+def require_logprobs(
+    generated: str,
+    tokens: Sequence[TokenRecord],
+    *,
+    reader: str = "uncertainty-guided branching needs",
+    way_out: str = "mode='none'",
+) -> None:
     """Raise :class:`MissingLogprobsError` when a model call generated text but no logprobs.
 
     The agent checks every step's model output as it arrives, so a backend without logprobs
     fails on its first call, whether or not it reports token usage.
+
+    Args:
+        generated: The call's generated text.
+        tokens: Its token records.
+        reader: What reads the logprobs, as the message says it.
+        way_out: The setting that runs without them.
 
     Example:
         >>> require_logprobs("", [])  # nothing generated: nothing to score
@@ -152,7 +157,11 @@ def require_logprobs(generated: str, tokens: Sequence[TokenRecord]) -> None:
         langgraph_parallelmuse.errors.MissingLogprobsError: the model returned no token logprobs, ...
     """
     if generated.strip() and not tokens:
-        raise MissingLogprobsError(MISSING_LOGPROBS)
+        raise MissingLogprobsError(
+            f"the model returned no token logprobs, which {reader}. Use a backend that returns them "
+            "(ChatOpenAI(..., logprobs=True, top_logprobs=16) against vLLM/SGLang/llama.cpp/OpenAI, or "
+            f"LocalChatModel), or set {way_out}."
+        )
 
 
 def select_branch_steps(
