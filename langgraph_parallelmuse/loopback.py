@@ -19,19 +19,25 @@ from typing import Any
 
 
 def is_loopback(host: str | None) -> bool:
-    """Whether ``host`` names this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``).
+    """Whether ``host`` names this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``, ``0.0.0.0``).
+
+    A connection to the unspecified address (``0.0.0.0``, ``::``) reaches this machine: vLLM started
+    with ``--host 0.0.0.0`` prints ``http://0.0.0.0:8000`` as its URL, and a proxy asked for it
+    would reach its own host instead.
 
     Args:
         host: A URL's host, as ``urllib.parse.urlsplit(url).hostname`` gives it (IPv6 with or
             without brackets).
 
     Returns:
-        ``True`` for ``localhost`` and its subdomains, 127.0.0.0/8 and ``::1``; ``False`` for
-        anything else, an empty or missing host included.
+        ``True`` for ``localhost`` and its subdomains, 127.0.0.0/8, ``::1``, ``0.0.0.0`` and ``::``;
+        ``False`` for anything else, an empty or missing host included.
 
     Example:
         >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("[::1]"), is_loopback("10.0.0.7")
         (True, True, True, False)
+        >>> is_loopback("0.0.0.0")
+        True
     """
     if not host:
         return False
@@ -39,9 +45,10 @@ def is_loopback(host: str | None) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:  # a host name
         return False
+    return address.is_loopback or address.is_unspecified
 
 
 class _LoopbackDirect(urllib.request.ProxyHandler):

@@ -34,14 +34,14 @@ _EXAMPLE_URL = "postgresql://USER[:PASSWORD]@HOST:5432/DBNAME"
 _CONNINFO = re.compile(r"(?:^|.*\s)(?:host|hostaddr|dbname|user|password|port|service|sslmode)\s*=", re.IGNORECASE)
 
 
-def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postgres"]:
+def check_db(target: str | os.PathLike[str], *, existing: bool = False) -> Literal["sqlite", "postgres"]:
     """Which kind of store ``target`` names, or a :class:`ConfigError` saying what to change.
 
     Nothing is written or connected to: a PostgreSQL URL is parsed (scheme, port, query
     parameters), the server is reached only by :func:`open_checkpointer`; a SQLite file is at most read.
 
     Args:
-        target: A SQLite file's path or a ``postgresql://`` URL.
+        target: A SQLite file's path (a ``str`` or a ``pathlib.Path``) or a ``postgresql://`` URL.
         existing: The store must already hold checkpoints (to resume a run or delete a thread): a
             SQLite file must exist and have the saver's tables. Whatever it is, an existing SQLite file
             that holds tables but not the saver's is refused: it is another program's database, which
@@ -61,6 +61,7 @@ def check_db(target: str, *, existing: bool = False) -> Literal["sqlite", "postg
         ...
         langgraph_parallelmuse.errors.ConfigError: --db '/no/such/runs.sqlite': the folder /no/such does not exist: ...
     """
+    target = os.fspath(target)  # a pathlib.Path was a TypeError from the URL pattern
     if (url := _URL.match(target)) is not None:
         _check_postgres_url(target, url[1].lower())
         return "postgres"
@@ -233,11 +234,16 @@ def _raw_in_user_info(target: str) -> bool:
         True
         >>> _raw_in_user_info("postgresql://app:pw@db/team@runs"), _raw_in_user_info("postgresql://db/team@runs")
         (False, False)
+        >>> _raw_in_user_info("postgresql://app:pw@db?application_name=me@laptop")
+        False
     """
     rest = target.partition("://")[2]
     authority, _, path = rest.partition("/")
     if authority.count("@") > 1:
-        return True
+        # libpq's user info ends at the first "@": another one in the host is a raw one, but one in a
+        # query's value (no database: db?application_name=me@laptop) is the query's.
+        host, _, query = authority.partition("@")[2].partition("?")
+        return "@" in host or "=" not in query.partition("@")[0]
     after_slash = path.split("?", 1)[0]
     if "@" in authority or "@" not in after_slash:
         return False
@@ -254,8 +260,8 @@ def _postgres_url(target: str) -> str:
 
 
 @asynccontextmanager
-async def open_checkpointer(target: str) -> AsyncIterator[BaseCheckpointSaver]:
-    """An async checkpointer on ``target`` (SQLite path or ``postgresql://`` URL), set up and closed.
+async def open_checkpointer(target: str | os.PathLike[str]) -> AsyncIterator[BaseCheckpointSaver]:
+    """An async checkpointer on ``target`` (SQLite path, a str or a Path, or ``postgresql://`` URL), set up and closed.
 
     Example:
         >>> import asyncio, tempfile, os
@@ -265,6 +271,7 @@ async def open_checkpointer(target: str) -> AsyncIterator[BaseCheckpointSaver]:
         >>> asyncio.run(kind(os.path.join(tempfile.mkdtemp(), "runs.sqlite")))
         'AsyncSqliteSaver'
     """
+    target = os.fspath(target)
     opened = _postgres_saver(target) if check_db(target) == "postgres" else _sqlite_saver(target)
     async with opened as saver:
         yield saver

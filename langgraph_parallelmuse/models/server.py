@@ -117,7 +117,9 @@ class ServerChatModel(ChatOpenAI):
     routing_header: str | None = Field(default=None, description="Header carrying the routing key, if routed.")
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "none")
+        # Either name: a default under the alias beat an openai_api_key= passed in, and the server got "none".
+        if "api_key" not in kwargs and "openai_api_key" not in kwargs:
+            kwargs["api_key"] = os.environ.get("OPENAI_API_KEY") or "none"
         if "timeout" not in kwargs and "request_timeout" not in kwargs:
             # ChatOpenAI hands the openai client None, which waits forever (the client's own default is
             # 600 s): a server that hangs would stall its trajectory for good, never failing it.
@@ -662,6 +664,11 @@ class _Client:
                 f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: is base_url= "
                 "the OpenAI API root (e.g. http://127.0.0.1:8000/v1; --base-url on the command line)?"
             )
+        if not all(isinstance(m, dict) for m in body["data"]):  # read below: an AttributeError naming no server
+            raise ServerCheckError(
+                f"{self.base}/models sent a malformed reply{self._checking}: data is {_show(body['data'])}, not a "
+                'list of objects ({"id": NAME}); is base_url= an OpenAI-compatible server\'s API root?'
+            )
         return [str(m.get("id")) for m in body["data"]]
 
     def chat(self, messages: list[dict], what: str, fix: str, **fields: Any) -> dict:
@@ -671,6 +678,9 @@ class _Client:
             raise ServerCheckError(
                 f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
             )
+        # The checks read choices[0] and its logprobs: another shape was a bare KeyError or AttributeError.
+        if problem := _choices_problem(reply):
+            raise ServerCheckError(f"{self.base}/chat/completions sent a malformed reply{self._checking}: {problem}")
         return reply
 
 
@@ -710,7 +720,9 @@ def _check_logprobs(client: _Client, top_logprobs: int) -> None:
     reply = client.chat(
         _PROMPT, f"logprobs=true, top_logprobs={top_logprobs}", fix, logprobs=True, top_logprobs=top_logprobs
     )
-    entries = ((reply["choices"][0].get("logprobs") or {}).get("content")) or []
+    logprobs = reply["choices"][0].get("logprobs")  # a dict choice: client.chat checked the shape
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    entries = content if isinstance(content, list) else []  # another shape carries no logprobs to read
     if not entries:
         raise ServerCheckError(
             f"{client.base} returned no logprobs for model {client.model!r} (asked logprobs=true, "

@@ -44,7 +44,7 @@ def postgres_spec(data_dir: str | Path, *, bin_dir: str | Path | None = None) ->
         'postgresql://postgres@127.0.0.1:40123/postgres'
     """
     binaries = _postgres_bin(bin_dir)
-    data = Path(data_dir).resolve()
+    data = Path(data_dir).expanduser().resolve()  # unexpanded, "~/pg" was a cluster in ./~/pg
     as_postgres = ("runuser", "-u", "postgres", "--") if os.geteuid() == 0 else ()
     if not (data / "PG_VERSION").is_file():
         data.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def postgres_spec(data_dir: str | Path, *, bin_dir: str | Path | None = None) ->
 
 def _postgres_bin(bin_dir: str | Path | None) -> Path:
     if bin_dir is not None:
-        candidates = [Path(bin_dir)]
+        candidates = [Path(bin_dir).expanduser()]
     else:
         on_path = shutil.which("initdb")
         candidates = [Path(on_path).parent] if on_path else []

@@ -123,8 +123,13 @@ class Server:
     routing_header: str | None = None
 
     def log_tail(self, chars: int = _LOG_TAIL) -> str:
-        """The last ``chars`` characters of the server's log."""
-        return _tail(self.log_path, chars)
+        """The last ``chars`` characters of the server's log, its secrets masked as in a startup error.
+
+        A test's failure message prints it: vLLM logs its arguments, an ``--api-key`` among them.
+        """
+        # Redacted before the cut, as in _failure: a key across the cut would lose its head.
+        text = _redacted(self.command, _tail_from_a_line(self.log_path, max(chars, _REDACTED_WINDOW)))
+        return text[max(0, len(text) - chars) :]
 
 
 def free_port() -> int:
@@ -205,7 +210,8 @@ def serve(
         # `timeout` would read 0 or inf as no bound at all: every server here has one.
         raise ConfigError(f"max_seconds={max_seconds}: give a positive number of seconds (default 3600)")
     _check_ports(specs)
-    logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
+    # A "~" left unexpanded made a folder named "~" in the working directory.
+    logs = Path(log_dir).expanduser() if log_dir is not None else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
     logs.mkdir(parents=True, exist_ok=True)
     started: list[tuple[Server, subprocess.Popen, ServerSpec]] = []
     try:
@@ -279,29 +285,56 @@ def _wait_ready(
 
 
 def _held_by_another(server: Server) -> bool:
-    """Whether a process outside the server's group listens on its port (no listener: not another's)."""
+    """Whether a process outside the server's group listens on its port and the server does not
+    (no listener: not another's).
+
+    Raises:
+        ServerError: Both listen on one address: SO_REUSEPORT (which vLLM sets) lets a second server
+            bind a port another process's server holds, and the kernel then hands either of them the
+            clients of the URL (the server looked ready and answered for the other).
+    """
     listening = _listening_sockets(server.port)
     if not listening:
         return False
-    for pid in group_members(server.pid):
+    ours = _group_sockets(server.pid)
+    if ours is None:  # run as another user (PostgreSQL as postgres): whose the socket is is unknown
+        return False
+    our_addresses = {address for link, address in listening.items() if link in ours}
+    if not our_addresses:
+        return True
+    if any(address in our_addresses for link, address in listening.items() if link not in ours):
+        raise ServerError(
+            _failure(
+                server,
+                "shares its port with a server of another process (both bound it with SO_REUSEPORT), which "
+                "would answer some of its requests: stop that server, or start this one again on a new port",
+            )
+        )
+    return False
+
+
+def _group_sockets(pgid: int) -> set[str] | None:
+    """The ``/proc/PID/fd`` links of the open files of process group ``pgid``, or ``None`` when they are
+    another user's (unreadable)."""
+    links = set()
+    for pid in group_members(pgid):
         try:
             fds = list(os.scandir(f"/proc/{pid}/fd"))
         except FileNotFoundError:  # exited meanwhile
             continue
-        except OSError:  # run as another user (PostgreSQL as postgres): whose the socket is is unknown
-            return False
+        except OSError:
+            return None
         for fd in fds:
             try:
-                if os.readlink(fd.path) in listening:
-                    return False
+                links.add(os.readlink(fd.path))
             except OSError:  # closed meanwhile
                 continue
-    return True
+    return links
 
 
-def _listening_sockets(port: int) -> set[str]:
-    """The TCP sockets listening on ``port`` (any address), as their ``/proc/PID/fd`` links read."""
-    found = set()
+def _listening_sockets(port: int) -> dict[str, str]:
+    """The TCP sockets listening on ``port`` (any address): their ``/proc/PID/fd`` link -> local address."""
+    found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -309,8 +342,9 @@ def _listening_sockets(port: int) -> set[str]:
             continue
         for row in rows:
             fields = row.split()  # sl local_address rem_address st ... inode
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                found.add(f"socket:[{fields[9]}]")
+            address, _, hex_port = fields[1].rpartition(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:
+                found[f"socket:[{fields[9]}]"] = address
     return found
 
 

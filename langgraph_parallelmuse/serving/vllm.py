@@ -175,7 +175,9 @@ def vllm_spec(
         ...
         langgraph_parallelmuse.errors.ConfigError: vllm: /no/such/dir is not a transformers checkpoint...
     """
-    if not (Path(model_dir) / "config.json").is_file():
+    # Not through a shell, so "~" is ours to expand: a checkpoint under ~ was "not a checkpoint".
+    model_dir = Path(model_dir).expanduser()
+    if not (model_dir / "config.json").is_file():
         raise ConfigError(
             f"vllm: {model_dir} is not a transformers checkpoint (no config.json): make one with "
             "langgraph_parallelmuse.models.export.export_model(DIR)"
@@ -305,6 +307,13 @@ def _fetch(url: str, endpoint: str, *, timeout: float, post: bool = False, missi
             raise ConfigError(f"{url} has no {endpoint}: {missing}") from exc
         body = exc.read().decode(errors="replace")[:500]
         raise ServerError(redact(f"{url}{endpoint} answered HTTP {exc.code}: {body}")) from exc
+    except http.client.InvalidURL as exc:
+        # http.client reads all after the host's last ":" as the port, so "user:PASSWORD@host" put the
+        # password into its text, where no redaction pattern finds it: all up to the "@" is credentials.
+        reason = re.sub(r"'.*@", "'***@", str(exc))
+        raise ServerError(
+            redact(f"{url} is not a valid URL ({reason}), asking {endpoint}: give the server's root URL (Server.url)")
+        ) from exc
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         raise ServerError(redact(f"{url}{endpoint} did not answer ({reason}): is the vLLM server running?")) from exc
