@@ -131,6 +131,12 @@ _QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
 _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
+# Chinese, Japanese and Korean text (tools.corpus.CJK_CHARS, which this module may not import): no
+# spaces set its words apart, so a name in it is no whole word.
+_CJK = re.compile(
+    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]"
+)
 
 
 def _is_name_word(word: str) -> bool:
@@ -195,7 +201,10 @@ def entity_key(name: str) -> str:
 
 
 def _mentions(text: str, key: str) -> bool:
-    """Whether normalised ``text`` names the entity ``key`` as whole words."""
+    """Whether normalised ``text`` names the entity ``key`` as whole words (anywhere, for a key in
+    CJK characters: a page never spaced "333メートル" out of "高さは333メートルです")."""
+    if _CJK.search(key):
+        return key in text
     return f" {key} " in f" {text} "
 
 

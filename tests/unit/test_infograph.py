@@ -312,3 +312,27 @@ def test_tool_outputs_the_graph_cannot_read_get_a_warning_that_names_the_format(
         # The library's own tools when every search found nothing: no sign of another format.
         none_found = {"observations": [_plain(0, "search", "No results for 'Alpha'. Try other words.")]}
         assert not warn_unreadable([none_found], uses="crossover=1")
+
+
+def test_a_cjk_answer_inside_a_cjk_page_is_supported_by_it() -> None:
+    # Mentions were whole words between spaces, which Japanese never writes: no document supported
+    # "333メートル", so the trajectory had no evidence (an empty graph report, no crossover).
+    answer = "333メートル"
+    traj = {
+        "steps": [search(0, "東京タワー 高さ"), {"index": 1, "action": {"type": "answer", "answer": answer}}],
+        "observations": [
+            {
+                "step": 0,
+                "name": "search",
+                "error": False,
+                "doc_ids": ["d1"],
+                "content": "[1] 東京タワー (id: d1)\n東京タワーの高さは333メートルです。",
+            }
+        ],
+        "answer": answer,
+    }
+    effective = effective_subgraph(build_graph("東京タワーの高さは?", traj))
+    assert effective["answer"] == "333メートル"
+    assert [(r["kind"], r["step"]) for r in effective["relations"] if r["target"] == effective["answer"]] == [
+        ("supports", 0)
+    ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import ToolMessage
 
-from langgraph_parallelmuse.errors import CorpusError
+from langgraph_parallelmuse.errors import ConfigError, CorpusError
 from langgraph_parallelmuse.tools import CorpusIndex, goal_excerpt, make_corpus_tools
 from tests.unit.processes import in_forked_child
 
@@ -360,3 +360,25 @@ async def test_a_huge_title_is_cut_so_the_visit_reply_stays_within_max_chars(tmp
         title, body = msg.content.split("\n\n")
         assert title.startswith("Long title xxx") and title.endswith("x…") and body == "Short text about Paris."
     assert msg.artifact == {"doc_ids": ["d1"]}
+
+
+@pytest.mark.parametrize(("setting", "value"), [("k", 0), ("k", -1), ("max_chars", 0)])
+def test_limits_below_one_are_refused_naming_the_setting(index: CorpusIndex, setting: str, value: int) -> None:
+    # k=0 answered every search "No results" and max_chars=0 gave an empty visit recorded as read.
+    with pytest.raises(ConfigError, match=f"{setting}={value}"):
+        make_corpus_tools(index, **{setting: value})
+
+
+def test_a_cjk_excerpt_keeps_the_sentence_about_the_goal() -> None:
+    # Japanese has no space after "。" nor between words: the text was one sentence, no goal word
+    # matched, and the excerpt was the text's head without the answer.
+    filler = "この町には古い寺がたくさんあります。" * 60
+    text = filler + "東京タワーの高さは333メートルです。" + filler
+    excerpt = goal_excerpt(text, "東京タワーの高さ", max_chars=300)
+    assert "東京タワーの高さは333メートルです。" in excerpt and len(excerpt) <= 300
+
+
+def test_excerpt_goal_words_match_in_compatibility_forms() -> None:
+    text = "Paris is in France. " * 50 + "The ﬁnal score was 3-1. " + "It rains. " * 50
+    assert "3-1" in goal_excerpt(text, "final", max_chars=120)
+    assert "3-1" in goal_excerpt(text.replace("ﬁnal", "final"), "ＦＩＮＡＬ", max_chars=120)
