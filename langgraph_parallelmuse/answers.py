@@ -22,6 +22,7 @@ import unicodedata
 from collections import Counter
 
 __all__ = [
+    "CJK_CHARS",
     "FUNCTION_WORDS",
     "normalize_answer",
     "normalize_vote_key",
@@ -67,8 +68,14 @@ _WORD_HYPHEN = re.compile(r"(?<=[^\W_])[-\u2010](?=[^\W\d_])|(?<=[^\W\d_])[-\u20
 # NFKC makes superscript digits plain, and an exponent another number ("10⁶" would be "106"): they
 # are marked as one is typed ("10^6", "10⁻⁶" is "10^-6"). Subscript digits stay plain: "H₂O" is "H2O".
 _EXPONENT = re.compile("[⁺⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
-# Han, kana and Hangul text has no spaces between words: each character is a token.
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
+# Chinese, Japanese and Korean characters (Han, kana, Hangul, their radicals and compatibility
+# forms): text in them has no spaces between words, so the vote key, the search index, the visit
+# excerpts and the information-state graph each read such text by its characters.
+CJK_CHARS = (
+    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]"
+)
+_CJK = re.compile(CJK_CHARS)
 
 
 def normalize_answer(text: str | None) -> str:

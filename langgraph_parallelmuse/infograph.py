@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
-from langgraph_parallelmuse.answers import FUNCTION_WORDS, normalize_answer
+from langgraph_parallelmuse.answers import CJK_CHARS, FUNCTION_WORDS, normalize_answer
 from langgraph_parallelmuse.driver import call_key, search_hits
 from langgraph_parallelmuse.protocol import NO_HITS
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
@@ -131,12 +131,8 @@ _QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
 _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
-# Chinese, Japanese and Korean text (tools.corpus.CJK_CHARS, which this module may not import): no
-# spaces set its words apart, so a name in it is no whole word.
-_CJK = re.compile(
-    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]"
-)
+# Chinese, Japanese and Korean text: no spaces set its words apart, so a name in it is no whole word.
+_CJK = re.compile(CJK_CHARS)
 
 
 def _is_name_word(word: str) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from langgraph_parallelmuse.answers import CJK_CHARS
 from langgraph_parallelmuse.errors import CorpusError
 from langgraph_parallelmuse.files import replacing
 
@@ -46,11 +47,7 @@ _BM25_WEIGHTS = (2.0, 1.0, 1.0)  # title, text, description
 _TOKEN_RE = re.compile(r"[^\W_]+")
 # Scripts written without spaces between words (Chinese, Japanese; Korean glues particles on): the
 # FTS tokenizer would take a whole run for one word, so each character is indexed as its own word
-# and a query's run becomes phrases of two neighbouring characters (_terms). Visit excerpts use it too.
-CJK_CHARS = (
-    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]"
-)
+# and a query's run becomes phrases of two neighbouring characters (_terms).
 _CJK_RE = re.compile(f"({CJK_CHARS})")
 _CJK_RUN_RE = re.compile(f"({CJK_CHARS}+)")
 _NON_SPACE_RE = re.compile(r"\S+")

@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from langgraph_parallelmuse.answers import CJK_CHARS
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, InputError
 from langgraph_parallelmuse.protocol import EMPTY_QUERY, NO_HITS, NO_RESULTS, SEARCH_HIT
-from langgraph_parallelmuse.tools.corpus import CJK_CHARS, CorpusIndex, Doc
+from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
 
 __all__ = [
     "EMPTY_QUERY",
