@@ -42,6 +42,16 @@ _NAMED = re.compile(rf"{_CAP_WORD}(?:\s+(?:{_CONNECT}\s+)?{_CAP_WORD})*")
 _DATE = re.compile(
     rf"\b(?:(?:\d{{1,2}}\s+)?(?:{_MONTHS})(?:\s+\d{{1,2}},?)?\s+\d{{3,4}}|(?<!\d[,.])\d{{3,4}}s?(?![,.]\d))\b"
 )
+# An ordinal century as the evidence writes it ("the 12th century", "nineteenth century", "5th
+# century BC"): a "which century" question's answer, which no year span is (and no year is made into
+# one: "1150" is no candidate for "12th century"). A hyphened "19th-century" is an adjective.
+_ORDINALS = (
+    "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|"
+    "fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|twenty-first"
+)
+_CENTURY = re.compile(
+    rf"\b(?:\d{{1,2}}(?:st|nd|rd|th)|{_ORDINALS})\s+century(?:\s+(?:BCE?|AD|CE)\b)?(?![\w-])", re.IGNORECASE
+)
 _NUMBER = re.compile(
     r"(?<![\w.])[$£€]?\d[\d,]*(?:\.\d+)?(?:\s*(?:%|percent|million|billion|thousand|km|miles|metres|meters|feet|"
     r"years|people|acres))?(?!\w)"
@@ -58,7 +68,7 @@ _FRACTION = re.compile(r"[$£€]?[0-9][0-9,]*\.[0-9]+(?:\s|$)")
 # Nor is a whole calendar date the name of a thing called by its type: "… the signing of what
 # treaty?" was answered "October 6, 1913", a date of the page read. A bare number is, for some
 # types ("1989" an album, "747" a model, "1992" an election), but never for a place ("… in which
-# California city?" was answered "1999"). A type that is a time ("what month", "which century")
+# California city?" was answered "1999"). A type that is a time ("what month", "which season")
 # keeps every date; "Treaty of 1818" stays, a name with a year in it.
 _CALENDAR_DATE = re.compile(rf"(?:\d{{1,2}}\s+)?(?:{_MONTHS})\b.*\d{{3,4}}")
 _PLACES = frozenset(
@@ -83,8 +93,14 @@ def _words(text: str) -> set[str]:
 def _trim(span: str) -> str:
     # "Norway's major anniversary": the name is "Norway".
     words = re.sub(r"['’]s$", "", span.strip(" ,.;:'\"()[]")).split()
-    while words and words[0] in _LEADING:
-        words = words[1:]
+    # A leading word goes while a word that names something is left after it: "The Who" is the band's
+    # whole name, and "Who" alone, all function words, was no candidate at all. (The last such word is
+    # found once: looked for after each leading word, a run of them was read once per word.)
+    last = max((i for i, word in enumerate(words) if _words(word)), default=-1)
+    start = 0
+    while start < len(words) and words[start] in _LEADING and (start < last or start == len(words) - 1):
+        start += 1
+    words = words[start:]
     while words and re.fullmatch(_CONNECT, words[-1]):
         words = words[:-1]
     return " ".join(words)
@@ -232,9 +248,7 @@ def answer_kind(question: str) -> AnswerKind:
     if choice_options(question):
         return "choice"
     rest = q[wh.start() :] if wh else q
-    if re.match(
-        r"(when|what year|which year|in what year|what date|which date|what decade|which decade|what century)\b", rest
-    ):
+    if re.match(r"(when|in what year|(?:what|which) (?:year|date|decade|century))\b", rest):
         return "date"
     if re.match(
         r"how (many|much|long|old|tall|far|big|large|high)\b|what (percentage|number|population|amount)\b|"
@@ -392,7 +406,9 @@ _QUOTED = re.compile(rf'"((?:{CAPITAL}|[0-9])[^"]{{0,58}}?)[,.]?"')
 def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[str]:
     if kind == "date":
         # A full date and its year: "When was he born?" may want either ("1920s" has no year of its own).
-        dates = [m.group(0) for m in _DATE.finditer(sentence)]
+        # Centuries and dates in the order the sentence gives them.
+        found = sorted((m.start(), m.group(0)) for rule in (_CENTURY, _DATE) for m in rule.finditer(sentence))
+        dates = [span for _, span in found]
         return list(dict.fromkeys(s for d in dates for s in (d, *re.findall(r"\s(\d{3,4})$", d))))
     if kind == "number":
         return [m.group(0).strip(" ,") for m in _NUMBER.finditer(sentence)]
@@ -486,8 +502,9 @@ def candidates(
         ):
             continue
         seen.add(span.lower())
-        # Half the words may be the question's ("Astrid Young", the sister of Neil Young).
-        if words and len(words & subject) / len(words) <= 0.5:
+        # Half the words may be the question's ("Astrid Young", the sister of Neil Young). A name of
+        # function words only is one of several ("The Who"): a lone "It" opens a sentence.
+        if (len(words & subject) / len(words) <= 0.5) if words else len(span.split()) > 1:
             out.append(span)
         if len(out) >= limit:
             break

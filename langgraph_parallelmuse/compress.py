@@ -86,9 +86,10 @@ _FORMAT = (
 
 # A heading at the start of a line, with markdown or numbering ("## 1. **Solution planning**:"). The
 # prefix stays on its line and is possessive: "\s*" there rescanned every following blank line from
-# each line start (parse_report of 20,000 newlines took 18 s).
+# each line start (parse_report of 20,000 newlines took 18 s). A full-width colon or an en or em dash
+# after the heading is its mark too: left in, "Final reasoning：" with no reasoning was a section "：", not empty.
 _HEADING = re.compile(
-    r"^[ \t#*>\-\d.)]*+(" + "|".join(SECTIONS) + r")\b[\s*:#\-]*",
+    r"^[ \t#*>\-\d.)]*+(" + "|".join(SECTIONS) + r")\b[\s*:：#\-–—]*",
     re.IGNORECASE | re.MULTILINE,
 )
 # Where a model writes an answer, on a line of its own ("- **Final Answer:** Lyon": the markup goes
@@ -96,9 +97,10 @@ _HEADING = re.compile(
 # the same line and with only markup between, a colon or a dash followed by a blank ("to reach the
 # final answer.\n- first find ..." and "final answer-based" are no answer). The answer itself may
 # be on the next line. A run of asterisks is read once, from its start and without giving any back:
-# rescanned from each of its positions, 20,000 of them took 16 s.
+# rescanned from each of its positions, 20,000 of them took 16 s. A full-width colon is a colon ("Final
+# answer：里昂" was left in the last section, a second answer of the report).
 _FINAL_ANSWER = re.compile(
-    r"(?:^[ \t#*>\-]*+|(?<!\*)\*++)?\bfinal[ \t]+answer\b[ \t*]*(?::|[–—-](?=[ \t]))[*\s]*(.*)$",
+    r"(?:^[ \t#*>\-]*+|(?<!\*)\*++)?\bfinal[ \t]+answer\b[ \t*]*(?:[:：]|[–—-](?=[ \t]))[*\s]*(.*)$",
     re.IGNORECASE | re.MULTILINE,
 )
 # A reasoning line ends at "Final answer" as written, with or without a mark after it (where its stop
@@ -112,7 +114,7 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 # prose ("… to reach the final answer: the capital.") end nothing.
 _ANSWER_OPEN = re.compile(r"<answer>", re.IGNORECASE)
 _ANSWER_LABEL = re.compile(
-    r"^[ \t#*>\-\d.)]*+(?:final[ \t]++)?answer\b[ \t*]*+(?::|[–—-](?=[ \t])|\r?$)",
+    r"^[ \t#*>\-\d.)]*+(?:final[ \t]++)?answer\b[ \t*]*+(?:[:：]|[–—-](?=[ \t])|\r?$)",
     re.IGNORECASE | re.MULTILINE,
 )
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)

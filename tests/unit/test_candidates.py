@@ -200,3 +200,37 @@ def test_a_date_is_no_candidate_for_a_thing_named_by_its_type_late_in_the_questi
     assert "1913" in candidates("The union met in what century?", evidence, limit=100)
     assert answer_type("She starred in what for seven years?") is None
     assert answer_type("The team is based in what state?") == "state"
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "In which century was the castle built?",
+        "What century was the castle built in?",
+        "It was built in which century?",
+    ],
+)
+def test_a_century_question_gets_the_ordinal_centuries_the_evidence_names(question):
+    """A century question's answer is an ordinal century ("the 12th century"), which no year span is."""
+    evidence = (
+        "The castle was built in the 12th century by the Normans and rebuilt in 1850. The church dates from "
+        "the Nineteenth Century. The temple is from the 5th century BC. Its 14th-century tower stands."
+    )
+    options = candidates(question, evidence, limit=100)
+    assert answer_kind(question) == "date"
+    assert options[:4] == ["12th century", "1850", "Nineteenth Century", "5th century BC"]
+    # An adjective is no century, and a year is made into no century the evidence does not name.
+    assert "14th-century" not in options
+    assert "14th century" not in options
+    assert candidates(question, "The castle was built in 1150 and rebuilt in 1850.", limit=100) == ["1150", "1850"]
+
+
+@pytest.mark.timeout(30)  # a guard: the leading words are stripped in one pass, however many
+def test_a_name_made_of_function_words_only_is_a_candidate_whole():
+    """ "The Who" lost its "The" and "Who", all function words, was no candidate at all."""
+    evidence = "Tommy is an album. The Who recorded Tommy in 1969. It sold well. She said so."
+    options = candidates("Which band recorded Tommy?", evidence, limit=100)
+    assert options[0] == "The Who"
+    assert not {"Who", "It", "She"} & set(options)
+    assert candidates("Which band released Soul Mining?", "Soul Mining is an album by The The.") == ["The The"]
+    assert candidates("Which city is it?", "The " * 100_000 + "Paris") == ["Paris"]

@@ -536,3 +536,19 @@ def test_many_headings_are_read_in_linear_time():
     ):
         sections, _ = parse_report(text)
         assert sections, text[:40]
+
+
+async def test_a_full_width_colon_or_a_dash_after_a_heading_is_its_mark(fake_model, make_trajectory):
+    """A full-width colon (as a model writing Chinese puts it: "Final reasoning：") was left as the
+    section's text: a report of empty sections passed as well-formed, and "Final answer：Lyon" stayed
+    in its reasoning, a second answer under the trajectory's own."""
+    empty = "Solution planning：\nSolution methods —\nFinal reasoning：\n<answer>Paris"
+    report = await compress_trajectory(fake_model([empty, empty]), QUESTION, make_trajectory(), guided=False)
+    assert report["status"] == "fallback"
+    other = "Solution planning：找到首都\nSolution methods — 搜索法国\nFinal reasoning：页面写着\nFinal answer：Lyon"
+    report = await compress_trajectory(fake_model([other]), QUESTION, make_trajectory(), guided=False)
+    assert report["status"] == "ok"
+    assert report["text"] == (
+        "Solution planning: 找到首都\nSolution methods: 搜索法国\nFinal reasoning: 页面写着\nFinal answer: Paris"
+    )
+    assert reasoning_line("页面写着巴黎。Final answer：Lyon") == "页面写着巴黎。"

@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, mess
 
 from langgraph_parallelmuse.protocol import (
     FINAL_TURN_NOTE,
+    SEARCH_HIT,
     build_messages,
     format_tool_response,
     neutralize,
@@ -369,3 +370,11 @@ def test_final_turn_note_joins_the_last_tool_response():
 def test_final_turn_note_on_the_first_turn_is_a_separate_message():
     messages = build_messages("Q?", [], [], system="SYS", final_turn=True)
     assert [m.content for m in messages] == ["SYS", "Q?", FINAL_TURN_NOTE]
+
+
+@pytest.mark.timeout(30)  # the old pattern took minutes here (1.5 s at 8,000 " (id: ", quadratic); now milliseconds
+def test_a_long_line_shaped_almost_like_a_hit_is_read_in_linear_time():
+    """A line that opens like a hit but does not end like one was tried at every " (id: " in it."""
+    assert SEARCH_HIT.search("[1] " + "a (id: " * 60_000 + "x") is None
+    hit = SEARCH_HIT.search("[1] Mercury (id: x) (id: Mercury_(planet)) \t\nsnippet")
+    assert hit is not None and hit.groups() == ("Mercury (id: x)", "Mercury_(planet)")
