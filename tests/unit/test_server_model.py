@@ -20,6 +20,7 @@ from langgraph_parallelmuse.agent import pick_driver
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
 from langgraph_parallelmuse.errors import ProtocolError
 from langgraph_parallelmuse.graph import create_parallelmuse
+from langgraph_parallelmuse.loopback import is_loopback
 from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import (
     CONTINUE_FINAL_MESSAGE,
@@ -701,3 +702,25 @@ async def test_an_option_a_trimming_chat_template_strips_is_scored_as_the_text_i
     assert reply.response_metadata["end_logprob"] == logprobs[-1][1]
     content = reply.response_metadata["logprobs"]["content"]
     assert b"".join(bytes(e["bytes"]) for e in content).decode() == option.strip()
+
+
+def test_the_unspecified_address_is_this_machine() -> None:
+    assert is_loopback("0.0.0.0") and is_loopback("::") and is_loopback("[::]")
+    assert not is_loopback("0.0.0.1") and not is_loopback("10.0.0.7")
+
+
+def test_a_server_at_0_0_0_0_is_asked_directly_with_http_proxy_set(proxied: FakeHTTP) -> None:
+    """vLLM run with --host 0.0.0.0 prints http://0.0.0.0:8000: asked through the proxy, the key went to
+    the proxy and the server was "unreachable"."""
+    chat = {"choices": [{"message": {"role": "assistant", "content": "A"}}], "usage": {"prompt_tokens": 3}}
+    routes = {
+        "GET /v1/models": lambda _: (200, {"data": [{"id": "m"}]}),
+        "POST /v1/chat/completions": lambda _: (200, chat),
+    }
+    with fake_http(routes) as fake:
+        base = fake.url.replace("127.0.0.1", "0.0.0.0") + "/v1"
+        assert served_models(base, api_key="sk-local-0123456789") == ["m"]
+        model = ServerChatModel(base_url=base, model="m", api_key="sk-local-0123456789")
+        assert model.invoke("hi").content == "A"
+    assert proxied.requests == []
+    assert [r.path for r in fake.requests] == ["/v1/models", "/v1/chat/completions"]

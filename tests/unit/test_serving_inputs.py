@@ -3,16 +3,13 @@ password, 0.0.0.0 past a proxy, a port shared with another server."""
 
 from __future__ import annotations
 
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from langgraph_parallelmuse.loopback import is_loopback
-from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server, served_models
+from langgraph_parallelmuse.models.server import ServerChatModel, ServerCheckError, check_server
 from langgraph_parallelmuse.serving import ServerError, ServerSpec, postgres_spec, serve, vllm_counters, vllm_spec
-from tests.unit.http_fakes import FakeHTTP, fake_http
+from tests.unit.http_fakes import fake_http
 
 _MODELS = {"GET /v1/models": lambda _: (200, {"data": [{"id": "m"}]})}
 
@@ -97,36 +94,6 @@ def test_a_vllm_urls_password_is_kept_out_of_the_invalid_url_error(password: str
     with pytest.raises(ServerError, match=r"is not a valid URL \(nonnumeric port: '\*\*\*@127.0.0.1'\)") as err:
         vllm_counters(f"http://alice:{password}@127.0.0.1")
     assert password not in str(err.value)
-
-
-@pytest.fixture
-def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHTTP]:
-    """A recording HTTP proxy in ``http_proxy`` and no ``no_proxy``, as a fresh process sees them."""
-    with fake_http({}) as proxy:
-        monkeypatch.setenv("http_proxy", proxy.url)
-        for name in ("HTTP_PROXY", "no_proxy", "NO_PROXY", "REQUEST_METHOD", "OPENAI_PROXY"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setattr(urllib.request, "_opener", None)
-        yield proxy
-
-
-def test_the_unspecified_address_is_this_machine() -> None:
-    assert is_loopback("0.0.0.0") and is_loopback("::") and is_loopback("[::]")
-    assert not is_loopback("0.0.0.1") and not is_loopback("10.0.0.7")
-
-
-def test_a_server_at_0_0_0_0_is_asked_directly_with_http_proxy_set(proxied: FakeHTTP) -> None:
-    """vLLM run with --host 0.0.0.0 prints http://0.0.0.0:8000: asked through the proxy, the key went to
-    the proxy and the server was "unreachable"."""
-    chat = {"choices": [{"message": {"role": "assistant", "content": "A"}}], "usage": {"prompt_tokens": 3}}
-    routes = {**_MODELS, "POST /v1/chat/completions": lambda _: (200, chat)}
-    with fake_http(routes) as fake:
-        base = fake.url.replace("127.0.0.1", "0.0.0.0") + "/v1"
-        assert served_models(base, api_key="sk-local-0123456789") == ["m"]
-        model = ServerChatModel(base_url=base, model="m", api_key="sk-local-0123456789")
-        assert model.invoke("hi").content == "A"
-    assert proxied.requests == []
-    assert [r.path for r in fake.requests] == ["/v1/models", "/v1/chat/completions"]
 
 
 def test_a_key_passed_as_openai_api_key_is_the_one_sent(monkeypatch: pytest.MonkeyPatch) -> None:
