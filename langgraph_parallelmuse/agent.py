@@ -87,8 +87,11 @@ def _context_exhausted(steps: Sequence[Step], observations: Sequence[Observation
         return False
     last = steps[-1]
     obs_chars = sum(len(o["content"]) for o in observations if o["step"] == last["index"])
+    # Only the kept turn enters the conversation: generated_tokens also counts the resamples the driver
+    # rejected, which forced an answer with room to spare. Without logprobs only that sum is known.
+    turn_tokens = len(last["tokens"]) or last["generated_tokens"]
     # ~3 chars a token is a conservative estimate for English tool output.
-    estimate = last["context_tokens"] + last["generated_tokens"] + obs_chars // 3 + 32
+    estimate = last["context_tokens"] + turn_tokens + obs_chars // 3 + 32
     return estimate + cfg.max_step_tokens > cfg.max_context_tokens
 
 

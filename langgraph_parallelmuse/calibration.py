@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -131,7 +132,7 @@ class Calibration:
                         if step.get(region) is not None:
                             vals.append(float(step[region]))
             floors = [float(c) for c in confidences if c is not None]
-        except (ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # overflow: an int beyond a float
             raise ConfigError(
                 f"a step's scores or a confidence are not numbers ({exc}): the runs are damaged; "
                 "calibrate from other runs"
@@ -200,7 +201,7 @@ class Calibration:
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON, whole (a crash leaves the old file), and return the path."""
-        path = Path(path)
+        path = _expanded(path)  # as load() reads it: a "~/" path from Python reaches no shell
         with replacing(path) as tmp:
             tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
@@ -212,7 +213,8 @@ class Calibration:
         Raises:
             ConfigError: Missing or malformed file.
         """
-        path = Path(path)
+        # A path typed in Studio's context form or a Python config reaches no shell that would expand ~.
+        path = _expanded(path)
         try:
             stat = path.stat()
         except OSError as exc:
@@ -226,6 +228,15 @@ class Calibration:
         # Not mtime alone: a file replaced by one with its old mtime (cp -p, rsync -t, a rewrite
         # within the clock's tick) kept the old thresholds; a replacement changes inode or ctime.
         return _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino, stat.st_ctime_ns)
+
+
+def _expanded(path: str | Path) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded.
+
+    ``os.path`` leaves an unknown user's ``~user`` as written, where ``Path.expanduser`` raises
+    RuntimeError: the file is then reported not found, not a traceback.
+    """
+    return Path(os.path.expanduser(path))
 
 
 @lru_cache(maxsize=16)
@@ -246,7 +257,9 @@ def _load(path: str, *version: int) -> Calibration:
             questions=None if data.get("questions") is None else _ids(data["questions"]),
             trajectories=None if data.get("trajectories") is None else int(data["trajectories"]),
         )
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+    # OverflowError: JSON reads Infinity, 1e999 and 400-digit numbers, which int() or float() refuse;
+    # RecursionError: nesting deeper than the parser's stack.
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, OverflowError, RecursionError) as exc:
         raise ConfigError(
             f"calibration file {path!r} is malformed ({exc}): regenerate it with `parallelmuse calibrate`"
         ) from exc

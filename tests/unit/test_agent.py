@@ -656,6 +656,29 @@ async def test_context_budget_forces_an_answer():
     assert FINAL_TURN_NOTE in model.calls[1]["messages"][-1].content
 
 
+async def test_a_rejected_resample_does_not_count_against_the_context_budget():
+    """Step 1 repeats step 0's call and is resampled: its generated_tokens counts both attempts (880),
+    but only the kept turn (440 tokens) is in the next prompt. Counted twice, the estimate for step 2
+    (1300 + 880 + 32 + 256 > 2300) forced an answer there, and the trajectory ended context_exhausted
+    with ~500 tokens to spare."""
+    thought = "word " * 200
+    runner, model, _ = _runner(
+        [
+            Reply(call_text("search", thought, query="a"), input_tokens=1000),
+            Reply(call_text("search", thought, query="a"), input_tokens=1300),  # a repeat: resampled
+            Reply(call_text("search", thought, query="b"), input_tokens=1300),
+            Reply(call_text("search", "one more", query="c"), input_tokens=1800),
+            Reply(answer_text("Paris"), input_tokens=1900),
+        ]
+    )
+    config = ParallelMuseConfig(max_context_tokens=2300, max_step_tokens=256, max_turns=5)
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0", config=config)
+
+    assert traj["steps"][1]["generated_tokens"] == 2 * len(traj["steps"][1]["tokens"])
+    assert FINAL_TURN_NOTE not in model.calls[3]["messages"][-1].content
+    assert traj["status"] == "answered" and traj["answer"] == "Paris" and len(traj["steps"]) == 4
+
+
 class _PrefillModel(ScriptedChatModel):
     supports_prefill: bool = True
 

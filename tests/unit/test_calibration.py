@@ -7,6 +7,7 @@ import math
 import pytest
 
 from langgraph_parallelmuse.calibration import Calibration
+from langgraph_parallelmuse.errors import ConfigError
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, None])
@@ -23,3 +24,47 @@ def test_a_step_with_no_finite_score_in_its_mode_has_no_excess():
     cal = Calibration("nll", 0.8, {"exploration": 2.0, "reasoning": 2.0}, {})
     assert cal.excess({"exploration": math.nan, "reasoning": math.nan}, mode="mixed") is None
     assert cal.excess({"exploration": math.nan, "reasoning": 9.0}, mode="exploration") is None
+
+
+_HEAD = '{"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 2.0}'
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        _HEAD + ', "confidence_window": Infinity}',
+        _HEAD + ', "samples": {"exploration": 1e999}}',
+        _HEAD + ', "top_logprobs": -Infinity}',
+        '{"estimator": "nll", "quantile": 1' + "0" * 400 + ', "thresholds": {"exploration": 2.0}}',
+        '{"estimator": "nll", "quantile": 0.8, "thresholds": {"exploration": 1' + "0" * 400 + "}}",
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=["window-inf", "samples-1e999", "top-logprobs-inf", "quantile-400-digits", "threshold-400-digits", "deep"],
+)
+def test_a_calibration_file_with_numbers_beyond_a_float_is_a_config_error_not_a_traceback(tmp_path, content):
+    """JSON reads Infinity, 1e999 and 400-digit integers, which int() or float() refuse with an
+    OverflowError (and a deep nesting with a RecursionError): they escaped load() as tracebacks."""
+    path = tmp_path / "cal.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match="is malformed"):
+        Calibration.load(path)
+
+
+def test_fitting_on_a_score_beyond_a_float_is_a_config_error():
+    with pytest.raises(ConfigError, match="not numbers"):
+        Calibration.fit([[{"all": 10**400}]] * 20)
+    with pytest.raises(ConfigError, match="not numbers"):
+        Calibration.fit([[{"all": 2.0}]] * 20, confidences=[10**400])
+
+
+def test_a_calibration_path_under_the_home_directory_is_found(tmp_path, monkeypatch):
+    """A ``~`` path from Studio's context form or a Python config reaches no shell: load() said
+    "not found" for a file that was there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cal.json").write_text(_HEAD + "}")
+    assert Calibration.load("~/cal.json").thresholds == {"exploration": 2.0}
+    # And save() writes there (it looked for a directory named "~").
+    assert Calibration("nll", 0.8, {"all": 2.0}, {"all": 60}).save("~/other.json") == tmp_path / "other.json"
+    assert Calibration.load(tmp_path / "other.json").thresholds == {"all": 2.0}
+    with pytest.raises(ConfigError, match="not found"):  # an unknown user's ~ is no traceback
+        Calibration.load("~no-such-user-here/cal.json")
