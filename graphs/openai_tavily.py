@@ -23,12 +23,19 @@ from langgraph_parallelmuse.models.server import ServerChatModel
 from langgraph_parallelmuse.tools import make_tavily_tools
 
 
+def _env(name: str, default: str) -> str:
+    # A variable set empty (a .env file's placeholder line "OPENAI_API_KEY=") is unset: taken as it
+    # is, an empty key failed every run ("Missing credentials") and an empty base URL sent the
+    # questions to api.openai.com instead of the local server.
+    return os.environ.get(name) or default
+
+
 def _chat(model_name: str) -> ServerChatModel:
     # New turns only (the free driver): OpenAI and many servers cannot continue an assistant turn.
     return ServerChatModel(
-        base_url=os.environ.get("PARALLELMUSE_BASE_URL", "http://127.0.0.1:8000/v1"),
+        base_url=_env("PARALLELMUSE_BASE_URL", "http://127.0.0.1:8000/v1"),
         model=model_name,
-        api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
+        api_key=_env("OPENAI_API_KEY", "not-needed"),
         logprobs=True,
         top_logprobs=16,
         supports_prefill=False,
@@ -41,7 +48,7 @@ def _chat(model_name: str) -> ServerChatModel:
 def _build() -> CompiledStateGraph:
     aggregator = os.environ.get("PARALLELMUSE_AGGREGATOR_MODEL")
     return create_parallelmuse(
-        _chat(os.environ.get("PARALLELMUSE_MODEL", "default")),
+        _chat(_env("PARALLELMUSE_MODEL", "default")),
         make_tavily_tools(),
         aggregator_model=_chat(aggregator) if aggregator else None,
         name="parallelmuse-openai-tavily",

@@ -19,6 +19,8 @@ from pathlib import Path
 _STD_STREAMS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
 # As many links as Linux follows in one lookup before it gives up (ELOOP).
 _MAX_LINKS = 40
+# The longest file name, in bytes, of Linux's file systems (NAME_MAX).
+_NAME_MAX = 255
 
 
 @contextlib.contextmanager
@@ -57,7 +59,7 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
         # As root a temporary can be made in /dev, and the rename would replace the device or link.
         if special or (path.exists() and not path.is_file()):
             raise OSError(errno.EINVAL, "not a regular file: it cannot be replaced whole", str(path))
-        yield from _replaced(path)
+        yield from _replaced(_followed(path))
         return
     if descriptor is not None:
         yield from _through_descriptor(path, descriptor)
@@ -65,11 +67,27 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
     if special or (path.exists() and not path.is_file()):
         yield path
         return
-    path = path.resolve() if path.is_symlink() else path  # a link's file is replaced, not the link
+    path = _followed(path)
     if path.exists() and not os.access(path.parent, os.W_OK):
         yield path
         return
     yield from _replaced(path)
+
+
+def _followed(path: Path) -> Path:
+    """The file a link ``path`` leads to (``path`` itself if it is no link): that file is replaced, not
+    the link, which would otherwise become a file of its own and leave its target stale.
+
+    Raises:
+        OSError: ``ELOOP``, the links loop (Python before 3.13 raised ``RuntimeError``, which callers
+            that catch ``OSError`` let through as a traceback).
+    """
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from None
 
 
 def _special(path: Path) -> tuple[bool, int | None]:
@@ -141,9 +159,18 @@ def _through_descriptor(path: Path, fd: int) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def _temporary_name(path: Path) -> str:
+    """A hidden name beside ``path`` for its new file, within the file system's limit on a name."""
+    # The same suffix: a plot's format is read from it. The stem gives way: a name near the limit
+    # (one that could be written directly) had no room left for the token, and failed ENAMETOOLONG.
+    token, stem = uuid.uuid4().hex[:12], path.stem
+    while stem and len(os.fsencode(f".{stem}-{token}{path.suffix}")) > _NAME_MAX:
+        stem = stem[:-1]
+    return f".{stem}-{token}{path.suffix}"
+
+
 def _replaced(path: Path) -> Iterator[Path]:
-    # The same suffix: a plot's format is read from it.
-    tmp = path.with_name(f".{path.stem}-{uuid.uuid4().hex[:12]}{path.suffix}")
+    tmp = path.with_name(_temporary_name(path))
     try:
         yield tmp
         with tmp.open("rb+") as fh:  # on disk before the rename, which a power loss could otherwise outrun

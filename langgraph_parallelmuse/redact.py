@@ -4,7 +4,8 @@ A server that echoes request headers into an error body (some proxies and debug 
 otherwise put an API key into a trajectory's ``error``, its checkpoints and ``--json`` output.
 Every error text that the library keeps goes through :func:`redact`: the secret values it knows
 (the model's own ``SecretStr`` fields and the usual key variables of the environment) and anything
-shaped like a bearer token or an ``api_key=`` pair become ``***``.
+shaped like a bearer token, a service's key (``sk-...``, ``tvly-...``, ``hf_...``), an ``api_key=``
+pair or a URL's or connection string's password become ``***``.
 """
 
 from __future__ import annotations
@@ -55,12 +56,24 @@ _PATTERNS = (
     re.compile(r"(?i)([?&](?:api_?key|access_token|auth_token|token)=)[^&\s\"']{6,}"),
     # A connection URL's password is one however short (?password=pw1).
     re.compile(r"(?i)([?&]password=)[^&\s\"']+"),
+    # So is a libpq key=value string's ("host=db password=pw"), and one quoted there may hold spaces
+    # ("password='my pw'"), which the api_key= pattern above stops at.
+    re.compile(r"(?i)((?<![\w-])password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s'\"&]+)"),
     re.compile(r"(?i)([?&](?:key|auth|sig|signature)=)[^&\s\"']{24,}"),
     # The password of a URL (postgresql://user:password@host/db, http://user:key@host, an empty user);
-    # it never holds a raw "/" (RFC 3986), so host:port/path@... is not one.
-    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+(?=@)"),
+    # it never holds a raw "/" (RFC 3986), so host:port/path@... is not one. A scheme is short: read
+    # unbounded, each word start of a long run such as "sk-sk-..." or "a.b.c..." read on to the run's
+    # end (100,000 characters took 38 s).
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s/:@]*:)[^\s/@]+(?=@)"),
     # A token given as a URL's user (http://TOKEN@host): user names are short, tokens are not.
-    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s/:@]{16,}(?=@)"),
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://)[^\s/:@]{16,}(?=@)"),
+    # The keys of the services the library talks to, by their shape, wherever they stand: a key the
+    # library was never given (another client's, one in a proxy's config) has no known value to
+    # match. The prefix stays, so a reader still sees which service's key it was. A random key mixes
+    # cases and digits, a link's slug does not: a search result's /sk-hynix-earnings-report stays.
+    re.compile(r"(?<![\w-])(sk-|tvly-)(?=[A-Za-z0-9_-]*[A-Z])(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{16,}"),
+    re.compile(r"(?<![\w-])(lsv2_|ls__)[A-Za-z0-9_]{16,}"),  # LangSmith's: lowercase hex
+    re.compile(r"(?<![\w-])(hf_)(?=[A-Za-z0-9]*[A-Z])[A-Za-z0-9]{30,}"),  # no "_" in it: hf_hub_download stays
 )
 
 

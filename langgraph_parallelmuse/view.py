@@ -12,8 +12,14 @@ from langgraph_parallelmuse.state import Trajectory
 
 #: C0/C1 controls but tab and line feed (terminal escapes) and the bidi embeddings, overrides,
 #: isolates and marks: printed raw, text from a tool could clear or retitle the terminal, or show
-#: reordered. The tree shows them escaped; the CLI removes them from what it prints.
-UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: reordered. Lone surrogates too (a model's JSON escape of half an emoji, "\ud83d"): no encoding
+#: has them, so printing the text raised UnicodeEncodeError. The tree shows them escaped; the CLI
+#: removes them from what it prints.
+UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escaped(char: str) -> str:
+    return char.encode("unicode_escape").decode() if UNPRINTABLE.match(char) else char
 
 
 def _visible(text: object, limit: int | None = None) -> str:
@@ -33,8 +39,18 @@ def _visible(text: object, limit: int | None = None) -> str:
         >>> print(_visible("a\x1b]0;pwned\x07 b\u202eevil"))
         a\x1b]0;pwned\x07 b\u202eevil
     """
-    line = UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode(), one_line(text))
-    return one_line(line, limit)
+    line = one_line(text)
+    shown = UNPRINTABLE.sub(lambda m: _escaped(m.group()), line)
+    if limit is None or len(shown) <= limit:
+        return shown
+    # Cut between characters of the text, not inside an escape: "\u20…" names no character.
+    kept, width = [], 0
+    for piece in map(_escaped, line):
+        if width + len(piece) > limit - 1:
+            break
+        kept.append(piece)
+        width += len(piece)
+    return "".join(kept) + "…"
 
 
 def _fmt(score: float | None) -> str:

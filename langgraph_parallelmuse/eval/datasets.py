@@ -97,6 +97,11 @@ def _parse_line(raw: str, where: str) -> QAItem:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise EvalDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except (ValueError, RecursionError):  # a number of over 4,300 digits, arrays nested thousands deep
+        raise EvalDataError(
+            f"{where}: JSON this reader refuses (a number too long or values nested too deep): "
+            "write the number as a string, or flatten the nesting"
+        ) from None
     if not isinstance(obj, dict):
         raise EvalDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     # A JSON escape such as \ud83c parses to a lone surrogate the raw-byte check above cannot see;

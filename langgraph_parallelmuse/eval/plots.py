@@ -7,13 +7,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def _plt():
-    import matplotlib
+def _figure(figsize: tuple[float, float]):
+    """A figure outside pyplot, to save and drop.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Saved through pyplot, the process's backend was switched to Agg: a notebook's or a GUI
+    session's later plots no longer showed. A bare ``Figure`` needs no backend and no closing.
 
-    return plt
+    Raises:
+        ImportError: matplotlib (the ``plot`` extra) is not installed.
+    """
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize)
 
 
 def uncertainty_profile(records: Sequence[dict]) -> dict[str, dict[int, tuple[float, int]]]:
@@ -50,8 +55,8 @@ def plot_uncertainty_profile(profile: dict[str, dict[int, tuple[float, int]]], p
         >>> records = []  # ``parallelmuse bench`` rows, as in :func:`uncertainty_profile`
         >>> plot_uncertainty_profile(uncertainty_profile(records), "profile.png")  # doctest: +SKIP
     """
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = _figure((6, 3.5))
+    ax = fig.subplots()
     for region, marker in (("exploration", "o"), ("reasoning", "s")):
         points = sorted(profile[region].items())
         ax.plot([s + 1 for s, _ in points], [mean for _, (mean, _) in points], marker=marker, label=region)
@@ -67,7 +72,6 @@ def plot_uncertainty_profile(profile: dict[str, dict[int, tuple[float, int]]], p
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -82,8 +86,8 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
         >>> records = []  # ``parallelmuse bench`` rows, as in :func:`uncertainty_profile`
         >>> plot_accuracy_vs_tokens(summarize(records), "accuracy_vs_tokens.png")  # doctest: +SKIP
     """
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig = _figure((9, 4.5))
+    ax = fig.subplots()
     markers = "osD^vPX<>"
     entries = [(name, e) for name, e in summary.items() if "generated_tokens" in e]
     for i, (name, entry) in enumerate(entries):
@@ -98,5 +102,4 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

@@ -16,7 +16,7 @@ try:
 except ImportError:  # numpy is optional: the library does not depend on it
     _np = None
 
-__all__ = ["bootstrap_ci", "bootstrap_ratio", "paired_bootstrap_diff", "within_noise"]
+__all__ = ["bootstrap_ci", "bootstrap_ratio", "format_diff", "paired_bootstrap_diff", "within_noise"]
 
 
 def _finite(values: Sequence[float], name: str) -> list[float]:

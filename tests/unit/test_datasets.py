@@ -262,3 +262,20 @@ def test_a_questions_file_saved_with_a_byte_order_mark_loads(tmp_path):
     assert path.read_bytes().startswith(b"\xef\xbb\xbf")
     assert [item.id for item in load_questions(path)] == ["q1", "q2"]
     assert load_questions(path)[0] == load_questions(_write(tmp_path, [ROW]))[0]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"id": "q2", "question": "Q?", "answers": ["Paris"], "meta": {"n": ' + "9" * 5000 + "}}",
+        '{"id": "q2", "question": "Q?", "answers": ["Paris"], "meta": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+    ],
+    ids=["a number of 5,000 digits", "arrays nested 100,000 deep"],
+)
+def test_json_the_parser_refuses_is_reported_with_its_line(tmp_path, line):
+    # Before: json.loads's ValueError (int digits limit) or RecursionError came out as a bare
+    # traceback that named neither the file nor the line.
+    path = _write(tmp_path, [ROW, line])
+    with pytest.raises(EvalDataError, match="refuses") as excinfo:
+        load_questions(path)
+    assert f"{path}:2:" in str(excinfo.value)

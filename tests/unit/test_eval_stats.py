@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
@@ -169,3 +170,13 @@ def test_bootstrap_ratio_keeps_its_interval_where_a_question_has_no_reference():
     ratio, low, high = bootstrap_ratio([1, 2, 3, 4], [2, 0, 3, 5], seed=1)
     assert ratio == pytest.approx(10 / 10)
     assert low < high
+
+
+def test_every_public_function_is_exported():
+    # Before: format_diff (which the package re-exports) was missing from __all__, so a star import lacked it.
+    defined = {
+        name
+        for name, value in vars(stats_module).items()
+        if inspect.isfunction(value) and not name.startswith("_") and value.__module__ == stats_module.__name__
+    }
+    assert defined == set(stats_module.__all__)

@@ -129,3 +129,39 @@ def test_a_regular_file_under_dev_shm_is_replaced_whole_as_any_other():
 def test_a_device_is_never_replaced_whole():
     with pytest.raises(OSError, match="not a regular file"), replacing("/dev/null", in_place=False):
         pass
+
+
+@pytest.mark.parametrize("stem", ["n" * 250, "名" * 80], ids=["250 ASCII characters", "240 bytes of UTF-8"])
+def test_a_name_near_the_file_systems_limit_is_replaced_whole(tmp_path, stem):
+    # The temporary beside it added 14 characters to the name: past 255 bytes, ENAMETOOLONG for a
+    # name that an ordinary open() writes.
+    path = tmp_path / f"{stem}.png"
+    path.write_bytes(b"old")
+    with replacing(path) as tmp:
+        assert tmp.suffix == ".png"
+        tmp.write_bytes(b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_link_to_a_whole_only_file_replaces_that_file_and_keeps_the_link(tmp_path):
+    # Before: in_place=False (the corpus index) replaced the link itself with a file of its own, so
+    # the index on the disk the link pointed to stayed stale and the next build was on the wrong disk.
+    (tmp_path / "disk").mkdir()
+    real = tmp_path / "disk" / "index.sqlite"
+    real.write_text("old")
+    link = tmp_path / "index.sqlite"
+    link.symlink_to("disk/index.sqlite")
+    with replacing(link, in_place=False) as tmp:
+        tmp.write_text("new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_loop_of_links_is_an_oserror(tmp_path, in_place):
+    # Before: pathlib's RuntimeError("Symlink loop"), which `ask --json`'s except OSError let through.
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(OSError, match="symbolic links"):
+        with replacing(tmp_path / "a", in_place=in_place) as tmp:
+            tmp.write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]

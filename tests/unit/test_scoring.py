@@ -336,3 +336,12 @@ def test_parse_judgement_reads_json_dash_and_full_width_colon_verdicts(reply, ex
 )
 def test_parse_judgement_reads_only_what_follows_the_reasoning(reply, expected):
     assert parse_judgement(reply) is expected
+
+
+@pytest.mark.timeout(30)  # a guard: each reply below is read in milliseconds
+@pytest.mark.parametrize("filler", ["\n" * 100_000, "\n-" * 50_000, " \n" * 50_000], ids=["blank", "dashes", "spaces"])
+def test_a_reply_of_many_blank_lines_is_read_in_linear_time(filler):
+    # A model that degenerates into blank lines until its token limit: the line form's leading \W* ran
+    # across lines from each line start to the reply's end (100,000 blank lines: 169 s).
+    assert parse_judgement(filler) is None
+    assert parse_judgement("reasoning: same city" + filler + "**correct:** yes" + filler) is True

@@ -28,3 +28,20 @@ def test_the_env_file_a_server_config_loads_is_never_a_committed_file(config):
 
 def test_there_are_server_configs():
     assert [p.name for p in CONFIGS] == ["langgraph.json", "langgraph.postgres.json"]
+
+
+def test_the_served_graphs_variables_set_empty_in_an_env_file_take_their_defaults(monkeypatch):
+    # A .env file's placeholder lines ("OPENAI_API_KEY=", "PARALLELMUSE_BASE_URL=") were taken as they
+    # were: the empty key failed every run ("Missing credentials"), the empty base URL sent the
+    # questions to api.openai.com instead of the local server, the empty model name asked for no model.
+    import runpy
+
+    for name in ("OPENAI_API_KEY", "PARALLELMUSE_BASE_URL", "PARALLELMUSE_MODEL", "PARALLELMUSE_AGGREGATOR_MODEL"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("TAVILY_API_KEY", "tvly-test-key")
+    module = runpy.run_path(str(ROOT / "graphs" / "openai_tavily.py"))
+    module["graph"]()  # built: the empty key no longer raises
+    chat = module["_chat"]("served-model")
+    assert chat.openai_api_base == "http://127.0.0.1:8000/v1"
+    assert chat.openai_api_key.get_secret_value() == "not-needed"
+    assert module["_env"]("PARALLELMUSE_MODEL", "default") == "default"

@@ -9,6 +9,7 @@ import pytest
 
 from langgraph_parallelmuse.cli import stats_table
 from langgraph_parallelmuse.nodes import failure_message, rollout_summary
+from langgraph_parallelmuse.protocol import parse_action
 from langgraph_parallelmuse.view import render_tree
 
 
@@ -143,6 +144,26 @@ def test_control_and_bidi_characters_from_tools_and_models_are_shown_escaped():
     assert "search(a\\x1b]0;pwned\\x07b)" in tree
     assert "failed: server said \\u202eevil\\u202c" in tree
     assert "answer: \\x1b[2JParis" in tree
+
+
+def test_half_a_surrogate_pair_from_a_models_tool_call_is_shown_escaped_and_the_tree_prints():
+    """A model's JSON escape of half an emoji parses to a lone surrogate, which no encoding has:
+    printing the tree raised UnicodeEncodeError (in a notebook, and in the CLI after the run)."""
+    action = parse_action('<think>x</think><tool_call>{"name": "search", "arguments": {"q": "a \\ud83d"}}</tool_call>')
+    traj = _traj("t0", status="failed", error="stopped")
+    traj["steps"] = [{"action": action}]
+    tree = render_tree([traj])
+    assert "search(a \\ud83d)" in tree
+    tree.encode("utf-8")  # what print does
+
+
+def test_a_cut_line_never_ends_inside_an_escape():
+    # The escape was cut like any text: "\\u20…" names no character.
+    traj = _traj("t0", status="failed", error="e" * 157 + "\u202e" + "x" * 9)
+    head = render_tree([traj]).splitlines()[0]
+    assert head.endswith("e…"), head
+    traj = _traj("t0", status="failed", error="e" * 150 + "\u202e" + "x" * 9)
+    assert render_tree([traj]).splitlines()[0].endswith("e\\u202exxx…")
 
 
 def test_a_trajectory_that_ended_without_a_reason_shows_no_reason():
