@@ -42,6 +42,10 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
             instead: a file that only makes sense whole (a database) must not be rewritten over an
             old one.
 
+    Raises:
+        OSError: The new file cannot be written or put in place (its folder is missing or
+            read-only, the disk is full); the error names ``path``, not the hidden temporary.
+
     Example:
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "summary.md"
@@ -59,7 +63,7 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
         # As root a temporary can be made in /dev, and the rename would replace the device or link.
         if special or (path.exists() and not path.is_file()):
             raise OSError(errno.EINVAL, "not a regular file: it cannot be replaced whole", str(path))
-        yield from _replaced(_followed(path))
+        yield from _replaced(_followed(path), shown=path)
         return
     if descriptor is not None:
         yield from _through_descriptor(path, descriptor)
@@ -67,11 +71,11 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
     if special or (path.exists() and not path.is_file()):
         yield path
         return
-    path = _followed(path)
-    if path.exists() and not os.access(path.parent, os.W_OK):
-        yield path
+    target = _followed(path)
+    if target.exists() and not os.access(target.parent, os.W_OK):
+        yield target
         return
-    yield from _replaced(path)
+    yield from _replaced(target, shown=path)
 
 
 def _followed(path: Path) -> Path:
@@ -169,7 +173,17 @@ def _temporary_name(path: Path) -> str:
     return f".{stem}-{token}{path.suffix}"
 
 
-def _replaced(path: Path) -> Iterator[Path]:
+def _replaced(path: Path, *, shown: Path) -> Iterator[Path]:
+    """Yield a temporary beside ``path`` that replaces it once the block ends without error.
+
+    Args:
+        path: The file to replace (a link's target).
+        shown: The path the caller gave, which an error names.
+
+    Raises:
+        OSError: Writing, syncing or renaming failed (a folder missing or read-only); an error on
+            the temporary names ``shown`` instead, a name the user never saw.
+    """
     tmp = path.with_name(_temporary_name(path))
     try:
         yield tmp
@@ -178,5 +192,12 @@ def _replaced(path: Path) -> Iterator[Path]:
         if path.exists():  # a private file (0600) stays private
             shutil.copymode(path, tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        # Only an error about the temporary is renamed: the block's own errors on other files stay.
+        # A new one of the same type and errno: the rename's also names path (filename2), which
+        # next to the path itself would read as a move of a file onto itself.
+        if not isinstance(exc.filename, (str, os.PathLike)) or os.fspath(exc.filename) != str(tmp):
+            raise
+        raise type(exc)(exc.errno, exc.strerror, str(shown)).with_traceback(exc.__traceback__) from None
     finally:
         tmp.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from langgraph_parallelmuse.eval.datasets import (
     eval_data_dir,
     load_questions,
 )
-from langgraph_parallelmuse.eval.judge import JUDGE_PROMPT, llm_judge, parse_judgement
+from langgraph_parallelmuse.eval.judge import JUDGE_PROMPT, JudgeError, llm_judge, parse_judgement
 from langgraph_parallelmuse.eval.scoring import (
     contains_gold,
     exact_match,
@@ -35,6 +35,7 @@ __all__ = [
     "EVAL_DATA_ENV",
     "JUDGE_PROMPT",
     "EvalDataError",
+    "JudgeError",
     "QAItem",
     "bootstrap_ci",
     "bootstrap_ratio",

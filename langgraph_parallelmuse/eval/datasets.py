@@ -116,7 +116,9 @@ def _parse_line(raw: str, where: str) -> QAItem:
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise EvalDataError(f"{where}: missing or empty string field {key!r}")
     for key in ("answers", *_DOC_LISTS):
-        value = obj.get(key, [] if key in _DOC_LISTS else None)
+        value = obj.get(key)
+        if value is None and key in _DOC_LISTS:  # optional: null is read as absent, as meta and dataset are
+            value = []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r}")
     if not obj["answers"]:
@@ -141,8 +143,8 @@ def _parse_line(raw: str, where: str) -> QAItem:
         id=obj["id"],
         question=obj["question"],
         answers=list(obj["answers"]),
-        supporting_doc_ids=list(obj.get("supporting_doc_ids", [])),
-        context_doc_ids=list(obj.get("context_doc_ids", [])),
+        supporting_doc_ids=list(obj.get("supporting_doc_ids") or []),
+        context_doc_ids=list(obj.get("context_doc_ids") or []),
         # Optional like meta: null is absent, not the name 'None'.
         dataset="" if obj.get("dataset") is None else str(obj["dataset"]),
         meta=meta,
@@ -153,12 +155,12 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
     """Read a ``*.questions.jsonl`` file.
 
     Args:
-        path: The questions file.
+        path: The questions file; a pipe (a FIFO, ``/dev/stdin``, a shell's ``<(...)``) is read too.
         limit: Keep only the first ``limit`` questions (``None`` reads all).
 
     Returns:
         The questions in file order. Blank lines are skipped. ``supporting_doc_ids`` and
-        ``context_doc_ids`` a line lacks are ``[]``.
+        ``context_doc_ids`` a line lacks (or gives as ``null``) are ``[]``.
 
     Raises:
         EvalDataError: ``path`` is not a readable file (missing, a directory, no read permission),
@@ -188,7 +190,9 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
             raise EvalDataError(
                 f"{path}: a directory, not a questions file (a JSONL of {{id, question, answers, ...}})"
             )
-        if not path.is_file():
+        # exists(), not is_file(): a pipe (`--questions <(head -20 f.jsonl)`, /dev/stdin, a FIFO) is
+        # read as a file is; it can be read once only, and is (no other pass over it follows).
+        if not path.exists():
             raise EvalDataError(f"{path}: no such questions file (a JSONL of {{id, question, answers, ...}})")
         # utf-8-sig: a file saved "UTF-8 with BOM" (Notepad, Excel) made its first line invalid JSON.
         # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.

@@ -35,7 +35,7 @@ def postgres_spec(data_dir: str | Path, *, bin_dir: str | Path | None = None) ->
 
     Raises:
         ConfigError: No PostgreSQL server binaries were found.
-        ServerError: ``initdb`` failed (its output is in the message).
+        ServerError: ``initdb`` failed or ran past its 120 s (its output is in the message).
 
     Example:
         >>> from langgraph_parallelmuse.serving import serve
@@ -56,7 +56,14 @@ def postgres_spec(data_dir: str | Path, *, bin_dir: str | Path | None = None) ->
             *("--auth=trust", "--username=postgres", "--encoding=UTF8", "--no-locale"),
             *("--no-sync", "--no-instructions", "-D", str(data)),
         )
-        done = subprocess.run(initdb, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        try:
+            done = subprocess.run(initdb, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:  # a hung initdb (a slow or full disk) is a failed one
+            output = "".join(_text(part) for part in (exc.stdout, exc.stderr))
+            raise ServerError(
+                f"initdb of {data} did not finish within {exc.timeout:g} s (is its disk slow or full? "
+                f"pass another data_dir): {shlex.join(initdb)}\n{output}"
+            ) from None
         if done.returncode != 0:
             raise ServerError(f"initdb failed ({done.returncode}): {shlex.join(initdb)}\n{done.stdout}{done.stderr}")
     port = free_port()
@@ -69,6 +76,13 @@ def postgres_spec(data_dir: str | Path, *, bin_dir: str | Path | None = None) ->
     url = f"postgresql://postgres@{HOST}:{port}/postgres"
     ready = re.compile(r"database system is ready to accept connections").search
     return ServerSpec("postgres", argv, port, url, lambda log: ready(log) is not None, stop_signal=signal.SIGINT)
+
+
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out run had printed: ``TimeoutExpired`` may hold bytes even with ``text=True``."""
+    if isinstance(output, bytes):
+        return output.decode("utf-8", errors="replace")
+    return output or ""
 
 
 def _postgres_bin(bin_dir: str | Path | None) -> Path:

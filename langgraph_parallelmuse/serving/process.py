@@ -196,7 +196,8 @@ def serve(
         One :class:`Server` per spec, in order.
 
     Raises:
-        ConfigError: ``max_seconds`` is not a positive finite number, or two specs share a port.
+        ConfigError: ``max_seconds`` or ``startup_timeout`` is not a positive finite number, or
+            two specs share a port.
         ServerError: A server exited during startup or was not ready in time (every server
             started here is stopped first).
 
@@ -209,9 +210,17 @@ def serve(
     if not (math.isfinite(max_seconds) and max_seconds > 0):
         # `timeout` would read 0 or inf as no bound at all: every server here has one.
         raise ConfigError(f"max_seconds={max_seconds}: give a positive number of seconds (default 3600)")
+    if not (math.isfinite(startup_timeout) and startup_timeout > 0):
+        # NaN never passes the deadline (and inf is none): the wait would only end with the server.
+        raise ConfigError(f"startup_timeout={startup_timeout}: give a positive number of seconds (default 600)")
     _check_ports(specs)
-    # A "~" left unexpanded made a folder named "~" in the working directory.
-    logs = Path(log_dir).expanduser() if log_dir is not None else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
+    # A "~" left unexpanded made a folder named "~" in the working directory; absolute, so that a
+    # Server's log_path still names the log after the process changes directory.
+    logs = (
+        Path(log_dir).expanduser().absolute()
+        if log_dir is not None
+        else Path(tempfile.mkdtemp(prefix="parallelmuse-servers-"))
+    )
     logs.mkdir(parents=True, exist_ok=True)
     started: list[tuple[Server, subprocess.Popen, ServerSpec]] = []
     try:

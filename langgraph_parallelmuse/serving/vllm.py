@@ -95,7 +95,8 @@ def vllm_command(
     _check_command(served_model_name, max_model_len, max_logprobs, block_size, dtype, extra_args)
     return (
         *(python, "-m", "vllm.entrypoints.openai.api_server"),
-        *("--model", str(model_dir), "--served-model-name", served_model_name),
+        # "~" expanded as vllm_spec does: vLLM would look for a folder named "~", or on the Hub.
+        *("--model", os.path.expanduser(model_dir), "--served-model-name", served_model_name),
         *("--host", HOST, "--port", str(port)),
         *("--enable-prefix-caching", "--enable-prompt-tokens-details"),
         *("--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs)),

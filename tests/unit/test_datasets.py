@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -279,3 +282,41 @@ def test_json_the_parser_refuses_is_reported_with_its_line(tmp_path, line):
     with pytest.raises(EvalDataError, match="refuses") as excinfo:
         load_questions(path)
     assert f"{path}:2:" in str(excinfo.value)
+
+
+def test_null_document_lists_are_read_as_absent(tmp_path):
+    # Before: "field 'supporting_doc_ids' must be a list of strings, got None", while a null meta
+    # or dataset was read as absent; answers stays required.
+    path = _write(tmp_path, [{**ROW, "supporting_doc_ids": None, "context_doc_ids": None}])
+    item = load_questions(path)[0]
+    assert item.supporting_doc_ids == [] and item.context_doc_ids == []
+    with pytest.raises(EvalDataError, match="'answers' must be a list"):
+        load_questions(_write(tmp_path, [{**ROW, "answers": None}]))
+
+
+def test_a_pipe_is_read_as_a_questions_file(tmp_path):
+    # Before: a FIFO, `--questions <(head -20 f.jsonl)` or /dev/stdin was "no such questions file".
+    fifo = tmp_path / "questions.fifo"
+    os.mkfifo(fifo)
+    lines = json.dumps(ROW) + "\n" + json.dumps({**ROW, "id": "q2"}) + "\n"
+
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError):  # the reader gave up: the test fails on its own
+            fifo.write_text(lines, encoding="utf-8")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        assert [item.id for item in load_questions(fifo)] == ["q1", "q2"]
+    finally:
+        if writer.is_alive():  # nothing opened the pipe: open it, so the writer's open returns
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=10)
+
+
+def test_the_package_exports_the_error_llm_judge_raises():
+    # Before: llm_judge documented JudgeError, which only eval.judge exported.
+    import langgraph_parallelmuse.eval as eval_package
+    from langgraph_parallelmuse.eval.judge import JudgeError
+
+    assert eval_package.JudgeError is JudgeError and "JudgeError" in eval_package.__all__

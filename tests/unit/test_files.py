@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -165,3 +166,40 @@ def test_a_loop_of_links_is_an_oserror(tmp_path, in_place):
         with replacing(tmp_path / "a", in_place=in_place) as tmp:
             tmp.write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_missing_folder_is_named_by_the_users_path_not_the_temporary(tmp_path, in_place):
+    # Before: "No such file or directory: '.../missing/.x-ed729ccdbbc8.txt'", a name never given.
+    path = tmp_path / "missing" / "x.txt"
+    with pytest.raises(FileNotFoundError) as excinfo:
+        with replacing(path, in_place=in_place) as tmp:
+            tmp.write_text("x")
+    assert excinfo.value.filename == str(path) and excinfo.value.errno == errno.ENOENT
+    assert str(excinfo.value).endswith(f": {str(path)!r}")
+
+
+def test_a_read_only_folder_is_named_by_the_users_path_not_the_temporary(tmp_path, monkeypatch):
+    # Root may write in any folder: the refusal a read-only one gives is made here, on the temporary.
+    path = tmp_path / "x.txt"
+    real_open = Path.open
+
+    def refuse(self, *args, **kwargs):
+        if self.name.startswith(".x-"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(PermissionError) as excinfo:
+        with replacing(path) as tmp:
+            tmp.write_text("x")
+    assert excinfo.value.filename == str(path) and ".x-" not in str(excinfo.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_on_another_file_in_the_block_is_left_as_it_is(tmp_path):
+    other = tmp_path / "missing" / "input.txt"
+    with pytest.raises(FileNotFoundError) as excinfo:
+        with replacing(tmp_path / "x.txt"):
+            other.read_text()
+    assert excinfo.value.filename == str(other)

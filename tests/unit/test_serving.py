@@ -40,6 +40,7 @@ from langgraph_parallelmuse.serving import (
     vllm_counters,
     vllm_spec,
 )
+from langgraph_parallelmuse.serving import postgres as postgres_module
 from langgraph_parallelmuse.serving import process as serving_process
 from langgraph_parallelmuse.serving.process import http_ready
 from langgraph_parallelmuse.serving.vllm import LIBRARY_TOP_LOGPROBS
@@ -728,3 +729,47 @@ def test_a_long_run_of_dashes_is_redacted_in_linear_time():
 
     text = "-" * 200_000 + " --router-api-key abcdefgh"
     assert redact(text, []).endswith("--router-api-key ***")
+
+
+@pytest.mark.parametrize("startup_timeout", [0, -1, float("inf"), float("nan")])
+def test_the_startup_wait_always_has_a_bound(tmp_path: Path, startup_timeout: float) -> None:
+    """NaN never passed the deadline: a server that never got ready was waited on until it died."""
+    with pytest.raises(ConfigError, match=r"startup_timeout=.*positive number of seconds"):
+        with serve([sh("s", "exec sleep 30")], startup_timeout=startup_timeout, max_seconds=60, log_dir=tmp_path):
+            pass
+
+
+def test_a_relative_log_dir_gives_an_absolute_log_path(tmp_path: Path, monkeypatch) -> None:
+    """A relative log_path named another file once the process changed directory."""
+    monkeypatch.chdir(tmp_path)
+    with serve([sh("s", "echo up; exec sleep 30")], max_seconds=60, log_dir="logs") as (server,):
+        assert server.log_path == tmp_path / "logs" / "s-4242.log"
+        monkeypatch.chdir("/")
+        assert server.log_tail() == "up\n"
+
+
+def test_vllm_command_expands_the_home_directory(monkeypatch) -> None:
+    """vllm_spec expanded "~", vllm_command called directly did not: vLLM looked for a folder "~"."""
+    monkeypatch.setenv("HOME", "/home/someone")
+    cmd = vllm_command("~/models/smollm2", python="p", port=1, dtype="float32")
+    assert cmd[cmd.index("--model") + 1] == "/home/someone/models/smollm2"
+    hub = vllm_command("HuggingFaceTB/SmolLM2-135M-Instruct", python="p", port=1, dtype="float32")
+    assert hub[hub.index("--model") + 1] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_an_initdb_past_its_timeout_is_a_server_error_naming_the_data_dir(tmp_path: Path, monkeypatch) -> None:
+    """Before: a bare subprocess.TimeoutExpired out of postgres_spec."""
+    for name in ("initdb", "postgres"):
+        (tmp_path / name).write_text("")
+
+    def hung(argv, **kwargs):  # what a run past its timeout raises; it holds the output as bytes
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"], output=b"creating directories ... ")
+
+    monkeypatch.setattr(postgres_module.subprocess, "run", hung)
+    monkeypatch.setattr(postgres_module.os, "geteuid", lambda: 1000)  # as root the data dir goes to postgres
+    data = tmp_path / "data"
+    with pytest.raises(ServerError, match=r"initdb of .* did not finish within 120 s") as excinfo:
+        postgres_spec(data, bin_dir=tmp_path)
+    message = str(excinfo.value)
+    assert str(data) in message and f"{tmp_path / 'initdb'} --auth=trust" in message
+    assert "creating directories" in message
