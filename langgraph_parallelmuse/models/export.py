@@ -61,8 +61,9 @@ def export_model(dest: str | Path, *, dtype: str = "bfloat16") -> Path:
 
     Args:
         dest: The directory to create (or an earlier export of this function to reuse/replace).
-            Must not be another non-empty directory; an earlier export is replaced only when it
-            holds nothing but the export's own files.
+            Must not be another non-empty directory; an existing empty one is filled in place (a
+            shell inside it sees the export), an earlier export is replaced only when it holds
+            nothing but the export's own files.
         dtype: ``bfloat16`` (269 MB, what a server runs on CPU), ``float16`` or ``float32``
             (538 MB; bit-identical to the in-process model's float32 weights).
 
@@ -236,6 +237,10 @@ def _swap(staging: Path, dest: Path, wanted: dict) -> Literal["written", "reused
                 return "reused"
             _check_replaceable(dest)  # files added while this export was being written
             replaced = _read_marker(dest) is not None
+            if dest.is_dir() and not replaced:  # empty, or _check_replaceable had refused it
+                _fill(staging, dest)
+                return "written"
+            inside = _is_cwd(dest)
             if dest.exists():
                 dest.rename(aside)
             try:
@@ -244,11 +249,40 @@ def _swap(staging: Path, dest: Path, wanted: dict) -> Literal["written", "reused
                 if aside.exists():
                     aside.rename(dest)
                 raise
+            if inside:  # left in the set-aside folder, this process's relative paths would name nothing
+                os.chdir(dest)
             if aside.exists():
                 _remove(aside)
     except OSError as exc:
         raise _unwritable(dest, exc) from exc
     return "replaced" if replaced else "written"
+
+
+def _fill(staging: Path, dest: Path) -> None:
+    """Move a finished export's files into the empty directory ``dest``, its marker last.
+
+    Not a rename of ``staging`` over it: a shell or process inside ``dest`` (``cd out &&
+    parallelmuse export-model .``) would be left in a deleted directory that lists nothing. A move
+    that fails takes back the files already moved, so ``dest`` is left empty, as it was.
+    """
+    names = [*sorted(p.name for p in staging.iterdir() if p.name != EXPORT_MARKER), EXPORT_MARKER]
+    moved: list[str] = []
+    try:
+        for name in names:
+            shutil.move(staging / name, dest / name)  # a copy where dest is another file system
+            moved.append(name)
+    except OSError:
+        for name in moved:
+            shutil.move(dest / name, staging / name)
+        raise
+    staging.rmdir()
+
+
+def _is_cwd(folder: Path) -> bool:
+    try:
+        return os.path.samefile(os.getcwd(), folder)
+    except OSError:  # no current directory any more, or no folder
+        return False
 
 
 def _remove(folder: Path) -> None:

@@ -18,7 +18,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
@@ -127,7 +127,10 @@ class LocalChatModel(BaseChatModel):
 
     Per-call keyword arguments (the same names ``ChatOpenAI`` accepts): ``max_tokens``,
     ``temperature``, ``top_p``, ``seed``, ``logprobs`` (default ``True``), ``top_logprobs``, plus
-    ``stop=[...]``; ``ignore_eos=True`` keeps generating past end-of-sequence (benchmarks).
+    ``stop=[...]``; ``ignore_eos=True`` keeps generating past end-of-sequence (benchmarks). ``None``
+    for ``max_tokens``, ``temperature``, ``top_p`` or ``top_logprobs`` is the model's own setting (for
+    ``seed``, a fresh seed). An unknown setting or argument (``n``, ``stop`` at construction) is
+    refused, as are ``bind_tools`` and ``with_structured_output`` (no native tool calling).
     ``continuation="text"`` scores instead of sampling: the reply is that text, its logprobs are the
     model's for it, and ``response_metadata["end_logprob"]`` is the logprob of ending the turn
     right after it (``supports_scoring``; how the guided driver chooses an answer).
@@ -168,9 +171,14 @@ class LocalChatModel(BaseChatModel):
     )
     max_context_tokens: int | None = Field(
         None,
+        ge=1,
         description="Context window (prompt + generation); None = the model config's value, "
         "filled in when the model loads.",
     )
+
+    # Ignored, a setting the model does not have (n=2, stop=[...], a misspelt max_token) left a
+    # model that silently did something else than asked.
+    model_config = ConfigDict(extra="forbid")
 
     _engine: Any = PrivateAttr(default=None)
 
@@ -208,6 +216,8 @@ class LocalChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
+        # LangChain's LLM cache keys replies by these: a setting missing here (seed, precision) made
+        # models that differ in it share their cached replies.
         return {
             "model_path": self.model_path or "embedded:SmolLM2-135M-Instruct",
             "gguf_file": self.gguf_file,
@@ -215,6 +225,8 @@ class LocalChatModel(BaseChatModel):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_logprobs": self.top_logprobs,
+            "seed": self.seed,
+            "precision": self.precision,
         }
 
     @property
@@ -319,22 +331,41 @@ class LocalChatModel(BaseChatModel):
         """Token ids of ``text`` with this model's tokenizer."""
         return list(self.engine.tokenizer(text, add_special_tokens=False).input_ids)
 
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: str | None = None, **kwargs: Any) -> Any:
+        """Refused: the in-process model has no native tool calling (nor ``with_structured_output``).
+
+        LangChain's default raised a bare ``NotImplementedError`` that said nothing of what to do.
+
+        Raises:
+            NotImplementedError: Always; the message names the alternatives.
+        """
+        raise NotImplementedError(
+            "LocalChatModel has no native tool calling, so neither bind_tools nor with_structured_output: "
+            "describe the tools in the prompt and parse the reply's text (as this library's agent does), or "
+            "serve the model with an OpenAI-compatible server that calls tools and use ChatOpenAI"
+        )
+
     # ------------------------------------------------------------------ generation
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
         from langgraph_parallelmuse.models.engine import GenerationRequest
+        from langgraph_parallelmuse.models.requests import integer
 
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise InputError(
                 f"unsupported call arguments {sorted(unknown)}; LocalChatModel accepts {sorted(_CALL_KWARGS)} and stop="
             )
-        top_logprobs = kwargs.get("top_logprobs", self.top_logprobs)
+        # None is how ChatOpenAI's users say "the model's own setting" (not for seed: None is a fresh one).
+        top_logprobs, max_tokens = self._setting(kwargs, "top_logprobs"), self._setting(kwargs, "max_tokens")
         if (problem := top_logprobs_problem(top_logprobs)) is not None:
             raise InputError(problem)
+        # Checked here: the engine's message named max_new_tokens, and a str failed in min() below.
+        if (count := integer(max_tokens)) is None or count < 0:
+            raise InputError(
+                f"max_tokens={max_tokens!r}: pass an integer >= 0, or None for the model's {self.max_tokens}"
+            )
         prompt = self._prompt_ids(messages)
-        # None is how ChatOpenAI's users say "no bound of my own".
-        max_tokens = self.max_tokens if kwargs.get("max_tokens") is None else kwargs["max_tokens"]
         context = self.max_context_tokens or self.engine.max_context_tokens
         if len(prompt) >= context:
             raise ContextOverflowError(
@@ -347,14 +378,19 @@ class LocalChatModel(BaseChatModel):
         return GenerationRequest(
             prompt_ids=prompt,
             max_new_tokens=min(max_tokens, context - len(prompt)),
-            temperature=kwargs.get("temperature", self.temperature),
-            top_p=kwargs.get("top_p", self.top_p),
+            temperature=self._setting(kwargs, "temperature"),
+            top_p=self._setting(kwargs, "top_p"),
             seed=kwargs.get("seed", self.seed),
             stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),  # a str is one stop, not its letters
             logprobs=kwargs.get("logprobs", True),
             top_logprobs=top_logprobs,
             ignore_eos=kwargs.get("ignore_eos", False),
         )
+
+    def _setting(self, kwargs: dict[str, Any], name: str) -> Any:
+        """A call's ``name`` argument, or this model's field when it is absent or ``None``."""
+        value = kwargs.get(name)
+        return getattr(self, name) if value is None else value
 
     def _result(self, result: Any, scored: bool) -> ChatResult:
         metadata: dict[str, Any] = {

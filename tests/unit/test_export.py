@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,40 @@ def test_the_cli_says_whether_it_wrote_reused_or_replaced_the_export(
     assert said[1].startswith(f"{dest} already holds this bfloat16 export; nothing written")
     assert said[2].startswith(f"Replaced the earlier export in {dest} with a float32 checkpoint")
     assert all(f"serve it with vLLM (--model {dest})" in s for s in said)
+
+
+def test_an_export_into_the_current_empty_directory_is_seen_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `mkdir out && cd out && parallelmuse export-model .`: the staging folder was renamed over
+    # out, so the process (and the user's shell) stayed in the deleted old one, which listed nothing.
+    monkeypatch.setattr(export, "_write_export", _fake_write)
+    dest = tmp_path / "smol"
+    dest.mkdir()
+    monkeypatch.chdir(dest)
+    assert export.export_model_result(".").outcome == "written"
+    assert sorted(os.listdir(".")) == sorted([*export._REQUIRED, EXPORT_MARKER])
+    assert export.export_model_result(".", dtype="float32").outcome == "replaced"
+    assert Path("model.safetensors").read_text() == "float32"  # relative paths name the new export
+    assert [p.name for p in tmp_path.iterdir()] == ["smol"]
+
+
+def test_an_empty_directory_a_move_into_fails_for_is_left_empty(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(export, "_write_export", _fake_write)
+    dest = tmp_path / "smol"
+    dest.mkdir()
+    real, calls = shutil.move, []
+
+    def move(source, target):
+        calls.append(target)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device", str(target))
+        return real(source, target)
+
+    monkeypatch.setattr(shutil, "move", move)
+    with pytest.raises(ConfigError, match="cannot write"):
+        export.export_model(dest)
+    assert list(dest.iterdir()) == []  # not half an export, which no later export would replace
+    assert [p.name for p in tmp_path.iterdir()] == ["smol"]

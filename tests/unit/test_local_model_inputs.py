@@ -1,0 +1,86 @@
+"""LocalChatModel's settings and call arguments: a wrong one is a clear error, ``None`` is the default.
+
+Runs on the tiny random-weight Llama (tests/unit/tiny_model.py), so no real model loads.
+"""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import HumanMessage
+from pydantic import BaseModel
+
+from langgraph_parallelmuse.errors import InputError
+from langgraph_parallelmuse.models import InferenceEngine, LocalChatModel
+from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+ASK = [HumanMessage("the cat is on the mat and")]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHATML
+    engine = InferenceEngine(tiny_llama(tokenizer), tokenizer)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def llm(engine) -> LocalChatModel:
+    model = LocalChatModel(max_tokens=6, temperature=0.0, top_logprobs=3)
+    model._engine = engine
+    return model
+
+
+@pytest.mark.parametrize("setting", [{"n": 2}, {"stop": ["\n"]}, {"max_new_tokens": 3}, {"max_context_tokens": 0}])
+def test_a_setting_the_model_does_not_have_is_refused_not_ignored(setting) -> None:
+    # Ignored, LocalChatModel(n=2) gave one reply, stop=[...] never stopped and a misspelt bound
+    # left the default of 256 tokens; max_context_tokens=0 was read as "the model's own".
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        LocalChatModel(**setting)
+
+
+def test_bind_tools_and_structured_output_say_what_to_do_instead(llm) -> None:
+    # LangChain's default bind_tools raised a NotImplementedError with no message at all.
+    class Answer(BaseModel):
+        text: str
+
+    for attempt in (lambda: llm.bind_tools([Answer]), lambda: llm.with_structured_output(Answer)):
+        with pytest.raises(NotImplementedError, match="no native tool calling.*ChatOpenAI"):
+            attempt()
+
+
+@pytest.mark.parametrize("bad", ["5", -1, 2.0, True])
+def test_a_bad_max_tokens_is_named_as_the_caller_spelt_it(llm, bad) -> None:
+    # The engine's message named max_new_tokens, which the caller never wrote; "5" was a TypeError from min().
+    with pytest.raises(InputError, match=rf"^max_tokens={bad!r}: pass an integer >= 0"):
+        llm.invoke(ASK, max_tokens=bad)
+
+
+def test_none_call_arguments_mean_the_models_own_settings(llm) -> None:
+    # None (ChatOpenAI's "no value of my own", as max_tokens=None already was) was refused.
+    reference = llm.invoke(ASK)
+    again = llm.invoke(ASK, temperature=None, top_p=None, top_logprobs=None, max_tokens=None)
+    assert again.content == reference.content
+    entries = again.response_metadata["logprobs"]["content"]
+    assert [len(e["top_logprobs"]) for e in entries] == [3] * len(entries)
+    assert again.usage_metadata["output_tokens"] == reference.usage_metadata["output_tokens"]
+
+
+def test_models_of_other_seeds_do_not_share_cached_replies(engine, monkeypatch) -> None:
+    # LangChain's LLM cache keys a reply by _identifying_params, which lacked seed (and precision):
+    # with set_llm_cache on, a model of seed 2 returned the reply cached for seed 1.
+    from langchain_core import globals as lc_globals
+    from langchain_core.caches import InMemoryCache
+
+    models = [LocalChatModel(max_tokens=6, temperature=1.0, seed=seed) for seed in (1, 2)]
+    for model in models:
+        model._engine = engine
+    uncached = [model.invoke(ASK).content for model in models]
+    assert uncached[0] != uncached[1]
+    monkeypatch.setattr(lc_globals, "_llm_cache", InMemoryCache())
+    assert [model.invoke(ASK).content for model in models] == uncached
