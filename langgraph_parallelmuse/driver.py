@@ -22,7 +22,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, compound_parts, follow_up
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.protocol import SEARCH_HIT, quote_untrusted, render_tool_call
+from langgraph_parallelmuse.protocol import NO_HITS, SEARCH_HIT, quote_untrusted, render_tool_call
 from langgraph_parallelmuse.references import Reference, inner_reference, reference_depth, resolve, resolved_question
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Segment
 from langgraph_parallelmuse.state import Action, Observation, Step
@@ -52,6 +52,20 @@ def search_hits(content: str, doc_ids: Sequence[str] = ()) -> list[re.Match[str]
     """
     hits = SEARCH_HIT.finditer(content)
     return [m for m in hits if not doc_ids or m.group(2).strip() in doc_ids]
+
+
+def _read(obs: Observation, *, listing: bool) -> bool:
+    """Whether a tool call read something (evidence), ``listing`` when the trajectory's tools list
+    the documents they return (``doc_ids``: the corpus and Tavily tools).
+
+    Such tools read what they list: a reply of theirs that lists nothing found nothing. A tool of
+    the user's own (a plain ``@tool`` that returns text) lists nothing ever: its text is what the
+    trajectory read, unless it is an error or a no-hits reply; read by the listing rule, the
+    guided driver answered from no evidence at all.
+    """
+    if obs["error"]:
+        return False
+    return bool(obs.get("doc_ids")) if listing else not obs["content"].startswith(NO_HITS)
 
 
 def _without_hit_markup(content: str, hits: Sequence[re.Match[str]]) -> str:
@@ -419,12 +433,20 @@ class GuidedDriver:
 
     @staticmethod
     def visit_target(ctx: StepContext) -> str | None:
-        """The best-ranked hit of the latest search that is not opened yet.
+        """The best-ranked hit of the latest search that no visit has opened or tried yet.
 
         A 135M model cannot copy a title or id reliably (it invents them), so the driver opens
-        the top unopened hit; the model's exploration decision is its query.
+        the top unopened hit; the model's exploration decision is its query. A hit whose visit
+        failed (HTTP 403, a page that cannot be read) is not tried again: a later search that ranks
+        it first again would spend a hop on the same failure, which reject() cannot resample away.
         """
-        opened = {d for o in ctx.observations if o["name"] == "visit" for d in o.get("doc_ids", [])}
+        opened = {
+            str(d)
+            for o in ctx.observations
+            if o["name"] == "visit"
+            for d in [*o.get("doc_ids", []), (o.get("arguments") or {}).get("doc")]
+            if d is not None
+        }
         for obs in sorted(ctx.observations, key=lambda o: -o["step"]):
             if obs["name"] == "search" and obs.get("doc_ids"):
                 return next((d for d in obs["doc_ids"] if d not in opened), None)
@@ -433,16 +455,18 @@ class GuidedDriver:
     def evidence(self, ctx: StepContext, *, opened: bool = False) -> str:
         """Opened documents first, then search snippets, newest first, up to ``evidence_chars``.
 
-        Only observations that returned documents count: a "No document …" reply is not
-        evidence, and a small model would copy it. ``opened`` keeps the opened documents only
-        (when a visit returned one: after failed visits only, the search snippets are all there is).
+        Only observations that read something count (:func:`_read`): an error ("No document …")
+        or a search that found nothing is not evidence, and a small model would copy it. ``opened``
+        keeps the opened documents only (when a visit read one: after failed visits only, the
+        search snippets are all there is).
         """
         ranked = sorted(ctx.observations, key=lambda o: (o["name"] != "visit", -o["step"]))
-        if opened and any(o["name"] == "visit" and not o["error"] and o.get("doc_ids") for o in ranked):
+        listing = any(o.get("doc_ids") for o in ranked)
+        if opened and any(o["name"] == "visit" and _read(o, listing=listing) for o in ranked):
             ranked = [o for o in ranked if o["name"] == "visit"]
         budget, parts = self.evidence_chars, []
         for obs in ranked:
-            if obs["error"] or not obs.get("doc_ids") or budget <= 0:
+            if not _read(obs, listing=listing) or budget <= 0:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.

@@ -267,3 +267,45 @@ def test_a_query_prompt_with_evidence_is_unchanged_by_searches_that_found_nothin
         "Paris\nParis is a city.\n\nQuestion: Q?\nAlready searched: q0; q1\n"
         "Write a new search query for what is still missing."
     )
+
+
+async def test_the_text_of_a_tool_that_lists_no_doc_ids_is_evidence():
+    """A user's plain ``@tool`` search returns text and no artifact: the guided driver answered from nothing."""
+    from langchain_core.tools import tool
+
+    from langgraph_parallelmuse.agent import observe
+    from langgraph_parallelmuse.tools.local_tools import no_results
+
+    @tool
+    def search(query: str) -> str:
+        """Search the web."""
+        return "The Bubye River is a river in Zimbabwe."
+
+    step = {"index": 0, "text": "", "action": {"type": "tool_call", "name": "search", "arguments": {"query": "Bubye"}}}
+    found = await observe({"search": search}, step, trajectory_id="t", config=ParallelMuseConfig())
+    question = "Which country is the Bubye River in?"
+    ctx = StepContext(question, [step], [found], 1, False, 64, frozenset({"search"}), scoring=True)
+    driver = GuidedDriver()
+    assert driver.evidence(ctx) == "The Bubye River is a river in Zimbabwe."
+    choose = driver.plan(ctx)[-1]
+    assert isinstance(choose, Choose) and "Zimbabwe" in choose.options
+    # A search that found nothing, or a failed call, is still no evidence.
+    nothing = [_obs(0, "search", no_results("Bubye"), []), _obs(1, "search", "Error: HTTP 500", [], error=True)]
+    assert driver.evidence(StepContext(question, [step], nothing, 2, False, 64, TOOLS)) == ""
+    # Beside tools that list their documents, a reply that lists none found nothing, whatever it says.
+    listed = [_obs(0, "search", "No document matches.", []), _obs(1, "visit", "Zimbabwe is a country.", ["z"])]
+    assert driver.evidence(StepContext(question, [step], listed, 2, False, 64, TOOLS)) == "Zimbabwe is a country."
+
+
+def test_a_hit_whose_visit_failed_is_not_visited_again():
+    """Ranked first again by the next search, the page a visit could not read was opened again: a hop lost."""
+    hits = "[1] Bubye River (id: d1)\nThe Bubye River is in Zimbabwe.\n\n[2] Limpopo (id: d2)\nThe Limpopo."
+    failed = {**_obs(1, "visit", "Error: tool 'visit' failed: HTTP 403", [], error=True), "arguments": {"doc": "d1"}}
+    steps = [_step(0, "search"), _step(1, "visit"), _step(2, "search")]  # the visit's doc is "d1"
+    observations = [_obs(0, "search", hits, ["d1", "d2"]), failed, _obs(2, "search", hits, ["d1", "d2"])]
+    ctx = StepContext("Which country is the Bubye River in?", steps, observations, 3, False, 64, TOOLS, scoring=True)
+    assert GuidedDriver.visit_target(ctx) == "d2"
+    assert GuidedDriver().next_action(ctx) == "visit"
+    only_d1 = [*observations[:2], _obs(2, "search", hits.split("\n\n")[0], ["d1"])]
+    ctx = StepContext(ctx.question, steps, only_d1, 3, False, 64, TOOLS, scoring=True)
+    assert GuidedDriver.visit_target(ctx) is None and GuidedDriver().next_action(ctx) != "visit"
