@@ -659,7 +659,8 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     from langgraph_parallelmuse.view import render_tree
 
     # Written first: printed first, it was lost to a closed stdout (`| head`), whose error ends the command.
-    _write_json(final, args)
+    # With the model as bench results record it: a calibration fitted on this output then knows it.
+    _write_json({**final, "model": _model_identity(args)}, args)
     out.print(Panel(_shown(render_tree(final.get("trajectories", []))), title="Trajectory tree"))
     for report in final.get("reports", []):
         out.print(Panel(_shown(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
@@ -913,7 +914,7 @@ def _interrupted(state: dict[str, Any], *, args: argparse.Namespace) -> None:
 def _write_partial(result: dict[str, Any], *, args: argparse.Namespace, why: str) -> None:
     """Write the work of a run that did not finish to ``--json`` (nothing finished is lost), its
     ``partial`` field saying why it stopped."""
-    _write_json({**result, "partial": why}, args)
+    _write_json({**result, "partial": why, "model": _model_identity(args)}, args)
 
 
 def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
@@ -1300,7 +1301,8 @@ def _scored_runs(paths: list[str]) -> _ScoredRuns:
     """The from-scratch trajectories of bench or ``ask --json`` outputs, with what they were scored with.
 
     A bench record gives its model and top logprobs (``--set top_logprobs``, else the default); an
-    ``ask --json`` output its config's top logprobs, and no model.
+    ``ask --json`` output its config's top logprobs and its model (none in an output written before
+    ``ask`` recorded it).
     """
     runs = _ScoredRuns()
     default_top = ParallelMuseConfig.model_fields["top_logprobs"].default
@@ -1317,7 +1319,7 @@ def _scored_runs(paths: list[str]) -> _ScoredRuns:
                 if "id" in rec:  # a bench record (an ask output has no id): its settings are the bench's
                     model, top = config.get("model"), (config.get("extra") or {}).get("top_logprobs", default_top)
                 else:
-                    model, top = None, config.get("top_logprobs")
+                    model, top = rec.get("model"), config.get("top_logprobs")
                 runs.add(path, rec, scratch, estimator=config.get("estimator", "nll"), model=model, top_logprobs=top)
             except (AttributeError, KeyError, TypeError) as exc:
                 raise ConfigError(

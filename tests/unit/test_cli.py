@@ -87,6 +87,8 @@ def test_json_is_written_before_the_result_is_printed_to_a_stdout_that_may_be_cl
     with pytest.raises(SystemExit):
         _ask(PARIS, *SMALL, "--db", db, "--run-id", "run1", "--json", str(first))
     assert json.loads(first.read_text())["answer"] == "Paris"
+    # The model as bench results name it: `calibrate` on this output records it (it recorded none).
+    assert json.loads(first.read_text())["model"] == "embedded float32"
     monkeypatch.setattr(cli, "out", _ClosedStdout())
     with pytest.raises(SystemExit):  # the stored result of a finished run
         _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--json", str(again))
