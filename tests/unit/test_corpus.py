@@ -496,3 +496,17 @@ def test_a_cjk_question_written_without_spaces_finds_its_document(
     ]
     index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "j.jsonl", docs), cache_dir=cache)
     assert index.search(query, k=1)[0].id == expected
+
+
+def test_superscripts_and_fractions_stay_as_written_in_snippets_and_queries(tmp_path: Path, cache: Path) -> None:
+    # NFKC made "8½" "81⁄2" and "hm³" "hm3" in the index's copy, which snippets are cut from: a model
+    # copying a snippet answered another number.
+    docs = [
+        {"id": "f1", "title": "Fellini", "text": "His 1963 film 8½ won two Oscars; the reservoir holds 233 hm³."},
+        {"id": "f2", "title": "Ｔｏｋｙｏ", "text": "A ﬁlm city."},
+    ]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "f.jsonl", docs), cache_dir=cache)
+    hit = index.search("Fellini film")[0]
+    assert "8½" in hit.snippet and "hm³" in hit.snippet
+    assert [h.id for h in index.search("8½")] == ["f1"]
+    assert [h.id for h in index.search("Tokyo film")][0] == "f2"
