@@ -93,13 +93,13 @@ def _words(text: str) -> set[str]:
 def _trim(span: str) -> str:
     # "Norway's major anniversary": the name is "Norway".
     words = re.sub(r"['’]s$", "", span.strip(" ,.;:'\"()[]")).split()
-    # A leading word goes while a word that names something is left after it: "The Who" is the band's
-    # whole name, and "Who" alone, all function words, was no candidate at all. (The last such word is
-    # found once: looked for after each leading word, a run of them was read once per word.)
-    last = max((i for i, word in enumerate(words) if _words(word)), default=-1)
+    # A name of function words only is kept whole ("The Who": "Who" alone was no candidate at all);
+    # any other loses its leading function words ("However It" is nothing, "The Beatles" "Beatles").
+    # Counted by index: cut one word at a time, a run of them was copied once per word.
     start = 0
-    while start < len(words) and words[start] in _LEADING and (start < last or start == len(words) - 1):
-        start += 1
+    if len(words) < 2 or any(_words(word) for word in words):
+        while start < len(words) and words[start] in _LEADING:
+            start += 1
     words = words[start:]
     while words and re.fullmatch(_CONNECT, words[-1]):
         words = words[:-1]
@@ -403,11 +403,13 @@ def _described(sentence: str) -> list[str]:
 _QUOTED = re.compile(rf'"((?:{CAPITAL}|[0-9])[^"]{{0,58}}?)[,.]?"')
 
 
-def _spans(sentence: str, kind: AnswerKind, *, described: bool = False) -> list[str]:
+def _spans(sentence: str, kind: AnswerKind, *, described: bool = False, centuries: bool = False) -> list[str]:
     if kind == "date":
         # A full date and its year: "When was he born?" may want either ("1920s" has no year of its own).
-        # Centuries and dates in the order the sentence gives them.
-        found = sorted((m.start(), m.group(0)) for rule in (_CENTURY, _DATE) for m in rule.finditer(sentence))
+        # Centuries too when the question asks for one, in the order the sentence gives them (asked
+        # for a year, a century only took a year's place among the options).
+        rules = (_CENTURY, _DATE) if centuries else (_DATE,)
+        found = sorted((m.start(), m.group(0)) for rule in rules for m in rule.finditer(sentence))
         dates = [span for _, span in found]
         return list(dict.fromkeys(s for d in dates for s in (d, *re.findall(r"\s(\d{3,4})$", d))))
     if kind == "number":
@@ -479,7 +481,8 @@ def candidates(
     sentences = [s for s in _SENTENCE.split(evidence) if s.strip()]
     ranked = sorted(range(len(sentences)), key=lambda i: (-len(_words(sentences[i]) & asked), i))
     described = kind == "name" and bool(_DESCRIBED.search(question))
-    pool = [span for i in ranked for span in _spans(sentences[i], kind, described=described)]
+    centuries = bool(re.search(r"\bcentur(?:y|ies)\b", question, re.IGNORECASE))
+    pool = [span for i in ranked for span in _spans(sentences[i], kind, described=described, centuries=centuries)]
     if kind == "name":
         pool += [re.sub(r"\s*\([^)]*\)$", "", t).strip() for t in titles]
     seen = {e.lower() for e in exclude}

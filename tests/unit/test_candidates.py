@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from langgraph_parallelmuse.candidates import answer_kind, answer_type, candidates, choice_options, follow_up
+from langgraph_parallelmuse.candidates import _trim, answer_kind, answer_type, candidates, choice_options, follow_up
 
 EIFFEL = "Which country is the Eiffel Tower in?"
 
@@ -234,3 +234,12 @@ def test_a_name_made_of_function_words_only_is_a_candidate_whole():
     assert not {"Who", "It", "She"} & set(options)
     assert candidates("Which band released Soul Mining?", "Soul Mining is an album by The The.") == ["The The"]
     assert candidates("Which city is it?", "The " * 100_000 + "Paris") == ["Paris"]
+    # A leading function word still goes from a span with a word of content: "However It" is nothing.
+    assert _trim("However It") == "" and _trim("The Beatles") == "Beatles"
+
+
+def test_centuries_are_options_only_when_a_century_is_asked():
+    """Asked for a year, "12th century" took the place of a year among the options."""
+    evidence = "The church was built in the 12th century and rebuilt in 1345 and 1890."
+    assert candidates("In what year was the church rebuilt?", evidence, limit=2) == ["1345", "1890"]
+    assert candidates("In which century was the church built?", evidence, limit=2) == ["12th century", "1345"]

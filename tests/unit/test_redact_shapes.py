@@ -53,3 +53,9 @@ def test_a_long_run_of_scheme_characters_is_redacted_in_linear_time(run):
     # characters of "sk-" took 38 s.
     text = run * (120_000 // len(run)) + " postgresql://app:pw@db/runs"
     assert redact(text, []).endswith("postgresql://app:***@db/runs")
+
+
+def test_a_url_glued_to_a_long_run_of_letters_keeps_no_password():
+    # A scheme bounded to 32 characters and asked to start a word found no start within reach.
+    text = "a1b2c3d4e5f6" * 4 + "postgresql://app:hunter2@db/x"
+    assert "hunter2" not in redact(text, [])
