@@ -34,6 +34,11 @@ QUERY_SYSTEM = "Write a short web search query for the question."
 PROMPT_LINES = ("Question:", "Answer", "Already searched:", "Write a new search query")
 # Answered among their own options whatever their hops: yes/no and either-or questions.
 DIRECT_KINDS = frozenset({"yesno", "choice"})
+# Kinds whose answer is no entity a next hop could start from: an unsure pick of one leads no query
+# (it is no bridge), so it stays among the last choice's options. A date as a bridge opened a query
+# ("19th century ...") and was then left out of the options as a bridge, the gold with it ("… dog
+# breeds developed during which century?").
+_NOT_ENTITIES = DIRECT_KINDS | {"date", "number"}
 # How far back from the evidence budget a cut looks for a space: longer than a word.
 _WORD_BACKOFF = 40
 
@@ -261,7 +266,8 @@ class GuidedDriver:
         parts = compound_parts(ctx.question)
         first = parts[0] if parts else self.question(ctx)
         # A yes/no or either-or question is answered among its own options, whatever its hops.
-        own_options = answer_kind(first) in DIRECT_KINDS
+        kind = answer_kind(first)
+        own_options = kind in DIRECT_KINDS
         direct = bool(parts) or action == "answer" or not ctx.scoring or own_options
         reference = None if direct else inner_reference(first)
         if reference is not None:
@@ -277,9 +283,9 @@ class GuidedDriver:
                 then=lambda pick: (
                     self.answer(ctx, pick, settled=sure)
                     if sure or pick.share >= self.answer_confidence
-                    # "yes" or one of the question's own options is no entity to go on from: as a
-                    # bridge it would open the query and replace a phrase of the question.
-                    else self.search(ctx, bridge=None if own_options else pick)
+                    # "yes", one of the question's own options or a date is no entity to go on from:
+                    # as a bridge it would open the query and replace a phrase of the question.
+                    else self.search(ctx, bridge=None if kind in _NOT_ENTITIES else pick)
                 ),
             )
         ]

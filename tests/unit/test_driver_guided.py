@@ -59,6 +59,27 @@ def test_an_unsure_yes_no_pick_searches_on_without_a_bridge():
     assert [s.options for s in driver.plan(later) if isinstance(s, Choose)] == [("yes", "no")]
 
 
+def test_an_unsure_date_pick_is_no_bridge_and_stays_an_option_of_the_last_choice():
+    """A date as a bridge opened the next query ("19th century ...") and, as a bridge, was left out of
+    the last choice's options: the Blue Lacy question lost its gold "19th century" so."""
+    question = "The Blue Lacy and the Chesapeake Bay Retriever were developed during which century?"
+    evidence = "The Blue Lacy originated in Texas in the mid-19th century. It was first recognized in 2001."
+    steps = [_step(0, "search"), _step(1, "visit")]
+    ctx = StepContext(question, steps, [_obs(1, "visit", evidence, ["z"])], 2, False, 64, TOOLS, scoring=True)
+    driver = GuidedDriver()
+    model = ScoringChatModel(
+        script=["Check the breed", "Chesapeake Bay Retriever history"],
+        option_logprobs={"19th century": -0.6, "2001": -0.9},
+    )
+    turn = asyncio.run(generate_turn(model, [], driver.plan(ctx), sampling=Sampling(temperature=0)))
+    assert "bridge" not in turn.segments
+    assert parse_action(turn.text)["arguments"] == {"query": "Chesapeake Bay Retriever history"}
+    later = StepContext(
+        question, [*steps, _step(2, "search"), _step(3, "visit")], ctx.observations, 4, False, 64, TOOLS, scoring=True
+    )
+    assert [s.options for s in driver.plan(later) if isinstance(s, Choose)] == [("19th century", "2001")]
+
+
 def test_an_either_or_question_is_asked_as_it_is_whatever_was_recorded_as_a_bridge():
     question = "Which came first the forming of The Dandy Warhols or the birth of Robert Young?"
     evidence = "The Dandy Warhols are a band formed in 1994. Robert Young was born in 1907."
