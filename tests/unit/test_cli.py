@@ -98,10 +98,19 @@ def test_json_is_written_before_the_result_is_printed_to_a_stdout_that_may_be_cl
 # ----------------------------------------------------------------------------- Ctrl-C
 
 
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler, which ``asyncio.run`` builds its Ctrl-C handling on: a suite
+    started as a background job has SIGINT ignored, and the signal these tests raise did nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 # LangGraph's executor drops the tasks it had not started when the run is cancelled.
 @pytest.mark.filterwarnings("ignore:coroutine 'arun_with_retry' was never awaited:RuntimeWarning")
 def test_ctrl_c_writes_the_finished_trajectories_to_json_and_says_a_run_without_db_cannot_resume(
-    monkeypatch, tmp_path, capsys
+    monkeypatch, tmp_path, capsys, ctrl_c
 ):
     """Interrupted without ``--db``, the finished trajectories were lost though ``--json`` was given,
     and the message suggested a resume this run could not do."""
@@ -132,7 +141,7 @@ def test_ctrl_c_writes_the_finished_trajectories_to_json_and_says_a_run_without_
 
 
 @pytest.mark.filterwarnings("ignore:coroutine 'arun_with_retry' was never awaited:RuntimeWarning")
-def test_ctrl_c_with_nothing_to_write_says_why_json_was_not_written(monkeypatch, tmp_path, capsys):
+def test_ctrl_c_with_nothing_to_write_says_why_json_was_not_written(monkeypatch, tmp_path, capsys, ctrl_c):
     """Interrupted before any trajectory reached the run's state, ``--json`` was silently not written:
     with online branching that is the whole rollout, one graph node, even after some had finished."""
     calls = {"agent": 0, "stop": 1}
