@@ -173,15 +173,21 @@ def test_the_cli_says_whether_it_wrote_reused_or_replaced_the_export(
     assert all(f"serve it with vLLM (--model {dest})" in s for s in said)
 
 
-def test_an_export_into_the_current_empty_directory_is_seen_there(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # `mkdir out && cd out && parallelmuse export-model .`: the staging folder was renamed over
-    # out, so the process (and the user's shell) stayed in the deleted old one, which listed nothing.
+@pytest.fixture
+def empty_dest(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty folder an export (faked: no model loads) goes into."""
     monkeypatch.setattr(export, "_write_export", _fake_write)
     dest = tmp_path / "smol"
     dest.mkdir()
-    monkeypatch.chdir(dest)
+    return dest
+
+
+def test_an_export_into_the_current_empty_directory_is_seen_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, empty_dest: Path
+) -> None:
+    # `mkdir out && cd out && parallelmuse export-model .`: the staging folder was renamed over
+    # out, so the process (and the user's shell) stayed in the deleted old one, which listed nothing.
+    monkeypatch.chdir(empty_dest)
     assert export.export_model_result(".").outcome == "written"
     assert sorted(os.listdir(".")) == sorted([*export._REQUIRED, EXPORT_MARKER])
     assert export.export_model_result(".", dtype="float32").outcome == "replaced"
@@ -190,11 +196,9 @@ def test_an_export_into_the_current_empty_directory_is_seen_there(
 
 
 def test_an_empty_directory_a_move_into_fails_for_is_left_empty(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, empty_dest: Path
 ) -> None:
-    monkeypatch.setattr(export, "_write_export", _fake_write)
-    dest = tmp_path / "smol"
-    dest.mkdir()
+    dest = empty_dest
     real, calls = shutil.move, []
 
     def move(source, target):
