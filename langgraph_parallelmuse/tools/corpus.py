@@ -192,22 +192,28 @@ def _compatible(text: str) -> str:
 
 
 def _terms(text: str) -> list[str]:
-    """The words of ``text`` an FTS query looks for: lowercase, each once, stopwords dropped unless
-    nothing else is left, at most ``_MAX_QUERY_TERMS``.
+    """The words of ``text`` an FTS query looks for (:func:`match_words`), stopwords dropped unless
+    nothing else is left, at most ``_MAX_QUERY_TERMS``."""
+    terms = match_words(text)
+    return ([t for t in terms if t not in _STOPWORDS] or terms)[:_MAX_QUERY_TERMS]
+
+
+def match_words(text: str) -> list[str]:
+    """The words ``text`` is matched on, in order, each once: lowercase, in NFKC as the index is.
 
     Each word is lowercased after the split, not the text before it: Python lowercases "İ" to "i"
     and a combining dot, which the word pattern would split off as a word break. The text is NFKC
     first, as the index is (``_fts_text``): a decomposed "è" would split "crème" in two. A run of
     CJK characters is a sentence as often as a word: it gives each pair of neighbours, so that a
-    question written without spaces finds the documents holding its words.
+    question written without spaces finds the documents holding its words. The search's query terms
+    and the visit excerpt's choice of sentences both read words so.
 
     Example:
-        >>> _terms("東京タワーの高さ")
-        ['東京', '京タ', 'タワ', 'ワー', 'ーの', 'の高', '高さ']
+        >>> match_words("ﬁnal Ｐａｒｉｓ 東京タワーの高さ")
+        ['final', 'paris', '東京', '京タ', 'タワ', 'ワー', 'ーの', 'の高', '高さ']
     """
     words = [t.lower() for t in _TOKEN_RE.findall(_compatible(text))]
-    terms = list(dict.fromkeys(term for word in words for term in _cjk_pairs(word)))
-    return ([t for t in terms if t not in _STOPWORDS] or terms)[:_MAX_QUERY_TERMS]
+    return list(dict.fromkeys(term for word in words for term in _cjk_pairs(word)))
 
 
 def _cjk_pairs(word: str) -> list[str]:

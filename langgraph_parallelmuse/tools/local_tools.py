@@ -11,7 +11,6 @@ import asyncio
 import functools
 import os
 import re
-import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -19,10 +18,9 @@ from typing import Any, TypeVar
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from langgraph_parallelmuse.answers import CJK_CHARS
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, InputError
 from langgraph_parallelmuse.protocol import EMPTY_QUERY, NO_HITS, NO_RESULTS, SEARCH_HIT
-from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc
+from langgraph_parallelmuse.tools.corpus import CorpusIndex, Doc, match_words
 
 __all__ = [
     "EMPTY_QUERY",
@@ -51,10 +49,8 @@ VISIT_DESCRIPTION = (
     "you are looking for, so a long document is cut down to the passages about it."
 )
 
-_WORD_RE = re.compile(r"[^\W_]+")
 # Chinese and Japanese end a sentence with a full-width stop and no space after it.
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?<=[。！？])\s*")
-_CJK_RUN_RE = re.compile(f"{CJK_CHARS}+")
 # Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
 # runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
 _PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
@@ -254,11 +250,11 @@ def goal_excerpt(text: str, goal: str = "", *, title: str = "", max_chars: int =
         return text
     if max_chars <= len(ELLIPSIS) + 1:
         return text[: max(max_chars, 0)]
-    terms = {w for w in _words(f"{goal} {title}") if w not in _EXCERPT_STOPWORDS}
+    terms = {w for w in match_words(f"{goal} {title}") if w not in _EXCERPT_STOPWORDS}
     sentences = [s.strip() for s in _SENTENCE_SPLIT_RE.split(text) if s.strip()]
     if not sentences:
         return ""
-    scores = [len(_words(sentence) & terms) + (0.5 if i == 0 else 0.0) for i, sentence in enumerate(sentences)]
+    scores = [len(terms.intersection(match_words(s))) + (0.5 if i == 0 else 0.0) for i, s in enumerate(sentences)]
     # Ties go to sentences nearest a relevant one: neighbours give the context a fact needs.
     gaps = _gaps(scores)
     scored = sorted((-score, gaps[i], i) for i, score in enumerate(scores))
@@ -312,21 +308,6 @@ def visit_text(title: str, text: str, goal: str = "", *, max_chars: int) -> str:
     else:
         header = f"{title}\n\n"
     return header + goal_excerpt(text, goal, title=title, max_chars=max_chars - len(header))
-
-
-def _words(text: str) -> set[str]:
-    """The words of ``text`` an excerpt matches on: lowercase and NFKC (as the index reads text), and
-    each pair of neighbours in a run of CJK characters, which has no spaces to split it into words.
-
-    Example:
-        >>> sorted(_words("ﬁnal Ｐａｒｉｓ 東京タワー"))
-        ['final', 'paris', 'タワ', 'ワー', '京タ', '東京']
-    """
-    text = unicodedata.normalize("NFKC", text).lower()
-    words = set(_WORD_RE.findall(_CJK_RUN_RE.sub(" ", text)))
-    for run in _CJK_RUN_RE.findall(text):
-        words.update(run[i : i + 2] for i in range(max(len(run) - 1, 1)))
-    return words
 
 
 def _gaps(scores: list[float]) -> list[int]:
