@@ -187,6 +187,8 @@ def _compatible(text: str) -> str:
         >>> _compatible("ﬁlm 8½, 10⁶ Ｐａｒｉｓ")
         'film 8½, 10⁶ Paris'
     """
+    if text.isascii():  # a visit's every sentence comes here: English text has nothing to change
+        return text
     parts = _OTHER_NUMBER_RE.split(text)  # split() puts the kept numbers at odd places
     return "".join(part if n % 2 else unicodedata.normalize("NFKC", part) for n, part in enumerate(parts))
 
