@@ -112,14 +112,29 @@ def _dropped(ch: str) -> bool:
 
 
 def _folded(text: str) -> str:
-    """NFKC-normalised, casefolded text without format characters, superscript digits marked as an
-    exponent (``^6``)."""
+    """NFKC-normalised, casefolded text without format characters or the accents of Latin letters,
+    superscript digits marked as an exponent (``^6``)."""
     # Format characters (category Cf: a zero-width space, a soft hyphen, a direction mark) are
     # invisible: "Paris" and "Paris\u200b" are one answer.
     visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     marked = _EXPONENT.sub(lambda m: "^" + m[0], visible)
     # NFKC unifies full-width and composed forms ("ＡＢＣ" is "ABC"; "u" + diaeresis is "ü").
-    return unicodedata.normalize("NFKC", marked).casefold()
+    return _without_latin_accents(unicodedata.normalize("NFKC", marked).casefold())
+
+
+def _without_latin_accents(text: str) -> str:
+    """``text`` without the combining marks on Latin letters ("zürich" is "zurich")."""
+    # Trajectories write one name with and without its accents ("Zürich", "Zurich"), which split its
+    # votes (the corpus search folds them too). Marks on other scripts stay: a Devanagari vowel sign
+    # or a kana's voicing mark makes another word ("が" is not "か").
+    kept, latin = [], False
+    for ch in unicodedata.normalize("NFD", text):
+        if unicodedata.category(ch) != "Mn":
+            latin = unicodedata.name(ch, "").startswith("LATIN ")
+        elif latin:
+            continue
+        kept.append(ch)
+    return unicodedata.normalize("NFC", "".join(kept))
 
 
 def _is_article(word: str) -> bool:
@@ -145,7 +160,8 @@ def normalize_vote_key(answer: str | None) -> str:
     Unlike :func:`normalize_answer` (scoring), the key keeps the punctuation that makes a number
     ("3.5" is not "35", "-5" is not "5", every dash is ``-``) and treats all of Unicode alike: the
     text is NFKC-normalised and casefolded (superscript digits are an exponent: "10⁶" is ``10^6``,
-    not "106"), and its punctuation (any category ``P*``, and modifier symbols such as a
+    not "106"), Latin letters lose their accents ("Zürich" is "zurich"; other scripts keep their
+    marks), and its punctuation (any category ``P*``, and modifier symbols such as a
     backtick) goes: periods, apostrophes and the hyphens inside a word are deleted ("U.S." is "US",
     "Spider-Man" is "Spiderman", "B-52" is "B52"), the rest become spaces ("Paris,France" is "Paris
     France"), except a "#" after a letter ("C#" is not "C"; "#1" is "1"). Format
@@ -174,6 +190,8 @@ def normalize_vote_key(answer: str | None) -> str:
         ('spiderman', 'ateam', '10^6')
         >>> normalize_vote_key("C#"), normalize_vote_key("-.5"), normalize_vote_key("Paris\\u200b")
         ('c#', '-.5', 'paris')
+        >>> normalize_vote_key("Zürich"), normalize_vote_key("が") == normalize_vote_key("か")
+        ('zurich', False)
     """
     text = _folded(strip_answer_label(answer))
     # The articles go before punctuation becomes spaces, which would free the "a" of "A&M". An answer

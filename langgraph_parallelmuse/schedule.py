@@ -26,7 +26,7 @@ from langgraph_parallelmuse.calibration import Calibration, quantile_of
 from langgraph_parallelmuse.concurrency import gather_all, settle
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.lineage import Job, Pick, branch_id, branch_job, next_fill_index, scratch_job, thread_of
-from langgraph_parallelmuse.state import Trajectory
+from langgraph_parallelmuse.state import Trajectory, lineage_key
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE, require_logprobs, select_branch_steps
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ def pick_branches(trajectories: Sequence[Trajectory], config: ParallelMuseConfig
         require_logprobs(generated, [tok for s in steps for tok in s["tokens"]])
     calibration = Calibration.load(config.calibration) if config.calibration is not None else None
     scored: list[tuple[float, Pick]] = []  # (sort key, pick)
-    for traj in sorted(sources, key=lambda t: t["id"]):
+    # In lineage order ("t2" before "t10"), so a tie in the ranking below goes as every vote's does.
+    for traj in sorted(sources, key=lambda t: lineage_key(t["id"])):
         # A failed trajectory's steps are still valid fork points.
         first = (traj["origin"].get("step") or 0) + 1 if round > 1 else 0
         eligible = range(first, len(traj["uncertainty"]))
@@ -360,7 +361,14 @@ class _Online:
             hit = self.calibration.excess(scores, mode=self.config.mode)
             return (hit[0], scores[hit[0]]) if hit is not None and hit[1] > 1.0 else None
         # No calibration: the step must exceed this run's finished steps' 80th percentile so far.
-        regions = [(r, scores[r]) for r in REGIONS_OF_MODE[self.config.mode] if scores.get(r) is not None]
+        # A non-finite score is no score, as in ``select_branch_steps`` and ``Calibration.excess``: a NaN
+        # won max() over the other region (hiding its crossing), and once among the seen scores it could
+        # make the percentile NaN, which no later step crosses.
+        regions = [
+            (r, score)
+            for r in REGIONS_OF_MODE[self.config.mode]
+            if (score := scores.get(r)) is not None and math.isfinite(score)
+        ]
         if not regions:
             return None
         region, score = max(regions, key=lambda rs: rs[1])

@@ -34,3 +34,22 @@ def test_a_label_written_differently_does_not_split_a_vote(make_trajectory):
 def test_an_answer_without_a_label_is_kept_and_a_label_alone_is_no_answer(answer, shown):
     assert strip_answer_label(answer) == shown
     assert normalize_vote_key(answer) == normalize_vote_key(shown)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [("Zürich", "Zurich"), ("Beyoncé", "BEYONCE"), ("İstanbul", "Istanbul"), ("Việt Nam", "Viet Nam")],
+)
+def test_a_latin_name_with_and_without_its_accents_is_one_vote(one, other):
+    assert normalize_vote_key(one) == normalize_vote_key(other)
+
+
+@pytest.mark.parametrize(("one", "other"), [("が", "か"), ("हिंदी", "हद"), ("3.5", "35"), ("Αθήνα", "Αθηνα")])
+def test_marks_of_other_scripts_and_number_punctuation_still_tell_answers_apart(one, other):
+    assert normalize_vote_key(one) != normalize_vote_key(other)
+
+
+def test_answers_written_without_their_accents_do_not_lose_the_vote(make_trajectory):
+    # Two of three votes for Zurich were split across "Zürich" and "Zurich", and Geneva won the tie.
+    answers = {"t0": "Geneva", "t1": "Zürich", "t2": "Geneva", "t3": "Zurich", "t4": "Zurich"}
+    assert majority_vote([make_trajectory(i, answer=a) for i, a in answers.items()]) == "Zurich"

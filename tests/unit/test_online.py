@@ -7,6 +7,7 @@ import asyncio
 import collections
 import itertools
 import json
+import math
 import re
 import threading
 
@@ -545,3 +546,16 @@ async def test_the_rollout_leaves_no_trajectory_running_behind_it(how, branching
             await task
     await asyncio.sleep(0.5)
     assert runner.finished == []
+
+
+def test_a_nan_step_score_is_no_score_for_the_online_threshold():
+    # A NaN beat the other region in max() and, among the seen scores, could make the 80th
+    # percentile NaN: no later step crossed it, and the run silently stopped forking.
+    from langgraph_parallelmuse.schedule import _Online
+
+    run = _Online(None, QUESTION, make_config(n=8, mode="mixed"), "r", reuse=(), on_event=print, limit=None)
+    for score in (1.0, 2.0, 3.0, 4.0, float("nan"), 4.5):
+        assert run._crossing({"exploration": score, "reasoning": None}) is None
+    assert run._crossing({"exploration": float("nan"), "reasoning": 9.0}) == ("reasoning", 9.0)
+    assert run._crossing({"exploration": 50.0, "reasoning": None}) == ("exploration", 50.0)
+    assert all(math.isfinite(score) for score in run.seen_scores)

@@ -177,6 +177,19 @@ def test_each_bridge_resolves_the_innermost_phrase_in_turn():
             "Which office represents Chile in Paris?",
         ),
         # A name goes on past a comma before another name, and "the" before a possessive is the phrase's.
+        (
+            "When did the city where the next Summer Games will be held join the league?",
+            ["Paris"],
+            "When did Paris join the league?",
+        ),
+        # ... and where a question word asks with a copula, its participle is the question's.
+        ("When was the company that Steve Jobs founded established?", ["Apple"], "When was Apple established?"),
+        ("Where was the man who founded Acme Corp born?", ["Wile"], "Where was Wile born?"),
+        (
+            "When was the airline that flew the Concorde taken over by the state?",
+            ["Air France"],
+            "When was Air France taken over by the state?",
+        ),
         ("Who founded the birthplace of Otto, Count of Flanders?", ["Ghent"], "Who founded Ghent?"),
         ("Who directed the film that was shot in Tarn, Texas in 1990", ["Red Dust"], "Who directed Red Dust?"),
         (

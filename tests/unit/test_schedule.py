@@ -18,7 +18,7 @@ from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from langgraph_parallelmuse.schedule import partial_rollout, round_budget, run_schedule
+from langgraph_parallelmuse.schedule import partial_rollout, pick_branches, round_budget, run_schedule
 from tests.unit.fakes import (
     OLD_CALIBRATION,
     Reply,
@@ -361,3 +361,14 @@ async def test_diverse_branches_resample_a_repeat_of_the_parent_or_a_sibling(
         assert (b["steps"][1]["generated_tokens"] > kept) == again
     # Only accepted calls reach the tool: the parent's two searches, then one per branch.
     assert calls["search"][2:] == [q for q in got]
+
+
+def test_a_tie_between_branches_goes_to_the_earlier_in_lineage_order_not_in_string_order():
+    # One slot left and two round-1 branches whose regenerated steps tie: "t2" comes before "t10".
+    def branch(parent):
+        origin = {"kind": "branch", "parent": parent, "step": 0, "round": 1}
+        return {"id": f"{parent}.s0.b0", "origin": origin, "uncertainty": [{}, {"exploration": 5.0}]}
+
+    trajectories = [{"id": "t2", "origin": {"kind": "initial"}}, branch("t10"), branch("t2")]
+    cfg = make_config(n=4, m=1, k=1, t=1, rounds=2, mode="exploration")
+    assert [p["parent"] for p in pick_branches(trajectories, cfg, round=2)] == ["t2.s0.b0"]
