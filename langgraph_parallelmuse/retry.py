@@ -28,6 +28,16 @@ _TRANSIENT_NAMES = {
     "TimeoutException",
     "NetworkError",
     "RemoteProtocolError",
+    # The names a recorded error keeps (``is_transient_name``): langchain-openai's own subclasses of
+    # the openai errors, and langchain-core's provider-neutral ones they derive from.
+    "OpenAITimeoutError",
+    "OpenAIConnectionError",
+    "OpenAIRateLimitError",
+    "OpenAIAPIError",
+    "ModelTimeoutError",
+    "ModelConnectionError",
+    "ModelRateLimitError",
+    "ModelAPIError",
 }
 # 501 and 505 say the server cannot do what was asked (vLLM answers 501 for a NotImplementedError):
 # asking again gets the same answer. Every other 5xx (a proxy's 520-524, an overloaded 529) may pass.

@@ -9,7 +9,7 @@ import pytest
 from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeoutError
 from openai import APIStatusError, RateLimitError
 
-from langgraph_parallelmuse.retry import is_transient, retry_after, with_retries
+from langgraph_parallelmuse.retry import is_transient, is_transient_name, retry_after, with_retries
 
 
 def test_langchain_openais_own_connection_and_timeout_errors_are_transient():
@@ -19,6 +19,21 @@ def test_langchain_openais_own_connection_and_timeout_errors_are_transient():
     assert is_transient(OpenAIConnectionError(message="Connection error.", request=request))
     assert is_transient(OpenAITimeoutError(request=request))
     assert not is_transient(ValueError("malformed"))
+
+
+def test_their_recorded_names_are_transient_too():
+    # The bench reads a recorded "Name: message": a ServerChatModel call to a dead server is recorded
+    # as OpenAIConnectionError, which was not taken for an outage, so the question was recorded with
+    # fallback reports or the majority vote instead of being left for a rerun.
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    for exc in (
+        OpenAIConnectionError(message="Connection error.", request=request),
+        OpenAITimeoutError(request=request),
+    ):
+        assert is_transient_name(type(exc).__name__)
+    for name in ("OpenAIRateLimitError", "OpenAIAPIError", "ModelConnectionError", "ModelTimeoutError"):
+        assert is_transient_name(name)
+    assert not is_transient_name("OpenAIInvalidRequestError") and not is_transient_name("OpenAIContextOverflowError")
 
 
 async def test_a_dropped_connection_is_retried_and_the_call_succeeds():
