@@ -636,9 +636,9 @@ def _metrics(rows: Sequence[dict], name: str) -> tuple[str, ...]:
 
 
 def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int = 0) -> dict[str, dict]:
-    """Mean and bootstrap 95% interval per method and metric, paired differences vs ``baseline``,
-    and what one answer cost per question (a single-trajectory mean: one trajectory of its set; an
-    aggregation: also ``aggregate_tokens``, the aggregator's own).
+    """Mean and bootstrap 95% interval per method and metric, paired differences vs ``baseline``
+    (over two questions or more), and what one answer cost per question (a single-trajectory mean: one
+    trajectory of its set; an aggregation: also ``aggregate_tokens``, the aggregator's own).
 
     A judged run's ``judge`` is bootstrapped over the questions with a readable verdict (``None``
     when none had one), its differences over those judged in both methods; ``judge_unreadable``
@@ -653,7 +653,9 @@ def summarize(records: Sequence[dict], *, baseline: str = "majority", seed: int 
             scored = [r for r in rows if r["methods"][name][metric] is not None]  # judge: readable verdicts only
             entry[metric] = bootstrap_ci([r["methods"][name][metric] for r in scored], seed=seed) if scored else None
             paired = [r for r in scored if r["methods"].get(baseline, {}).get(metric) is not None]
-            if baseline in rows[0]["methods"] and name != baseline and paired:
+            # One question's difference has no spread to resample: its interval was that difference
+            # alone, zero wide, so a bench of one question printed any difference as significant.
+            if baseline in rows[0]["methods"] and name != baseline and len(paired) > 1:
                 diff = paired_bootstrap_diff(
                     [r["methods"][name][metric] for r in paired],
                     [r["methods"][baseline][metric] for r in paired],

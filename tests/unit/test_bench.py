@@ -554,7 +554,8 @@ async def test_an_unreadable_judge_verdict_is_kept_unscored_and_counted_not_scor
     # Over the readable verdicts (Paris'), paired over the questions judged in both methods.
     assert summary["majority"]["judge"] == (1.0, 1.0, 1.0) and summary["majority"]["judge_unreadable"] == 1
     assert summary["no_scaling"]["judge_unreadable"] == 4
-    assert summary["weighted"]["judge_vs_majority"][:3] == (0.0, 0.0, 0.0)
+    assert "judge_vs_majority" not in summary["weighted"]  # one question judged in both: no interval
+    assert summary["weighted"]["f1_vs_majority"][:3] == (0.0, 0.0, 0.0)
     head, _, majority = markdown_table(summary).splitlines()[:3]
     assert "| judge | judge unreadable |" in head and majority.split(" | ")[4:6] == ["1.000 [1.00, 1.00]", "1"]
     only_rome = summarize(records[1:])  # no readable verdict at all: no score, not NaN
@@ -584,6 +585,18 @@ async def test_records_judged_before_unreadable_verdicts_were_counted_summarise_
     summary = summarize(records)
     assert summary["majority"]["judge_unreadable"] == 0 and summary["majority"]["judge"][0] == 1.0
     assert "| judge unreadable |" in markdown_table(summary)
+
+
+async def test_a_difference_over_one_question_is_not_claimed_significant(index, tmp_path):
+    # Before: the interval of one question's difference was that difference, zero wide: "+1.000 [+1.00, +1.00]".
+    settings = BenchSettings(**{**SMALL, "methods": ("majority", "no_scaling")})
+    records = await run_bench(_model(), index, ITEMS[:2], settings, tmp_path / "r.jsonl")
+    for rec in records:
+        rec["methods"]["majority"]["f1"] = 0.0
+    one = summarize(records[:1])
+    assert "f1_vs_majority" not in one["no_scaling"]
+    assert markdown_table(one).splitlines()[-1].split(" | ")[4] == "—"
+    assert summarize(records)["no_scaling"]["f1_vs_majority"][:3] == (1.0, 1.0, 1.0)
 
 
 async def test_a_single_trajectory_mean_costs_one_trajectory_and_an_aggregation_its_aggregator(index, tmp_path):
