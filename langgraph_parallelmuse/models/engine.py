@@ -154,6 +154,10 @@ class InferenceEngine:
         self._thread = threading.Thread(target=scheduler.run, name=f"engine-{name}", daemon=True)
         self._thread.start()
         _live_engines.add(self)
+        # An engine dropped without close() left its worker blocked on the queue for good, holding
+        # the prefix cache (up to cache_max_bytes) and a thread: once the requests queued are served,
+        # it stops. At exit, _close_all stops the engines still alive (dropping what they serve).
+        weakref.finalize(self, self._queue.put, None).atexit = False
 
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Queue a request; the returned future resolves to a :class:`GenerationResult`.

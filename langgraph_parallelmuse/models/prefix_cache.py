@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import numbers
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -94,9 +96,9 @@ class PrefixCache:
     Thread-safe; every method takes an internal lock.
 
     Args:
-        max_bytes: Upper bound on the bytes of stored tensors. An insertion that would exceed it
-            evicts least recently used leaves first; a single sequence larger than the bound is
-            stored only up to what fits.
+        max_bytes: Upper bound on the bytes of stored tensors (a float is rounded down). An
+            insertion that would exceed it evicts least recently used leaves first; a single
+            sequence larger than the bound is stored only up to what fits.
 
     Example:
         >>> import torch
@@ -109,9 +111,11 @@ class PrefixCache:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
+        if not isinstance(max_bytes, numbers.Real) or isinstance(max_bytes, bool) or not 0 <= max_bytes < math.inf:
+            raise ValueError(f"max_bytes must be a number of bytes >= 0, got {max_bytes!r}")
+        # Whole bytes: a float bound (0.5 * 1024**3) made a partial store's slice bounds floats, and
+        # the TypeError failed every row of the batch a long request retired from.
+        self.max_bytes = int(max_bytes)
         self._root = _Node(tokens=(), state=(), parent=None)
         self._lock = threading.Lock()
         self._clock = itertools.count(1)

@@ -7,6 +7,7 @@ served from the prefix cache, stop strings cut text and logprob entries consiste
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 import warnings
@@ -23,6 +24,7 @@ from langgraph_parallelmuse.models import GenerationRequest, GenerationResult, I
 from langgraph_parallelmuse.models.decoding import Decoder, byte_decoder
 from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
 from langgraph_parallelmuse.models.requests import RequestFuture, RequestState
+from langgraph_parallelmuse.models.runner import ModelRunner
 from tests.unit.processes import ctrl_c_after, in_forked_child
 from tests.unit.tiny_model import tiny_llama, tiny_sentencepiece_tokenizer, tiny_tokenizer
 
@@ -243,6 +245,21 @@ async def test_a_request_cancelled_while_decoding_leaves_the_batch(model, tokeni
     assert dropped["cancelled"] == 1 and dropped["decode_tokens"] < 100
     assert after["decode_tokens"] - dropped["decode_tokens"] == len(kept.token_ids)  # nothing else decodes
     assert kept.token_ids == plain.generate(greedy(tokenizer, PROMPTS[0])).token_ids
+
+
+def test_an_engine_dropped_without_close_serves_what_it_was_sent_then_stops(model, tokenizer, plain) -> None:
+    # Its worker stayed blocked on the queue for good, keeping a thread and the prefix cache (up to
+    # cache_max_bytes) alive: a notebook re-running a cell that builds an engine piled them up.
+    engine = InferenceEngine(model, tokenizer)
+    request = greedy(tokenizer, PROMPTS[0])
+    future = engine.submit(request)
+    worker, cache = engine._thread, weakref.ref(engine.cache)
+    del engine
+    gc.collect()
+    assert future.result(timeout=60).token_ids == plain.generate(request).token_ids
+    worker.join(timeout=20)
+    gc.collect()
+    assert not worker.is_alive() and cache() is None
 
 
 def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokenizer, monkeypatch) -> None:
@@ -537,6 +554,21 @@ def test_a_request_that_cannot_start_fails_alone(model, tokenizer, monkeypatch) 
         assert good.result(timeout=60).completion_tokens == 5 and later.result(timeout=60).completion_tokens == 6
     finally:
         engine.close()
+
+
+def test_a_cache_bound_given_as_a_float_serves_requests_longer_than_it(model, tokenizer, plain) -> None:
+    # cache_max_bytes=0.5 * 1024**3 is a float: a request whose KV exceeded the bound failed with a
+    # TypeError, and so did every row decoding beside it when it retired.
+    bound = 100.5 * ModelRunner(model).bytes_per_token
+    engine = InferenceEngine(model, tokenizer, cache_max_bytes=bound)
+    try:
+        short = greedy(tokenizer, PROMPTS[1], max_new_tokens=150, ignore_eos=True)
+        long = GenerationRequest(list(range(5, 155)), max_new_tokens=3, temperature=0.0)
+        results = [future.result(timeout=60) for future in [engine.submit(short), engine.submit(long)]]
+        assert engine.cache.nbytes <= bound
+    finally:
+        engine.close()
+    assert [r.token_ids for r in results] == [plain.generate(short).token_ids, plain.generate(long).token_ids]
 
 
 def test_a_failure_while_admitting_fails_those_requests_and_the_engine_goes_on(model, tokenizer, monkeypatch) -> None:

@@ -126,6 +126,21 @@ def test_sequence_larger_than_the_bound_is_stored_partially() -> None:
     assert_state_is(hit.concatenated(), [1, 2, 3])
 
 
+def test_a_float_bound_is_whole_bytes_and_a_partial_store_still_works() -> None:
+    # A bound written as 0.5 * 1024**3 is a float: a sequence larger than it raised a TypeError
+    # (float slice bounds) instead of being stored up to what fits.
+    cache = PrefixCache(max_bytes=3.5 * BYTES_PER_TOKEN)
+    assert cache.max_bytes == int(3.5 * BYTES_PER_TOKEN)
+    cache.insert([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]))
+    assert cache.match([1, 2, 3, 4, 5]).length == 3 and cache.nbytes <= cache.max_bytes
+
+
+@pytest.mark.parametrize("bound", [-1, float("nan"), float("inf"), "1GB", None])
+def test_a_bound_that_is_no_number_of_bytes_is_refused(bound) -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(bound)
+
+
 def test_zero_bound_stores_nothing_and_clear_empties() -> None:
     assert PrefixCache(0).match([1]).length == 0
     cache = PrefixCache(1 << 20)
