@@ -136,6 +136,16 @@ def repeats_sibling(action: Action, ctx: StepContext) -> bool:
     return action.get("type") == "tool_call" and call_key(action) in ctx.avoid
 
 
+def _check_retries(driver: str, retries: int) -> None:
+    """Refuse a negative ``retries``: a step would make no attempt at all, and fail with no turn.
+
+    Raises:
+        ConfigError: ``retries`` is below 0.
+    """
+    if retries < 0:
+        raise ConfigError(f"{driver}(retries={retries}): a step needs its first attempt; pass 0 for no resamples")
+
+
 @dataclass(frozen=True)
 class FreeDriver:
     """The model writes each whole turn; the driver only stops it after the action closes.
@@ -146,6 +156,9 @@ class FreeDriver:
     """
 
     retries: int = 1  # resamples of a turn that repeats an earlier tool call
+
+    def __post_init__(self) -> None:
+        _check_retries("FreeDriver", self.retries)
 
     def plan(self, ctx: StepContext) -> list[Segment]:
         return [Gen(stop=("</tool_call>", "</answer>"), max_tokens=ctx.max_step_tokens, name="turn")]
@@ -223,6 +236,7 @@ class GuidedDriver:
             raise ConfigError(f"GuidedDriver(turns={self.turns}): a trajectory needs a search and an answer")
         if not 0.0 <= self.answer_confidence <= 1.0:
             raise ConfigError(f"GuidedDriver(answer_confidence={self.answer_confidence}): pass a share in [0, 1]")
+        _check_retries("GuidedDriver", self.retries)
 
     def budget(self, question: str) -> tuple[int, int]:
         """Most searches and think steps for ``question``: a hop more per nested entity beyond the first.
@@ -476,7 +490,7 @@ class GuidedDriver:
                 continue
             # Search-result markup ("[2] Title (id: x)") is for choosing documents; a small model
             # copies it into its answer, so the evidence keeps titles and text only.
-            text = _without_hit_markup(obs["content"], search_hits(obs["content"], obs["doc_ids"])).strip()
+            text = _without_hit_markup(obs["content"], search_hits(obs["content"], obs.get("doc_ids", ()))).strip()
             if len(text) > budget:
                 # A word cut in two would be a candidate of its own ("Journ" of "Journal"). Text
                 # with no space near the budget (Japanese after a spaced title, a long URL) is cut at

@@ -176,7 +176,8 @@ def region_spans(text: str) -> dict[str, list[int]]:
     """Char spans ``[start, end)`` of the *content* of each functional region in a step.
 
     Only the first region of each kind counts, and the action regions only after the first
-    ``</think>`` (reasoning that mentions ``<answer>`` has no answer region). An opening tag
+    ``</think>`` (reasoning that mentions ``<answer>`` has no answer region), and none inside
+    another region (an answer that mentions ``<tool_call>`` has no exploration region). An opening tag
     without its closing tag spans to the next region's opening tag, or to the end of the text (a
     truncated step still has a region to score): a think block left open must not count the tool
     call after it as reasoning. A step that closes ``</think>`` without opening it began inside a
@@ -205,7 +206,11 @@ def region_spans(text: str) -> dict[str, list[int]]:
         close = text.find(f"</{tag}>", end)
         later = [at for at in opens.values() if at >= end]
         spans[region] = [end, close if close >= 0 else min(later, default=len(text))]
-    return spans
+    # A tag inside another region (an answer about <tool_call> tags, a query for "<answer>") opens
+    # none: it is that region's text, as parse_action reads it, and scored as a region of its own
+    # it gave an answer step an exploration score.
+    inside = {region for region in spans if any(s <= opens[region] < e for s, e in spans.values())}
+    return {region: span for region, span in spans.items() if region not in inside}
 
 
 def _extract(text: str, tag: str) -> str | None:
@@ -213,12 +218,30 @@ def _extract(text: str, tag: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
+# The info string after a Markdown fence's opening backticks ("json"); JSON never starts with one.
+_FENCE_INFO = re.compile(r"[\w.+-]*")
+
+
+def _unfenced(call: str) -> str:
+    """A tool call's JSON without the Markdown code fence (```json … ```) chat models often wrap it in.
+
+    Example:
+        >>> _unfenced('```json\\n{"name": "search"}\\n```')
+        '{"name": "search"}'
+    """
+    if not call.startswith("```"):
+        return call
+    body = call[3:].removesuffix("```")
+    return body[_FENCE_INFO.match(body).end() :].strip()
+
+
 def parse_action(text: str, *, truncated: bool = False) -> Action:
     """Read the action of an assistant turn, repairing what can be repaired.
 
     The action is read after the first ``</think>`` (a tag the reasoning mentions is no action).
-    A missing closing tag is tolerated (stop strings often swallow it), but a turn cut off by the
-    token limit (``truncated``) is never taken as an answer.
+    A missing closing tag is tolerated (stop strings often swallow it), and so is a Markdown code
+    fence around the call's JSON, but a turn cut off by the token limit (``truncated``) is never
+    taken as an answer.
 
     Example:
         >>> parse_action('<think>x</think><tool_call>{"name": "search", "arguments": {"query": "q"}}')
@@ -233,12 +256,14 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
         if truncated and "</tool_call>" not in text:
             return Action(type="invalid", error="the tool call was cut off by the token limit")
         try:
-            payload = json.loads(call)
+            payload = json.loads(_unfenced(call))
         except json.JSONDecodeError as exc:
             return Action(type="invalid", error=f"tool call is not valid JSON ({exc.msg} at char {exc.pos})")
         except (ValueError, RecursionError):  # absurd numbers or nesting: still just a bad call
             return Action(type="invalid", error="tool call JSON is too large or too deeply nested")
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        name = payload.get("name") if isinstance(payload, dict) else None
+        # A blank name calls no tool: read as one, its error reply was neither a tool call nor an invalid turn.
+        if not isinstance(name, str) or not name.strip():
             return Action(type="invalid", error='tool call must be {"name": "...", "arguments": {...}}')
         args = payload.get("arguments", payload.get("parameters", {}))
         if isinstance(args, str):
@@ -248,7 +273,7 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
                 return Action(type="invalid", error="tool call arguments are not a JSON object")
         if not isinstance(args, dict):
             return Action(type="invalid", error="tool call arguments must be a JSON object")
-        return Action(type="tool_call", name=payload["name"], arguments=args)
+        return Action(type="tool_call", name=name.strip(), arguments=args)
     if answer is not None:
         if truncated:  # even with a closing tag: a guided driver writes that tag itself
             return Action(type="invalid", error="the answer was cut off by the token limit")

@@ -314,8 +314,31 @@ def _account(result: TurnResult, msg: AIMessage, *, conversation: bool, generate
         result.conversation_cached_tokens += cached
     # The turn counts as cut off only if its last generated part was: a guided thought that
     # hits its short bound is closed by the driver and is not a truncated turn.
-    result.finish_reason = (msg.response_metadata or {}).get("finish_reason") or "stop"
+    result.finish_reason = _finish_reason(msg.response_metadata or {})
     result.calls += 1
+
+
+# How chat models other than OpenAI-shaped ones say a reply hit its token bound: Anthropic's
+# ``stop_reason``, Bedrock Converse's ``stopReason``, Ollama's ``done_reason``, Gemini's
+# ``finish_reason``, the OpenAI Responses API's ``incomplete_details``.
+_CUT_OFF = frozenset({"length", "max_tokens", "MAX_TOKENS", "max_output_tokens"})
+_REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
+
+
+def _finish_reason(metadata: dict) -> str:
+    """A reply's finish reason as the OpenAI API names it: ``"length"`` for a reply cut off by its
+    token bound, whatever the backend calls it (read as ``"stop"``, a cut-off answer was an answer).
+
+    Example:
+        >>> _finish_reason({"stop_reason": "max_tokens"}), _finish_reason({"finish_reason": "stop"}), _finish_reason({})
+        ('length', 'stop', 'stop')
+    """
+    details = metadata.get("incomplete_details")
+    reasons = [metadata.get(key) for key in _REASON_KEYS]
+    reasons.append(details.get("reason") if isinstance(details, dict) else None)
+    if any(isinstance(reason, str) and reason in _CUT_OFF for reason in reasons):
+        return "length"
+    return metadata.get("finish_reason") or "stop"
 
 
 async def _choose(

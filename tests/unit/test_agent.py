@@ -8,6 +8,7 @@ import re
 
 import httpx
 import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -407,6 +408,20 @@ async def test_unknown_tool_gives_an_error_observation():
     assert traj["answer"] == "2"
 
 
+async def test_a_call_of_no_tool_is_counted_as_an_invalid_turn():
+    """A blank tool name was read as a tool call whose reply was recorded as an unreadable turn's:
+    the trajectory's stats counted it as neither a tool call, a tool error nor an invalid turn."""
+    runner, _, _ = _runner(['<think>try</think><tool_call>{"name": "", "arguments": {}}</tool_call>', answer_text("2")])
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert traj["steps"][0]["action"]["type"] == "invalid"
+    assert traj["observations"][0]["content"].startswith('Error: tool call must be {"name"')
+    assert {k: traj["stats"][k] for k in ("tool_calls", "tool_errors", "invalid_turns")} == {
+        "tool_calls": 0,
+        "tool_errors": 0,
+        "invalid_turns": 1,
+    }
+
+
 async def test_a_tool_that_raises_gives_an_error_observation():
     def broken(query):
         raise RuntimeError("index offline")
@@ -513,6 +528,27 @@ async def test_a_truncated_answer_is_not_taken_as_an_answer():
     assert traj["steps"][0]["finish_reason"] == "length"
     assert traj["steps"][0]["text"] == "<think>sure</think><answer>Paris is the capit"  # not "repaired"
     assert "cut off" in traj["observations"][0]["content"]
+    assert traj["answer"] == "Paris"
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"stop_reason": "max_tokens"},  # Anthropic
+        {"stopReason": "max_tokens"},  # Bedrock Converse
+        {"done_reason": "length"},  # Ollama
+        {"finish_reason": "MAX_TOKENS"},  # Gemini
+        {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}},  # OpenAI Responses API
+    ],
+)
+async def test_an_answer_cut_off_is_not_an_answer_whatever_the_backend_calls_the_cut(metadata):
+    """Only OpenAI's finish_reason="length" was read: another backend's cut-off answer was the answer."""
+    cut = AIMessage("<think>sure</think><answer>Paris is the capit", response_metadata=metadata)
+    model = GenericFakeChatModel(messages=iter([cut, AIMessage(answer_text("Paris"))]))
+    traj = await RolloutRunner(model, []).run(
+        QUESTION, trajectory_id="t0", thread_id="r/t0", config=ParallelMuseConfig(mode="none")
+    )
+    assert traj["steps"][0]["finish_reason"] == "length" and traj["steps"][0]["action"]["type"] == "invalid"
     assert traj["answer"] == "Paris"
 
 

@@ -10,7 +10,8 @@ import pytest
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.candidates import candidates
 from langgraph_parallelmuse.config import ParallelMuseConfig
-from langgraph_parallelmuse.driver import GuidedDriver, StepContext
+from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext
+from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.protocol import parse_action
 from langgraph_parallelmuse.segments import Choose, Pick, Sampling, generate_turn
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
@@ -143,6 +144,22 @@ def test_search_markup_is_dropped_from_the_evidence_even_around_an_id_with_paren
     assert evidence.splitlines()[0] == "Mercury (planet) - Wikipedia" and "Hello Love\n" in evidence
     assert "(id:" not in evidence and "[1]" not in evidence
     assert not [c for c in candidates("Which planet is smallest?", evidence) if "_" in c]
+
+
+@pytest.mark.parametrize("driver", [FreeDriver, GuidedDriver])
+def test_a_negative_retries_is_refused_when_the_driver_is_made(driver):
+    """A step made no attempt at all and every trajectory failed with an UnboundLocalError."""
+    with pytest.raises(ConfigError, match=r"retries=-1"):
+        driver(retries=-1)
+    assert driver(retries=0).retries == 0
+
+
+def test_an_observation_recorded_without_doc_ids_is_still_evidence():
+    """``doc_ids`` is optional in an Observation (a tool's record without it); reading it raised KeyError."""
+    obs = _obs(0, "search", "[1] Paris (id: p)\nParis is the capital of France.", [])
+    del obs["doc_ids"]
+    ctx = StepContext("What is the capital of France?", [], [obs], 1, False, 64, TOOLS)
+    assert GuidedDriver().evidence(ctx) == "Paris\nParis is the capital of France."
 
 
 def test_a_bridge_from_evidence_with_a_tab_still_makes_a_valid_tool_call():

@@ -21,6 +21,7 @@ from langgraph_parallelmuse.protocol import (
 )
 
 CALL = '{"name": "search", "arguments": {"query": "capital of France"}}'
+QUERY_TAG = '{"name": "search", "arguments": {"query": "<answer> tag"}}'
 # Any protocol tag a model or parser could read, with any spacing and case.
 ANY_TAG = re.compile(r"<\s*/?\s*(think|tool_call|tool_response|answer)\s*>", re.IGNORECASE)
 
@@ -116,12 +117,43 @@ def test_arguments_that_are_not_an_object_are_invalid(payload):
         '{"name": 3, "arguments": {}}',
         '["search", {"query": "q"}]',
         '"search"',
+        '{"name": "", "arguments": {"query": "q"}}',
+        '{"name": "  ", "arguments": {"query": "q"}}',
     ],
 )
 def test_missing_or_bad_name_is_invalid(payload):
     action = parse_action(f"<tool_call>{payload}</tool_call>")
     assert action["type"] == "invalid"
     assert '"name"' in action["error"]
+
+
+def test_blanks_around_a_tool_name_are_not_part_of_it():
+    assert parse_action('<tool_call>{"name": " search ", "arguments": {"query": "q"}}</tool_call>')["name"] == "search"
+
+
+@pytest.mark.parametrize(
+    "fenced",
+    [
+        f"```json\n{CALL}\n```",
+        f"\n```json\n{CALL}\n```\n",
+        f"```\n{CALL}\n```",
+        f"```JSON {CALL} ```",
+        f"```json\r\n{CALL}\r\n```",
+    ],
+)
+@pytest.mark.parametrize("closing", ["</tool_call>", ""])  # "": a stop string swallowed it
+def test_a_tool_call_fenced_as_markdown_is_read_and_its_region_is_what_the_model_wrote(fenced, closing):
+    """Capable chat models wrap the call's JSON in a code fence; before the fix the turn was invalid."""
+    text = f"<think>search it</think>\n<tool_call>{fenced}{closing}"
+    assert parse_action(text) == {"type": "tool_call", "name": "search", "arguments": {"query": "capital of France"}}
+    spans = region_spans(text)
+    assert text[slice(*spans["reasoning"])] == "search it"
+    assert text[slice(*spans["exploration"])] == fenced
+
+
+def test_a_fence_around_bad_json_is_still_invalid():
+    action = parse_action('<tool_call>```json\n{"name": "search", "arguments": {query: 1}}\n```</tool_call>')
+    assert action["type"] == "invalid" and "not valid JSON" in action["error"]
 
 
 @pytest.mark.parametrize("text", ["", "<think>only thinking</think>", "Paris", "<think>x</think> the answer is Paris"])
@@ -217,6 +249,36 @@ def test_a_step_begun_inside_a_think_block_the_template_opened_has_its_reasoning
     spans = region_spans(text)
     assert text[slice(*spans["reasoning"])] == "plan it"
     assert text[slice(*spans["exploration"])] == CALL
+
+
+MENTIONS = [
+    ("<think>x</think><answer>wrap it in <tool_call> tags</answer>", "answer", "wrap it in <tool_call> tags"),
+    (f"<think>x</think><tool_call>{QUERY_TAG}</tool_call>", "exploration", QUERY_TAG),
+    (
+        f"<tool_call>{QUERY_TAG.replace('answer', 'think')}</tool_call>",
+        "exploration",
+        QUERY_TAG.replace("answer", "think"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "region", "content"), MENTIONS)
+def test_a_tag_the_action_mentions_opens_no_region_of_its_own(text, region, content):
+    """Before the fix the mentioned tag opened a second region inside the action's: an answer step
+    had an exploration score (and could be chosen as an exploration fork point)."""
+    spans = region_spans(text)
+    assert set(spans) == {region, *(["reasoning"] if text.startswith("<think>") else [])}
+    assert text[slice(*spans[region])] == content
+    assert parse_action(text)["type"] == ("answer" if region == "answer" else "tool_call")
+
+
+def test_regions_one_after_another_still_count():
+    text = "<think>x</think><tool_call>{}</tool_call><answer>y</answer>"
+    assert {k: text[slice(*v)] for k, v in region_spans(text).items()} == {
+        "reasoning": "x",
+        "exploration": "{}",
+        "answer": "y",
+    }
 
 
 def test_no_regions_in_plain_text():
