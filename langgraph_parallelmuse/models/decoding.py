@@ -175,6 +175,8 @@ class Decoder:
                 k = seq.req.top_logprobs
                 alternatives = list(zip(top_values[i][:k], top_ids[i][:k], strict=True))
             self._advance(seq, tokens[i], chosen[i] if chosen else 0.0, alternatives)
+            if seq.req.on_text is not None:
+                _stream(seq)
 
     def _advance(self, seq: RequestState, token: int, logprob: float, alternatives: list[tuple[float, int]]) -> None:
         req = seq.req
@@ -228,6 +230,17 @@ class Decoder:
             text, raw = self.token_info(tid)
             tops.append({"token": text, "logprob": value, "bytes": raw})
         return {"token": piece, "logprob": logprob, "bytes": self.token_info(token)[1], "top_logprobs": tops}
+
+
+def _stream(seq: RequestState) -> None:
+    """Pass ``seq``'s new text to its ``on_text``, all but the tail a stop string may still begin in."""
+    end = len(seq.text)
+    if seq.finish is None and seq.req.stop:
+        # A stop string found later ends past the current text, so it starts in its last longest-1 characters.
+        end -= max(0, max(len(s) for s in seq.req.stop) - 1)
+    if end > seq.streamed:
+        seq.req.on_text(seq.text[seq.streamed : end])
+        seq.streamed = end
 
 
 def _find_stop(text: str, stops: Sequence[str], before: int) -> int | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -11,17 +13,20 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
+    AIMessageChunk,
     BaseMessage,
     ChatMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
+from langgraph_parallelmuse.models.export import unfinished_export
+from langgraph_parallelmuse.models.requests import integer
 
 __all__ = ["LocalChatModel", "check_model_path"]
 
@@ -69,6 +74,22 @@ def _text(content: str | list[Any]) -> str:
     return "".join(parts)
 
 
+def _stops(stop: Any) -> tuple[Any, ...]:
+    """A call's ``stop`` as a tuple: a str is one stop, not its letters (the engine checks the items)."""
+    if isinstance(stop, str):
+        return (stop,)
+    try:
+        return tuple(stop or ())
+    except TypeError:  # a bare TypeError from tuple() named no argument
+        raise InputError(f"stop={stop!r}: pass a list of strings") from None
+
+
+def _flag(kwargs: dict[str, Any], name: str, *, default: bool) -> Any:
+    """A call's boolean ``name`` argument, ``default`` when absent or ``None`` (the engine refuses non-bools)."""
+    value = kwargs.get(name)
+    return default if value is None else value
+
+
 def check_model_path(model_path: str | None, gguf_file: str | None = None, *, flag: str = "model_path=") -> None:
     """Refuse a ``model_path`` the loader cannot open, before anything loads (it loads lazily: found
     there, the error was a transformers traceback from the first call, or from a run's first step).
@@ -106,6 +127,9 @@ def check_model_path(model_path: str | None, gguf_file: str | None = None, *, fl
         if (path / gguf_file).is_file():
             return
         what = f"holds no {gguf_file} (gguf_file)"
+    elif unfinished_export(path):  # its config.json, if any, may be cut short
+        what = "holds an export that was interrupted"
+        fix = f"run `parallelmuse export-model {model_path}` again, which finishes it"
     elif (path / "config.json").is_file():
         return
     else:
@@ -128,8 +152,9 @@ class LocalChatModel(BaseChatModel):
     Per-call keyword arguments (the same names ``ChatOpenAI`` accepts): ``max_tokens``,
     ``temperature``, ``top_p``, ``seed``, ``logprobs`` (default ``True``), ``top_logprobs``, plus
     ``stop=[...]``; ``ignore_eos=True`` keeps generating past end-of-sequence (benchmarks). ``None``
-    for ``max_tokens``, ``temperature``, ``top_p`` or ``top_logprobs`` is the model's own setting (for
-    ``seed``, a fresh seed). An unknown setting or argument (``n``, ``stop`` at construction) is
+    for ``max_tokens``, ``temperature``, ``top_p``, ``top_logprobs``, ``logprobs`` or ``ignore_eos`` is
+    the model's own setting (for ``seed``, a fresh seed); the two flags take ``True`` or ``False``
+    only, not a string. An unknown setting or argument (``n``, ``stop`` at construction) is
     refused, as are ``bind_tools`` and ``with_structured_output`` (no native tool calling).
     ``continuation="text"`` scores instead of sampling: the reply is that text, its logprobs are the
     model's for it, and ``response_metadata["end_logprob"]`` is the logprob of ending the turn
@@ -139,7 +164,9 @@ class LocalChatModel(BaseChatModel):
     "bytes", "top_logprobs"}, ...]}`` (raw log-probabilities, before temperature and top-p; the
     ``token`` strings concatenate to the content exactly), ``finish_reason`` (``"stop"`` or
     ``"length"``) and ``usage_metadata`` with ``input_token_details["cache_read"]`` = prompt
-    tokens served from the prefix cache.
+    tokens served from the prefix cache. ``stream``/``astream`` yield the text as it is decoded
+    (but for the last characters a stop string could still begin in); their last chunk carries that
+    metadata, so the chunks add up to the reply ``invoke`` returns.
 
     Example:
         >>> from langchain_core.messages import HumanMessage
@@ -197,6 +224,14 @@ class LocalChatModel(BaseChatModel):
     def _check_top_logprobs(cls, value: int) -> int:
         if (problem := top_logprobs_problem(value)) is not None:
             raise ValueError(problem)
+        return value
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _check_seed(cls, value: Any) -> int | None:
+        # Before pydantic's own parsing, which took True as 1; out of range, every call failed later.
+        if value is not None and ((seed := integer(value)) is None or not 0 <= seed < 2**64):
+            raise ValueError(f"seed={value!r}: pass an integer in [0, 2**64), or None for a fresh seed each call")
         return value
 
     @classmethod
@@ -347,9 +382,14 @@ class LocalChatModel(BaseChatModel):
 
     # ------------------------------------------------------------------ generation
 
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
+    def _request(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        on_text: Callable[[str], None] | None = None,
+    ) -> Any:
         from langgraph_parallelmuse.models.engine import GenerationRequest
-        from langgraph_parallelmuse.models.requests import integer
 
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
@@ -372,6 +412,8 @@ class LocalChatModel(BaseChatModel):
                 f"the prompt has {len(prompt)} tokens but max_context_tokens is {context}: shorten the messages"
             )
         if (continuation := kwargs.get("continuation")) is not None:
+            if not isinstance(continuation, str):  # the tokenizer's ValueError named no argument
+                raise InputError(f"continuation={continuation!r}: pass the text to score, or None to sample")
             # The turn's end token is scored too: an option that stops mid-phrase must score low.
             forced = [*self.get_token_ids(continuation), self.engine.tokenizer.eos_token_id]
             return GenerationRequest(prompt_ids=prompt, temperature=0.0, forced_ids=forced, top_logprobs=top_logprobs)
@@ -381,10 +423,11 @@ class LocalChatModel(BaseChatModel):
             temperature=self._setting(kwargs, "temperature"),
             top_p=self._setting(kwargs, "top_p"),
             seed=kwargs.get("seed", self.seed),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),  # a str is one stop, not its letters
-            logprobs=kwargs.get("logprobs", True),
+            stop=_stops(stop),
+            logprobs=_flag(kwargs, "logprobs", default=True),
             top_logprobs=top_logprobs,
-            ignore_eos=kwargs.get("ignore_eos", False),
+            ignore_eos=_flag(kwargs, "ignore_eos", default=False),
+            on_text=on_text,
         )
 
     def _setting(self, kwargs: dict[str, Any], name: str) -> Any:
@@ -436,3 +479,66 @@ class LocalChatModel(BaseChatModel):
             await asyncio.to_thread(lambda: self.engine)
         request = self._request(messages, stop, kwargs)
         return self._result(await asyncio.wrap_future(self.engine.submit(request)), bool(request.forced_ids))
+
+    def _last_chunk(self, result: Any, streamed: str, scored: bool) -> ChatGenerationChunk:
+        """The reply's text after ``streamed``, with its metadata (logprobs of every token, usage)."""
+        message = self._result(result, scored).generations[0].message
+        chunk = AIMessageChunk(
+            content=message.content[len(streamed) :],
+            response_metadata=message.response_metadata,
+            usage_metadata=message.usage_metadata,
+        )
+        return ChatGenerationChunk(message=chunk)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        # Text as the engine decodes it (a scored continuation comes whole, in the last chunk);
+        # without this, stream() waited for the whole reply and yielded it as one chunk.
+        pieces: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        request = self._request(messages, stop, kwargs, on_text=pieces.put)
+        future = self.engine.submit(request)
+        future.add_done_callback(lambda _: pieces.put(None))
+        streamed = ""
+        try:
+            while (piece := pieces.get()) is not None:
+                streamed += piece
+                yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            result = future.result()
+        finally:
+            future.cancel()  # a caller that stopped reading stops the decoding (no-op once done)
+        yield self._last_chunk(result, streamed, bool(request.forced_ids))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        if self._engine is None:
+            await asyncio.to_thread(lambda: self.engine)  # as in _agenerate: the first call loads the weights
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[str | None] = asyncio.Queue()
+
+        def put(piece: str | None) -> None:
+            # On the engine's worker, which must not fail: a loop closed meanwhile has no reader left.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        request = self._request(messages, stop, kwargs, on_text=put)
+        future = self.engine.submit(request)
+        future.add_done_callback(lambda _: put(None))
+        streamed = ""
+        try:
+            while (piece := await pieces.get()) is not None:
+                streamed += piece
+                yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            result = await asyncio.wrap_future(future)
+        finally:
+            future.cancel()
+        yield self._last_chunk(result, streamed, bool(request.forced_ids))

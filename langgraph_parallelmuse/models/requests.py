@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+if TYPE_CHECKING:  # the chat model's settings check seeds with integer() before torch is needed
+    import torch
 
 __all__ = ["GenerationRequest", "GenerationResult", "RequestFuture", "RequestState", "sampling_problem"]
 
@@ -33,6 +34,9 @@ class GenerationRequest:
             logprobs are the model's for this continuation, so choosing among candidate answers by
             likelihood costs one prefill pass per candidate after the shared (cached) prompt. Sampling
             settings, stop strings, EOS and ``max_new_tokens`` do not apply.
+        on_text: Called on the engine's worker thread with each piece of generated text once no
+            stop string can cut it any more (streaming); the pieces concatenate to a prefix of the
+            result's text. It must return at once and never raise: an error fails the whole batch.
 
     Example:
         >>> GenerationRequest([1, 2, 3], max_new_tokens=8, temperature=0.0).temperature
@@ -49,6 +53,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     ignore_eos: bool = False
     forced_ids: Sequence[int] = ()
+    on_text: Callable[[str], None] | None = None
 
 
 class RequestFuture(Future):
@@ -101,6 +106,8 @@ def sampling_problem(request: GenerationRequest) -> str | None:
         True
         >>> sampling_problem(GenerationRequest([1], seed=1.5))
         'seed=1.5: pass an integer in [0, 2**64)'
+        >>> sampling_problem(GenerationRequest([1], ignore_eos="no"))
+        "ignore_eos='no': pass True or False"
     """
 
     def number(x: object) -> bool:
@@ -120,6 +127,12 @@ def sampling_problem(request: GenerationRequest) -> str | None:
     # Not refused here, a float or bool seed failed later, in the worker's manual_seed.
     if request.seed is not None and ((seed := integer(request.seed)) is None or not 0 <= seed < 2**64):
         return f"seed={request.seed!r}: pass an integer in [0, 2**64)"
+    # Read for truth, the string "no" (or "false") turned the flag on.
+    for flag in ("logprobs", "ignore_eos"):
+        if not isinstance(value := getattr(request, flag), bool):
+            return f"{flag}={value!r}: pass True or False"
+    if request.on_text is not None and not callable(request.on_text):  # called on the worker, it failed the batch
+        return f"on_text={request.on_text!r}: pass a function of one str, or None"
     return None
 
 
@@ -173,6 +186,7 @@ class RequestState:
         text: Generated text so far.
         entries: Logprob entries so far.
         starts: Offset into ``text`` of each entry's token.
+        streamed: Characters of ``text`` already passed to the request's ``on_text``.
         finish: Why generation stopped, once it has.
         pieces: The KV pieces covering the prompt between prefill and joining the batch
             (see :class:`~.kv_batch.BatchKV`).
@@ -190,6 +204,7 @@ class RequestState:
     text: str = ""
     entries: list[dict[str, Any]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
+    streamed: int = 0
     finish: Literal["stop", "length"] | None = None
     pieces: list[Any] = field(default_factory=list)
 

@@ -5,6 +5,10 @@ Runs on the tiny random-weight Llama (tests/unit/tiny_model.py), so no real mode
 
 from __future__ import annotations
 
+import asyncio
+import re
+import time
+
 import pytest
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
@@ -84,3 +88,72 @@ def test_models_of_other_seeds_do_not_share_cached_replies(engine, monkeypatch) 
     assert uncached[0] != uncached[1]
     monkeypatch.setattr(lc_globals, "_llm_cache", InMemoryCache())
     assert [model.invoke(ASK).content for model in models] == uncached
+
+
+@pytest.mark.parametrize("setting", [{"ignore_eos": "no"}, {"logprobs": "false"}, {"logprobs": 0}])
+def test_a_boolean_argument_that_is_not_a_bool_is_refused(llm, setting) -> None:
+    # Read for truth, ignore_eos="no" turned the flag on and logprobs="false" returned logprobs.
+    name, value = next(iter(setting.items()))
+    with pytest.raises(InputError, match=rf"^{name}={value!r}: pass True or False"):
+        llm.invoke(ASK, **setting)
+
+
+def test_none_for_a_boolean_argument_is_its_default(llm) -> None:
+    reply = llm.invoke(ASK, logprobs=None, ignore_eos=None)
+    assert reply.response_metadata["logprobs"]["content"]
+
+
+@pytest.mark.parametrize(("name", "value"), [("continuation", 5), ("continuation", ["a"]), ("stop", 5)])
+def test_a_call_argument_of_the_wrong_type_is_named(llm, name, value) -> None:
+    # continuation=5 was a ValueError from the tokenizer, stop=5 a bare TypeError from tuple().
+    with pytest.raises(InputError, match=rf"^{name}={re.escape(repr(value))}: pass "):
+        llm.invoke(ASK, **{name: value})
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, True, 1.5])
+def test_a_seed_the_engine_would_refuse_is_refused_at_construction(seed) -> None:
+    # Accepted here, every call of the model failed later (and True was taken as the seed 1).
+    with pytest.raises(ValueError, match=r"seed=.*: pass an integer in \[0, 2\*\*64\), or None"):
+        LocalChatModel(seed=seed)
+
+
+def _pieces(chunks) -> list[str]:
+    return [c.content for c in chunks if c.content]
+
+
+def test_stream_yields_the_text_as_it_is_decoded(llm) -> None:
+    # stream() waited for the whole reply and yielded it as one chunk.
+    reply = llm.invoke(ASK, max_tokens=8)
+    chunks = list(llm.stream(ASK, max_tokens=8))
+    assert len(_pieces(chunks)) > 1
+    assert "".join(_pieces(chunks)) == reply.content
+    whole = sum(chunks[1:], chunks[0])
+    assert len(whole.response_metadata["logprobs"]["content"]) == whole.usage_metadata["output_tokens"] == 8
+    assert whole.response_metadata["finish_reason"] == "length"
+
+
+def test_streamed_text_never_holds_what_a_stop_string_cuts(llm) -> None:
+    reference = llm.invoke(ASK, max_tokens=12).content
+    stop = reference[3:6]
+    expected = llm.invoke(ASK, max_tokens=12, stop=[stop]).content
+    assert "".join(_pieces(llm.stream(ASK, max_tokens=12, stop=[stop]))) == expected
+    assert len(expected) < len(reference)
+
+
+def test_astream_yields_the_same_pieces_as_stream(llm) -> None:
+    async def collect() -> list[str]:
+        return _pieces([chunk async for chunk in llm.astream(ASK, max_tokens=8)])
+
+    assert asyncio.run(collect()) == _pieces(llm.stream(ASK, max_tokens=8))
+
+
+def test_a_stream_the_caller_stops_reading_stops_decoding(engine, llm) -> None:
+    cancelled = engine.stats()["cancelled"]
+    stream = llm.stream(ASK, max_tokens=200, ignore_eos=True)
+    next(stream)
+    stream.close()
+    for _ in range(1000):  # the worker drops the row at its next step
+        if engine.stats()["cancelled"] > cancelled:
+            break
+        time.sleep(0.01)
+    assert engine.stats()["cancelled"] == cancelled + 1
