@@ -24,12 +24,14 @@ from typing import Literal, NamedTuple
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.models.loading import load_embedded_model_path
 
-__all__ = ["EXPORT_MARKER", "ExportResult", "export_model", "export_model_result"]
+__all__ = ["EXPORT_MARKER", "ExportResult", "export_model", "export_model_result", "unfinished_export"]
 
 logger = logging.getLogger(__name__)
 
 # Written last: its presence (with matching contents) is what makes a directory a finished export.
 EXPORT_MARKER = "parallelmuse-export.json"
+# The finished marker while it is written in place of an unfinished one (see _fill).
+_MARKER_PART = f"{EXPORT_MARKER}.part"
 _DTYPES = ("float32", "bfloat16", "float16")
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # The files an export holds when its marker lists none (markers written before they listed them,
@@ -124,6 +126,18 @@ def _read_marker(dest: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
+
+
+def unfinished_export(folder: str | Path) -> bool:
+    """Whether ``folder`` holds an export that was killed while its files were moved in.
+
+    Such a folder lacks files (or holds a cut copy of one); the next export to it fills it again.
+
+    Example:
+        >>> unfinished_export("/nonexistent/smollm2-export")
+        False
+    """
+    return bool((_read_marker(Path(folder)) or {}).get("unfinished"))
 
 
 def _is_export_of(dest: Path, wanted: dict) -> bool:
@@ -236,10 +250,12 @@ def _swap(staging: Path, dest: Path, wanted: dict) -> Literal["written", "reused
                 shutil.rmtree(staging)
                 return "reused"
             _check_replaceable(dest)  # files added while this export was being written
-            replaced = _read_marker(dest) is not None
-            if dest.is_dir() and not replaced:  # empty, or _check_replaceable had refused it
+            marker = _read_marker(dest)
+            replaced = marker is not None
+            # Empty (_check_replaceable refused any other unmarked folder), or filled by a killed _fill.
+            if dest.is_dir() and (marker is None or marker.get("unfinished")):
                 _fill(staging, dest)
-                return "written"
+                return "replaced" if replaced else "written"
             inside = _is_cwd(dest)
             if dest.exists():
                 dest.rename(aside)
@@ -259,23 +275,37 @@ def _swap(staging: Path, dest: Path, wanted: dict) -> Literal["written", "reused
 
 
 def _fill(staging: Path, dest: Path) -> None:
-    """Move a finished export's files into the empty directory ``dest``, its marker last.
+    """Move a finished export's files into ``dest``, empty or left so by a killed ``_fill``.
 
     Not a rename of ``staging`` over it: a shell or process inside ``dest`` (``cd out &&
-    parallelmuse export-model .``) would be left in a deleted directory that lists nothing. A move
-    that fails takes back the files already moved, so ``dest`` is left empty, as it was.
+    parallelmuse export-model .``), or a mount point, would be left in a deleted directory that
+    lists nothing. A marker saying ``unfinished`` goes in first and config.json (what loaders look
+    for) last before the finished marker, so a killed fill is neither loaded nor taken for a
+    foreign folder: the next export fills it again. A move that fails takes back the files already
+    moved, so ``dest`` is left empty.
     """
-    names = [*sorted(p.name for p in staging.iterdir() if p.name != EXPORT_MARKER), EXPORT_MARKER]
+    names = sorted(
+        (p.name for p in staging.iterdir() if p.name != EXPORT_MARKER), key=lambda n: (n == "config.json", n)
+    )
+    marker, part = dest / EXPORT_MARKER, dest / _MARKER_PART
     moved: list[str] = []
     try:
+        marker.write_text(json.dumps({"unfinished": True, "files": [*names, _MARKER_PART]}) + "\n")
+        for stale in dest.iterdir():  # a killed fill's files, which this export need not hold
+            if stale.name not in (EXPORT_MARKER, *names):
+                stale.unlink()
         for name in names:
             shutil.move(staging / name, dest / name)  # a copy where dest is another file system
             moved.append(name)
+        part.write_text((staging / EXPORT_MARKER).read_text())
+        part.replace(marker)
     except OSError:
         for name in moved:
             shutil.move(dest / name, staging / name)
+        part.unlink(missing_ok=True)
+        marker.unlink(missing_ok=True)
         raise
-    staging.rmdir()
+    shutil.rmtree(staging)
 
 
 def _is_cwd(folder: Path) -> bool:

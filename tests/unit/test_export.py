@@ -212,3 +212,33 @@ def test_an_empty_directory_a_move_into_fails_for_is_left_empty(
         export.export_model(dest)
     assert list(dest.iterdir()) == []  # not half an export, which no later export would replace
     assert [p.name for p in tmp_path.iterdir()] == ["smol"]
+
+
+def test_an_export_killed_while_filling_a_folder_is_not_loaded_and_the_next_one_finishes_it(
+    monkeypatch: pytest.MonkeyPatch, empty_dest: Path
+) -> None:
+    # Killed midway, the fill left config.json and the weights without the tokenizer: the loader
+    # took the folder as a checkpoint, and every later export refused it as "not an earlier export".
+    from langgraph_parallelmuse.models.local import check_model_path
+
+    dest = empty_dest
+    real, calls = shutil.move, []
+
+    def move(source, target):
+        calls.append(target)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a kill: nothing is taken back
+        return real(source, target)
+
+    monkeypatch.setattr(shutil, "move", move)
+    with pytest.raises(KeyboardInterrupt):
+        export.export_model(dest)
+    assert export.unfinished_export(dest)
+    with pytest.raises(ConfigError, match="holds an export that was interrupted: run `parallelmuse export-model"):
+        check_model_path(str(dest))
+    monkeypatch.setattr(shutil, "move", real)
+    assert export.export_model_result(dest).outcome == "replaced"
+    assert sorted(os.listdir(dest)) == sorted([*export._REQUIRED, EXPORT_MARKER])
+    assert not export.unfinished_export(dest)
+    check_model_path(str(dest))
+    assert export.export_model_result(dest).outcome == "reused"
