@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -321,15 +320,12 @@ def _doc_ids(args: argparse.Namespace) -> list[str] | None:
     return [d.strip() for d in args.doc_ids.split(",") if d.strip()] if args.doc_ids else None
 
 
-_MIB = 1 << 20
-
-
 def _corpus_fingerprint(paths: Sequence[str]) -> str:
     """The corpus files as a run records them: each file's name (its link's target), size, and a hash of
-    its first and last MiB.
+    its whole content (as the index's cache key hashes it).
 
-    Cheap on a dump of gigabytes; a moved or renamed link is the same corpus, other texts another (an
-    edit in the middle that keeps the size is not seen).
+    A moved or renamed link is the same corpus, other texts another: a hash of the first and last MiB
+    alone missed an edit in between that kept the size, and a bench continued its table on the edited corpus.
 
     Raises:
         CorpusError: A file cannot be read.
@@ -341,18 +337,16 @@ def _corpus_fingerprint(paths: Sequence[str]) -> str:
         >>> _corpus_fingerprint([str(path)])
         'docs.jsonl (40 bytes, sha256 b566607a259a934a)'
     """
+    from langgraph_parallelmuse.tools.corpus import file_sha256
+
     shown = []
     for path in paths:
         file = Path(path).expanduser().resolve()
         try:
-            with file.open("rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                digest = hashlib.sha256(fh.read(_MIB))
-                fh.seek(max(fh.tell(), size - _MIB))  # a file of up to 2 MiB is hashed whole
-                digest.update(fh.read(_MIB))
+            size, digest = file.stat().st_size, file_sha256(file)
         except OSError as exc:
             raise CorpusError(f"cannot read the corpus {file} ({exc.strerror}): give its JSONL file") from exc
-        shown.append(f"{file.name} ({size} bytes, sha256 {digest.hexdigest()[:16]})")
+        shown.append(f"{file.name} ({size} bytes, sha256 {digest[:16]})")
     return ", ".join(shown)
 
 
@@ -874,11 +868,13 @@ async def _ask_run(graph: Any, resumed: dict | None, run_config: dict, args: arg
     elif failed and (not resumed["pending"] or failed == len(resumed["state"]["trajectories"])):
         # A finished run, or one stopped because every trajectory failed (resuming at
         # ``collect`` would only re-raise): ask again with the stored settings; the same run
-        # id finds the same threads, finished ones are reused and each failed one continues.
+        # id finds the same threads, finished ones are reused and each failed one continues. A
+        # failed parent that goes on is scored anew, so its branches may fork other steps.
         payload, context = {"question": args.question}, resumed["state"]["settings"]
         console.print(
             f"Retrying run {run_id!r}: {failed} of {len(resumed['state']['trajectories'])} trajectories "
-            "had failed; each continues from its last step, the others are reused"
+            "had failed; each continues from its last step and the finished ones are reused (a branch "
+            "is sampled again if its parent, finished now, forks at another step)"
         )
     else:
         console.print(f"Resuming run {run_id!r} at {', '.join(resumed['pending'])}", markup=False)
@@ -1280,16 +1276,21 @@ class _ScoredRuns:
 
 def _run_records(path: str) -> list[dict]:
     """The records of one ``calibrate`` input: an ``ask --json`` output, or a bench results.jsonl."""
+    hint = "pass bench results.jsonl or `ask --json` files"
     try:
-        text = Path(path).read_text()
+        # UTF-8, as both are written, whatever the locale's encoding.
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        hint = "pass bench results.jsonl or `ask --json` files"
         raise ConfigError(f"cannot read {path} ({exc.strerror}): {hint}") from exc
+    except UnicodeDecodeError as exc:  # a binary file given by mistake (a --db store) was a traceback
+        raise ConfigError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): {hint}") from exc
     try:
         return [json.loads(text)]
     except json.JSONDecodeError:  # JSONL of bench records
         records = []
-        for line_no, line in enumerate(text.splitlines(), 1):
+        # At newlines only: bench writes its records with ensure_ascii=False, and splitlines() also
+        # splits at a text's U+2028 or U+0085, which cut a record of a valid file in two.
+        for line_no, line in enumerate(text.split("\n"), 1):
             try:
                 records += [json.loads(line)] if line.strip() else []
             except json.JSONDecodeError as exc:

@@ -291,7 +291,8 @@ class CorpusIndex:
         """
         if not paths:
             raise CorpusError("from_jsonl needs at least one JSONL path")
-        files = [Path(p).expanduser().resolve() for p in paths]
+        # A file given twice (or through a link) is that file once: read twice, its every id was a duplicate.
+        files = list(dict.fromkeys(Path(p).expanduser().resolve() for p in paths))
         for f in files:
             if not f.is_file():
                 raise CorpusError(f"corpus file not found: {f}")
@@ -573,10 +574,26 @@ def _fingerprint(files: Sequence[Path]) -> str:
     """
     h = hashlib.sha256(f"schema={_SCHEMA_VERSION}".encode())
     for f in files:
-        with _reading(f), f.open("rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        h.update(f"\n{f}|{digest}".encode())
+        with _reading(f):
+            h.update(f"\n{f}|{file_sha256(f)}".encode())
     return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's whole content, in hex: what an index and a run record of a corpus file.
+
+    Raises:
+        OSError: The file cannot be read.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "docs.jsonl"
+        >>> _ = path.write_bytes(b"abc")
+        >>> file_sha256(path)[:16]
+        'ba7816bf8f01cfea'
+    """
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _is_valid_index(path: Path, fingerprint: str) -> bool:
@@ -609,12 +626,8 @@ def _build(target: Path, fingerprint: str, docs: Iterable[Doc]) -> None:
                     title, text, description, tokenize='porter unicode61 remove_diacritics 2');
                 """
             )
-            seen: set[str] = set()
             batch: list[tuple[str, str, str, str]] = []
             for doc in docs:
-                if doc.id in seen:
-                    raise CorpusError(f"duplicate document id {doc.id!r}: ids must be unique")
-                seen.add(doc.id)
                 batch.append((doc.id, doc.title, doc.text, doc.description))
                 if len(batch) >= 2000:
                     _insert(conn, batch)
@@ -653,6 +666,8 @@ def _reading(source: Path) -> Iterator[None]:
 
 
 def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
+    # The ids alone, not the line of each: on a dump of millions of documents that costs hundreds of MB more.
+    seen: set[str] = set()
     for f in files:
         with _reading(f), f.open("rb") as fh:
             for lineno, raw in enumerate(fh, 1):
@@ -677,6 +692,12 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
                     raise CorpusError(
                         f"{f}:{lineno}: {problem}: replace or remove that escape, so the text is valid UTF-8"
                     )
+                if doc.id in seen:
+                    raise CorpusError(
+                        f"{f}:{lineno}: duplicate document id {doc.id!r} (an earlier line has it too): ids must "
+                        "be unique across the files"
+                    )
+                seen.add(doc.id)
                 yield doc
 
 

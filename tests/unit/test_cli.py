@@ -323,6 +323,51 @@ def test_a_taken_run_id_or_a_resume_of_another_run_is_refused_before_the_index_o
     assert "cannot read the corpus c.jsonl" in _err(capsys) and not new.exists()
 
 
+def test_a_resume_on_a_corpus_edited_in_the_middle_is_refused(fake_cli, tmp_path, capsys):
+    """Only the first and last MiB of a corpus file were hashed: an edit between them that kept the
+    size went unseen, and the run resumed on other texts than its trajectories had read."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(f'{{"id": "d{i:07}", "title": "T", "text": "born in 1987"}}\n' for i in range(80_000)))
+    run = (PARIS, *SMALL, "--db", str(tmp_path / "x.sqlite"), "--run-id", "run1", "--corpus", str(corpus))
+    assert _ask(*run) == 0
+    data = corpus.read_bytes()
+    middle = data.index(b"1987", len(data) // 2)
+    corpus.write_bytes(data[:middle] + b"1978" + data[middle + 4 :])  # the same size, 2 MiB from either end
+    assert _ask(*run, "--resume") == 1
+    assert "was started with other inputs: --corpus docs.jsonl" in _err(capsys)
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+
+def _bench_line(qid: str, answer: str) -> str:
+    """A bench results line, written as bench writes it (``ensure_ascii=False``), of one scored trajectory."""
+    trajectory = {"origin": {"kind": "initial"}, "uncertainty": [{"all": 1.5, "reasoning": 2.0}] * 3, "answer": answer}
+    record = {
+        "id": qid,
+        "settings": {"estimator": "nll", "model": "embedded float32"},
+        "trajectories": {"t0": trajectory},
+    }
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def test_calibrate_reads_bench_records_whose_texts_hold_unicode_line_separators(tmp_path, capsys):
+    """The records were split with ``str.splitlines``, which also splits at U+2028 and U+0085: a page's
+    text holding one made a valid results file "not JSON"."""
+    results, cal = tmp_path / "results.jsonl", tmp_path / "cal.json"
+    results.write_text(_bench_line("q1", "Paris\u2028France") + _bench_line("q2", "Rome\x85Italy"), encoding="utf-8")
+    assert cli.main(["calibrate", str(results), "--out", str(cal)]) == 0, _err(capsys)
+    assert Calibration.load(str(cal)).questions == ("q1", "q2")
+
+
+def test_calibrate_names_a_file_that_is_not_text_in_one_line(tmp_path, capsys):
+    """A binary file (the --db store, given by mistake) ended in a UnicodeDecodeError traceback."""
+    store = tmp_path / "runs.sqlite"
+    store.write_bytes(b"SQLite format 3\x00\xd6\xff" * 10)
+    assert cli.main(["calibrate", str(store), "--out", str(tmp_path / "cal.json")]) == 1
+    assert f"{store} is not UTF-8 text" in _err(capsys) and not (tmp_path / "cal.json").exists()
+
+
 # ----------------------------------------------------------------------------- bench
 
 

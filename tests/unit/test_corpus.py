@@ -197,6 +197,17 @@ def test_failed_build_leaves_no_partial_index(tmp_path: Path, cache: Path) -> No
     assert list(cache.iterdir()) == []
 
 
+def test_a_file_given_twice_is_read_once_and_a_repeated_id_names_its_line(tmp_path: Path, cache: Path) -> None:
+    """The same file twice (``--corpus a --corpus a``, or a link to it) failed on its first id, and a
+    repeated id was named without the file or line that repeats it."""
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    (tmp_path / "link.jsonl").symlink_to(src)
+    assert len(CorpusIndex.from_jsonl(src, tmp_path / "link.jsonl", cache_dir=cache)) == len(DOCS)
+    other = write_jsonl(tmp_path / "other.jsonl", [{"id": "x1", "title": "X", "text": "x"}, DOCS[2]])
+    with pytest.raises(CorpusError, match=f"^{re.escape(str(other))}:2: duplicate document id 'd3'"):
+        CorpusIndex.from_jsonl(src, other, cache_dir=cache)
+
+
 def test_bad_sources_give_clear_errors(tmp_path: Path, cache: Path) -> None:
     with pytest.raises(CorpusError, match="not found"):
         CorpusIndex.from_jsonl(tmp_path / "missing.jsonl", cache_dir=cache)
