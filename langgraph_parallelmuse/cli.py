@@ -1290,10 +1290,15 @@ def _run_records(path: str) -> list[dict]:
         records = []
         # At newlines only: bench writes its records with ensure_ascii=False, and splitlines() also
         # splits at a text's U+2028 or U+0085, which cut a record of a valid file in two.
-        for line_no, line in enumerate(text.split("\n"), 1):
+        lines = [(line_no, line) for line_no, line in enumerate(text.split("\n"), 1) if line.strip()]
+        for line_no, line in lines:
             try:
-                records += [json.loads(line)] if line.strip() else []
+                records.append(json.loads(line))
             except json.JSONDecodeError as exc:
+                # A bench killed while writing leaves its last record cut (bench runs that question again).
+                if records and line_no == lines[-1][0] and line.lstrip().startswith("{"):
+                    console.print(f"{path} line {line_no}: a record cut by a crash, left out", markup=False)
+                    break
                 raise ConfigError(f"{path} line {line_no} is not JSON ({exc.msg}): is it a run's output?") from exc
         return records
 

@@ -360,6 +360,19 @@ def test_calibrate_reads_bench_records_whose_texts_hold_unicode_line_separators(
     assert Calibration.load(str(cal)).questions == ("q1", "q2")
 
 
+def test_calibrate_leaves_out_the_last_record_a_crashed_bench_cut(tmp_path, capsys):
+    """A bench killed mid-write leaves its last line cut (bench itself runs that question again):
+    calibrate refused the whole file, so a crashed run's finished records could not be used."""
+    results, cal = tmp_path / "results.jsonl", tmp_path / "cal.json"
+    results.write_text(_bench_line("q1", "Paris") + _bench_line("q2", "Rome")[:40], encoding="utf-8")
+    assert cli.main(["calibrate", str(results), "--out", str(cal)]) == 0, _err(capsys)
+    assert Calibration.load(str(cal)).questions == ("q1",)
+    assert "line 2: a record cut by a crash, left out" in _err(capsys)
+    results.write_text(_bench_line("q1", "Paris")[:40] + "\n" + _bench_line("q2", "Rome"), encoding="utf-8")
+    assert cli.main(["calibrate", str(results), "--out", str(cal)]) == 1  # not the last line: damage, not a crash
+    assert "line 1 is not JSON" in _err(capsys)
+
+
 def test_calibrate_names_a_file_that_is_not_text_in_one_line(tmp_path, capsys):
     """A binary file (the --db store, given by mistake) ended in a UnicodeDecodeError traceback."""
     store = tmp_path / "runs.sqlite"
