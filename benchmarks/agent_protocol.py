@@ -151,6 +151,8 @@ def pair(base_file: Path, new_file: Path) -> str:
     base = {r["id"]: r for r in map(json.loads, base_file.read_text().splitlines())}
     new = {r["id"]: r for r in map(json.loads, new_file.read_text().splitlines())}
     ids = dev_order([i for i in new if i in base])
+    if not ids:
+        raise SystemExit(f"{base_file} and {new_file} hold no question in common: nothing to pair")
     lines = [
         f"paired on {len(ids)} questions: {new_file.name} - {base_file.name}",
         "",

@@ -17,7 +17,7 @@ import asyncio
 
 from common import arguments, dev_set
 
-from langgraph_parallelmuse.agent import _run_tool
+from langgraph_parallelmuse.agent import observe
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.driver import GuidedDriver, StepContext
 from langgraph_parallelmuse.eval.scoring import exact_match
@@ -41,20 +41,10 @@ async def _after_first_hop(item, index, cfg) -> tuple[list[Step], list[Observati
     steps: list[Step] = []
     observations: list[Observation] = []
     for at, (name, args) in enumerate(calls):
-        step = {"index": at, "text": "", "action": {"type": "tool_call", "name": name, "arguments": args}}
-        content, error, doc_ids = await _run_tool(tools, step, "bridge", cfg)
-        steps.append(step)
-        observations.append(
-            {
-                "step": at,
-                "name": name,
-                "arguments": args,
-                "content": content,
-                "error": error,
-                "seconds": 0.0,
-                "doc_ids": doc_ids,
-            }
-        )
+        steps.append({"index": at, "text": "", "action": {"type": "tool_call", "name": name, "arguments": args}})
+        # Recorded as the agent's act node records it: the search's snippets cut at the config's
+        # max_observation_chars (built here, half the searches showed the driver text no agent sees).
+        observations.append(await observe(tools, steps[-1], trajectory_id="bridge", config=cfg))
     return steps, observations
 
 

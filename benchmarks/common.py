@@ -123,22 +123,23 @@ def as_stored(settings: dict) -> dict:
     return json.loads(json.dumps(settings))
 
 
-def resumable_rows(path: Path | None, settings: dict) -> list[dict]:
+def resumable_rows(path: Path | None, settings: dict, *, unrecorded: dict | None = None) -> list[dict]:
     """The rows of a resumable JSON-lines results file, all measured with ``settings``.
 
     Each row records the settings it was measured with (``"settings"``); a rerun continues a file
-    only with the same ones, so one table never mixes two experiments.
+    only with the same ones, so one table never mixes two experiments. ``unrecorded``: the settings
+    a row that records none was measured with (a file written before rows carried them), if known.
 
     Raises:
-        SystemExit: a row was measured with other settings, or records none (written before rows
-            carried them).
+        SystemExit: a row was measured with other settings, or records none and ``unrecorded`` is
+            not given.
     """
     if path is None or not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     wanted = as_stored(settings)
     for row in rows:
-        had = row.get("settings")
+        had = row.get("settings", None if unrecorded is None else as_stored(unrecorded))
         if had != wanted:
             clash = (
                 ", ".join(

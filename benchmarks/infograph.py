@@ -15,14 +15,16 @@ library's own code paths, all on the same sampled trajectories:
    8; against the plain aggregation over the same 7 (extra tokens) and over the plain 8 (equal budget).
 
 One JSON line per question in ``--out-dir/{dataset}.jsonl``: ids, counts, scores and the model's
-answers, no dev-set text (no question, gold answer or report text), so the rows are committed and a
-later session's rerun skips the questions they hold. The trajectories are checkpointed in
-``--work-dir/{dataset}.sqlite`` (the library's SQLite checkpointer, never committed): a question
-rerun after its line is deleted (or after a crash) reuses its finished trajectories and redoes only
-what is missing, e.g. the reports after a change of their format (its crossover trajectory is
-always redone: a single step that reads the parents' effective steps). At the end (or with
-``--report-only``) the summary of every dataset file in ``--out-dir`` is written: ``summary.md``,
-``summary.json`` and ``redundancy.png`` (beside the paper's Figure 2).
+answers, no dev-set text (no question, gold answer or report text), and the settings they ran with
+(``--seed``), so the rows are committed and a later session's rerun with the same settings skips the
+questions they hold (one with another ``--seed`` is refused). The trajectories are checkpointed in
+``--work-dir/{dataset}.sqlite`` (``{dataset}.seed{N}.sqlite`` for another ``--seed``; the library's
+SQLite checkpointer, never committed): a question rerun after its line is deleted (or after a crash)
+reuses its finished trajectories and redoes only what is missing, e.g. the reports after a change of
+their format (its crossover trajectory is always redone: a single step that reads the parents'
+effective steps). At the end (or with ``--report-only``) the summary of every dataset file in
+``--out-dir`` is written: ``summary.md``, ``summary.json`` and ``redundancy.png`` (beside the paper's
+Figure 2).
 
     OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/infograph.py --dataset hotpotqa_train100 --limit 100
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/infograph.py --dataset musique_train100 --limit 100
@@ -35,10 +37,11 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from statistics import mean
 
-from common import DATASETS, arguments, dev_set
+from common import DATASETS, arguments, dev_set, resumable_rows
 
 from langgraph_parallelmuse.agent import RolloutRunner
 from langgraph_parallelmuse.aggregate import majority_vote
@@ -175,18 +178,23 @@ async def run_question(model, index, item: QAItem, seed: int, checkpointer=None)
 async def run(args: argparse.Namespace) -> None:
     from langgraph_parallelmuse.models import LocalChatModel
 
-    items, index = dev_set(args.dataset, args.limit)
     out = Path(args.out_dir) / f"{args.dataset}.jsonl"
+    settings = {"dataset": args.dataset, "seed": args.seed}
+    # The committed rows record no settings: they were run with the default seed.
+    done = {r["id"] for r in resumable_rows(out, settings, unrecorded={"dataset": args.dataset, "seed": 0})}
+    items, index = dev_set(args.dataset, args.limit)
     work = Path(args.work_dir)
     for folder in (out.parent, work):
         folder.mkdir(parents=True, exist_ok=True)
-    done = {json.loads(line)["id"] for line in out.read_text().splitlines() if line.strip()} if out.exists() else set()
+    # A finished thread is reused whatever seed asks for it: each seed has its own checkpoints (the
+    # default seed keeps the file it had before seeds were told apart).
+    saved = work / (f"{args.dataset}.sqlite" if args.seed == 0 else f"{args.dataset}.seed{args.seed}.sqlite")
     model = LocalChatModel.embedded()
-    async with open_checkpointer(str(work / f"{args.dataset}.sqlite")) as saver:
+    async with open_checkpointer(str(saved)) as saver:
         for n, item in enumerate(items, 1):
             if item.id in done:
                 continue
-            rec = await run_question(model, index, item, args.seed, saver)
+            rec = {**await run_question(model, index, item, args.seed, saver), "settings": settings}
             with out.open("a") as fh:
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
             m = rec["methods"]
@@ -219,7 +227,7 @@ def _diff(a: list[float], b: list[float]) -> str:
     return format_diff(*paired_bootstrap_diff(a, b))
 
 
-def redundancy_rows(records: list[dict]) -> dict[str, dict[str, float]]:
+def redundancy_rows(records: list[dict]) -> dict[str, dict[str, float | None]]:
     """Mean entities explored / effective (own answer, gold) and Γ per trajectory, by origin."""
     groups = {
         "all": lambda t: t["kind"] != "crossover",
@@ -236,10 +244,15 @@ def redundancy_rows(records: list[dict]) -> dict[str, dict[str, float]]:
             "entities": mean(t["entities"] for t in trajs),
             "effective": mean(t["effective_entities"] for t in trajs),
             "gold_effective": mean(t["gold_effective_entities"] for t in trajs),
-            "redundancy": mean(t["redundancy"] for t in trajs if t["redundancy"] is not None),
-            "gold_redundancy": mean(t["gold_redundancy"] for t in trajs if t["gold_redundancy"] is not None),
+            **{key: _mean_of(t[key] for t in trajs) for key in ("redundancy", "gold_redundancy")},
         }
     return out
+
+
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not ``None`` (a trajectory without entities has no Γ); ``None`` if none."""
+    known = [v for v in values if v is not None]
+    return mean(known) if known else None
 
 
 def _per_question_gap(records: list[dict], key: str) -> tuple[list[float], list[float]]:
@@ -254,6 +267,10 @@ def _per_question_gap(records: list[dict], key: str) -> tuple[list[float], list[
     return branch, scratch
 
 
+def _gamma(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
 def _redundancy_lines(records: list[dict], rows: dict) -> list[str]:
     lines = [
         "| trajectories | n | entities explored | effective (own answer) | effective (gold) | Γ own | Γ gold |",
@@ -262,7 +279,7 @@ def _redundancy_lines(records: list[dict], rows: dict) -> list[str]:
     for label, row in rows.items():
         lines.append(
             f"| {label} | {row['trajectories']} | {row['entities']:.1f} | {row['effective']:.1f} | "
-            f"{row['gold_effective']:.1f} | {row['redundancy']:.3f} | {row['gold_redundancy']:.3f} |"
+            f"{row['gold_effective']:.1f} | {_gamma(row['redundancy'])} | {_gamma(row['gold_redundancy'])} |"
         )
     for key in ("redundancy", "gold_redundancy"):
         b, s = _per_question_gap(records, key)
@@ -396,7 +413,8 @@ def plot(data: dict, path: Path) -> None:
     left.set_ylabel("mean entities per trajectory (log)")
     left.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=8)
     left.legend()
-    gammas = [1 - e / a for a, e in zip(explored, effective, strict=True)]
+    # A set whose trajectories found no entity has no Γ: no bar, rather than a ZeroDivisionError.
+    gammas = [1 - e / a if a else float("nan") for a, e in zip(explored, effective, strict=True)]
     colors = ["tab:gray"] * len(PAPER_FIGURE_2) + ["tab:blue"] * (len(labels) - len(PAPER_FIGURE_2))
     right.bar(list(x), gammas, color=colors)
     right.set_ylim(0, 1)

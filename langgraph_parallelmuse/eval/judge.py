@@ -71,10 +71,12 @@ _THINK_START = re.compile(r"<\s*think\s*>", re.IGNORECASE)
 # ("Correct - yes", "Correct — Yes, both name Paris"; "Correct — no meaningful difference" is a
 # comment). A quoted key is a JSON reply ({"correct": "yes"} or true), read wherever it stands.
 # The line form's leading marks stop at the line's end: read on across lines (newlines are \W), from
-# each line start they ran to the reply's end, and a reply of 100,000 blank lines took 169 s.
+# each line start they ran to the reply's end, and a reply of 100,000 blank lines took 169 s. The marks
+# between "correct" and its separator hold no separator: a lazy \W*? there tried every separator of a
+# run as the one, and "correct" before 20,000 dashes or colons (a looping reply) took 8 s.
 _VERDICT = re.compile(
-    r"""^[^\w\n]*correct\W*?[:：=]\W*(yes|no|true|false)\b"""
-    r"""|^[^\w\n]*correct\W*?[-–—]\W*(yes|no|true|false)\b(?=\W*$|\s*[,.;:!(])"""
+    r"""^[^\w\n]*correct[^\w:：=]*[:：=]\W*(yes|no|true|false)\b"""
+    r"""|^[^\w\n]*correct[^\w\-–—]*[-–—]\W*(yes|no|true|false)\b(?=\W*$|\s*[,.;:!(])"""
     r"""|["']correct["']\s*:\W*(yes|no|true|false)\b""",
     re.IGNORECASE | re.MULTILINE,
 )

@@ -79,7 +79,8 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
     """Accuracy (with 95% interval) against generated tokens per question, one point per method.
 
     Methods are told apart by colour and marker in a legend beside the axes: several of them share
-    the same cost (every vote reads the same trajectories), where labels on the points overlap.
+    the same cost (every vote reads the same trajectories), where labels on the points overlap. A
+    method without ``metric`` (``None``: a judged method none of whose verdicts was readable) is left out.
 
     Example:
         >>> from langgraph_parallelmuse.eval.bench import summarize
@@ -89,7 +90,8 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
     fig = _figure((9, 4.5))
     ax = fig.subplots()
     markers = "osD^vPX<>"
-    entries = [(name, e) for name, e in summary.items() if "generated_tokens" in e]
+    # A metric a method lacks stays a KeyError: skipped, a misspelt one would draw an empty plot.
+    entries = [(name, e) for name, e in summary.items() if "generated_tokens" in e and e[metric] is not None]
     for i, (name, entry) in enumerate(entries):
         mean, lo, hi = entry[metric]
         x = entry["generated_tokens"] + (entry.get("report_tokens") or 0) + entry.get("aggregate_tokens", 0)
@@ -98,7 +100,8 @@ def plot_accuracy_vs_tokens(summary: dict[str, dict], path: str | Path, *, metri
     ax.set_xlabel("generated tokens per answer (rollout + reports + aggregation)")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs cost ({questions} questions, 95% intervals)")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    if entries:  # an empty legend warns "No artists with labels found"
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -140,7 +140,8 @@ def paired_bootstrap_diff(
         seed: Random seed.
 
     Returns:
-        ``(mean_diff, low, high)``; positive means A scores higher.
+        ``(mean_diff, low, high)``; positive means A scores higher. One pair has no spread to
+        resample: its interval is ``(-inf, inf)``, within noise.
 
     Raises:
         ValueError: ``a`` and ``b`` differ in length, are empty, or hold a NaN or infinity.
@@ -160,7 +161,12 @@ def paired_bootstrap_diff(
             "score both systems on the same questions in the same order"
         )
     diffs = [x - y for x, y in zip(_finite(a, "a"), _finite(b, "b"), strict=True)]
-    return bootstrap_ci(diffs, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    diff, low, high = bootstrap_ci(diffs, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    if len(diffs) == 1:
+        # Resampling one pair gave that difference alone, a zero-wide interval that every caller
+        # printing format_diff or within_noise reported as significant.
+        return diff, -math.inf, math.inf
+    return diff, low, high
 
 
 def bootstrap_ratio(

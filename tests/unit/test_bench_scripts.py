@@ -23,6 +23,7 @@ from tests.unit.fakes import OLD_CALIBRATION
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import agent_protocol  # noqa: E402
+import bridge_choice  # noqa: E402
 import candidate_recall  # noqa: E402
 import common  # noqa: E402
 import compare_revisions  # noqa: E402
@@ -680,3 +681,99 @@ def test_engine_precision_keeps_limit_0_for_the_sequences_alone(monkeypatch):
 def test_scripts_refuse_a_concurrency_that_is_not_positive(monkeypatch, capsys, nothing_loads, script, value):
     err = refused(monkeypatch, capsys, script, ["--concurrency", value])
     assert "argument --concurrency: " in err and "give " in err
+
+
+def test_agent_protocol_pairs_one_question_as_noise_and_refuses_files_without_a_common_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("PARALLELMUSE_EVAL_DATA", str(tmp_path))
+    metrics = {m: 0.0 for m in agent_protocol.METRICS}
+    base, new, other = tmp_path / "base.jsonl", tmp_path / "new.jsonl", tmp_path / "other.jsonl"
+    write_rows(base, [{**metrics, "id": "q0"}])
+    write_rows(new, [{**metrics, "id": "q0", "f1": 1.0}])
+    write_rows(other, [{**metrics, "id": "q9"}])
+    # One question's difference has no spread: it was printed "beyond noise".
+    f1 = next(line for line in agent_protocol.pair(base, new).splitlines() if line.startswith("| f1 "))
+    assert f1.endswith("| noise |")
+    with pytest.raises(SystemExit, match="no question in common"):
+        agent_protocol.pair(base, other)
+
+
+def test_infograph_resumes_only_rows_of_its_own_seed_and_keeps_each_seeds_checkpoints(monkeypatch, tmp_path):
+    """Before: a rerun with another --seed skipped the questions run with the first seed, and reused
+    their checkpointed trajectories, so one table mixed two seeds."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    # The committed rows record no settings: run with the default seed.
+    write_rows(out / "hotpotqa_train100.jsonl", [{"id": "q0", "dataset": "toy"}])
+    ran, saved = [], []
+    monkeypatch.setattr(infograph, "dev_set", lambda name, limit: (items(2), None))
+    monkeypatch.setattr(LocalChatModel, "embedded", staticmethod(lambda: None))
+
+    @contextlib.asynccontextmanager
+    async def checkpointer(path):
+        saved.append(Path(path).name)
+        yield None
+
+    async def run_question(model, index, item, seed, saver):
+        ran.append((item.id, seed))
+        method = {"f1": 0.0}
+        return {
+            "id": item.id,
+            "seconds": 0.0,
+            "methods": dict.fromkeys(infograph.METHODS, method),
+            "crossover": {"pairs": []},
+        }
+
+    monkeypatch.setattr(infograph, "open_checkpointer", checkpointer)
+    monkeypatch.setattr(infograph, "run_question", run_question)
+
+    def run(seed: int) -> None:
+        args = argparse.Namespace(dataset="hotpotqa_train100", limit=2, seed=seed, out_dir=out, work_dir=work)
+        asyncio.run(infograph.run(args))
+
+    with pytest.raises(SystemExit, match=r"seed 0 \(now 1\)"):
+        run(1)
+    assert ran == []
+    run(0)
+    assert ran == [("q1", 0)] and saved == ["hotpotqa_train100.sqlite"]
+    (out / "hotpotqa_train100.jsonl").unlink()
+    run(1)
+    assert ran[1:] == [("q0", 1), ("q1", 1)] and saved[1:] == ["hotpotqa_train100.seed1.sqlite"]
+
+
+def test_infograph_summarizes_trajectories_without_entities(tmp_path):
+    """Before: a group whose trajectories all had no entity (Γ None) stopped the summary with a
+    StatisticsError, and a set without any entity stopped the plot with a ZeroDivisionError."""
+    pytest.importorskip("matplotlib")
+    counts = dict.fromkeys(("entities", "effective_entities", "gold_effective_entities"), 0)
+    empty = {**counts, "redundancy": None, "gold_redundancy": None}
+    records = [{"trajectories": {"t0": {**empty, "kind": "initial"}, "t0.b0": {**empty, "kind": "branch"}}}]
+    rows = infograph.redundancy_rows(records)
+    assert rows["branches"]["redundancy"] is None
+    assert "| branches | 1 | 0.0 | 0.0 | 0.0 | — | — |" in infograph._redundancy_lines(records, rows)
+    infograph.plot({"toy": {"redundancy": rows}}, tmp_path / "redundancy.png")
+    assert (tmp_path / "redundancy.png").exists()
+
+
+def test_bridge_choice_records_its_tool_responses_as_the_agent_does(tmp_path):
+    """Before: the script built the observations itself, without the agent's cut at
+    max_observation_chars, so the driver chose from snippets no trajectory shows."""
+    from langgraph_parallelmuse.config import make_config
+    from langgraph_parallelmuse.tools import CorpusIndex
+
+    docs = [{"id": f"d{i}", "title": f"Harbour {i}", "text": "harbour lighthouse keeper " * 60} for i in range(6)]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    index = CorpusIndex.from_jsonl(tmp_path / "corpus.jsonl")
+    item = QAItem(
+        "2hop__1_2",
+        "Who kept the harbour lighthouse?",
+        ["Ann"],
+        ["d0"],
+        [d["id"] for d in docs],
+        "musique",
+        {"question_decomposition": [{"paragraph_support_idx": 0, "answer": "Harbour 0"}]},
+    )
+    cfg = make_config(max_observation_chars=200)
+    steps, observations = asyncio.run(bridge_choice._after_first_hop(item, index, cfg))
+    assert [o["name"] for o in observations] == ["search", "visit"]
+    assert all(len(o["content"]) <= 200 + len(" …[truncated]") for o in observations)
+    assert observations[0]["content"].endswith("…[truncated]")

@@ -34,3 +34,16 @@ def test_saving_a_benchmark_plot_keeps_the_processs_backend(tmp_path, draw):
         assert path.read_bytes().startswith(b"\x89PNG")
     finally:
         matplotlib.use(previous)
+
+
+def test_accuracy_plot_leaves_out_a_method_without_the_metric_and_draws_an_empty_summary(tmp_path, recwarn):
+    pytest.importorskip("matplotlib")
+    # A judged method none of whose verdicts was readable has judge None: it raised a TypeError.
+    judged = {name: {**entry, "judge": entry["f1"]} for name, entry in SUMMARY.items()}
+    judged["majority"]["judge"] = None
+    assert plot_accuracy_vs_tokens(judged, tmp_path / "judge.png", metric="judge").read_bytes().startswith(b"\x89PNG")
+    # No method: no legend to draw (matplotlib warned of one without artists).
+    assert plot_accuracy_vs_tokens({}, tmp_path / "empty.png").exists()
+    assert not [w for w in recwarn if "legend" in str(w.message)]
+    with pytest.raises(KeyError):
+        plot_accuracy_vs_tokens(SUMMARY, tmp_path / "typo.png", metric="f2")

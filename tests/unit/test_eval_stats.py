@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from langgraph_parallelmuse.eval import bootstrap_ci, bootstrap_ratio, paired_bootstrap_diff, within_noise
+from langgraph_parallelmuse.eval import (
+    bootstrap_ci,
+    bootstrap_ratio,
+    format_diff,
+    paired_bootstrap_diff,
+    within_noise,
+)
 from langgraph_parallelmuse.eval import stats as stats_module
 
 SCORES = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
@@ -180,3 +186,10 @@ def test_every_public_function_is_exported():
         if inspect.isfunction(value) and not name.startswith("_") and value.__module__ == stats_module.__name__
     }
     assert defined == set(stats_module.__all__)
+
+
+def test_paired_diff_of_one_pair_is_within_noise(backend):
+    # One question's difference has nothing to resample: a zero-wide interval read as significant.
+    diff, low, high = paired_bootstrap_diff([1.0], [0.0])
+    assert diff == 1.0 and within_noise(low, high)
+    assert format_diff(diff, low, high).endswith("~")

@@ -345,3 +345,12 @@ def test_a_reply_of_many_blank_lines_is_read_in_linear_time(filler):
     # across lines from each line start to the reply's end (100,000 blank lines: 169 s).
     assert parse_judgement(filler) is None
     assert parse_judgement("reasoning: same city" + filler + "**correct:** yes" + filler) is True
+
+
+@pytest.mark.timeout(30)  # a guard: each reply below is read in milliseconds (before: minutes)
+@pytest.mark.parametrize("run", [":" * 100_000, "-" * 100_000, "—" * 100_000], ids=["colons", "dashes", "em-dashes"])
+def test_correct_before_a_long_run_of_separators_is_read_in_linear_time(run):
+    # A looping reply: the lazy marks between "correct" and its separator tried each separator of the
+    # run as the one, then read the rest of the run for the verdict (20,000 colons: 8 s).
+    assert parse_judgement("correct" + run + "x") is None
+    assert parse_judgement("correct" + run + " yes") is True

@@ -45,3 +45,20 @@ def test_the_served_graphs_variables_set_empty_in_an_env_file_take_their_default
     assert chat.openai_api_base == "http://127.0.0.1:8000/v1"
     assert chat.openai_api_key.get_secret_value() == "not-needed"
     assert module["_env"]("PARALLELMUSE_MODEL", "default") == "default"
+
+
+def test_the_embedded_graph_module_imports_without_the_rest_of_the_local_extra(monkeypatch):
+    # torch installed (a CPU build installed first, as the README says), transformers not: its late
+    # import raised out of the graph module, and `langgraph dev` started none of the graphs.
+    import runpy
+
+    pytest.importorskip("torch")  # without it the graph says so with a ConfigError, before transformers
+    from langgraph_parallelmuse.models import loading
+
+    def load_model(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+    module = runpy.run_path(str(ROOT / "graphs" / "embedded.py"))
+    with pytest.raises(ImportError, match="transformers"):
+        module["graph"]()
