@@ -269,8 +269,20 @@ class LocalChatModel(BaseChatModel):
         """The shared :class:`~.engine.InferenceEngine` (loads the model on first access; another
         one once this one stopped serving: closed, or this process was forked after it started)."""
         if self._engine is None or not self._engine.serving:
+            # The loader imports transformers (and gguf, accelerate) only as the weights load: a
+            # machine with torch alone got a bare ModuleNotFoundError from there.
             try:
                 from langgraph_parallelmuse.models.engine import shared_engine
+
+                self._engine = shared_engine(
+                    self.model_path,
+                    self.gguf_file,
+                    prefix_cache=self.prefix_cache,
+                    batching=self.batching,
+                    cache_max_bytes=self.cache_max_bytes,
+                    max_batch_size=self.max_batch_size,
+                    precision=self.precision,
+                )
             except ImportError as exc:
                 if exc.name not in _LOCAL_EXTRA:
                     raise
@@ -279,16 +291,6 @@ class LocalChatModel(BaseChatModel):
                     "pip install 'langgraph-parallelmuse[local]' (on a machine without a GPU, torch's CPU build "
                     "first: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"
                 ) from exc
-
-            self._engine = shared_engine(
-                self.model_path,
-                self.gguf_file,
-                prefix_cache=self.prefix_cache,
-                batching=self.batching,
-                cache_max_bytes=self.cache_max_bytes,
-                max_batch_size=self.max_batch_size,
-                precision=self.precision,
-            )
             if self.max_context_tokens is None:
                 self.max_context_tokens = self._engine.max_context_tokens
         return self._engine

@@ -157,3 +157,18 @@ def test_a_stream_the_caller_stops_reading_stops_decoding(engine, llm) -> None:
             break
         time.sleep(0.01)
     assert engine.stats()["cancelled"] == cancelled + 1
+
+
+@pytest.mark.parametrize("missing", ["transformers", "gguf"])
+def test_a_package_the_loader_imports_late_is_named_with_its_install_command(missing, monkeypatch) -> None:
+    # The loader imports transformers (and gguf) only as the weights load: with torch alone
+    # installed, the first call was a bare ModuleNotFoundError from inside the loader.
+    from langgraph_parallelmuse.errors import ConfigError
+    from langgraph_parallelmuse.models import engine as engine_module
+
+    def load(*args, **kwargs):
+        raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
+
+    monkeypatch.setattr(engine_module, "shared_engine", load)
+    with pytest.raises(ConfigError, match=rf"needs {missing}, which is not installed: pip install"):
+        LocalChatModel().invoke(ASK)
