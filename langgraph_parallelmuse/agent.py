@@ -853,7 +853,7 @@ class RolloutRunner:
                 "lowest_confidence": lowest_group_confidence(
                     [tok for s in own for tok in s["tokens"]], window=CONFIDENCE_WINDOW
                 ),
-                "tool_calls": count_tool_calls(own_obs),
+                "tool_calls": count_tool_calls(own_obs, steps=own),
                 "seconds": seconds,
             },
         )
@@ -886,7 +886,7 @@ def turn_problems(trajectory: Trajectory) -> dict[str, Any]:
 def _problems(steps: Sequence[Step], observations: Sequence[Observation]) -> dict[str, Any]:
     """:func:`turn_problems` of a trajectory's own steps and their observations."""
     # The error replies to unreadable turns answer no call: they are the invalid turns, not tool errors.
-    failed = [o for o in observations if o["error"] and count_tool_calls([o])]
+    failed = [o for o in observations if o["error"] and count_tool_calls([o], steps=steps)]
     reasons = dict.fromkeys(redact(one_line(o["content"], 200)) for o in failed)
     return {
         "tool_errors": len(failed),

@@ -261,7 +261,7 @@ def max_tool_calls(trajectories: Sequence[Trajectory]) -> str | None:
     voters = [t for t in _in_lineage_order(trajectories) if normalize_vote_key(t.get("answer"))]
     if not voters:
         return None
-    best = max(voters, key=lambda t: count_tool_calls(t.get("observations", [])))
+    best = max(voters, key=lambda t: count_tool_calls(t.get("observations", []), steps=t.get("steps")))
     return strip_answer_label(best["answer"])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired
 
 from langchain_core.messages import AnyMessage
@@ -75,15 +76,30 @@ class Observation(TypedDict):
     doc_ids: NotRequired[list[str]]  # documents the tool showed or opened (retrieval recall)
 
 
-def count_tool_calls(observations: list[Observation]) -> int:
+def count_tool_calls(observations: Sequence[Observation], *, steps: Sequence[Step] | None = None) -> int:
     """Tool calls among observations: every call the agent made, failed ones too, but not the error
     replies to an unreadable turn (those answer no call).
 
+    An unreadable turn's reply is recorded under the name ``invalid``, which a tool of the user's own
+    (or a call the model made up) may also have: with the trajectory's ``steps``, what each observation
+    answers is read from its step's action instead, so such a call counts. Without them, or for an
+    observation whose step is not among them (or a step record without its ``index`` or its action's
+    ``type``), the name decides.
+
     Example:
-        >>> count_tool_calls([{"name": "search"}, {"name": "invalid"}, {"name": "visit"}])
-        2
+        >>> steps = [{"index": 0, "action": {"type": "tool_call", "name": "invalid"}},
+        ...          {"index": 1, "action": {"type": "invalid"}}]
+        >>> observations = [{"step": 0, "name": "invalid"}, {"step": 1, "name": "invalid"}]
+        >>> count_tool_calls(observations, steps=steps), count_tool_calls(observations)
+        (1, 0)
     """
-    return sum(1 for o in observations if o["name"] != "invalid")
+    # Hand-built records may lack a step's index or its action's type: the name decides there.
+    kinds = {s["index"]: kind for s in steps or () if "index" in s and (kind := (s.get("action") or {}).get("type"))}
+    return sum(
+        1
+        for o in observations
+        if (kinds[o["step"]] == "tool_call" if o.get("step") in kinds else o["name"] != "invalid")
+    )
 
 
 _ROOT_ID = re.compile(r"^([tfx])(\d+)$")  # initial, fill, crossover (lineage.py)

@@ -422,6 +422,19 @@ async def test_a_call_of_no_tool_is_counted_as_an_invalid_turn():
     }
 
 
+async def test_a_call_of_a_tool_named_invalid_counts_as_a_tool_call_not_an_unreadable_turn():
+    """An unreadable turn's reply is recorded under the name "invalid": a call of a tool so named (here
+    one the model made up) was counted as neither a tool call nor a tool error."""
+    runner, _, _ = _runner([call_text("invalid", query="q"), answer_text("2")])
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert traj["steps"][0]["action"]["type"] == "tool_call" and traj["observations"][0]["error"]
+    assert {k: traj["stats"][k] for k in ("tool_calls", "tool_errors", "invalid_turns")} == {
+        "tool_calls": 1,
+        "tool_errors": 1,
+        "invalid_turns": 0,
+    }
+
+
 async def test_a_tool_that_raises_gives_an_error_observation():
     def broken(query):
         raise RuntimeError("index offline")
