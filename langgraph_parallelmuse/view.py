@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from langgraph_parallelmuse.files import replacing
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.state import Trajectory
 
@@ -138,12 +139,16 @@ def plot_step_uncertainty(trajectories: Sequence[Mapping[str, Any]], path: str |
     Returns the matplotlib figure. Without ``path`` it is a pyplot figure, so a notebook shows it;
     with ``path`` it is saved there and kept out of pyplot: the process's backend is not switched
     (a notebook's later plots still show) and a loop saving many plots does not pile up open figures.
+    The file is written whole (:func:`~langgraph_parallelmuse.files.replacing`): a full disk or a crash
+    while saving leaves the previous plot, not a cut one. A path without a suffix gets the default
+    format's (``plot`` is saved as ``plot.png``), as matplotlib names it.
     """
     if path is None:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharex=True)
     else:
+        import matplotlib
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(10, 3.5))
@@ -163,5 +168,9 @@ def plot_step_uncertainty(trajectories: Sequence[Mapping[str, Any]], path: str |
         labelled[0].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        target = Path(path)
+        if not target.suffix:  # matplotlib appends the format's extension, to the temporary's name too
+            target = target.with_name(f"{target.name}.{matplotlib.rcParams['savefig.format']}")
+        with replacing(target) as tmp:
+            fig.savefig(tmp, dpi=120)
     return fig

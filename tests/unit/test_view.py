@@ -251,3 +251,35 @@ def test_a_plot_not_saved_is_a_pyplot_figure_a_notebook_shows():
         assert fig.axes[1].get_legend() is None and fig.axes[0].get_legend() is not None
     finally:
         plt.close(fig)
+
+
+def test_a_plot_that_fails_while_saving_leaves_the_previous_one_whole(tmp_path):
+    """Saved in place, a full disk mid-save replaced the last plot with a cut file."""
+    pytest.importorskip("matplotlib")
+    import errno
+    from unittest import mock
+
+    import matplotlib.backends.backend_svg as backend_svg
+
+    from langgraph_parallelmuse.view import plot_step_uncertainty
+
+    path = tmp_path / "plot.svg"
+    plot_step_uncertainty([_scored("t0")], path)
+    previous = path.read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with mock.patch.object(backend_svg.RendererSVG, "draw_text", disk_full), pytest.raises(OSError):
+        plot_step_uncertainty([_scored("t0")], path)
+    assert path.read_bytes() == previous
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.svg"]  # no temporary left behind
+
+
+def test_a_plot_path_without_a_suffix_is_saved_as_matplotlib_names_it(tmp_path):
+    pytest.importorskip("matplotlib")
+    from langgraph_parallelmuse.view import plot_step_uncertainty
+
+    plot_step_uncertainty([_scored("t0")], tmp_path / "plot")
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+    assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
