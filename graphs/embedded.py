@@ -25,11 +25,8 @@ try:
         make_corpus_tools(CorpusIndex.wikipedia()),
         name="parallelmuse-embedded",
     )
-    _unavailable: ParallelMuseError | ImportError | None = None
-# ParallelMuseError: raised on purpose, a missing package named in the message. ImportError: torch
-# installed without the rest of the extra, whose packages (transformers) are imported only as the
-# weights load; raised here, it stopped `langgraph dev` from starting any graph.
-except (ParallelMuseError, ImportError) as exc:
+    _unavailable: ParallelMuseError | None = None
+except ParallelMuseError as exc:  # raised on purpose: a missing package, named in the message
     _graph, _unavailable = None, exc
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from langgraph_parallelmuse.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(ROOT.glob("langgraph*.json"))
 
@@ -60,5 +62,5 @@ def test_the_embedded_graph_module_imports_without_the_rest_of_the_local_extra(m
 
     monkeypatch.setattr(loading, "load_model", load_model)
     module = runpy.run_path(str(ROOT / "graphs" / "embedded.py"))
-    with pytest.raises(ImportError, match="transformers"):
+    with pytest.raises(ConfigError, match="needs transformers, which is not installed: pip install"):
         module["graph"]()
