@@ -30,7 +30,8 @@ def is_loopback(host: str | None) -> bool:
             without brackets).
 
     Returns:
-        ``True`` for ``localhost`` and its subdomains, 127.0.0.0/8, ``::1``, ``0.0.0.0`` and ``::``;
+        ``True`` for ``localhost`` and its subdomains, 127.0.0.0/8 (IPv4-mapped ``::ffff:127.0.0.1``
+        too), ``::1``, ``0.0.0.0`` and ``::``;
         ``False`` for anything else, an empty or missing host included.
 
     Example:
@@ -48,6 +49,8 @@ def is_loopback(host: str | None) -> bool:
         address = ipaddress.ip_address(host)
     except ValueError:  # a host name
         return False
+    # Python 3.11 calls ::ffff:127.0.0.1, which reaches this machine's 127.0.0.1, no loopback address.
+    address = getattr(address, "ipv4_mapped", None) or address
     return address.is_loopback or address.is_unspecified
 
 

@@ -190,6 +190,18 @@ class ServerChatModel(ChatOpenAI):
             result.generations[0].message.response_metadata["prompt_logprobs"] = raw["prompt_logprobs"]
         return result
 
+    def _convert_chunk_to_generation_chunk(
+        self, chunk: dict, default_chunk_class: type, base_generation_info: dict | None
+    ) -> Any:
+        # A streamed reply's logprobs are checked as a whole reply's are: unchecked, a null logprob was
+        # found only by whoever read the merged message, in an error naming no server.
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for i, choice in enumerate(choices if isinstance(choices, list) else []):
+            logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+            if problem := _token_logprobs_problem(f"choices[{i}].logprobs", logprobs):
+                raise _malformed(self._where, f"a streamed chunk's {problem}")
+        return super()._convert_chunk_to_generation_chunk(chunk, default_chunk_class, base_generation_info)
+
     def _scoring_call(self, messages: list[BaseMessage], continuation: str, top: int) -> tuple[list[BaseMessage], dict]:
         """The request that scores ``continuation``: the reply closed by the chat template itself
         (``continue_final_message`` off), so the template's own end-of-turn token is scored after it."""
@@ -402,8 +414,37 @@ def _choices_problem(raw: dict) -> str | None:
             return f"choices[{i}].message is {_show(message)}, not an object"
         if not isinstance(message.get("content"), str | list | None):
             return f"choices[{i}].message.content is {_show(message['content'])}, not a string or null"
+        if problem := _tool_calls_problem(f"choices[{i}].message.tool_calls", message.get("tool_calls")):
+            return problem
         if problem := _token_logprobs_problem(f"choices[{i}].logprobs", choice.get("logprobs")):
             return problem
+    return None
+
+
+def _tool_calls_problem(field: str, tool_calls: Any) -> str | None:
+    """What in a message's ``tool_calls`` ChatOpenAI cannot read, or ``None``.
+
+    Arguments sent as an object instead of a JSON string, or a call without ``function``, failed
+    inside ChatOpenAI with a bare ValidationError or TypeError naming no server; arguments that are a
+    string but no JSON are ChatOpenAI's ``invalid_tool_calls``, as before.
+
+    Example:
+        >>> _tool_calls_problem("tc", [{"id": "1", "function": {"name": "search", "arguments": {"q": "x"}}}])
+        'tc[0].function.arguments is {"q": "x"}, not a JSON string'
+        >>> _tool_calls_problem("tc", None), _tool_calls_problem("tc", [{"function": {"name": "f", "arguments": "{"}}])
+        (None, None)
+    """
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        return f"{field} is {_show(tool_calls)}, not a list"
+    for k, call in enumerate(tool_calls or []):
+        if not isinstance(call, dict):
+            return f"{field}[{k}] is {_show(call)}, not an object"
+        function = call.get("function")
+        if not isinstance(function, dict):
+            got = "missing" if "function" not in call else _show(function)
+            return f"{field}[{k}].function is {got}, not an object"
+        if not isinstance(function.get("arguments"), str | None):
+            return f"{field}[{k}].function.arguments is {_show(function['arguments'])}, not a JSON string"
     return None
 
 

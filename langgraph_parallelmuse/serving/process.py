@@ -36,6 +36,7 @@ from langgraph_parallelmuse.redact import mask_argv, redact, secrets_in_argv, se
 
 HOST = "127.0.0.1"
 _LOG_TAIL = 3000
+_TIMED_OUT = 124  # `timeout`'s status when the lifetime ran out
 # How much of the log is redacted before the tail is cut from it: a key that the cut would split is
 # then found whole (the window starts at a line, far before the tail).
 _REDACTED_WINDOW = 1 << 16
@@ -199,7 +200,8 @@ def serve(
         ConfigError: ``max_seconds`` or ``startup_timeout`` is not a positive finite number, or
             two specs share a port.
         ServerError: A server exited during startup or was not ready in time (every server
-            started here is stopped first).
+            started here is stopped first). An error raised in the block gets a note naming each
+            server that had exited by then, with its log's tail.
 
     Example:
         >>> spec = ServerSpec("demo", ("sh", "-c", "echo up; sleep 60"), 0, "", lambda log: "up" in log)
@@ -227,10 +229,15 @@ def serve(
         for spec in specs:
             log_path = logs / f"{spec.name}-{spec.port}.log"
             started.append((*_spawn(spec, log_path, max_seconds=max_seconds, grace=grace), spec))
-        deadline = time.monotonic() + startup_timeout
-        for server, proc, spec in started:
-            _wait_ready(server, proc, spec.ready, deadline=deadline, budget=startup_timeout)
-        yield [server for server, _, _ in started]
+        _wait_ready([(server, proc, spec.ready) for server, proc, spec in started], budget=startup_timeout)
+        try:
+            yield [server for server, _, _ in started]
+        except BaseException as exc:
+            # A server that crashed while in use showed only as its clients' "Connection refused".
+            for server, proc, _ in started:
+                if proc.poll() is not None:
+                    exc.add_note(_failure(server, f"{_exit_text(proc.returncode)} while it was in use"))
+            raise
     finally:
         _stop_groups([(proc, spec.stop_signal) for _, proc, spec in reversed(started)], grace=grace)
 
@@ -277,20 +284,54 @@ def _spawn(spec: ServerSpec, log_path: Path, *, max_seconds: float, grace: float
     return server, proc
 
 
-def _wait_ready(
-    server: Server, proc: subprocess.Popen, ready: Callable[[str], bool], *, deadline: float, budget: float
-) -> None:
+def _wait_ready(waiting: Sequence[tuple[Server, subprocess.Popen, Callable[[str], bool]]], *, budget: float) -> None:
+    """Wait until every server is ready; raise naming the first that exits or is not ready in time.
+
+    All are watched on every round: one waited for after another, a replica that died at once (its
+    port taken, no memory) was named only once the servers before it were ready, minutes later.
+    """
+    deadline = time.monotonic() + budget
     while True:
-        if proc.poll() is not None:
-            raise ServerError(_failure(server, f"exited with status {proc.returncode} before it was ready"))
-        # free_port() let the port go before the server bound it: a process that took it meanwhile
-        # answers the probe while ours dies with "Address already in use" (then the poll above
-        # names it), so a probe answered from outside the server's group does not count.
-        if ready(_tail(server.log_path, 1 << 20)) and not _held_by_another(server) and proc.poll() is None:
+        for server, proc, _ in waiting:
+            if proc.poll() is not None:
+                raise ServerError(_failure(server, f"{_exit_text(proc.returncode)} before it was ready"))
+        waiting = [entry for entry in waiting if not _ready_now(*entry)]
+        if not waiting:
             return
         if time.monotonic() > deadline:
-            raise ServerError(_failure(server, f"was not ready within {budget:g} s"))
+            raise ServerError(_failure(waiting[0][0], f"was not ready within {budget:g} s"))
         time.sleep(0.2)
+
+
+def _exit_text(status: int) -> str:
+    """How the server ended, from the status of ``timeout`` (its lifetime wrapper).
+
+    The bare status hid the two endings its log does not tell: 124 is ``timeout``'s own (the lifetime
+    was over); 128 + N, or -N (the group killed meanwhile), is signal N, SIGKILL the kernel's when
+    memory runs out.
+
+    Example:
+        >>> _exit_text(3), _exit_text(124)
+        ('exited with status 3', 'was stopped at the end of its max_seconds lifetime (status 124)')
+        >>> _exit_text(137), _exit_text(-15)
+        ('was killed by SIGKILL (status 137; out of memory?)', 'was killed by SIGTERM (status -15)')
+    """
+    if status == _TIMED_OUT:
+        return f"was stopped at the end of its max_seconds lifetime (status {status})"
+    number = -status if status < 0 else status - 128
+    if not 0 < number < signal.NSIG:
+        return f"exited with status {status}"
+    name = {sig.value: sig.name for sig in signal.Signals}.get(number, f"signal {number}")
+    hint = "; out of memory?" if number == signal.SIGKILL else ""
+    return f"was killed by {name} (status {status}{hint})"
+
+
+def _ready_now(server: Server, proc: subprocess.Popen, ready: Callable[[str], bool]) -> bool:
+    # free_port() let the port go before the server bound it: a process that took it meanwhile
+    # answers the probe while ours dies with "Address already in use" (then _wait_ready names it),
+    # so a probe answered from outside the server's group does not count; nor one answered by a
+    # server that died while it was probed.
+    return ready(_tail(server.log_path, 1 << 20)) and not _held_by_another(server) and proc.poll() is None
 
 
 def _held_by_another(server: Server) -> bool:
@@ -501,6 +542,36 @@ def http_ready(
             return False
 
     return ready
+
+
+#: Why ``extra_args`` may not set where a server listens.
+LOOPBACK_ONLY = f"every server here listens on {HOST} and a free port, where its readiness is probed"
+
+
+def refuse_own_flags(name: str, extra_args: Sequence[str], owned: Mapping[str, str]) -> None:
+    """Refuse a flag in ``extra_args`` that the spec sets itself.
+
+    The server's argparse takes the last one, the extra one: ``--port`` made it listen where no probe
+    asked (the wait ran to its timeout), ``--host 0.0.0.0`` on every interface.
+
+    Args:
+        name: The server, for the message.
+        extra_args: The user's arguments, added after the spec's own.
+        owned: Each flag the spec sets (``--port``, or ``--port=...``) -> what to do instead.
+
+    Raises:
+        ConfigError: Naming the flag and what to do instead.
+
+    Example:
+        >>> refuse_own_flags("vllm", ["--port", "9000"], {"--port": "drop it"})
+        Traceback (most recent call last):
+        ...
+        langgraph_parallelmuse.errors.ConfigError: vllm extra_args sets --port, which is set here: drop it
+    """
+    for arg in extra_args:
+        flag = str(arg).partition("=")[0]
+        if flag in owned:
+            raise ConfigError(f"{name} extra_args sets {flag}, which is set here: {owned[flag]}")
 
 
 def venv_bin(venv: str | Path, name: str) -> str:

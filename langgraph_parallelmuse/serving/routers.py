@@ -19,10 +19,12 @@ from urllib.parse import urlsplit
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.serving.process import (
     HOST,
+    LOOPBACK_ONLY,
     Server,
     ServerSpec,
     free_ports,
     http_ready,
+    refuse_own_flags,
     serve_one,
     venv_bin,
 )
@@ -83,7 +85,8 @@ def router_spec(
     Raises:
         ConfigError: ``worker_urls`` is empty, a string, or holds a URL that is not
             ``http(s)://HOST:PORT`` (port 1-65535, no path) or is listed twice; ``kind`` is
-            unknown; ``policy`` is not one the router takes; ``extra_args`` is a string.
+            unknown; ``policy`` is not one the router takes; ``extra_args`` is a string or sets a
+            flag set here (``--host``, ``--port``, ``--worker-urls``, ``--policy``, ``--prometheus-*``).
 
     Example:
         >>> router_spec([], venv=".venv-serving")
@@ -109,6 +112,11 @@ def router_spec(
         raise ConfigError(f"router policy={policy!r}: {kind} takes one of {', '.join(router.policies)}")
     if isinstance(extra_args, str):
         raise ConfigError(f"router extra_args={extra_args!r}: one string, not a list: pass a list of arguments")
+    listening = dict.fromkeys(
+        ("--host", "--port", "--prometheus-host", "--prometheus-port"), f"drop it ({LOOPBACK_ONLY})"
+    )
+    chosen = {"--worker-urls": "pass the workers as worker_urls", "--policy": "pass policy="}
+    refuse_own_flags("router", extra_args, {**listening, **chosen})
     port, metrics_port = free_ports(2)  # two free_port() calls could return one port twice
     argv = (
         venv_bin(venv, router.argv[0]),

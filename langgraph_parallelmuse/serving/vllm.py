@@ -26,11 +26,13 @@ from langgraph_parallelmuse.models.hardware import PRECISIONS, resolve_precision
 from langgraph_parallelmuse.redact import redact, secrets_in_argv
 from langgraph_parallelmuse.serving.process import (
     HOST,
+    LOOPBACK_ONLY,
     Server,
     ServerError,
     ServerSpec,
     free_port,
     http_ready,
+    refuse_own_flags,
     serve_one,
     venv_bin,
 )
@@ -84,8 +86,9 @@ def vllm_command(
             ran at 32 tokens/s (:mod:`~langgraph_parallelmuse.models.hardware`).
 
     Raises:
-        ConfigError: A setting vLLM would refuse (or that the library cannot use): the message
-            names it and the values it takes.
+        ConfigError: A setting vLLM would refuse (or that the library cannot use), or an
+            ``extra_args`` flag set here (``--host``, ``--port``, ``--model``, ``--served-model-name``):
+            the message names it and what to do.
 
     Example:
         >>> cmd = vllm_command("/m", python="py", port=8000, enforce_eager=True, dtype="float32")
@@ -138,6 +141,15 @@ def _check_command(
         raise ConfigError(
             f"vllm extra_args={extra_args!r}: one string, not a list: pass a list, e.g. ['--enforce-eager']"
         )
+    refuse_own_flags(
+        "vllm",
+        extra_args,
+        {
+            **dict.fromkeys(("--host", "--port"), f"drop it ({LOOPBACK_ONLY})"),
+            "--model": "pass the checkpoint as model_dir",
+            "--served-model-name": "pass served_model_name= (the name the readiness probe asks for)",
+        },
+    )
 
 
 def vllm_spec(
@@ -261,8 +273,9 @@ def vllm_counters(url: str) -> dict[str, float]:
     from the prefix cache; ``vllm:prefix_cache_hits_total`` / ``..._queries_total`` likewise).
 
     Args:
-        url: The server's root URL (``Server.url``). A loopback one is asked directly, another
-            through the environment's proxy (``http_proxy``, ``no_proxy``).
+        url: The server's root URL (``Server.url``; its OpenAI API root, ``.../v1``, is taken for
+            it). A loopback one is asked directly, another through the environment's proxy
+            (``http_proxy``, ``no_proxy``).
 
     Raises:
         ServerError: The server did not answer, or answered with an error.
@@ -282,6 +295,9 @@ def vllm_counters(url: str) -> dict[str, float]:
 def reset_prefix_cache(url: str) -> None:
     """Empty a vLLM server's prefix cache (a server started with ``dev_mode=True``).
 
+    Args:
+        url: As in :func:`vllm_counters`.
+
     Raises:
         ConfigError: The server does not serve the endpoint (started without ``dev_mode``).
         ServerError: The server did not answer, or answered with an error.
@@ -299,6 +315,9 @@ def _fetch(url: str, endpoint: str, *, timeout: float, post: bool = False, missi
         ConfigError: HTTP 404 where ``missing`` tells how to get the endpoint.
         ServerError: No answer, or an HTTP error: the message names the URL and the endpoint.
     """
+    # The OpenAI API root (a ServerChatModel's base_url) names the same server: its /v1/reset_prefix_cache
+    # was a 404, and the error told to start vLLM with dev_mode=True, which it had been.
+    url = re.sub(r"/v1$", "", url.rstrip("/"))
     request = urllib.request.Request(f"{url}{endpoint}", data=b"" if post else None)
     try:
         with open_url(request, timeout=timeout) as resp:

@@ -642,6 +642,18 @@ async def test_a_malformed_scoring_reply_is_a_protocol_error_naming_server_model
             _set(("choices", 0, "logprobs", "content", 0, "top_logprobs", 1, "logprob"), None),
             "choices[0].logprobs.content[0].top_logprobs[1].logprob is null",
         ),
+        # Before: a pydantic ValidationError, then a TypeError, naming neither server nor field.
+        (
+            _set(
+                ("choices", 0, "message", "tool_calls"),
+                [{"id": "1", "type": "function", "function": {"name": "s", "arguments": {"q": "x"}}}],
+            ),
+            'choices[0].message.tool_calls[0].function.arguments is {"q": "x"}, not a JSON string',
+        ),
+        (
+            _set(("choices", 0, "message", "tool_calls"), [{"id": "1", "type": "function"}]),
+            "choices[0].message.tool_calls[0].function is null, not an object",
+        ),
     ],
 )
 async def test_a_malformed_chat_reply_is_a_protocol_error_naming_server_model_and_field(change, field) -> None:
@@ -653,6 +665,24 @@ async def test_a_malformed_chat_reply_is_a_protocol_error_naming_server_model_an
         ) as info:
             await llm(f"{fake.url}/v1").ainvoke(QUESTION)
     assert field in str(info.value) and "\n" not in str(info.value)
+
+
+async def test_a_malformed_streamed_reply_is_a_protocol_error_naming_server_model_and_field() -> None:
+    """Before: the stream was read, and its null logprob failed only its reader ("logprob None is not a
+    number"), naming no server."""
+    reply = json.loads(json.dumps(_completion(30)))
+    reply["choices"][0]["logprobs"]["content"][0]["logprob"] = None
+    route = _streaming(lambda _body: (200, reply))
+    with fake_http({"POST /v1/chat/completions": route}) as fake:
+        model = llm(f"{fake.url}/v1", streaming=True)
+        with pytest.raises(
+            ProtocolError, match=r"^http://127\.0\.0\.1:\d+/v1 \(model 'smollm2'\) sent a malformed"
+        ) as info:
+            await model.ainvoke(QUESTION)
+        assert "choices[0].logprobs.content[0].logprob is null" in str(info.value)
+        reply["choices"][0]["logprobs"]["content"][0]["logprob"] = -0.1  # well formed: read as before
+        assert (await model.ainvoke(QUESTION)).response_metadata["logprobs"]["content"][0]["logprob"] == -0.1
+    assert fake.requests[-1].body["stream"] is True
 
 
 async def test_well_formed_odd_replies_are_read_as_before() -> None:
@@ -707,6 +737,13 @@ async def test_an_option_a_trimming_chat_template_strips_is_scored_as_the_text_i
 def test_the_unspecified_address_is_this_machine() -> None:
     assert is_loopback("0.0.0.0") and is_loopback("::") and is_loopback("[::]")
     assert not is_loopback("0.0.0.1") and not is_loopback("10.0.0.7")
+
+
+@pytest.mark.parametrize("host", ["::ffff:127.0.0.1", "[::ffff:127.0.0.1]", "::ffff:0.0.0.0"])
+def test_an_ipv4_mapped_loopback_address_is_this_machine(host: str) -> None:
+    """Before: Python 3.11's ipaddress calls it no loopback, so a proxy in the environment was asked."""
+    assert is_loopback(host)
+    assert not is_loopback("::ffff:10.0.0.7")
 
 
 def test_a_server_at_0_0_0_0_is_asked_directly_with_http_proxy_set(proxied: FakeHTTP) -> None:

@@ -203,6 +203,29 @@ def test_router_refuses_one_string_for_extra_args(venv: Path) -> None:
         router_spec(["http://127.0.0.1:8001"], venv=venv, extra_args="--log-level debug")
 
 
+@pytest.mark.parametrize(
+    ("kind", "extra", "flag"),
+    [
+        # Before: the server listened on 9000 while its readiness was probed on the spec's port, and the
+        # wait ran to its timeout; "--host 0.0.0.0" served every interface.
+        ("vllm", ["--port", "9000"], "--port"),
+        ("vllm", ["--host=0.0.0.0"], "--host"),
+        ("vllm", ["--served-model-name", "other"], "--served-model-name"),
+        ("router", ["--port=9000"], "--port"),
+        ("router", ["--policy", "round_robin"], "--policy"),
+        ("router", ["--prometheus-port", "29000"], "--prometheus-port"),
+    ],
+)
+def test_extra_args_may_not_set_a_flag_the_spec_sets(tmp_path: Path, venv: Path, kind: str, extra, flag) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^{kind} extra_args sets {flag}, which is set here"):
+        if kind == "vllm":
+            vllm_spec(tmp_path, venv=venv, extra_args=extra)
+        else:
+            router_spec(["http://127.0.0.1:8001"], venv=venv, extra_args=extra)
+    assert vllm_spec(tmp_path, venv=venv, extra_args=["--enforce-eager", "--portable-x"]).command[-1] == "--portable-x"
+
+
 def test_router_refuses_a_worker_listed_twice(venv: Path) -> None:
     # The router registers it once: healthy_workers never reaches len(worker_urls).
     with pytest.raises(ConfigError, match=r"worker_urls lists http://127.0.0.1:8001 more than once"):
@@ -273,6 +296,46 @@ def test_a_failed_start_stops_the_servers_already_started(tmp_path: Path) -> Non
         with serve([good, sh("bad", "exit 1", port=4243)], log_dir=tmp_path):
             pass
     assert _wait_gone(_pids_in(pids, 1)[0], 5)
+
+
+def test_a_server_that_dies_while_another_still_starts_is_named_at_once(tmp_path: Path) -> None:
+    """Before: servers were waited for one after another, so a replica that died at once was named only
+    after the one before it was ready; one never ready was named instead, at the end of the timeout."""
+    pids = tmp_path / "pids"
+    slow = sh("slow", f"echo $$ > {pids}; echo loading; exec sleep 300", ready="never")
+    with pytest.raises(ServerError, match="quick on 127.0.0.1 port 4243 exited with status 1") as info:
+        with serve([slow, sh("quick", "echo 'Address already in use'; exit 1", port=4243)], startup_timeout=15):
+            pass
+    assert "Address already in use" in str(info.value) and "slow" not in str(info.value)
+    assert _wait_gone(_pids_in(pids, 1)[0], 5)
+
+
+def test_an_error_in_the_block_names_a_server_that_died_meanwhile_with_its_log_tail(tmp_path: Path) -> None:
+    """Before: a server that crashed while in use showed only as its clients' "Connection refused"."""
+    pids = tmp_path / "pids"
+    crashing = sh("crashing", f"echo $$ > {pids}; echo up; sleep 0.5; echo 'engine core died'; exit 3")
+    healthy = sh("healthy", "echo up; exec sleep 300", port=4243)
+    with pytest.raises(ConnectionRefusedError) as info:
+        with serve([crashing, healthy], log_dir=tmp_path, grace=2):
+            assert _wait_gone(_pids_in(pids, 1)[0], 10)
+            raise ConnectionRefusedError("a client of the crashed server")
+    (note,) = info.value.__notes__
+    assert note.startswith("crashing on 127.0.0.1 port 4242 exited with status 3 while it was in use")
+    assert "engine core died" in note and str(tmp_path / "crashing-4242.log") in note
+
+
+@pytest.mark.parametrize(
+    ("script", "max_seconds", "said"),
+    [
+        ("kill -9 $$", 60, "was killed by SIGKILL (status "),  # what the kernel does when memory runs out
+        ("exec sleep 300", 1, "was stopped at the end of its max_seconds lifetime (status 124)"),
+    ],
+)
+def test_a_server_killed_or_out_of_lifetime_is_said_so(tmp_path: Path, script: str, max_seconds: int, said: str):
+    """Before: "exited with status -9" or "status 124", and the log tail said nothing either."""
+    with pytest.raises(ServerError, match=rf"^ender on 127.0.0.1 port 4242 {re.escape(said)}"):
+        with serve([sh("ender", f"echo loading; {script}")], log_dir=tmp_path, max_seconds=max_seconds, grace=1):
+            pass
 
 
 def test_server_stops_by_itself_after_max_seconds(tmp_path: Path) -> None:
@@ -393,6 +456,17 @@ def test_reset_prefix_cache_posts_and_names_dev_mode_when_absent(tmp_path: Path,
     (tmp_path / "config.json").write_text("{}")
     assert vllm_spec(tmp_path, venv=venv, dev_mode=True).env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "VLLM_SERVER_DEV_MODE" not in vllm_spec(tmp_path, venv=venv).env
+
+
+@pytest.mark.parametrize("suffix", ["/", "/v1", "/v1/"])
+def test_vllm_endpoints_take_the_openai_api_root_for_the_server(suffix: str) -> None:
+    """Before: given a ServerChatModel's base_url (.../v1), reset_prefix_cache asked /v1/reset_prefix_cache,
+    got a 404 and said to start vLLM with dev_mode=True, which it had been."""
+    routes = {"POST /reset_prefix_cache": lambda _: (200, {}), "GET /metrics": lambda _: (200, "vllm:x_total 2\n")}
+    with fake_http(routes) as fake:
+        reset_prefix_cache(fake.url + suffix)
+        assert vllm_counters(fake.url + suffix) == {"vllm:x_total": 2.0}
+    assert [r.path for r in fake.requests] == ["/reset_prefix_cache", "/metrics"]
 
 
 def test_a_vllm_server_serving_a_non_ascii_name_is_seen_ready(tmp_path: Path, venv: Path) -> None:
@@ -567,7 +641,7 @@ def test_a_server_that_died_while_it_was_probed_is_not_ready(tmp_path: Path) -> 
         return True
 
     spec = ServerSpec("dying", ("sh", "-c", "echo $$; exec sleep 60"), 4242, "", ready)
-    with pytest.raises(ServerError, match="dying on 127.0.0.1 port 4242 exited with status"):
+    with pytest.raises(ServerError, match="dying on 127.0.0.1 port 4242 was killed by SIGKILL"):
         with serve([spec], log_dir=tmp_path):
             pass
 
