@@ -112,14 +112,14 @@ def _dropped(ch: str) -> bool:
 
 
 def _folded(text: str) -> str:
-    """NFKC-normalised, casefolded text without format characters or the accents of Latin letters,
-    superscript digits marked as an exponent (``^6``)."""
+    """NFKC-normalised, casefolded text without format characters, superscript digits marked as an
+    exponent (``^6``)."""
     # Format characters (category Cf: a zero-width space, a soft hyphen, a direction mark) are
     # invisible: "Paris" and "Paris\u200b" are one answer.
     visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     marked = _EXPONENT.sub(lambda m: "^" + m[0], visible)
     # NFKC unifies full-width and composed forms ("ＡＢＣ" is "ABC"; "u" + diaeresis is "ü").
-    return _without_latin_accents(unicodedata.normalize("NFKC", marked).casefold())
+    return unicodedata.normalize("NFKC", marked).casefold()
 
 
 def _without_latin_accents(text: str) -> str:
@@ -197,7 +197,10 @@ def normalize_vote_key(answer: str | None) -> str:
     # The articles go before punctuation becomes spaces, which would free the "a" of "A&M". An answer
     # that is only an article ("A", a multiple-choice letter) is still an answer: it votes under its
     # own words.
-    return _vote_text(" ".join(w for w in text.split() if not _is_article(w))) or _vote_text(text)
+    # The accents go after the articles are read: gone before, "à" and "Å" were the article "a"
+    # ("Å, Lofoten" voted as "Lofoten", "The Å" apart from "Å").
+    kept = " ".join(w for w in text.split() if not _is_article(w))
+    return _vote_text(_without_latin_accents(kept)) or _vote_text(_without_latin_accents(text))
 
 
 def vote_tokens(answer: str | None) -> list[str]:

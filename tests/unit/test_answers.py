@@ -53,3 +53,10 @@ def test_answers_written_without_their_accents_do_not_lose_the_vote(make_traject
     # Two of three votes for Zurich were split across "Zürich" and "Zurich", and Geneva won the tie.
     answers = {"t0": "Geneva", "t1": "Zürich", "t2": "Geneva", "t3": "Zurich", "t4": "Zurich"}
     assert majority_vote([make_trajectory(i, answer=a) for i, a in answers.items()]) == "Zurich"
+
+
+@pytest.mark.parametrize(("one", "other"), [("Å, Lofoten", "Lofoten"), ("À bout de souffle", "Bout de souffle")])
+def test_an_accented_word_is_no_article_once_its_accent_is_folded(one, other):
+    # Folded before the articles were read, "Å" and "à" were the article "a" and left the key.
+    assert normalize_vote_key(one) != normalize_vote_key(other)
+    assert normalize_vote_key("The Å") == normalize_vote_key("Å")
