@@ -73,7 +73,7 @@ _LONGEST_PHRASE = 400
 _MODAL_BE = r"(?:will|would|can|could|may|might|must|shall|should)\s+be"
 _OBJECT_CLAUSE = re.compile(
     rf"(?:the\s+(?:[a-z][\w-]*\s+){{0,2}}?)?{_NAME}\s+"
-    rf"(?:(?:{_MODAL_BE}|is|was|are|were)\b(?:\s+(?:{_PARTICIPLE}|[a-z]+ed|(?:a|an|the)\s+[a-z][\w-]*)\b)?"
+    rf"(?:(?:{_MODAL_BE}|is|was|are|were)\b(?:\s+(?:(?P<participle>{_PARTICIPLE}|[a-z]+ed)|(?:a|an|the)\s+[a-z][\w-]*)\b)?"
     r"|[a-z][\w-]*)"
 )
 # ... or, after "who"/"that", the verb and its object up to a name the question's verb follows ("the
@@ -84,7 +84,11 @@ _SUBJECT_CLAUSE = re.compile(rf"[a-z][^,?]*?\b{_NAME}[\"”’)]?(?=\s+(?!(?:{_F
 # the verb ("What amount of TEUs did the location where the 26th Chess Olympiad occur handle in 2010?").
 # So does a copula a question word asks with: its participle is the question's ("When was the company
 # that Steve Jobs founded established?", "When was the country that produced Fist Power taken by …").
-_NEEDS_VERB = re.compile(r"\b(?:do|does|did|whom|which|where|(?:[Ww]hen|[Ww]here|[Hh]ow)\s+(?:is|was|are|were))\s+$")
+_NEEDS_VERB = re.compile(
+    r"\b(?:do|does|did|whom|which|where|(?P<copula>(?:[Ww]hen|[Ww]here|[Hh]ow)\s+(?:is|was|are|were)))\s+$"
+)
+# A word that may be such a copula's participle ("founded", "taken", "born", "built", "held").
+_QUESTION_PARTICIPLE = re.compile(rf"\b(?:{_PARTICIPLE}|[a-z]+(?:ed|en|wn|rn|lt))\b")
 # Words a subject clause ("who also played Captain Miller in Saving Private Ryan") starts with when
 # it has a subject of its own (an object clause: "that the Tekeze River turns into").
 _SUBJECTS = frozenset("the a an this these those his her its their he she it they we one".split())
@@ -220,13 +224,34 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
         pronoun, at = m.group("pronoun"), m.start("clause")
         clause = _own_clause(pronoun, m.group("clause"))
         end = at + len(clause)
-        if _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start()) and end >= last:
-            shorter = (_SUBJECT_CLAUSE if _is_subject(pronoun, clause) else _OBJECT_CLAUSE).match(question, at, end)
-            clause = shorter.group(0) if shorter and len(shorter.group(0)) < len(clause) else clause
+        if (needs := _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start())) and end >= last:
+            clause = _shorter_clause(
+                question, clause, at, last, subject=_is_subject(pronoun, clause), copula=needs["copula"]
+            )
         clause = clause.rstrip(" ?,")
         if _ASKED.search(clause) or (pronoun.endswith(" which") and _WHICH_ASKS.fullmatch(clause)):
             continue
         yield m.start(), question[m.start() : at + len(clause)], m.group(1)
+
+
+def _shorter_clause(question: str, clause: str, at: int, last: int, *, subject: bool, copula: str | None) -> str:
+    """``clause`` (at ``at`` in ``question``, to its last word at ``last``) without the question's verb.
+
+    After a question's copula ("When was …") the participle the clause's "is" may take is the
+    question's when none follows it: "the state where Greenfield-Central High is" in "When was the
+    state where Greenfield-Central High is admitted to the union?" (taken, the question lost it).
+    """
+    shorter = (_SUBJECT_CLAUSE if subject else _OBJECT_CLAUSE).match(question, at, at + len(clause))
+    if shorter is None or len(shorter.group(0)) >= len(clause):
+        return clause
+    if (
+        copula
+        and not subject
+        and shorter["participle"]
+        and not _QUESTION_PARTICIPLE.search(question, shorter.end(), last)
+    ):
+        return question[at : shorter.start("participle")].rstrip()
+    return shorter.group(0)
 
 
 def _is_subject(pronoun: str, clause: str) -> bool:

@@ -190,6 +190,14 @@ def test_each_bridge_resolves_the_innermost_phrase_in_turn():
             ["Air France"],
             "When was Air France taken over by the state?",
         ),
+        # The clause's copula keeps its own participle only when another follows for the question:
+        # "admitted" was taken into the phrase, which left "When was Indiana to the union?".
+        (
+            "When was the state where Greenfield-Central High is admitted to the union?",
+            ["Indiana"],
+            "When was Indiana admitted to the union?",
+        ),
+        ("When was the city where the Olympics were held founded?", ["Athens"], "When was Athens founded?"),
         ("Who founded the birthplace of Otto, Count of Flanders?", ["Ghent"], "Who founded Ghent?"),
         ("Who directed the film that was shot in Tarn, Texas in 1990", ["Red Dust"], "Who directed Red Dust?"),
         (
