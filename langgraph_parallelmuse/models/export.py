@@ -282,7 +282,7 @@ def _fill(staging: Path, dest: Path) -> None:
     lists nothing. A marker saying ``unfinished`` goes in first and config.json (what loaders look
     for) last before the finished marker, so a killed fill is neither loaded nor taken for a
     foreign folder: the next export fills it again. A move that fails takes back the files already
-    moved, so ``dest`` is left empty.
+    moved, so ``dest`` is left as it was: empty, or an unfinished export the next one finishes.
     """
     names = sorted(
         (p.name for p in staging.iterdir() if p.name != EXPORT_MARKER), key=lambda n: (n == "config.json", n)
@@ -303,7 +303,10 @@ def _fill(staging: Path, dest: Path) -> None:
         for name in moved:
             shutil.move(dest / name, staging / name)
         part.unlink(missing_ok=True)
-        marker.unlink(missing_ok=True)
+        # A killed fill's files still here keep the unfinished marker: unmarked, they made the
+        # folder foreign, refused by every later export and taken by a loader for a checkpoint.
+        if not any(p.name != EXPORT_MARKER for p in dest.iterdir()):
+            marker.unlink(missing_ok=True)
         raise
     shutil.rmtree(staging)
 

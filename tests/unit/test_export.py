@@ -242,3 +242,31 @@ def test_an_export_killed_while_filling_a_folder_is_not_loaded_and_the_next_one_
     assert not export.unfinished_export(dest)
     check_model_path(str(dest))
     assert export.export_model_result(dest).outcome == "reused"
+
+
+def test_a_failed_refill_of_an_interrupted_export_leaves_it_marked_unfinished(
+    monkeypatch: pytest.MonkeyPatch, empty_dest: Path
+) -> None:
+    # The rollback of a refill that failed (a full disk) removed the unfinished marker but not the
+    # killed fill's files: the folder was then foreign, refused by every later export.
+    dest = empty_dest
+    real, calls = shutil.move, []
+
+    def move(source, target, *, fail_at: int, error: BaseException):
+        calls.append(target)
+        if len(calls) == fail_at:
+            raise error
+        return real(source, target)
+
+    monkeypatch.setattr(shutil, "move", lambda s, t: move(s, t, fail_at=3, error=KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        export.export_model(dest)
+    calls.clear()
+    full = OSError(28, "No space left on device")
+    monkeypatch.setattr(shutil, "move", lambda s, t: move(s, t, fail_at=2, error=full))
+    with pytest.raises(ConfigError, match="No space left on device"):
+        export.export_model(dest)
+    assert export.unfinished_export(dest)
+    monkeypatch.setattr(shutil, "move", real)
+    assert export.export_model_result(dest).outcome == "replaced"
+    assert sorted(os.listdir(dest)) == sorted([*export._REQUIRED, EXPORT_MARKER])
