@@ -65,12 +65,16 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
         >>> rollout_runner(g).graph.name
         'rollout'
     """
-    # A graph the user compiled from build_parallelmuse_graph, or a copy (with_config), keeps its builder.
-    for candidate in (graph, getattr(graph, "builder", None)):
-        try:
-            return _RUNNERS[candidate]
-        except (KeyError, TypeError):
-            continue
+    # A graph the user compiled from build_parallelmuse_graph, or a copy (with_config), keeps its builder;
+    # a wrapper (with_retry, as a parent's node) holds the graph as its ``bound``.
+    layer: Any = graph
+    while layer is not None:
+        for candidate in (layer, getattr(layer, "builder", None)):
+            try:
+                return _RUNNERS[candidate]
+            except (KeyError, TypeError):
+                continue
+        layer = getattr(layer, "bound", None)
     raise InputError("not a ParallelMuse graph: build it with create_parallelmuse or build_parallelmuse_graph")
 
 
@@ -151,6 +155,27 @@ def _checked_tools(tools: object) -> list[BaseTool]:
     if not any(t.name == "search" for t in checked):
         raise InputError("tools must include one named 'search' (e.g. make_corpus_tools(index) or make_tavily_tools())")
     return checked
+
+
+def _pause_nodes(nodes: str | Sequence[str] | None, argument: str) -> str | list[str] | None:
+    """``interrupt_before``/``interrupt_after`` as ``StateGraph.compile`` takes them: ``"*"`` or a list.
+
+    Handed on as given, a tuple (a ``Sequence`` as typed) or one node's name failed the build with
+    ``TypeError: can only concatenate tuple (not "list") to tuple``.
+
+    Raises:
+        InputError: ``nodes`` is neither a node's name nor a list of names.
+
+    Example:
+        >>> _pause_nodes(("aggregate",), "interrupt_before"), _pause_nodes("collect", "interrupt_after")
+        (['aggregate'], ['collect'])
+    """
+    if nodes is None or nodes == "*":
+        return nodes
+    names = [nodes] if isinstance(nodes, str) else list(nodes) if isinstance(nodes, Iterable) else None
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise InputError(f"{argument}={nodes!r:.80} is not a list of node names: pass e.g. ['aggregate']")
+    return names
 
 
 def build_parallelmuse_graph(
@@ -305,9 +330,8 @@ def create_parallelmuse(
         guided_driver=guided_driver,
         system_prompt=system_prompt,
     )
-    compiled = graph.compile(
-        checkpointer=checkpointer, name=name, interrupt_before=interrupt_before, interrupt_after=interrupt_after
-    )
+    pauses = {"interrupt_before": interrupt_before, "interrupt_after": interrupt_after}
+    compiled = graph.compile(checkpointer=checkpointer, name=name, **{k: _pause_nodes(v, k) for k, v in pauses.items()})
     _RUNNERS[compiled] = _RUNNERS[graph]
     # Compiled without checkpoints even under a checkpointed parent: its trajectories stay out of the parent's.
     _RUNNERS[graph].borrows = checkpointer is not False

@@ -524,6 +524,15 @@ def test_rollout_runner_finds_the_runner_of_a_graph_the_user_compiled_or_copied(
         assert rollout_runner(graph) is rollout_runner(builder)
 
 
+def test_rollout_runner_finds_the_runner_of_a_graph_wrapped_with_retry():
+    # RunnableRetry forwards no attribute to the graph it wraps: "not a ParallelMuse graph".
+    from langgraph_parallelmuse.graph import rollout_runner
+
+    graph, _ = make_graph()
+    for wrapped in (graph.with_retry(), graph.with_config(tags=["x"]).with_retry().with_listeners()):
+        assert rollout_runner(wrapped) is rollout_runner(graph)
+
+
 async def test_the_run_configs_max_concurrency_bounds_each_run_of_a_batch_on_its_own():
     """It became one semaphore shared by every run that passed the value: a batch of two ran as one."""
     model = ScriptedChatModel(responder=research_responder(lambda i, m: Reply(answer_text("Paris"), delay=0.2)))

@@ -732,6 +732,22 @@ async def test_the_factory_pauses_before_a_node_and_the_paused_run_resumes():
     assert _roles(model)["aggregate"] == 1
 
 
+@pytest.mark.parametrize("pause", [("aggregate",), "aggregate"])
+async def test_the_factory_pauses_at_nodes_named_in_a_tuple_or_alone(pause):
+    """A tuple (a Sequence, as the factory's types say) or one node's name failed the build with
+    TypeError: can only concatenate tuple (not "list") to tuple."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver(), interrupt_before=pause)
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "paused-tuple"}}
+    assert (await graph.ainvoke({"question": QUESTION}, cfg))["answer"] is None
+    assert (await graph.aget_state(cfg)).next == ("aggregate",)
+    assert (await graph.ainvoke(None, cfg))["answer"] == "Paris"
+
+
+def test_the_factory_refuses_pauses_that_are_no_node_names():
+    with pytest.raises(InputError, match="interrupt_after=5 is not a list of node names"):
+        _graph({"n": 2, "mode": "none"}, interrupt_after=5)
+
+
 class _EngineModel(ScriptedChatModel):
     """A model with in-process engine counters (requests served), like LocalChatModel."""
 
