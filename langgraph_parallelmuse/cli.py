@@ -49,9 +49,11 @@ out = Console(emoji=False)
 
 def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--base-url", help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2")
-    g.add_argument("--model", default=None, help="model name on the server (with --base-url; default: its only model)")
-    g.add_argument("--model-path", default=None, help="local transformers checkpoint dir (default: embedded GGUF)")
+    g.add_argument(
+        "--base-url", type=_given, help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2"
+    )
+    g.add_argument("--model", type=_given, help="model name on the server (with --base-url; default: its only model)")
+    g.add_argument("--model-path", type=_given, help="local transformers checkpoint dir (default: embedded GGUF)")
     g.add_argument(
         "--precision",
         choices=("auto", "float32", "bfloat16"),
@@ -65,6 +67,7 @@ def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
         "--corpus",
         action="append",
         default=[],
+        type=_given,
         help="{id,title,text} JSONL to search (repeatable); "
         + (
             "the question set's corpus, e.g. ../shared/eval-data/<set>.corpus.jsonl"
@@ -74,7 +77,7 @@ def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
     )
     if bench:  # the questions' own corpus, and --setting distractor for their documents
         return
-    g.add_argument("--doc-ids", default=None, help="comma-separated doc ids the tools may see (distractor setting)")
+    g.add_argument("--doc-ids", type=_given, help="comma-separated doc ids the tools may see (distractor setting)")
     g.add_argument("--tavily", action="store_true", help="search the web with Tavily (needs TAVILY_API_KEY)")
 
 
@@ -655,31 +658,43 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     # Written first: printed first, it was lost to a closed stdout (`| head`), whose error ends the command.
     # With the model as bench results record it: a calibration fitted on this output then knows it.
     _write_json({**final, "model": _model_identity(args)}, args)
-    out.print(Panel(_shown(render_tree(final.get("trajectories", []))), title="Trajectory tree"))
+    screen = _screen(args.json)
+    screen.print(Panel(_shown(render_tree(final.get("trajectories", []))), title="Trajectory tree"))
     for report in final.get("reports", []):
-        out.print(Panel(_shown(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
-    out.print(stats_table(final))
+        screen.print(Panel(_shown(report["text"]), title=f"Report {report['trajectory_id']} ({report['status']})"))
+    screen.print(stats_table(final))
     stats = final.get("stats") or {}
     for problem in (stats.get("compress") or {}).get("fallback_problems") or []:
-        out.print(f"[yellow]reports fell back:[/] {_shown(problem)}")
+        screen.print(f"[yellow]reports fell back:[/] {_shown(problem)}")
     roll = stats.get("rollout") or {}
     if (calls := roll.get("tool_calls", 0)) and roll.get("tool_errors", 0) * 2 > calls:
         # The trajectories answered from what the model already believed: the evidence never came.
-        out.print(
+        screen.print(
             f"[bold yellow]warning: {roll['tool_errors']} of {calls} tool calls failed[/] "
             f"({_shown('; '.join(roll.get('tool_error_reasons') or []))}): the answer rests on little or no evidence"
         )
     answer = final.get("answer")
     # Without an answer the panel says why (the same error): no aggregator's pick was there to be used.
     if answer is not None and (error := (stats.get("aggregate") or {}).get("error")):
-        out.print(f"[yellow]the aggregator's pick was not used:[/] {_shown(error)}")
-    out.print(
+        screen.print(f"[yellow]the aggregator's pick was not used:[/] {_shown(error)}")
+    screen.print(
         Panel(
             _shown(answer if answer is not None else _no_answer(final)),
             title=f"Answer (source: {final.get('answer_source')})",
             border_style="bold green" if answer is not None else "bold red",
         )
     )
+
+
+def _screen(output: str | None) -> Console:
+    """Where a command prints its result for the eye: standard output, but standard error when the
+    file it writes (``--json``, ``--out``) is standard output (``--json /dev/stdout | jq``): the text
+    followed the JSON there, which then no longer parsed."""
+    try:
+        to_stdout = output is not None and os.path.samestat(os.stat(output), os.fstat(1))
+    except OSError:  # no such file yet, or no standard output
+        to_stdout = False
+    return console if to_stdout else out
 
 
 def _no_answer(final: dict[str, Any]) -> str:
@@ -725,7 +740,7 @@ def _write_json(result: dict[str, Any], args: argparse.Namespace) -> None:
     result = _jsonable(result)
     try:
         # Encoded before the file is opened: a text UTF-8 cannot encode left it emptied.
-        data = json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8")
+        data = (json.dumps(result, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
         with replacing(args.json) as tmp:  # a full disk leaves the earlier file, not a cut one
             tmp.write_bytes(data)
     except (OSError, UnicodeEncodeError) as exc:
@@ -780,6 +795,37 @@ def _ask_interrupted(args: argparse.Namespace) -> str:
     return f"rerun the same command with{run} --resume to continue it"
 
 
+# The flags a run's settings leave unread, with the setting that does and the way out: the settings
+# cannot tell these given from their defaults (ParallelMuseConfig refuses rounds, a calibration and
+# crossover where they would be ignored).
+_UNREAD = (
+    (
+        lambda s: s.mode == "none",
+        "mode none samples every trajectory from scratch",
+        ("k", "t", "diverse_branches"),
+        "choose a branching --mode (e.g. exploration)",
+    ),
+    (
+        lambda s: s.aggregation != "parallelmuse",
+        "--aggregation {aggregation} votes on the trajectories' answers, with no report and no aggregator",
+        ("max_report_tokens", "max_aggregate_tokens", "report_form"),
+        "use --aggregation parallelmuse",
+    ),
+)
+
+
+def _refuse_unread(args: argparse.Namespace, settings: ParallelMuseConfig) -> None:
+    """Refuse flags given for a run whose settings (given, or a resumed run's) never read them
+    (``--mode none --k 3``): the run went as if they had not been given."""
+    for applies, why, names, instead in _UNREAD:
+        given = [name for name in names if getattr(args, name) not in (None, False)]
+        if given and applies(settings):
+            flags = " and ".join("--" + name.replace("_", "-") for name in given)
+            raise ConfigError(
+                f"{why.format(**settings.model_dump())}, so {flags} would change nothing: drop {flags}, or {instead}"
+            )
+
+
 async def _ask_settings(args: argparse.Namespace) -> tuple[argparse.Namespace, ParallelMuseConfig]:
     """The command line (a server's only model named) and the settings ``ask`` runs with, checked with
     its flags before the index opens or the model loads.
@@ -800,6 +846,7 @@ async def _ask_settings(args: argparse.Namespace) -> tuple[argparse.Namespace, P
     # A SQLite file still to be created holds no run, and is not created before the index opens (which may fail).
     look = args.run_id and (kind == "postgres" or Path(args.db).expanduser().exists())
     settings = make_config({**(await _stored_run(args) if look else {}), **_overrides(args)})
+    _refuse_unread(args, settings)
     if args.json:
         _writable_file(args.json, "--json")
         inputs = [("--db", args.db), ("--calibration", settings.calibration), ("--model-path", args.model_path)]
@@ -940,6 +987,7 @@ async def _agent(args: argparse.Namespace) -> int:
     from langgraph_parallelmuse.agent import RolloutRunner
 
     settings = _config_from(args, mode="none")  # one trajectory: no budget, no branching
+    args = _served_name(args)  # as ask: a wrong model flag or a dead server before the index opens
     tools = _tools(args)
     model = _model(args, settings)
     runner = RolloutRunner(model, tools, driver=settings.driver)
@@ -1201,6 +1249,32 @@ def _names(text: str, *, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]
     return names
 
 
+def _path(text: str) -> str:
+    """A file or folder flag's path with a leading ``~`` expanded, as ``--db``, ``--corpus`` and
+    ``--calibration`` read theirs: a ``~`` the shell leaves (``--json=~/r.json``, a quoted path) was
+    refused as a missing folder ``~``, or made one in the working directory (``bench --out``).
+
+    Example:
+        >>> _path("~/r.json") == os.path.join(os.path.expanduser("~"), "r.json"), _path("a b/r.json")
+        (True, 'a b/r.json')
+    """
+    return os.path.expanduser(text)
+
+
+def _given(text: str) -> str:
+    """A flag's text, refused when blank (``--base-url "$URL"`` with the variable unset): taken as the
+    flag not given, ``--base-url`` ran the embedded model, ``--db`` no store, ``--run-id`` a random id
+    and ``--doc-ids`` every document.
+
+    Example:
+        >>> _given("runs.sqlite")
+        'runs.sqlite'
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is blank (an unset shell variable?): give a value or drop the flag")
+    return text
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -1366,7 +1440,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
             f"{cal.confidence_floor:.3f}",
             f"{cal.confidence_samples} trajectories",
         )
-    out.print(table)
+    _screen(args.out).print(table)
     console.print(
         f"{len(runs.uncertainties)} trajectories; wrote {args.out} (use it with --calibration {args.out})",
         markup=False,
@@ -1397,9 +1471,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", type=_question)
     _add_model_args(ask)
     _add_config_args(ask)
-    ask.add_argument("--json", "--out", dest="json", help="write the full result (trajectories, reports) here")
-    ask.add_argument("--db", help="SQLite file or postgresql:// URL that checkpoints the run (enables --resume)")
-    ask.add_argument("--run-id", help="name of the run inside --db")
+    ask.add_argument(
+        "--json", "--out", dest="json", type=_path, help="write the full result (trajectories, reports) here"
+    )
+    ask.add_argument(
+        "--db", type=_given, help="SQLite file or postgresql:// URL that checkpoints the run (enables --resume)"
+    )
+    ask.add_argument("--run-id", type=_given, help="name of the run inside --db")
     ask.add_argument(
         "--resume",
         action="store_true",
@@ -1412,7 +1490,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(agent, only=TRAJECTORY_FIELDS)
     agent.set_defaults(func=_agent)
     bench = sub.add_parser("bench", help="compare ParallelMuse with the baselines on a QA set")
-    bench.add_argument("--questions", required=True, help="{id, question, answers, ...} JSONL")
+    bench.add_argument("--questions", required=True, type=_path, help="{id, question, answers, ...} JSONL")
     bench.add_argument(
         "--setting",
         choices=["distractor", "open"],
@@ -1452,7 +1530,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set diverse_branches=true --set max_concurrency=2 (repeatable; refused: the fields with a flag "
         "of their own, and m, crossover, early_stop, consensus, aggregation)",
     )
-    bench.add_argument("--out", default="bench-results/run", help="output directory (resumable)")
+    bench.add_argument("--out", default="bench-results/run", type=_path, help="output directory (resumable)")
     bench.add_argument(
         "--report-only",
         action="store_true",
@@ -1460,18 +1538,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--judge-base-url",
+        type=_given,
         help="OpenAI-compatible server of an LLM judge (BrowseComp grading prompt); adds a 'judge' score",
     )
     bench.add_argument(
-        "--judge-model", default=None, help="judge model name on that server (default: the one it serves)"
+        "--judge-model", type=_given, help="judge model name on that server (default: the one it serves)"
     )
     _add_model_args(bench, bench=True)
     bench.set_defaults(func=_bench, on_interrupt="rerun the same command to continue; finished questions are kept")
     cal = sub.add_parser(
         "calibrate", help="learn branching thresholds (for --calibration) from earlier runs' trajectories"
     )
-    cal.add_argument("runs", nargs="+", help="bench results.jsonl files or `ask --json` outputs")
-    cal.add_argument("--out", required=True, help="calibration file to write")
+    cal.add_argument("runs", nargs="+", type=_path, help="bench results.jsonl files or `ask --json` outputs")
+    cal.add_argument("--out", required=True, type=_path, help="calibration file to write")
     cal.add_argument("--quantile", type=float, default=DEFAULT_QUANTILE, help="share of steps that will not branch")
     cal.add_argument(
         "--stop-quantile", type=float, default=0.1, help="share of trajectories early_stop would have stopped"
@@ -1488,7 +1567,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete a thread and the trajectory threads its runs made (a plain thread delete leaves them)",
     )
     delete.add_argument("thread", help="the thread id (a CLI run's --run-id, a Studio thread's id)")
-    delete.add_argument("--db", required=True, help="the SQLite file or postgresql:// URL holding it")
+    delete.add_argument("--db", required=True, type=_given, help="the SQLite file or postgresql:// URL holding it")
     delete.set_defaults(func=_delete_thread)
     return parser
 

@@ -245,6 +245,16 @@ def test_a_model_path_the_loader_cannot_open_is_refused_naming_the_flag(fake_cli
         cli._check_model_flags(argparse.Namespace(base_url=None, model=None, model_path=str(path), precision=None))
 
 
+def test_agent_checks_its_model_flags_before_the_index_opens(tmp_path, monkeypatch, capsys):
+    """``agent --model-path`` of no checkpoint (or ``--model`` without a server) was found only after
+    the search index had opened, built first when not cached; ``ask`` checked them first."""
+    monkeypatch.setattr(cli, "_tools", lambda args: pytest.fail("the index opened"))
+    assert cli.main(["agent", PARIS, "--model-path", str(tmp_path)]) == 1
+    assert f"--model-path {tmp_path} is a directory without config.json" in _err(capsys)
+    assert cli.main(["agent", PARIS, "--model", "gpt-4o"]) == 1
+    assert "--model 'gpt-4o' names a model on a server: add --base-url" in _err(capsys)
+
+
 def test_precision_is_refused_with_a_server_and_means_float32_when_not_given(fake_cli, capsys):
     """``--precision`` with ``--base-url`` was silently ignored (and dropped from the run's inputs)."""
     server = ("--base-url", "http://127.0.0.1:9/v1", "--model", "smollm2")
@@ -335,6 +345,68 @@ def test_a_resume_on_a_corpus_edited_in_the_middle_is_refused(fake_cli, tmp_path
     corpus.write_bytes(data[:middle] + b"1978" + data[middle + 4 :])  # the same size, 2 MiB from either end
     assert _ask(*run, "--resume") == 1
     assert "was started with other inputs: --corpus docs.jsonl" in _err(capsys)
+
+
+@pytest.mark.parametrize("flag", ["--run-id", "--db", "--base-url", "--model", "--model-path", "--doc-ids", "--corpus"])
+def test_a_blank_flag_is_refused_by_the_parser(flag, fake_cli, tmp_path, monkeypatch, capsys):
+    """A blank value (``--base-url "$URL"``, the variable unset) was taken as the flag not given: the
+    embedded model ran instead of the server, ``--db`` kept nothing, ``--run-id`` got a random id,
+    ``--doc-ids`` let the tools see every document."""
+    monkeypatch.chdir(tmp_path)  # where a blank path would land
+    db = tmp_path / "x.sqlite"
+    others = ("--db", str(db)) if flag == "--run-id" else ()
+    with pytest.raises(SystemExit) as exited:
+        _ask(PARIS, *SMALL, *others, flag, " ")
+    assert exited.value.code == 2 and not db.exists() and not fake_cli.calls
+    assert f"argument {flag}: ' ' is blank (an unset shell variable?): give a value or drop the flag" in _err(capsys)
+
+
+def test_flags_the_runs_settings_never_read_are_refused_before_the_model_loads(fake_cli, tmp_path, capsys):
+    """``--mode none --k 3`` ran from scratch as if ``--k`` had not been given (k, T and diverse
+    branches shape the branches mode none never makes), and a voting aggregation wrote no report
+    with ``--max-report-tokens``."""
+    assert _ask(PARIS, "--n", "2", "--mode", "none", "--k", "3", "--diverse-branches") == 1
+    said = _err(capsys)
+    assert "mode none samples every trajectory from scratch, so --k and --diverse-branches would change nothing" in said
+    assert "drop --k and --diverse-branches, or choose a branching --mode" in said and not fake_cli.calls
+    assert _ask(PARIS, *SMALL, "--aggregation", "majority", "--max-report-tokens", "64") == 1
+    assert (
+        "--aggregation majority votes on the trajectories' answers, with no report and no aggregator, so "
+        "--max-report-tokens would change nothing: drop --max-report-tokens, or use --aggregation parallelmuse"
+    ) in _err(capsys)
+    assert not fake_cli.calls
+    db = str(tmp_path / "x.sqlite")
+    assert _ask(PARIS, "--n", "2", "--mode", "none", "--no-diverse-branches", "--db", db, "--run-id", "r1") == 0
+    assert _ask(PARIS, "--t", "3", "--db", db, "--run-id", "r1", "--resume") == 1  # the stored run's mode
+    assert "so --t would change nothing" in _err(capsys)
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def test_path_flags_read_a_leading_tilde_as_the_home_folder(fake_cli, tmp_path, monkeypatch, capsys):
+    """A ``~`` the shell leaves as written (``--json=~/r.json``, a quoted path) was refused as a missing
+    folder ``~`` by ``ask --json`` and ``calibrate``, whose ``--calibration`` reads it as home."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert _ask(PARIS, *SMALL, "--json", "~/r.json") == 0, _err(capsys)
+    assert json.loads((tmp_path / "r.json").read_text())["answer"] == "Paris"
+    (tmp_path / "results.jsonl").write_text(_bench_line("q1", "Paris"), encoding="utf-8")
+    assert cli.main(["calibrate", "~/results.jsonl", "--out", "~/my cal.json"]) == 0, _err(capsys)
+    assert Calibration.load(str(tmp_path / "my cal.json")).questions == ("q1",)
+    args = cli.build_parser().parse_args(["bench", "--questions", "~/q.jsonl", "--out", "~/run"])
+    assert (args.questions, args.out) == (str(tmp_path / "q.jsonl"), str(tmp_path / "run"))
+
+
+def test_a_json_output_on_stdout_is_all_that_stdout_holds(fake_cli, tmp_path, capfd):
+    """``ask --json /dev/stdout | jq`` read the JSON followed by the result's panels (and ``calibrate
+    --out /dev/stdout`` its table): no longer JSON. The text goes to standard error then."""
+    assert _ask(PARIS, *SMALL, "--json", "/dev/stdout") == 0
+    printed, said = capfd.readouterr()
+    assert json.loads(printed)["answer"] == "Paris" and "Trajectory tree" in said
+    (tmp_path / "results.jsonl").write_text(_bench_line("q1", "Paris"), encoding="utf-8")
+    assert cli.main(["calibrate", str(tmp_path / "results.jsonl"), "--out", "/dev/stdout"]) == 0
+    printed, said = capfd.readouterr()
+    assert json.loads(printed)["questions"] == ["q1"] and "perplexity (branch above)" in said
 
 
 # ----------------------------------------------------------------------------- calibrate
