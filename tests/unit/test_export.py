@@ -195,19 +195,24 @@ def test_an_export_into_the_current_empty_directory_is_seen_there(
     assert [p.name for p in tmp_path.iterdir()] == ["smol"]
 
 
-def test_an_empty_directory_a_move_into_fails_for_is_left_empty(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, empty_dest: Path
-) -> None:
-    dest = empty_dest
+def _failing_move(monkeypatch: pytest.MonkeyPatch, *, at: int, error: BaseException) -> None:
+    """Make the ``at``-th file move of an export raise ``error`` (a full disk, or a kill as KeyboardInterrupt)."""
     real, calls = shutil.move, []
 
     def move(source, target):
         calls.append(target)
-        if len(calls) == 3:
-            raise OSError(28, "No space left on device", str(target))
+        if len(calls) == at:
+            raise error
         return real(source, target)
 
     monkeypatch.setattr(shutil, "move", move)
+
+
+def test_an_empty_directory_a_move_into_fails_for_is_left_empty(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, empty_dest: Path
+) -> None:
+    dest = empty_dest
+    _failing_move(monkeypatch, at=3, error=OSError(28, "No space left on device", str(dest / "x")))
     with pytest.raises(ConfigError, match="cannot write"):
         export.export_model(dest)
     assert list(dest.iterdir()) == []  # not half an export, which no later export would replace
@@ -222,15 +227,8 @@ def test_an_export_killed_while_filling_a_folder_is_not_loaded_and_the_next_one_
     from langgraph_parallelmuse.models.local import check_model_path
 
     dest = empty_dest
-    real, calls = shutil.move, []
-
-    def move(source, target):
-        calls.append(target)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # as a kill: nothing is taken back
-        return real(source, target)
-
-    monkeypatch.setattr(shutil, "move", move)
+    real = shutil.move
+    _failing_move(monkeypatch, at=3, error=KeyboardInterrupt())  # as a kill: nothing is taken back
     with pytest.raises(KeyboardInterrupt):
         export.export_model(dest)
     assert export.unfinished_export(dest)
@@ -250,20 +248,12 @@ def test_a_failed_refill_of_an_interrupted_export_leaves_it_marked_unfinished(
     # The rollback of a refill that failed (a full disk) removed the unfinished marker but not the
     # killed fill's files: the folder was then foreign, refused by every later export.
     dest = empty_dest
-    real, calls = shutil.move, []
-
-    def move(source, target, *, fail_at: int, error: BaseException):
-        calls.append(target)
-        if len(calls) == fail_at:
-            raise error
-        return real(source, target)
-
-    monkeypatch.setattr(shutil, "move", lambda s, t: move(s, t, fail_at=3, error=KeyboardInterrupt()))
+    real = shutil.move
+    _failing_move(monkeypatch, at=3, error=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         export.export_model(dest)
-    calls.clear()
-    full = OSError(28, "No space left on device")
-    monkeypatch.setattr(shutil, "move", lambda s, t: move(s, t, fail_at=2, error=full))
+    monkeypatch.setattr(shutil, "move", real)
+    _failing_move(monkeypatch, at=2, error=OSError(28, "No space left on device"))
     with pytest.raises(ConfigError, match="No space left on device"):
         export.export_model(dest)
     assert export.unfinished_export(dest)
