@@ -127,6 +127,8 @@ def _without_latin_accents(text: str) -> str:
     # Trajectories write one name with and without its accents ("Zürich", "Zurich"), which split its
     # votes (the corpus search folds them too). Marks on other scripts stay: a Devanagari vowel sign
     # or a kana's voicing mark makes another word ("が" is not "か").
+    if text.isascii():  # most answers: nothing to fold, and no character's name to look up
+        return text
     kept, latin = [], False
     for ch in unicodedata.normalize("NFD", text):
         if unicodedata.category(ch) != "Mn":
