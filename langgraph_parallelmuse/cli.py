@@ -331,7 +331,7 @@ def _corpus_fingerprint(paths: Sequence[str]) -> str:
     alone missed an edit in between that kept the size, and a bench continued its table on the edited corpus.
 
     Raises:
-        CorpusError: A file cannot be read.
+        CorpusError: A file is missing, is no regular file, or cannot be read.
 
     Example:
         >>> import tempfile
@@ -340,11 +340,10 @@ def _corpus_fingerprint(paths: Sequence[str]) -> str:
         >>> _corpus_fingerprint([str(path)])
         'docs.jsonl (40 bytes, sha256 b566607a259a934a)'
     """
-    from langgraph_parallelmuse.tools.corpus import file_sha256
+    from langgraph_parallelmuse.tools.corpus import corpus_files, file_sha256
 
     shown = []
-    for path in paths:
-        file = Path(path).expanduser().resolve()
+    for file in corpus_files(paths):  # a pipe or a folder is named as such, as the index names it
         try:
             size, digest = file.stat().st_size, file_sha256(file)
         except OSError as exc:

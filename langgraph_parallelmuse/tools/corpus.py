@@ -291,11 +291,7 @@ class CorpusIndex:
         """
         if not paths:
             raise CorpusError("from_jsonl needs at least one JSONL path")
-        # A file given twice (or through a link) is that file once: read twice, its every id was a duplicate.
-        files = list(dict.fromkeys(Path(p).expanduser().resolve() for p in paths))
-        for f in files:
-            if not f.is_file():
-                raise CorpusError(f"corpus file not found: {f}")
+        files = corpus_files(paths)
         name = files[0].stem if len(files) == 1 else f"{files[0].stem}+{len(files) - 1}"
         return cls._cached(name, files, cache_dir, lambda: _read_jsonl(files))
 
@@ -577,6 +573,32 @@ def _fingerprint(files: Sequence[Path]) -> str:
         with _reading(f):
             h.update(f"\n{f}|{file_sha256(f)}".encode())
     return h.hexdigest()
+
+
+def corpus_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The corpus files ``paths`` name, resolved, each once.
+
+    Raises:
+        CorpusError: A path is missing, or is no regular file (a folder, or a pipe such as
+            ``<(zcat docs.jsonl.gz)``, which the index could neither hash nor read again).
+
+    Example:
+        >>> corpus_files(["../shared/eval-data/hotpotqa_train100.corpus.jsonl"])[0].name
+        'hotpotqa_train100.corpus.jsonl'
+    """
+    for p in paths:
+        # A pipe resolves to a "/proc/…/pipe:[…]" path, which was reported as not found.
+        if (given := Path(p).expanduser()).exists() and not given.is_file():
+            raise CorpusError(
+                f"corpus {p} is not a regular file (a folder or a pipe): the index hashes its file and "
+                "reads it again when it changes; give the JSONL file itself (decompress it to a file first)"
+            )
+    # A file given twice (or through a link) is that file once: read twice, its every id was a duplicate.
+    files = list(dict.fromkeys(Path(p).expanduser().resolve() for p in paths))
+    for f in files:
+        if not f.is_file():
+            raise CorpusError(f"corpus file not found: {f}")
+    return files
 
 
 def file_sha256(path: Path) -> str:

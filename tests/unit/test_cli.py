@@ -333,6 +333,18 @@ def test_a_taken_run_id_or_a_resume_of_another_run_is_refused_before_the_index_o
     assert "cannot read the corpus c.jsonl" in _err(capsys) and not new.exists()
 
 
+def test_a_corpus_given_as_a_pipe_is_named_as_such_before_it_is_read():
+    """``bench --corpus <(zcat …)``: the fingerprint resolved /dev/fd/N to "/proc/…/pipe:[…]" and said it
+    could not read that; reading the pipe to hash it would have left nothing for the index."""
+    read, write = os.pipe()
+    try:
+        with pytest.raises(CorpusError, match=f"corpus /dev/fd/{read} is not a regular file"):
+            cli._corpus_fingerprint([f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 def test_a_resume_on_a_corpus_edited_in_the_middle_is_refused(fake_cli, tmp_path, capsys):
     """Only the first and last MiB of a corpus file were hashed: an edit between them that kept the
     size went unseen, and the run resumed on other texts than its trajectories had read."""

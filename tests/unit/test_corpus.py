@@ -208,6 +208,20 @@ def test_a_file_given_twice_is_read_once_and_a_repeated_id_names_its_line(tmp_pa
         CorpusIndex.from_jsonl(src, other, cache_dir=cache)
 
 
+def test_a_pipe_or_folder_as_the_corpus_is_named_as_such(tmp_path: Path, cache: Path) -> None:
+    """``--corpus <(zcat docs.jsonl.gz)`` is a pipe at /dev/fd/N, whose resolved path
+    ("/proc/…/pipe:[…]") was reported as "corpus file not found"."""
+    read, write = os.pipe()
+    try:
+        with pytest.raises(CorpusError, match=f"^corpus /dev/fd/{read} is not a regular file .*a pipe"):
+            CorpusIndex.from_jsonl(f"/dev/fd/{read}", cache_dir=cache)
+    finally:
+        os.close(read)
+        os.close(write)
+    with pytest.raises(CorpusError, match="is not a regular file"):
+        CorpusIndex.from_jsonl(tmp_path, cache_dir=cache)
+
+
 def test_bad_sources_give_clear_errors(tmp_path: Path, cache: Path) -> None:
     with pytest.raises(CorpusError, match="not found"):
         CorpusIndex.from_jsonl(tmp_path / "missing.jsonl", cache_dir=cache)
