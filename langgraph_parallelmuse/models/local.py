@@ -84,10 +84,8 @@ def _stops(stop: Any) -> tuple[Any, ...]:
         raise InputError(f"stop={stop!r}: pass a list of strings") from None
 
 
-def _flag(kwargs: dict[str, Any], name: str, *, default: bool) -> Any:
-    """A call's boolean ``name`` argument, ``default`` when absent or ``None`` (the engine refuses non-bools)."""
-    value = kwargs.get(name)
-    return default if value is None else value
+# ``LocalChatModel._setting``'s default: the model's own field of the argument's name.
+_OWN_FIELD = object()
 
 
 def check_model_path(model_path: str | None, gguf_file: str | None = None, *, flag: str = "model_path=") -> None:
@@ -426,16 +424,19 @@ class LocalChatModel(BaseChatModel):
             top_p=self._setting(kwargs, "top_p"),
             seed=kwargs.get("seed", self.seed),
             stop=_stops(stop),
-            logprobs=_flag(kwargs, "logprobs", default=True),
+            logprobs=self._setting(kwargs, "logprobs", default=True),
             top_logprobs=top_logprobs,
-            ignore_eos=_flag(kwargs, "ignore_eos", default=False),
+            ignore_eos=self._setting(kwargs, "ignore_eos", default=False),
             on_text=on_text,
         )
 
-    def _setting(self, kwargs: dict[str, Any], name: str) -> Any:
-        """A call's ``name`` argument, or this model's field when it is absent or ``None``."""
+    def _setting(self, kwargs: dict[str, Any], name: str, *, default: Any = _OWN_FIELD) -> Any:
+        """A call's ``name`` argument, or, when it is absent or ``None``, this model's field of that name
+        (``default`` for an argument the model has no field for: ``logprobs``, ``ignore_eos``)."""
         value = kwargs.get(name)
-        return getattr(self, name) if value is None else value
+        if value is not None:
+            return value
+        return getattr(self, name) if default is _OWN_FIELD else default
 
     def _result(self, result: Any, scored: bool) -> ChatResult:
         metadata: dict[str, Any] = {
@@ -482,11 +483,12 @@ class LocalChatModel(BaseChatModel):
         request = self._request(messages, stop, kwargs)
         return self._result(await asyncio.wrap_future(self.engine.submit(request)), bool(request.forced_ids))
 
-    def _last_chunk(self, result: Any, streamed: str, scored: bool) -> ChatGenerationChunk:
-        """The reply's text after ``streamed``, with its metadata (logprobs of every token, usage)."""
+    def _last_chunk(self, result: Any, streamed: int, scored: bool) -> ChatGenerationChunk:
+        """The reply's text after its first ``streamed`` characters, with its metadata (logprobs of
+        every token, usage)."""
         message = self._result(result, scored).generations[0].message
         chunk = AIMessageChunk(
-            content=message.content[len(streamed) :],
+            content=message.content[streamed:],
             response_metadata=message.response_metadata,
             usage_metadata=message.usage_metadata,
         )
@@ -505,10 +507,10 @@ class LocalChatModel(BaseChatModel):
         request = self._request(messages, stop, kwargs, on_text=pieces.put)
         future = self.engine.submit(request)
         future.add_done_callback(lambda _: pieces.put(None))
-        streamed = ""
+        streamed = 0  # characters
         try:
             while (piece := pieces.get()) is not None:
-                streamed += piece
+                streamed += len(piece)
                 yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
             result = future.result()
         finally:
@@ -535,10 +537,10 @@ class LocalChatModel(BaseChatModel):
         request = self._request(messages, stop, kwargs, on_text=put)
         future = self.engine.submit(request)
         future.add_done_callback(lambda _: put(None))
-        streamed = ""
+        streamed = 0  # characters
         try:
             while (piece := await pieces.get()) is not None:
-                streamed += piece
+                streamed += len(piece)
                 yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
             result = await asyncio.wrap_future(future)
         finally:
