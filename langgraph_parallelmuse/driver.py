@@ -441,9 +441,10 @@ class GuidedDriver:
         if bridge is not None:
             start.append(replace(bridge, name="bridge"))
         return start + [
-            # A quote, backslash or line break would end or break the query's JSON string.
+            # A quote, backslash or line break would end or break the query's JSON string, and a tag
+            # ("</tool_call>") the call: a model that wrote one kept writing it, and every turn was invalid.
             Gen(
-                stop=('"', "\\", "\n"),
+                stop=('"', "\\", "\n", "<"),
                 max_tokens=self.argument_tokens,
                 name="argument",
                 messages=self.query_prompt(ctx, bridge=bridge.text if bridge else None, question=question),

@@ -53,7 +53,9 @@ VISIT_DESCRIPTION = (
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+|(?<=[。！？])\s*")
 # Models often paste a whole search line back: "[2] Title (id: abc)"; the id is what they mean. It
 # runs to the last ")" before a space or the end: a URL may hold parentheses (".../Mercury_(planet)").
-_PASTED_ID_RE = re.compile(r"\(id:\s*(\S+)\)")
+# The run is taken whole and cut at its last ")" in pasted_id: a pattern that backtracked to that
+# ")" read each "(id:" of a run to the run's end (quadratic: 11 s for a 50,000-character argument).
+_PASTED_ID_RE = re.compile(r"\(id:\s*+(\S++)")
 
 # Index lookups get threads of their own: a sync tool that hangs past tool_timeout keeps its thread
 # of the loop's default executor (a timeout cannot stop a thread), and a few of those made every
@@ -106,8 +108,15 @@ def pasted_id(text: str) -> str | None:
         >>> pasted_id("[1] Mercury (planet) - Wikipedia (id: https://en.wikipedia.org/wiki/Mercury_(planet))")
         'https://en.wikipedia.org/wiki/Mercury_(planet)'
     """
-    match = _PASTED_ID_RE.search(text)
-    return match.group(1).strip() if match else None
+    at = 0
+    while match := _PASTED_ID_RE.search(text, at):
+        run = match.group(1)
+        if (end := run.rfind(")")) > 0:
+            return run[:end]
+        # Another "(id:" inside this run reads a part of it, which has no ")" either; one that ends
+        # the run reads the next run.
+        at = match.end() - len("(id:")
+    return None
 
 
 def hit_text(text: str) -> str:

@@ -12,7 +12,7 @@ from langgraph_parallelmuse.candidates import candidates
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.protocol import parse_action
+from langgraph_parallelmuse.protocol import parse_action, region_spans
 from langgraph_parallelmuse.segments import Choose, Pick, Sampling, generate_turn
 from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 from tests.unit.fakes import ScoringChatModel
@@ -347,3 +347,13 @@ def test_a_hit_whose_visit_failed_is_not_visited_again():
     only_d1 = [*observations[:2], _obs(2, "search", hits.split("\n\n")[0], ["d1"])]
     ctx = StepContext(ctx.question, steps, only_d1, 3, False, 64, TOOLS, scoring=True)
     assert GuidedDriver.visit_target(ctx) is None and GuidedDriver().next_action(ctx) != "visit"
+
+
+def test_a_query_the_model_writes_a_tag_into_stops_before_it_and_stays_a_call():
+    ctx = StepContext("Who designed the Eiffel Tower?", [], [], 0, False, 64, TOOLS, scoring=True)
+    model = ScoringChatModel(script=["Look it up", "Eiffel</tool_call><answer>Paris"])
+    turn = asyncio.run(generate_turn(model, [], GuidedDriver().plan(ctx), sampling=Sampling(temperature=0)))
+    # Run on past the tag, the query closed the call inside its JSON string: an invalid turn, and at
+    # temperature 0 the same invalid turn until the turns ran out.
+    assert parse_action(turn.text) == {"type": "tool_call", "name": "search", "arguments": {"query": "Eiffel"}}
+    assert "answer" not in region_spans(turn.text)

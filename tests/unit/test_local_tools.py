@@ -13,6 +13,7 @@ from langchain_core.messages import ToolMessage
 
 from langgraph_parallelmuse.errors import ConfigError, CorpusError
 from langgraph_parallelmuse.tools import CorpusIndex, goal_excerpt, make_corpus_tools
+from langgraph_parallelmuse.tools.local_tools import pasted_id
 from tests.unit.processes import in_forked_child
 
 FILLER = "Bread is baked in ovens every morning in the old town. "
@@ -382,3 +383,19 @@ def test_excerpt_goal_words_match_in_compatibility_forms() -> None:
     text = "Paris is in France. " * 50 + "The ﬁnal score was 3-1. " + "It rains. " * 50
     assert "3-1" in goal_excerpt(text, "final", max_chars=120)
     assert "3-1" in goal_excerpt(text.replace("ﬁnal", "final"), "ＦＩＮＡＬ", max_chars=120)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[1] Mercury (planet) (id: https://x.org/wiki/Mercury_(planet))", "https://x.org/wiki/Mercury_(planet)"),
+        ("(id: abc", None),  # no ")": no id
+        ("(id:abc(id: m1)", "m1"),  # the first "(id:" holds no ")", the one ending its run gives the next
+        ("(id:(id:m1)", "(id:m1"),  # one run: its last ")" ends the id
+        ("(id:" * 5 + " (id: m1)", "m1"),  # a run of "(id:" (50,000 characters of it took 11 s) and then an id
+    ],
+)
+async def test_a_pasted_search_line_gives_the_id_it_ends_in(index: CorpusIndex, text: str, expected: str | None):
+    assert pasted_id(text) == expected
+    reply = await call(make_corpus_tools(index)[1], doc=text)
+    assert reply.artifact["doc_ids"] == ([expected] if expected in DOCS_BY_ID else [])
