@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.errors import MissingLogprobsError
 from langgraph_parallelmuse.protocol import region_spans
 from langgraph_parallelmuse.uncertainty import (
+    lowest_group_confidence,
     perplexity,
     require_logprobs,
     score_steps,
@@ -280,6 +284,35 @@ def test_an_infinite_logprob_from_a_payload_gives_a_finite_entropy():
 def test_unknown_mode_raises():
     with pytest.raises(ValueError, match="unknown mode"):
         select_branch_steps(U, mode="random", k=1)
+
+
+# ----------------------------------------------------------------------------- group confidence
+
+# Unsure tokens, then a window of certain ones (logprob 0.0, as float32 rounds a confident token's).
+_UNSURE_THEN_CERTAIN = [-0.05, -0.05, -0.1, -2.3, -1.3, -0.05, -0.05, -2.3, -0.05, -2.3, -1.3, -0.7] + [0.0] * 32
+
+
+def test_a_window_of_certain_tokens_has_confidence_zero_and_calibrates():
+    """Before: the running window sum drifted to -5.6e-17, below any confidence, and ``Calibration.fit``
+    refused the runs holding such a trajectory as damaged."""
+    lowest = lowest_group_confidence([_tok(lp) for lp in _UNSURE_THEN_CERTAIN], window=32)
+    assert lowest == 0.0
+    runs = [[{"all": 2.0}] * 3 for _ in range(20)]  # enough steps and trajectories: no warning
+    assert Calibration.fit(runs, confidences=[lowest] + [1.0] * 19).confidence_samples == 20
+
+
+@settings(deadline=None)  # a shared, busy machine runs the suite
+@given(
+    st.lists(st.sampled_from([0.0, -1e-7, -0.05, -0.7, -2.3, -9999.0]), min_size=1, max_size=60),
+    st.integers(1, 40),
+)
+def test_lowest_group_confidence_is_the_least_window_mean(logprobs, window):
+    confidences = [-lp for lp in logprobs]
+    size = min(window, len(confidences))
+    means = [math.fsum(confidences[i : i + size]) / size for i in range(len(confidences) - size + 1)]
+    lowest = lowest_group_confidence([_tok(lp) for lp in logprobs], window=window)
+    assert lowest >= min(confidences)
+    assert math.isclose(lowest, min(means), rel_tol=1e-9, abs_tol=1e-9)
 
 
 # ----------------------------------------------------------------------------- logprobs present
