@@ -229,8 +229,9 @@ def trace_confidence(trajectory: Trajectory, *, top_k: int = 16) -> float | None
 def weighted_vote(trajectories: Sequence[Trajectory], *, top_k: int = 16) -> str | None:
     """DeepConf weighted vote: each answer weighted by its trajectory's :func:`trace_confidence`.
 
-    A trajectory without token logprobs weighs 0, unless no voter has logprobs: then every weight
-    is 1 and this is the majority vote. Ties go as in :func:`majority_vote`.
+    A trajectory without token logprobs weighs 0, unless no voter has a positive confidence (none has
+    logprobs, or every token was certain): then every weight is 1 and this is the majority vote. Ties
+    go as in :func:`majority_vote`.
 
     Example:
         >>> def traj(answer, lp):
@@ -241,7 +242,9 @@ def weighted_vote(trajectories: Sequence[Trajectory], *, top_k: int = 16) -> str
     """
     voters = [t for t in _in_lineage_order(trajectories) if normalize_vote_key(t.get("answer"))]
     confidences = [trace_confidence(t, top_k=top_k) for t in voters]
-    if all(c is None for c in confidences):
+    # All weights 0 (certain tokens only, as with top_logprobs=0) tie every group: the first in lineage
+    # order won, however few voted for it.
+    if not any(confidences):
         return _vote([t["answer"] for t in voters])
     return _vote([t["answer"] for t in voters], [c or 0.0 for c in confidences])
 

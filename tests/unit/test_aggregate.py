@@ -402,6 +402,16 @@ def test_weighted_vote_without_logprobs_is_the_majority(make_trajectory):
     assert weighted_vote(trajs) == "Rome"
 
 
+def test_weighted_vote_of_certain_tokens_only_is_the_majority(make_trajectory):
+    """Before: every confidence 0 (top_logprobs=0, each token's logprob 0.0) weighed every voter 0, and
+    the tie gave the lone first answer the win over three."""
+    certain = [[0.0]]
+    trajs = [make_trajectory("t0", "Lyon", tops=certain)]
+    trajs += [make_trajectory(f"f{i}", "Paris", tops=certain) for i in range(3)]
+    assert trace_confidence(trajs[0]) == 0.0
+    assert weighted_vote(trajs) == majority_vote(trajs) == "Paris"
+
+
 def test_weighted_vote_ties_go_to_the_earliest_group(make_trajectory):
     tops = [[-1.0, -1.0]]
     trajs = [make_trajectory("a", "Lyon", tops=tops), make_trajectory("b", "Paris", tops=tops)]
