@@ -107,7 +107,9 @@ def branch_job(parent: Trajectory, pick: Pick, sibling: int, *, run_id: str) -> 
     """
     step = pick["step"]
     points = parent.get("fork_points") or []
-    checkpoint = points[step] if step < len(points) else None
+    # Not points[-1]: a step counted from the end made a job whose origin named step -1 and the
+    # checkpoint before the last step.
+    checkpoint = points[step] if 0 <= step < len(points) else None
     if checkpoint is None:
         raise ParallelMuseError(f"no checkpoint before step {step} in thread {parent['thread_id']!r}")
     job_id = branch_id(parent["id"], step, sibling)
