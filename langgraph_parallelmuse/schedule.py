@@ -312,14 +312,16 @@ class _Online:
         self.examined[parent["id"]] = len(parent["uncertainty"])
         earlier = await self._earlier_forks(parent, range(start, len(parent["uncertainty"])))
         for step in range(start, len(parent["uncertainty"])):
-            if self.stopped or self.forks(parent) >= self.config.k:
+            if self.stopped:
                 return
+            # Read after the parent's k forks too: every finished step feeds the uncalibrated threshold,
+            # which without the ordinary steps after a parent's forks was a percentile of crossing ones.
             hit = self._crossing(parent["uncertainty"][step])
             # A resumed run takes the forks its first run took, up to the last of them (their branches may
             # have finished): without a calibration, which steps cross depends on the order steps finished in.
             if any(at >= step for at in earlier):
                 hit = earlier.get(step)
-            if hit is None or self.room <= 0:
+            if hit is None or self.room <= 0 or self.forks(parent) >= self.config.k:
                 continue
             region, score = hit
             self.fork(parent, Pick(parent=parent["id"], step=step, region=region, score=score, round=1))

@@ -559,3 +559,34 @@ def test_a_nan_step_score_is_no_score_for_the_online_threshold():
     assert run._crossing({"exploration": float("nan"), "reasoning": 9.0}) == ("reasoning", 9.0)
     assert run._crossing({"exploration": 50.0, "reasoning": None}) == ("exploration", 50.0)
     assert all(math.isfinite(score) for score in run.seen_scores)
+
+
+class _NoEarlierRun:
+    async def origin_of(self, thread_id):
+        return None
+
+
+def _scored_parent(tid, scores):
+    return {
+        "id": tid,
+        "thread_id": f"r/{tid}",
+        "origin": {"kind": "initial"},
+        "steps": [{"context_tokens": 10}] * len(scores),
+        "uncertainty": [{"all": score} for score in scores],
+        "fork_points": [f"{tid}-c{i}" for i in range(len(scores))],
+    }
+
+
+async def test_a_parents_steps_after_its_k_forks_still_count_in_the_uncalibrated_threshold():
+    """Before: a parent stopped being read at its k-th fork, so the estimate held its crossing steps but
+    not the ordinary ones after them: t1's 4.0 stayed under a threshold of 5.0 (the 80th percentile of
+    1..6) instead of crossing 3.0 (of t0's sixteen finished steps)."""
+    from langgraph_parallelmuse.schedule import _Online
+
+    config = make_config(n=4, m=2, k=1, t=1, mode="all", branching="online")
+    run = _Online(_NoEarlierRun(), QUESTION, config, "r", reuse=(), on_event=lambda *a, **kw: None, limit=None)
+    run.start = lambda job: None  # the picks are what is asserted: no branch runs
+    await run.examine(_scored_parent("t0", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] + [1.0] * 10))
+    assert len(run.seen_scores) == 16
+    await run.examine(_scored_parent("t1", [4.0, 4.5]))
+    assert [(p["parent"], p["step"]) for p in run.picks] == [("t0", 5), ("t1", 0)]
