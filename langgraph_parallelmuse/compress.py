@@ -107,7 +107,10 @@ _FINAL_ANSWER = re.compile(
 # A reasoning line ends at "Final answer" as written, with or without a mark after it (where its stop
 # string would have cut), or at an inline final answer in any case.
 LINE_CUT = re.compile(r"(?-i:Final\s+answer)|" + _FINAL_ANSWER.pattern, _FINAL_ANSWER.flags)
-_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+# An answer tag in any case, as the last section's end reads it. Its text stops before another
+# opening tag: "<answer>Lyon <answer>Paris</answer>" (an unclosed tag the model wrote again) answered
+# "Lyon <answer>Paris", a tag inside the answer, not the last tag's "Paris".
+_ANSWER_TAG = re.compile(r"<answer>((?:(?!<answer>).)*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 # Where a free report's last section ends: an answer tag in any case, or a line that starts with an
 # answer label ("Answer: Paris", "4. Answer: Paris", "**Final Answer**" alone on its line), numbered
 # as a heading may be. Only after the last heading: before it, a label is a section's own line ("-
@@ -255,16 +258,16 @@ def _guided_segments(methods: str, answer: str, *, line_tokens: int) -> list[Lit
 def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     """Read the sections and the final answer of a report.
 
-    The answer is the content of the last ``<answer>`` tag (a missing closing tag is tolerated:
-    stop strings swallow it), else what follows the last ``Final answer:`` (or ``final answer -``,
-    in any case). Each section but the last ends where the next heading starts: an answer label in
-    it ("- Answer: d1 names Paris") is its text, and an answer written above the sections ends none
-    of them. The last section ends at an answer tag (in any case), at a line that starts with an
-    answer label (``Final answer:``, ``4. Answer:``, ``**Final Answer**``; on its first line not a
-    dash one, "Answer - the page says …"), or at a
-    final answer written inline ("… names Lyon. Final answer: Lyon"); in earlier sections, "… to
-    reach the final answer: the capital." is prose. A heading written after the report's end (it
-    repeats a section below its answer) starts no section, see :func:`_section_heads`.
+    The answer is the content of the last ``<answer>`` tag (in any case; a missing closing tag is
+    tolerated: stop strings swallow it), else what follows the last ``Final answer:`` (or
+    ``final answer -``, in any case); an empty tag or label is passed over. Each section but the last ends where the
+    next heading starts: an answer label in it ("- Answer: d1 names Paris") is its text, and an answer
+    written above the sections ends none of them. The last section ends at an answer tag (in any case),
+    at a line that starts with an answer label (``Final answer:``, ``4. Answer:``, ``**Final Answer**``;
+    on its first line not a dash one, "Answer - the page says …"), or at a final answer written inline
+    ("… names Lyon. Final answer: Lyon"); in earlier sections, "… to reach the final answer: the
+    capital." is prose. A heading written after the report's end (it repeats a section below its answer)
+    starts no section, see :func:`_section_heads`.
 
     Args:
         text: A report as the model wrote it (either form).
@@ -283,8 +286,8 @@ def parse_report(text: str) -> tuple[dict[str, str], str | None]:
     text = without_think(text)
     tags = _ANSWER_TAG.findall(text)
     lines = _FINAL_ANSWER.findall(text)
-    raw = tags[-1] if tags else lines[-1] if lines else ""
-    answer = one_line(raw) or None
+    # An empty tag or label (a stray "<answer>" after the answer) holds no answer: it must not hide one.
+    answer = next((found for raw in (*reversed(tags), *reversed(lines)) if (found := one_line(raw))), None)
     canonical = {s.lower(): s for s in SECTIONS}
     heads = _section_heads(text)
     body = text[: _body_end(text, heads[-1].end())] if heads else text

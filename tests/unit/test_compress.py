@@ -552,3 +552,17 @@ async def test_a_full_width_colon_or_a_dash_after_a_heading_is_its_mark(fake_mod
         "Solution planning: 找到首都\nSolution methods: 搜索法国\nFinal reasoning: 页面写着\nFinal answer: Paris"
     )
     assert reasoning_line("页面写着巴黎。Final answer：Lyon") == "页面写着巴黎。"
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("<answer>Lyon\n<answer>Paris</answer>", "Paris"),  # an unclosed tag written again
+        ("<answer><answer>Lyon</answer>", "Lyon"),
+        ("Final reasoning: d1 names it\n<answer>Paris</answer>\n<answer>", "Paris"),  # a stray tag after it
+        ("Final reasoning: d1 names it\n<answer></answer>\nFinal answer: Paris", "Paris"),
+        ("Final reasoning: d1 names it\n<ANSWER>Paris</ANSWER>", "Paris"),  # the tag that ends the section
+    ],
+)
+def test_the_report_answer_is_the_last_answer_tag_with_text_and_holds_no_tag(text, answer):
+    assert parse_report(text)[1] == answer
