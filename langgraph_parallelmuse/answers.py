@@ -58,6 +58,9 @@ _NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|(?<!\w
 # kept anyway: "C++" is not "C". "%" goes: "5%", "5 %" and "5" answer a percentage question alike.)
 _ATTACHED_SHARP = re.compile(r"(?<=[^\W\d_])#+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# A range is written with spaces around its dash too ("1914 – 1918"): one answer with "1914–1918",
+# whose votes the spaces split (the spaced dash was a separator, "1914 1918").
+_SPACED_RANGE = re.compile(r"(?<=\d)\s*-\s*(?=\d)")
 # Periods and apostrophes shorten a word ("U.S.", "Ender’s"): they go. Other punctuation separates
 # words ("Paris,France"): it becomes a space.
 _WORD_INNER = frozenset(".'\u2019\u02bc")
@@ -150,7 +153,7 @@ def _is_article(word: str) -> bool:
 def _vote_text(text: str) -> str:
     """Folded text without its punctuation except inside numbers and a "#" after a letter, single-spaced."""
     text = _WORD_HYPHEN.sub("", text)
-    text = _THOUSANDS.sub("", "".join("-" if _is_dash(ch) else ch for ch in text))
+    text = _THOUSANDS.sub("", _SPACED_RANGE.sub("-", "".join("-" if _is_dash(ch) else ch for ch in text)))
     kept = {i for rule in (_NUMBER_PUNCTUATION, _ATTACHED_SHARP) for m in rule.finditer(text) for i in range(*m.span())}
     chars = (("" if ch in _WORD_INNER else " ") if i not in kept and _dropped(ch) else ch for i, ch in enumerate(text))
     return " ".join("".join(chars).split())
@@ -159,17 +162,16 @@ def _vote_text(text: str) -> str:
 def normalize_vote_key(answer: str | None) -> str:
     """Key under which majority voting groups equivalent answers.
 
-    Unlike :func:`normalize_answer` (scoring), the key keeps the punctuation that makes a number
-    ("3.5" is not "35", "-5" is not "5", every dash is ``-``) and treats all of Unicode alike: the
-    text is NFKC-normalised and casefolded (superscript digits are an exponent: "10⁶" is ``10^6``,
-    not "106"), Latin letters lose their accents ("Zürich" is "zurich"; other scripts keep their
-    marks), and its punctuation (any category ``P*``, and modifier symbols such as a
-    backtick) goes: periods, apostrophes and the hyphens inside a word are deleted ("U.S." is "US",
-    "Spider-Man" is "Spiderman", "B-52" is "B52"), the rest become spaces ("Paris,France" is "Paris
-    France"), except a "#" after a letter ("C#" is not "C"; "#1" is "1"). Format
-    characters such as a zero-width space are deleted. A leading ``answer:`` / ``final answer:``
-    label goes too, and so do the articles a/an/the that stand as words of their own ("The A-Team"
-    is "ateam", not "team").
+    Unlike :func:`normalize_answer` (scoring), the key keeps the punctuation that makes a number ("3.5"
+    is not "35", "-5" is not "5", every dash is ``-``, "1914 – 1918" is "1914-1918") and treats all of
+    Unicode alike: the text is NFKC-normalised and casefolded (superscript digits are an exponent: "10⁶"
+    is ``10^6``, not "106"), Latin letters lose their accents ("Zürich" is "zurich"; other scripts keep
+    their marks), and its punctuation (any category ``P*``, and modifier symbols such as a backtick)
+    goes: periods, apostrophes and the hyphens inside a word are deleted ("U.S." is "US", "Spider-Man"
+    is "Spiderman", "B-52" is "B52"), the rest become spaces ("Paris,France" is "Paris France"), except
+    a "#" after a letter ("C#" is not "C"; "#1" is "1"). Format characters such as a zero-width space
+    are deleted. A leading ``answer:`` / ``final answer:`` label goes too, and so do the articles
+    a/an/the that stand as words of their own ("The A-Team" is "ateam", not "team").
 
     Args:
         answer: A trajectory's final answer; ``None`` gives ``""``.
@@ -184,7 +186,7 @@ def normalize_vote_key(answer: str | None) -> str:
         True
         >>> normalize_vote_key("A."), normalize_vote_key("...")
         ('a', '')
-        >>> normalize_vote_key("3.5"), normalize_vote_key("−5"), normalize_vote_key("1914–1918")
+        >>> normalize_vote_key("3.5"), normalize_vote_key("−5"), normalize_vote_key("1914 – 1918")
         ('3.5', '-5', '1914-1918')
         >>> normalize_vote_key("“Ender’s Game”") == normalize_vote_key("Enders game"), normalize_vote_key("北京。")
         (True, '北京')

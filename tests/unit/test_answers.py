@@ -60,3 +60,15 @@ def test_an_accented_word_is_no_article_once_its_accent_is_folded(one, other):
     # Folded before the articles were read, "Å" and "à" were the article "a" and left the key.
     assert normalize_vote_key(one) != normalize_vote_key(other)
     assert normalize_vote_key("The Å") == normalize_vote_key("Å")
+
+
+@pytest.mark.parametrize("spaced", ["1914 – 1918", "1914 - 1918", "1914 -1918", "1914- 1918", "1914 — 1918"])
+def test_a_range_written_with_spaces_around_its_dash_is_one_vote_with_the_range_without(spaced):
+    # The spaced dash was a separator: "1914 1918", a vote apart from "1914–1918".
+    assert normalize_vote_key(spaced) == normalize_vote_key("1914–1918") == "1914-1918"
+
+
+def test_a_spaced_range_does_not_lose_its_vote(make_trajectory):
+    answers = {"t0": "1939-1945", "t1": "1914–1918", "t2": "1939-1945", "t3": "1914 – 1918", "t4": "1914 - 1918"}
+    winner = majority_vote([make_trajectory(i, answer=a) for i, a in answers.items()])
+    assert normalize_vote_key(winner) == "1914-1918"
