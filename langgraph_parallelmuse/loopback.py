@@ -6,7 +6,7 @@ or fails), and the request hands it its ``Authorization`` header (a local vLLM's
 own HTTP calls (:func:`~langgraph_parallelmuse.models.server.check_server`, the serving readiness
 probes and counters) go through :func:`open_url`; ``ServerChatModel``'s clients ask
 :func:`is_loopback` of their base URL. A remote URL (a user's vLLM elsewhere) may need the proxy
-and keeps it.
+and keeps it. A redirect :func:`open_url` follows to another origin leaves the request's credentials behind.
 """
 
 from __future__ import annotations
@@ -66,8 +66,36 @@ class _LoopbackDirect(urllib.request.ProxyHandler):
         return super().proxy_open(req, proxy, type)
 
 
+# The headers a redirect to another origin drops (urllib's own spelling, ``str.capitalize``d).
+_CREDENTIALS = ("Authorization", "Cookie", "Proxy-authorization")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    """A URL's scheme, host and port (the scheme's default when none is written)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+class _CredentialsStayHome(urllib.request.HTTPRedirectHandler):
+    """Redirects as urllib follows them, but a request's credentials only to the origin they were given for.
+
+    urllib copies every header onto the redirected request: a server that answered ``check_server``'s
+    ``GET /models`` with a redirect to another host was handed the API key (httpx, under the openai
+    client, drops it the same way).
+    """
+
+    def redirect_request(self, req: urllib.request.Request, *args: Any, **kwargs: Any) -> Any:
+        new = super().redirect_request(req, *args, **kwargs)
+        if new is not None and _origin(new.full_url) != _origin(req.full_url):
+            for name in _CREDENTIALS:
+                new.remove_header(name)
+        return new
+
+
 def open_url(request: urllib.request.Request, *, timeout: float) -> http.client.HTTPResponse:
-    """``urllib.request.urlopen(request)``, but a loopback URL never goes through a proxy.
+    """``urllib.request.urlopen(request)``, but a loopback URL never goes through a proxy, and a
+    redirect to another origin (scheme, host or port) does not carry the request's credentials.
 
     The opener is built per call, so the proxy variables are read as they are now (``urlopen``
     reads them once per process).
@@ -91,4 +119,4 @@ def open_url(request: urllib.request.Request, *, timeout: float) -> http.client.
         ...     print("unreachable:", type(exc.reason).__name__)
         unreachable: ConnectionRefusedError
     """
-    return urllib.request.build_opener(_LoopbackDirect()).open(request, timeout=timeout)
+    return urllib.request.build_opener(_LoopbackDirect(), _CredentialsStayHome()).open(request, timeout=timeout)

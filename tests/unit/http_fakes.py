@@ -66,3 +66,36 @@ def fake_http(routes: dict[str, Route], *, port: int = 0) -> Iterator[FakeHTTP]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextmanager
+def redirecting_http(location: str, *, status: int = 302) -> Iterator[FakeHTTP]:
+    """Answer every GET and POST on 127.0.0.1 with a redirect (``status``) to ``location``, requests recorded."""
+    fake = FakeHTTP("", {})
+
+    class Handler(BaseHTTPRequestHandler):
+        def _redirect(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            fake.requests.append(Recorded(self.command, self.path, headers, json.loads(raw) if raw else {}))
+            self.send_response(status)
+            self.send_header("location", location)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = _redirect
+
+        def log_message(self, *args: Any) -> None:  # keep test output clean
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,32 @@
+"""open_url against loopback servers: what a redirect carries to the server it points at."""
+
+from __future__ import annotations
+
+import pytest
+
+from langgraph_parallelmuse.models.server import ServerCheckError, served_models
+from tests.unit.http_fakes import fake_http, redirecting_http
+
+MODELS = {"GET /v1/models": lambda _body: (200, {"object": "list", "data": [{"id": "smollm2"}]})}
+
+
+def test_a_redirect_to_another_host_does_not_carry_the_api_key() -> None:
+    """Before: urllib copied every header onto the redirected request, and a server that redirected
+    check_server's GET /models elsewhere was handed the key (``localhost`` is another host than
+    ``127.0.0.1``, as a browser and httpx count origins)."""
+    with fake_http(MODELS) as other:
+        elsewhere = other.url.replace("127.0.0.1", "localhost")
+        with redirecting_http(f"{elsewhere}/v1/models") as redirect:
+            assert served_models(f"{redirect.url}/v1", api_key="sk-secret-key") == ["smollm2"]
+        assert redirect.requests[0].headers["authorization"] == "Bearer sk-secret-key"
+        assert [r.path for r in other.requests] == ["/v1/models"]
+        assert "authorization" not in other.requests[0].headers
+
+
+def test_a_redirect_on_the_same_origin_keeps_the_api_key() -> None:
+    """A server that redirects to itself (here in a loop, which urllib gives up on) gets the key each time."""
+    with redirecting_http("/v1/models") as redirect:
+        with pytest.raises(ServerCheckError):
+            served_models(f"{redirect.url}/v1", api_key="sk-secret-key")
+    assert len(redirect.requests) > 1
+    assert all(r.headers.get("authorization") == "Bearer sk-secret-key" for r in redirect.requests)
