@@ -38,6 +38,8 @@ _TRANSIENT_NAMES = {
     "ModelConnectionError",
     "ModelRateLimitError",
     "ModelAPIError",
+    # ServerChatModel's reply a server broke off (a ConnectionError, so is_transient says so by class).
+    "IncompleteReplyError",
 }
 # 501 and 505 say the server cannot do what was asked (vLLM answers 501 for a NotImplementedError):
 # asking again gets the same answer. Every other 5xx (a proxy's 520-524, an overloaded 529) may pass.

@@ -19,14 +19,14 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import openai
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import Field
 
@@ -40,6 +40,7 @@ from langgraph_parallelmuse.retry import current_attempt
 __all__ = [
     "CONTINUE_FINAL_MESSAGE",
     "DEFAULT_TIMEOUT",
+    "IncompleteReplyError",
     "ServerChatModel",
     "ServerCheckError",
     "ServerSupport",
@@ -64,6 +65,22 @@ class ServerCheckError(ConfigError):
         super().__init__(redact(message))
 
 
+class IncompleteReplyError(ProtocolError, ConnectionError):
+    """A server broke off a reply: a ``finish_reason`` of ``"abort"`` or ``"error"``, an error sent inside
+    a streamed reply, or a stream that ended without any ``finish_reason`` (the connection closed
+    mid-reply). The message names the server and the model.
+
+    A :class:`ConnectionError`, so :func:`~langgraph_parallelmuse.retry.with_retries` asks again, and a
+    :class:`ProtocolError`, so one that outlasts the retries fails only its trajectory: the partial
+    text is no reply, and read as one it was taken for the model's whole turn.
+    """
+
+
+# The finish reasons of a reply the server gave up on: vLLM's aborted request ("abort", SGLang's
+# too) and its retryable internal error ("error").
+_BROKEN_OFF = frozenset({"abort", "error"})
+
+
 class ServerChatModel(ChatOpenAI):
     """``ChatOpenAI`` for a vLLM/SGLang server: continues a trailing assistant message, routes by key.
 
@@ -79,7 +96,8 @@ class ServerChatModel(ChatOpenAI):
     ``prompt_logprobs``: the conversation with ``text`` as a closed assistant reply, one token
     generated; the reply is ``text`` with its prompt logprobs and ``end_logprob``, the logprob of
     the template's end-of-turn token after it, as :class:`~.local.LocalChatModel` returns them;
-    a scoring call is never streamed, not even under LangGraph's ``stream_mode="messages"``.
+    a scoring call is never streamed, not even under LangGraph's ``stream_mode="messages"``. A reply
+    the server broke off (:class:`IncompleteReplyError`) is an error, never a turn.
 
     Args:
         supports_prefill: Declares the continuation to the driver (``auto`` then guides); set
@@ -185,6 +203,8 @@ class ServerChatModel(ChatOpenAI):
         # reply carrying an ``error`` is left to ChatOpenAI, which raises that error.
         if isinstance(raw, dict) and not raw.get("error") and (problem := _choices_problem(raw)):
             raise _malformed(self._where, problem)
+        if isinstance(raw, dict):
+            self._check_finish(raw["choices"] if isinstance(raw.get("choices"), list) else [])
         result = super()._create_chat_result(response, generation_info)
         if isinstance(raw, dict) and raw.get("prompt_logprobs") is not None:  # vLLM's, unread by ChatOpenAI
             result.generations[0].message.response_metadata["prompt_logprobs"] = raw["prompt_logprobs"]
@@ -200,7 +220,41 @@ class ServerChatModel(ChatOpenAI):
             logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
             if problem := _token_logprobs_problem(f"choices[{i}].logprobs", logprobs):
                 raise _malformed(self._where, f"a streamed chunk's {problem}")
+        self._check_finish(choices if isinstance(choices, list) else [])
         return super()._convert_chunk_to_generation_chunk(chunk, default_chunk_class, base_generation_info)
+
+    def _check_finish(self, choices: list) -> None:
+        """Raise :class:`IncompleteReplyError` for a choice the server broke off (``_BROKEN_OFF``)."""
+        for choice in choices:
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if isinstance(reason, str) and reason in _BROKEN_OFF:
+                raise IncompleteReplyError(
+                    f"{self._where} broke off its reply (finish_reason {reason!r}): the partial reply is not "
+                    "used; the server's log says why"
+                )
+
+    def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        # The Responses API's events carry no finish_reason: only a chat completion's stream is checked.
+        ended = self._use_responses_api({**kwargs, **self.model_kwargs})
+        try:
+            for chunk in super()._stream(*args, **kwargs):
+                ended = ended or _finishes(chunk)
+                yield chunk
+        except openai.APIError as exc:
+            _raise_mid_stream(exc, self._where)
+        if not ended:
+            raise _cut_off(self._where)
+
+    async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        ended = self._use_responses_api({**kwargs, **self.model_kwargs})
+        try:
+            async for chunk in super()._astream(*args, **kwargs):
+                ended = ended or _finishes(chunk)
+                yield chunk
+        except openai.APIError as exc:
+            _raise_mid_stream(exc, self._where)
+        if not ended:
+            raise _cut_off(self._where)
 
     def _scoring_call(self, messages: list[BaseMessage], continuation: str, top: int) -> tuple[list[BaseMessage], dict]:
         """The request that scores ``continuation``: the reply closed by the chat template itself
@@ -225,6 +279,35 @@ class ServerChatModel(ChatOpenAI):
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
         return _scored(await super()._agenerate(sent, None, run_manager, **call), continuation, top, self._where)
+
+
+def _finishes(chunk: ChatGenerationChunk) -> bool:
+    """Whether a streamed chunk closes its choice (every OpenAI-compatible server sends a finish_reason last)."""
+    return bool((chunk.generation_info or {}).get("finish_reason"))
+
+
+def _cut_off(where: str) -> IncompleteReplyError:
+    """The error of a stream that ended before its reply did: a server that closes the connection
+    mid-reply (no chunked encoding to tell a cut body from a whole one) or ends it with an SSE
+    ``event: error``, which the openai client skips, left a partial reply that read as a whole turn."""
+    return IncompleteReplyError(
+        f"{where} ended its streamed reply without a finish_reason (the connection closed mid-reply, or the "
+        "server sent an error event): the partial reply is not used; the server's log says why"
+    )
+
+
+def _raise_mid_stream(exc: openai.APIError, where: str) -> NoReturn:
+    """Raise an error a server sent inside its 200 stream (``data: {"error": ...}``, as vLLM and SGLang
+    report a failure after the reply began) as :class:`IncompleteReplyError`: the openai client raises
+    it as a bare ``APIError`` carrying only the server's message, which no retry asked again. Any other
+    error (an HTTP status, a dropped connection: the openai client's subclasses) is raised as it is.
+    """
+    if type(exc) is not openai.APIError:
+        raise exc
+    raise IncompleteReplyError(
+        f"{where} sent an error in the middle of its streamed reply ({' '.join(exc.message.split())[:300]}): "
+        "the partial reply is not used"
+    ) from exc
 
 
 def _direct_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -448,22 +531,35 @@ def _tool_calls_problem(field: str, tool_calls: Any) -> str | None:
     return None
 
 
+# How vLLM's --return-tokens-as-token-ids writes a logprob's token (its bytes then spell this too).
+_TOKEN_ID = re.compile(r"token_id:\d+")
+
+
 def _token_logprobs_problem(field: str, logprobs: Any) -> str | None:
     """What in a choice's chat ``logprobs`` no reader can take (a null logprob, a ``top_logprobs``
-    that is no list), or ``None``: only what :func:`~langgraph_parallelmuse.logprobs.normalize_logprobs`
-    rejects too, named here with the server (other shapes are left to it).
+    that is no list), or ``None``: what :func:`~langgraph_parallelmuse.logprobs.normalize_logprobs`
+    rejects too, named here with the server (other shapes are left to it), and a token id in place of
+    the token's text, which it would read as text.
 
     Example:
         >>> _token_logprobs_problem("lp", {"content": [{"token": "A", "logprob": None, "top_logprobs": []}]})
         'lp.content[0].logprob is null, not a number'
         >>> _token_logprobs_problem("lp", {"content": [{"token": "A", "logprob": -0.1, "top_logprobs": 3}]})
         'lp.content[0].top_logprobs is 3, not a list'
+        >>> _token_logprobs_problem("lp", {"content": [{"token": "token_id:9906", "logprob": -0.1}]})[:50]
+        'lp.content[0].token is "token_id:9906", a token id'
     """
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     for j, entry in enumerate(content if isinstance(content, list) else []):
         at = f"{field}.content[{j}]"
         if not isinstance(entry, dict):
             return f"{at} is {_show(entry)}, not an object"
+        if isinstance(entry.get("token"), str) and _TOKEN_ID.fullmatch(entry["token"]):
+            # Read as text, its length placed every later token: the uncertainty regions fell on wrong tokens.
+            return (
+                f"{at}.token is {_show(entry['token'])}, a token id, not its text: start vLLM without "
+                "--return-tokens-as-token-ids"
+            )
         if "logprob" in entry and not _is_number(entry["logprob"]):
             return f"{at}.logprob is {_show(entry['logprob'])}, not a number"
         tops = entry.get("top_logprobs")
@@ -668,6 +764,11 @@ class _Client:
                 return exc.code, _as_object(json.loads(text))
             except ValueError:
                 return exc.code, {"error": {"message": text[:500]}}
+        except TimeoutError as exc:  # connected and asked: a connect timeout is a URLError, caught below
+            raise ServerCheckError(
+                f"{self.base}{path} did not answer within {self.timeout:g} s{self._checking}: the server is up but "
+                "busy or hung (still loading the model?); read its log, or pass a longer timeout=."
+            ) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if body is not None:  # it answered GET /models, so it broke off while handling this request

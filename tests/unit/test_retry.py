@@ -9,6 +9,7 @@ import pytest
 from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeoutError
 from openai import APIStatusError, RateLimitError
 
+from langgraph_parallelmuse.models.server import IncompleteReplyError
 from langgraph_parallelmuse.retry import is_transient, is_transient_name, retry_after, with_retries
 
 
@@ -153,3 +154,10 @@ async def test_a_request_timeout_is_retried_as_the_openai_client_would():
 
         assert await with_retries(call, base_delay=0.0) == "answer", status
         assert len(calls) == 2
+
+
+def test_a_broken_off_reply_is_transient_by_its_class_and_by_its_recorded_name() -> None:
+    """Before: is_transient retried ServerChatModel's IncompleteReplyError (a ConnectionError), but a
+    run's recorded "IncompleteReplyError: ..." read as no outage (is_transient_name)."""
+    error = IncompleteReplyError("http://127.0.0.1:8000/v1 (model 'm') broke off its reply")
+    assert is_transient(error) and is_transient_name(type(error).__name__)

@@ -6,6 +6,7 @@ tests/integration/test_vllm.py runs the same code against a real vLLM.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from langgraph_parallelmuse.models.routing import routing_scope
 from langgraph_parallelmuse.models.server import (
     CONTINUE_FINAL_MESSAGE,
     DEFAULT_TIMEOUT,
+    IncompleteReplyError,
     ServerChatModel,
     ServerCheckError,
     ServerSupport,
@@ -32,6 +34,7 @@ from langgraph_parallelmuse.models.server import (
     route_id,
     served_models,
 )
+from langgraph_parallelmuse.retry import is_transient, with_retries
 from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
 from tests.unit.fakes import ScriptedChatModel, make_tools, research_responder
 from tests.unit.http_fakes import FakeHTTP, Route, fake_http
@@ -761,3 +764,98 @@ def test_a_server_at_0_0_0_0_is_asked_directly_with_http_proxy_set(proxied: Fake
         assert model.invoke("hi").content == "A"
     assert proxied.requests == []
     assert [r.path for r in fake.requests] == ["/v1/models", "/v1/chat/completions"]
+
+
+# ----------------------------------------------------------------------------- replies the server broke off
+
+
+def _sse(*chunks: dict, done: bool = True) -> str:
+    head = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "smollm2"}
+    return "".join(f"data: {json.dumps({**head, **c})}\n\n" for c in chunks) + ("data: [DONE]\n\n" if done else "")
+
+
+_PARTIAL = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "<answer>Vie"}}]}
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_reply_the_server_aborted_is_an_error_naming_the_server_not_a_turn(reason: str, streamed: bool) -> None:
+    """Before: vLLM's (and SGLang's) finish_reason "abort" or "error" came back as the model's whole
+    turn, its partial text read as the answer."""
+    whole = {**_completion(30), "choices": [{**_completion(30)["choices"][0], "finish_reason": reason}]}
+    last = {"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}
+    route = (lambda _body: (200, _sse(_PARTIAL, last))) if streamed else (lambda _body: (200, whole))
+    with fake_http({"POST /v1/chat/completions": route}) as fake:
+        with pytest.raises(
+            IncompleteReplyError, match=r"^http://127\.0\.0\.1:\d+/v1 \(model 'smollm2'\) broke off"
+        ) as info:
+            await llm(f"{fake.url}/v1", streaming=streamed).ainvoke(QUESTION)
+    assert f"finish_reason {reason!r}" in str(info.value)
+    assert isinstance(info.value, ProtocolError) and is_transient(info.value)  # retried, then fails its trajectory
+
+
+@pytest.mark.parametrize("done", [False, True])
+def test_a_stream_cut_off_before_its_finish_reason_is_an_error_not_a_turn(done: bool) -> None:
+    """Before: a server that closed the connection mid-reply (no chunked encoding to tell) or sent an
+    SSE error event left a partial reply that read as a whole turn (a cut "<answer>Vie" answered "Vie")."""
+    with fake_http({"POST /v1/chat/completions": lambda _body: (200, _sse(_PARTIAL, done=done))}) as fake:
+        with pytest.raises(IncompleteReplyError, match="without a finish_reason"):
+            list(llm(f"{fake.url}/v1").stream(QUESTION))
+
+
+async def test_an_error_sent_inside_a_stream_names_the_server_and_is_retried() -> None:
+    """Before: vLLM's and SGLang's ``data: {"error": ...}`` after the reply began was the openai
+    client's bare APIError ("engine died"), naming no server and never asked again. An HTTP error
+    status stays the client's own error."""
+    broken = _sse(_PARTIAL, done=False) + 'data: {"error": {"message": "engine\\ndied", "code": 500}}\n\n'
+    with fake_http({"POST /v1/chat/completions": lambda _body: (200, broken)}) as fake:
+        with pytest.raises(IncompleteReplyError, match=r"\(model 'smollm2'\) sent an error .* \(engine died\)") as info:
+            await llm(f"{fake.url}/v1", streaming=True).ainvoke(QUESTION)
+        assert is_transient(info.value)
+        fake.routes["POST /v1/chat/completions"] = lambda _body: (429, {"error": {"message": "slow down"}})
+        with pytest.raises(Exception, match="slow down") as info:
+            await llm(f"{fake.url}/v1", streaming=True).ainvoke(QUESTION)
+        assert type(info.value).__name__ == "OpenAIRateLimitError"
+
+
+async def test_a_cut_off_stream_is_asked_again_and_the_whole_reply_kept() -> None:
+    """The library's retries ask again after a cut-off stream, and only the whole second reply is the turn."""
+    rest = {"choices": [{"index": 0, "delta": {"content": "nna</answer>"}, "finish_reason": "stop"}]}
+    replies = iter([_sse(_PARTIAL, done=False), _sse(_PARTIAL, rest)])
+    with fake_http({"POST /v1/chat/completions": lambda _body: (200, next(replies))}) as fake:
+        model = llm(f"{fake.url}/v1", streaming=True)
+        reply = await with_retries(lambda: model.ainvoke(QUESTION), base_delay=0.0)
+    assert reply.content == "<answer>Vienna</answer>" and len(fake.requests) == 2
+
+
+def test_a_server_that_takes_the_request_but_never_answers_is_called_hung_not_unreachable() -> None:
+    """Before: "is unreachable (timed out): start the server, or fix base_url=", for a server that
+    accepted the connection and sat on the request (a model still loading, a hung engine)."""
+
+    def silent(_body: dict) -> tuple[int, Any]:
+        time.sleep(3)
+        return 200, {"data": []}
+
+    with fake_http({"GET /v1/models": silent}) as fake:
+        with pytest.raises(
+            ServerCheckError, match=r"/v1/models did not answer within 0\.5 s while checking model"
+        ) as info:
+            check_server(f"{fake.url}/v1", "smollm2", timeout=0.5)
+    assert "unreachable" not in str(info.value) and "start the server" not in str(info.value)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_logprobs_with_token_ids_for_text_are_an_error_naming_the_server_flag(streamed: bool) -> None:
+    """Before: vLLM started with --return-tokens-as-token-ids sent "token_id:9906" (and its bytes) for
+    each token; read as text, the first token covered the whole reply and the uncertainty regions fell
+    on the wrong tokens, silently."""
+    reply = json.loads(json.dumps(_completion(30)))
+    entry = reply["choices"][0]["logprobs"]["content"][0]
+    entry.update(token="token_id:9906", bytes=list(b"token_id:9906"))
+    route = _streaming(lambda _body: (200, reply))
+    with fake_http({**fake_server(), "POST /v1/chat/completions": route}) as fake:
+        with pytest.raises(ProtocolError, match=r"\(model 'smollm2'\) sent a malformed reply: .*token_id:9906") as info:
+            await llm(f"{fake.url}/v1", streaming=streamed).ainvoke(QUESTION)
+        assert "--return-tokens-as-token-ids" in str(info.value)
+        with pytest.raises(ServerCheckError, match="--return-tokens-as-token-ids"):
+            check_server(f"{fake.url}/v1", "smollm2", top_logprobs=16, prefill=False)
