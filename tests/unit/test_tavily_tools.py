@@ -16,6 +16,8 @@ from langchain_core.messages import ToolMessage
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.tools import MissingTavilyKeyError, make_tavily_tools
+from langgraph_parallelmuse.tools import tavily as tavily_module
+from langgraph_parallelmuse.tools.local_tools import visit_text
 
 KEY = "tvly-test-SECRET-0123456789"
 
@@ -496,3 +498,20 @@ async def test_visit_cuts_a_huge_page_title_to_stay_within_max_chars(fake: FakeT
     assert len(msg.content) <= 300
     title, body = msg.content.split("\n\n")
     assert title.startswith("Tower Tower") and title.endswith("…") and body == "The tower is 330 m tall."
+
+
+async def test_a_pages_excerpt_is_made_off_the_event_loop(fake: FakeTavily, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the excerpt of a page of megabytes (seconds of work) ran on the loop, stalling every other
+    trajectory and the tool timeout with it."""
+    threads = []
+
+    def recording(*args: Any, **kwargs: Any) -> str:
+        threads.append(threading.get_ident())
+        return visit_text(*args, **kwargs)
+
+    monkeypatch.setattr(tavily_module, "visit_text", recording)
+    fake.script["/extract"] = [Reply(body={"results": [{"url": "https://example.org/t", "raw_content": "Tall."}]})]
+    _, visit = tools(fake)
+    msg = await call(visit, doc="https://example.org/t")
+    assert "Tall." in msg.content
+    assert threads and threads[0] != threading.get_ident()
