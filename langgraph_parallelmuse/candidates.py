@@ -11,6 +11,7 @@ here reads gold labels: every candidate is a span of the evidence text it is giv
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Collection, Sequence
 from typing import Literal
 
@@ -82,8 +83,10 @@ _STOPWORDS = frozenset(
 )
 _WH = re.compile(r"\b(which|what|who|whom|whose|when|where|how)\b", re.IGNORECASE)
 _YES_NO = re.compile(r"^\s*(are|is|was|were|do|does|did|can|could|has|have|had|will|would)\b", re.IGNORECASE)
-# A sentence ends at a stop that does not close an initial ("G. Stanley Hall" is one name).
-_SENTENCE = re.compile(rf"(?<=[.!?])(?<!\b{CAPITAL}\.)\s+|\n+")
+# A sentence ends at a stop that does not close an initial ("G. Stanley Hall" is one name), and at
+# a line ending of any convention: lines split by "\r" or U+2028 alone ran into one name ("Paris
+# London Rome"). A vertical tab is a space, as inside a span.
+_SENTENCE = re.compile(rf"(?<=[.!?])(?<!\b{CAPITAL}\.)\s+|[\n\r\x85\u2028\u2029]+")
 
 
 def _words(text: str) -> set[str]:
@@ -91,8 +94,8 @@ def _words(text: str) -> set[str]:
 
 
 def _trim(span: str) -> str:
-    # "Norway's major anniversary": the name is "Norway".
-    words = re.sub(r"['’]s$", "", span.strip(" ,.;:'\"()[]")).split()
+    # "Norway's major anniversary": the name is "Norway"; "“Thriller”" (typographic quotes) "Thriller".
+    words = re.sub(r"['’]s$", "", span.strip(" ,.;:'\"()[]“”‘’")).split()
     # A name of function words only is kept whole ("The Who": "Who" alone was no candidate at all);
     # any other loses its leading function words ("However It" is nothing, "The Beatles" "Beatles").
     # Counted by index: cut one word at a time, a run of them was copied once per word.
@@ -138,8 +141,10 @@ def _ends_the_question(option: str) -> bool:
     """True when the right option is all that follows the "or": a name ends it ("the director
     of Alien") or it names none ("cats"), where "Lust born" (of "the singer of Love or Lust
     born") goes on after its name."""
-    named = re.search(rf"{CAPITAL}|\d", option)
-    return "," not in option and (not named or bool(re.search(rf"(?:{CAPITAL}|\d)\S*$", option)))
+    # The last word is read alone: searched for from each capital to the end, a long word was read
+    # once per capital (quadratic: 3 s for 20,000 characters).
+    named = re.compile(rf"{CAPITAL}|\d")
+    return "," not in option and (not named.search(option) or bool(named.search(option.split()[-1])))
 
 
 def choice_options(question: str) -> list[str]:
@@ -400,7 +405,8 @@ def _described(sentence: str) -> list[str]:
     return out
 
 
-_QUOTED = re.compile(rf'"((?:{CAPITAL}|[0-9])[^"]{{0,58}}?)[,.]?"')
+# Typographic quotes too: web pages write “Falling Away from Me”, which only a quote keeps whole.
+_QUOTED = re.compile(rf'["“]((?:{CAPITAL}|[0-9])[^"“”]{{0,58}}?)[,.]?["”]')
 
 
 def _spans(sentence: str, kind: AnswerKind, *, described: bool = False, centuries: bool = False) -> list[str]:
@@ -432,6 +438,20 @@ def _not_a_name(span: str, typed: str) -> bool:
     return bool(_DATE.fullmatch(span)) and (bool(_CALENDAR_DATE.match(span)) or typed in _PLACES)
 
 
+def _unfit(span: str, typed: str | None, kind: AnswerKind) -> bool:
+    """Whether ``span`` can be no candidate: too long, no thing of type ``typed``, or holding a quote,
+    backslash or control character, which would break the JSON of a query that starts from the span
+    (a bridge)."""
+    return (
+        len(span) > 60
+        or '"' in span
+        or "\\" in span
+        or any(c < " " for c in span)
+        or bool(typed and _FRACTION.match(span))
+        or bool(typed and kind == "name" and typed not in _TIMES and _not_a_name(span, typed))
+    )
+
+
 def candidates(
     question: str,
     evidence: str,
@@ -446,7 +466,8 @@ def candidates(
     Spans come from the sentences that share most words with the question first; a span made
     mostly of the question's own words is its subject, not its answer, and is left out. A yes/no
     question gets ``yes``/``no``; a comparison question the two options it names, once the evidence
-    mentions either.
+    mentions either. Text is read composed (NFC): a span of a page that writes "E\u0301mile Zola" with
+    a combining accent is "\u00c9mile Zola".
 
     Args:
         question: The question (or one part of a compound question).
@@ -462,6 +483,9 @@ def candidates(
         ...            "Ellen Marsh (born 1921) is a writer. She was born in Dublin, Ireland.")
         ['Dublin', 'Ireland']
     """
+    # A combining accent is no word character: decomposed, "E\u0301mile Zola" gave "E" and "Zola",
+    # and a page so written never named an option of the question.
+    question, evidence, within = (unicodedata.normalize("NFC", text) for text in (question, evidence, within))
     kind = answer_kind(question)
     if kind == "yesno":
         return ["yes", "no"]
@@ -484,31 +508,20 @@ def candidates(
     centuries = bool(re.search(r"\bcentur(?:y|ies)\b", question, re.IGNORECASE))
     pool = [span for i in ranked for span in _spans(sentences[i], kind, described=described, centuries=centuries)]
     if kind == "name":
-        pool += [re.sub(r"\s*\([^)]*\)$", "", t).strip() for t in titles]
-    seen = {e.lower() for e in exclude}
+        pool += [re.sub(r"\s*\([^)]*\)$", "", unicodedata.normalize("NFC", t)).strip() for t in titles]
+    seen = {unicodedata.normalize("NFC", e).lower() for e in exclude}
     out: list[str] = []
     for found in pool:
+        if len(out) >= limit:  # tested before a span is taken: limit=0 gave one
+            break
         # A tab or a line break inside a span is a space ("12\tMay 1974" is "12 May 1974").
         span = " ".join(found.split())
         words = _words(span)
-        # A quote, backslash or control character would break the JSON of a query that starts
-        # from the span (a bridge).
-        if (
-            not span
-            or span.lower() in seen
-            or len(span) > 60
-            or '"' in span
-            or "\\" in span
-            or any(c < " " for c in span)
-            or (typed and _FRACTION.match(span))
-            or (typed and kind == "name" and typed not in _TIMES and _not_a_name(span, typed))
-        ):
+        if not span or span.lower() in seen or _unfit(span, typed, kind):
             continue
         seen.add(span.lower())
         # Half the words may be the question's ("Astrid Young", the sister of Neil Young). A name of
         # function words only is one of several ("The Who"): a lone "It" opens a sentence.
         if (len(words & subject) / len(words) <= 0.5) if words else len(span.split()) > 1:
             out.append(span)
-        if len(out) >= limit:
-            break
     return out

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
+import unicodedata
 
-from langgraph_parallelmuse.candidates import _trim, answer_kind, answer_type, candidates, choice_options, follow_up
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from langgraph_parallelmuse.candidates import (
+    _trim,
+    answer_kind,
+    answer_type,
+    candidates,
+    choice_options,
+    compound_parts,
+    follow_up,
+)
 
 EIFFEL = "Which country is the Eiffel Tower in?"
 
@@ -243,3 +255,90 @@ def test_centuries_are_options_only_when_a_century_is_asked():
     evidence = "The church was built in the 12th century and rebuilt in 1345 and 1890."
     assert candidates("In what year was the church rebuilt?", evidence, limit=2) == ["1345", "1890"]
     assert candidates("In which century was the church built?", evidence, limit=2) == ["12th century", "1345"]
+
+
+@pytest.mark.timeout(
+    10
+)  # 3 s at 20,000 characters before, minutes here: the right option was searched from each capital
+def test_a_long_right_option_is_read_once():
+    question = "Who is it, Ann or " + "A" * 100_000 + " b?"
+    assert choice_options(question) == []
+    assert candidates(question, "Bob Ross was born in 1901.") == ["Bob Ross"]
+
+
+def test_a_decomposed_accent_is_read_as_its_composed_letter():
+    """A page that writes its accents as combining marks ("E\u0301mile") gave "E" and "Zola", and never
+    named an option of the question, which writes them composed."""
+    assert candidates("Who wrote it?", "It was written by E\u0301mile Zola in 1880.") == ["\u00c9mile Zola"]
+    assert candidates("Which city is it in?", "It is in Ko\u0308ln, Germany.") == ["K\u00f6ln", "Germany"]
+    question = "Who is older, Beyonc\u00e9 or Adele?"
+    assert candidates(question, "Beyonce\u0301 was born in 1981.") == ["Beyonc\u00e9", "Adele"]
+    assert candidates("Which city is it?", "x", titles=["Ko\u0308ln (city)"], exclude=["K\u00f6ln"]) == []
+
+
+def test_a_title_in_typographic_quotes_is_a_candidate_whole():
+    evidence = "The single \u201cFalling Away from Me\u201d was released in 1999."
+    assert candidates("What song is it?", evidence)[0] == "Falling Away from Me"
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r", "\u2028", "\u2029", "\x85"])
+def test_names_on_lines_of_their_own_stay_apart(newline):
+    """Lines split by a "\\r" or a U+2028 alone ran into one name, "Paris London Rome"."""
+    evidence = newline.join(["Cities:", "Paris", "London", "Rome"])
+    assert candidates("Which city is it?", evidence) == ["Cities", "Paris", "London", "Rome"]
+
+
+def test_limit_zero_gives_no_candidate():
+    assert candidates("Which city is it?", "Paris is nice. Rome too.", limit=0) == []
+    assert candidates("Which city is it?", "Paris is nice. Rome too. Oslo too.", limit=2) == ["Paris", "Rome"]
+
+
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Pieces of evidence and questions: names of several scripts, combining marks, right-to-left and CJK
+# text, emoji, line breaks of every kind, zero-width and control characters, quotes, numbers, dates.
+PIECES = [
+    "Paris", "E\u0301mile Zola", "\u014csaka", "\u6771\u4eac", "\u0645\u0631\u062d\u0628\u0627", "\U0001f600",
+    "\u0130stanbul", "\u01c5", "\ufb01sh", " ", "\n", "\r", "\u2028", "\u200b", "\x00", "\t", ".", ",", "'s",
+    "\u2019s", '"', "\u201c", "\u201d", "(", ")", "\\", "1998", "6,960", "3.14", "12 May 1974", "12th century",
+    "The", "It", "of", "and", "is a", "striker", "or", "older", "Who", "Which city", "When", "How many", "Is",
+    "Between", "?",
+]  # fmt: skip
+texts = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=5)), max_size=30).map("".join)
+
+
+@FAST
+@given(texts, texts, st.lists(texts, max_size=2), st.integers(0, 20))
+def test_every_candidate_is_a_span_of_what_was_read(question, evidence, titles, limit):
+    """Candidates come only from the evidence and titles (read composed, whitespace runs as one space),
+    distinct case-insensitively, at most ``limit``, and never break a query's JSON; yes/no only for a
+    yes/no question and a comparison's options only once the evidence names one of them."""
+    out = candidates(question, evidence, titles=titles, limit=limit)
+    compare = choice_options(unicodedata.normalize("NFC", question))
+    if answer_kind(unicodedata.normalize("NFC", question)) == "yesno":
+        assert out == ["yes", "no"]
+        return
+    if compare and out == compare:
+        return
+    read = [" ".join(unicodedata.normalize("NFC", text).split()).lower() for text in (evidence, *titles)]
+    assert len(out) <= limit and len({o.lower() for o in out}) == len(out)
+    for span in out:
+        assert span == span.strip() and any(span.lower() in text for text in read)
+        assert not ({'"', "\\"} & set(span) or any(c < " " for c in span))
+
+
+@FAST
+@given(texts, texts)
+def test_any_question_is_read_without_error(question, answer):
+    for part in (question, *(compound_parts(question) or ())):
+        answer_kind(part), answer_type(part), choice_options(part)
+    resolved = follow_up(question, answer, first=question)
+    assert resolved == question or answer in resolved
+
+
+def test_typographic_quotes_are_no_part_of_an_option():
+    """Options in typographic quotes kept them ("“Thriller”"), which no page names: the question got
+    the years of its evidence as options instead of the two albums."""
+    question = "Which came first, \u201cThriller\u201d or \u201cBad\u201d?"
+    assert choice_options(question) == ["Thriller", "Bad"]
+    assert candidates(question, "Thriller (1982) and Bad (1987).") == ["Thriller", "Bad"]
+    assert choice_options("Which came first, \u2018Thriller\u2019 or \u2018Bad\u2019?") == ["Thriller", "Bad"]
