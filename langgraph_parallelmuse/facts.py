@@ -85,7 +85,9 @@ def step_facts(question: str, trajectory: Trajectory, *, max_titles: int = 1, ma
             what = one_line(mine[0].title)
         else:
             what = one_line(" ".join(map(str, (action.get("arguments") or {}).values())))
-        hits = tuple(s.title for s in mine)
+        # A hit shown without a title (a corpus document with none) is named by its id: as a blank
+        # title it was an empty item ("Paris, ").
+        hits = tuple(one_line(s.title) or s.doc_id or "" for s in mine)
         if query is not None and not (obs or {}).get("error"):
             # A small model often repeats a search word for word: the same hits are named once.
             first = searched.setdefault((entity_key(query), hits), at)
@@ -119,6 +121,7 @@ def _query(query: str, effective: dict, max_words: int) -> str:
 
 def _titles(titles: list[str], effective: dict, extra: int) -> list[str]:
     """Every title that leads to the answer, then up to ``extra`` others, in the tool's order."""
-    keep = {t for t in titles if entity_key(t) in effective}
-    others = [t for t in titles if t not in keep][:extra]
-    return [one_line(t) for t in dict.fromkeys(titles) if t in keep or t in others]
+    shown = [t for t in dict.fromkeys(titles) if t]
+    keep = {t for t in shown if entity_key(t) in effective}
+    others = [t for t in shown if t not in keep][:extra]
+    return [t for t in shown if t in keep or t in others]

@@ -9,10 +9,13 @@ import re
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from langgraph_parallelmuse.agent import RolloutRunner
+from langgraph_parallelmuse.answers import normalize_vote_key
 from langgraph_parallelmuse.config import make_config
-from langgraph_parallelmuse.crossover import crossover_job, crossover_stage, pick_pairs
+from langgraph_parallelmuse.crossover import crossover_job, crossover_stage, crossover_wave, pick_pairs
 from langgraph_parallelmuse.driver import EVIDENCE_SYSTEM, QUERY_SYSTEM, GuidedDriver
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.lineage import scratch_job
@@ -29,6 +32,7 @@ from tests.unit.fakes import (
     research_responder,
     role_of,
 )
+from tests.unit.test_facts import trajectories
 from tests.unit.test_infograph import answer, hits, opened, search, visit
 
 QUESTION = "Where is the thing?"
@@ -370,3 +374,36 @@ def test_a_merge_of_no_parents_is_empty():
     from langgraph_parallelmuse.infograph import merge_context
 
     assert merge_context([]) == ([], [])
+
+
+KINDS = {"initial": "t", "fill": "f", "branch": "b", "crossover": "x"}
+
+
+@st.composite
+def rollouts(draw: st.DrawFn) -> list[dict]:
+    """Rollout trajectories of any kind (a crossover one from an earlier stage too) over generated records."""
+    out = []
+    for i in range(draw(st.integers(0, 5))):
+        kind = draw(st.sampled_from(sorted(KINDS)))
+        tid = f"{KINDS[kind]}{i}"
+        traj = {**draw(trajectories()), "id": tid, "thread_id": f"r/{tid}", "origin": {"kind": kind}}
+        out.append({**traj, "status": "answered" if traj["answer"] else "no_answer"})
+    return out
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([QUESTION, "Paris", "Where was Stephen King born?"]), rollouts(), st.integers(0, 4))
+def test_pairs_never_repeat_or_pair_a_trajectory_with_itself_and_every_slot_runs(question, trajs, count):
+    by_id = {t["id"]: t for t in trajs}
+    pairs = pick_pairs(question, trajs, count=count)
+    assert len(pairs) <= count
+    assert len({frozenset(p["parents"]) for p in pairs}) == len(pairs)
+    for pair in pairs:
+        parents = [by_id[p] for p in pair["parents"]]
+        assert len(set(pair["parents"])) == 2 and all(pair["steps"])
+        assert all(p["origin"]["kind"] != "crossover" and normalize_vote_key(p["answer"]) for p in parents)
+    config = make_config(n=count + 2, mode="none", crossover=count)
+    jobs = crossover_wave(trajs, pairs, config, run_id="r")
+    # Every reserved slot runs, under an id of its own: a fill never takes a thread that ran.
+    assert len(jobs) == count and len({j["id"] for j in jobs}) == count
+    assert not {j["id"] for j in jobs if j["origin"]["kind"] == "fill"} & set(by_id)

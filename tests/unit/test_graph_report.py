@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from langgraph_parallelmuse.config import make_config
 from langgraph_parallelmuse.graph_report import graph_facts, write_graph_report
 from langgraph_parallelmuse.infograph import build_graph, effective_subgraph
+from langgraph_parallelmuse.protocol import neutralize
 from langgraph_parallelmuse.stage2 import write_report
 from tests.unit.fakes import GRAPH_REPORT_MARKER, Reply, ScriptedChatModel, tokenize
+from tests.unit.test_facts import names, trajectories
 from tests.unit.test_infograph import QUESTION, answer, hits, search, two_hop
 
 
@@ -142,3 +149,29 @@ async def test_the_guided_line_drops_a_draft_too():
     model = ScriptedChatModel(script=[" <think>maybe Lyon</think> Hall led the APA."])
     report = await write_graph_report(model, QUESTION, two_hop(), guided=True)
     assert report["text"].splitlines()[-2] == "Reasoning: Hall led the APA."
+
+
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+REPLIES = ["Paris", "\n", "\n\n", "Final answer: Lyon", "<think>", "</think>", "<answer>", "\u2028", "\r", " "]
+replies = st.lists(st.one_of(st.sampled_from(REPLIES), st.text(max_size=6)), max_size=8).map("".join)
+
+
+@FAST
+@given(names, trajectories(), replies, st.booleans())
+def test_a_graph_report_names_every_effective_entity_and_ends_in_its_answer(question, traj, reply, guided):
+    """Whatever the records and the model's line: every effective entity is named in the facts, the
+    reasoning is one line, and the answer is on the one canonical last line the aggregator reads."""
+    model = ScriptedChatModel(script=[reply, reply])
+    report = asyncio.run(write_graph_report(model, question, traj, guided=guided, seed=0))
+    answer = " ".join((traj["answer"] or "").split())
+    if not answer:
+        assert report["status"] == "fallback" and not model.calls
+        return
+    facts = graph_facts(question, traj)
+    effective = effective_subgraph(build_graph(question, traj))
+    for key, entity in effective["entities"].items():
+        assert key == effective["answer"] or neutralize(entity["name"]) in facts
+    lines = report["text"].split("\n")
+    assert report["text"].startswith(facts + "\n") and len(lines) == len(facts.split("\n")) + 2
+    assert lines[-2].startswith("Reasoning: ") and lines[-1] == f"Final answer: {neutralize(answer)}"
+    assert report["text"].count("\nFinal answer:") == 1
