@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -325,20 +326,32 @@ _CUT_OFF = frozenset({"length", "max_tokens", "MAX_TOKENS", "max_output_tokens"}
 _REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
 
 
+# LangChain glues the string metadata of streamed chunks together: a server that sends its reason on
+# more than one chunk gives "stopstop", or "lengthstop", whose cut-off a whole-string match missed.
+_CUT_OFF_IN = re.compile("|".join(sorted(_CUT_OFF, key=len, reverse=True)))
+_REPEATED = re.compile(r"(\w+?)\1+")
+
+
 def _finish_reason(metadata: dict) -> str:
     """A reply's finish reason as the OpenAI API names it: ``"length"`` for a reply cut off by its
-    token bound, whatever the backend calls it (read as ``"stop"``, a cut-off answer was an answer).
+    token bound, whatever the backend calls it (read as ``"stop"``, a cut-off answer was an answer),
+    and whichever of a streamed reply's chunks said so.
 
     Example:
         >>> _finish_reason({"stop_reason": "max_tokens"}), _finish_reason({"finish_reason": "stop"}), _finish_reason({})
         ('length', 'stop', 'stop')
+        >>> _finish_reason({"finish_reason": "lengthstop"}), _finish_reason({"finish_reason": "stopstop"})
+        ('length', 'stop')
     """
     details = metadata.get("incomplete_details")
     reasons = [metadata.get(key) for key in _REASON_KEYS]
     reasons.append(details.get("reason") if isinstance(details, dict) else None)
-    if any(isinstance(reason, str) and reason in _CUT_OFF for reason in reasons):
+    if any(isinstance(reason, str) and _CUT_OFF_IN.search(reason) for reason in reasons):
         return "length"
-    return metadata.get("finish_reason") or "stop"
+    reason = metadata.get("finish_reason")
+    if isinstance(reason, str) and len(reason) <= 64 and (repeated := _REPEATED.fullmatch(reason)):
+        return repeated.group(1)
+    return reason or "stop"
 
 
 async def _choose(

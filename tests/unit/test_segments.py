@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from langchain_core.messages import HumanMessage
+from langchain_core.language_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick, Sampling, generate_turn
 from tests.unit.fakes import ScoringChatModel, tokenize
@@ -67,3 +69,17 @@ def test_a_turn_is_its_pieces_in_order(plan, temperature):
     assert [t["start"] for t in turn.tokens] == sorted(t["start"] for t in turn.tokens)
     assert turn.generated_tokens == gen_tokens
     assert turn.calls == len(script) + len(model.scored)
+
+
+@pytest.mark.parametrize(("first", "last", "read"), [("length", "stop", "length"), ("stop", "stop", "stop")])
+def test_a_streamed_replys_finish_reason_is_read_whichever_chunks_sent_it(first, last, read):
+    """A server that sends its finish reason on more than one chunk: LangChain glues them ("lengthstop"),
+    and a cut-off reply was taken as a finished one (an answer cut mid-word was the answer)."""
+    chunks = [
+        AIMessageChunk("Paris is the capit", response_metadata={"finish_reason": first}),
+        AIMessageChunk("", response_metadata={"finish_reason": last}),
+    ]
+    merged = chunks[0] + chunks[1]  # as LangChain merges a streamed reply
+    model = GenericFakeChatModel(messages=iter([AIMessage(merged.content, response_metadata=merged.response_metadata)]))
+    turn = asyncio.run(generate_turn(model, [HumanMessage("q")], [Gen(name="answer")], sampling=Sampling()))
+    assert turn.text == "Paris is the capit" and turn.finish_reason == read
