@@ -458,9 +458,11 @@ class ParallelMuseNodes:
         settings it started with. A context that sets a different value on resume is an error.
         """
         try:
-            context, configurable = get_runtime().context, get_config().get("configurable")
+            runtime, configurable = get_runtime(), get_config().get("configurable")
         except RuntimeError:  # a node called outside a graph run (a unit test)
-            context, configurable = None, None
+            runtime, configurable = None, None
+        # update_state(..., as_node=...) runs that node's edges with no runtime: the stored settings route them.
+        context = None if runtime is None else runtime.context
         if stored is None:
             misplaced = misplaced_settings(configurable, context)
             if misplaced:
@@ -607,12 +609,29 @@ class ParallelMuseNodes:
         # payload never carries a trajectory.
         return Send(node, {"question": state["question"], "settings": state["settings"], "job": job})
 
+    @staticmethod
+    def run_id(state: ParallelMuseState) -> str:
+        """The run id naming the trajectory threads: ``prepare``'s, unless the question was edited since
+        (``update_state`` on a checkpoint after ``prepare``, then a fork from it): the threads of the
+        question ``prepare`` saw hold that question's trajectories, and the fork answered the new
+        question from them without a model call.
+
+        Example:
+            >>> state = {"run_id": "chat:ab12", "question": "Who?", "asked": {"question": "Where?"}}
+            >>> ParallelMuseNodes.run_id(state)
+            'chat:ab12~d991a24e8e'
+        """
+        asked = (state.get("asked") or {}).get("question")
+        if asked is None or asked == state["question"]:
+            return state["run_id"]
+        return f"{state['run_id']}~{hashlib.sha256(state['question'].encode()).hexdigest()[:10]}"
+
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
         settings = self.settings(state["settings"])
         if settings.branching == "online":
-            payload = {"question": state["question"], "settings": state["settings"], "run_id": state["run_id"]}
+            payload = {"question": state["question"], "settings": state["settings"], "run_id": self.run_id(state)}
             return [Send("online_rollout", payload)]
-        jobs = first_wave(settings, run_id=state["run_id"])
+        jobs = first_wave(settings, run_id=self.run_id(state))
         return [self._send("initial_rollout", state, job) for job in jobs]
 
     @_timed("rollout")
@@ -674,7 +693,7 @@ class ParallelMuseNodes:
             return "collect"
         round = state["round"]
         picks = [p for p in state.get("picks", []) if p["round"] == round]
-        jobs = next_wave(state["trajectories"], picks, settings, round=round, run_id=state["run_id"])
+        jobs = next_wave(state["trajectories"], picks, settings, round=round, run_id=self.run_id(state))
         # next_wave tops up to N, so jobs is never empty here; "collect" keeps the run alive if it were.
         return [self._send("branch_rollout", state, job) for job in jobs] or "collect"
 
@@ -747,7 +766,7 @@ class ParallelMuseNodes:
         settings = self.settings(state["settings"])
         if not settings.crossover:
             return "aggregate"
-        jobs = crossover_wave(state["trajectories"], state.get("crossovers", []), settings, run_id=state["run_id"])
+        jobs = crossover_wave(state["trajectories"], state.get("crossovers", []), settings, run_id=self.run_id(state))
         return [self._send("crossover_rollout", state, job) for job in jobs] or "aggregate"
 
     async def crossover_rollout(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -445,6 +445,37 @@ async def test_replaying_from_the_checkpoint_before_aggregate_reruns_only_the_ag
     assert len(replayed["trajectories"]) == 4 and len(replayed["reports"]) == 4
 
 
+@pytest.mark.parametrize("paused_before", ["initial_rollout", "aggregate"])
+def test_a_checkpoint_edited_with_update_state_as_the_last_node_that_wrote_it_can_be_forked(paused_before):
+    """update_state runs the edges of the node it writes as, which LangGraph runs without a runtime:
+    every edge that read the run's settings crashed (AttributeError: 'NoneType' object has no
+    attribute 'context'), e.g. reports edited at the documented pause before aggregate."""
+    graph, model = make_graph(checkpointer=InMemorySaver(), interrupt_before=[paused_before])
+    thread: dict[str, Any] = {"configurable": {"thread_id": f"edit-{paused_before}"}}
+    graph.invoke({"question": "Where is the Eiffel Tower?"}, thread)
+    edited = graph.update_state(thread, {"stats": {"edited": True}})
+    assert graph.invoke(None, edited)["answer"] == "Paris"
+
+
+async def test_a_fork_whose_question_was_edited_after_prepare_researches_it_not_the_old_questions_threads():
+    """Before the fix the fork ran the edited question's jobs in the threads of the question prepare
+    had seen, found them finished and answered 'Paris' to a question about the Colosseum, calling no model."""
+    graph, model = make_graph(checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "travel-2"}}
+    first = await graph.ainvoke({"question": "Where is the Eiffel Tower?"}, thread)
+    (prepared,) = [s async for s in graph.aget_state_history(thread) if s.next == ("initial_rollout",) * 2]
+    fork = await graph.aupdate_state(prepared.config, {"question": "Where is the Colosseum?"}, as_node="prepare")
+    calls = len(model.calls)
+    forked = await graph.ainvoke(None, fork)
+    assert asked_questions(model, calls) == {"Where is the Colosseum?"}
+    assert (forked["answer"], first["answer"]) == ("Rome", "Paris")
+    old, new = ({t["thread_id"] for t in out["trajectories"]} for out in (first, forked))
+    assert not old & new
+    again = len(model.calls)
+    replayed = await graph.ainvoke(None, fork)  # the fork's own threads, found again: no model call
+    assert replayed["answer"] == "Rome" and asked_questions(model, again) == set()
+
+
 # ----------------------------------------------------------------------------- runs, threads and settings
 
 STEPS = [
