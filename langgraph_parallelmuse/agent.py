@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -449,13 +452,111 @@ _LENDABLE = frozenset(
         ("langgraph.checkpoint.postgres.aio", "AsyncPostgresSaver"),
     }
 )
+# LangGraph's sync SQLite saver takes any thread id too, but has none of the async methods the rollout
+# subgraph calls: it is lent through _InThreads, or a sync app's run would keep its checkpoints there
+# and its trajectories in memory, and after a restart could not fork its branches from them.
+_LENDABLE_SYNC = frozenset({("langgraph.checkpoint.sqlite", "SqliteSaver")})
+_THREADS_SHARE: weakref.WeakKeyDictionary[BaseCheckpointSaver, bool] = weakref.WeakKeyDictionary()
+
+
+class _InThreads(BaseCheckpointSaver):
+    """A sync-only saver through the async methods as well, each call run in a worker thread."""
+
+    PAGE = 16
+
+    def __init__(self, saver: BaseCheckpointSaver) -> None:
+        super().__init__(serde=saver.serde)
+        self.saver = saver
+
+    def get_tuple(self, config: dict) -> Any:
+        return self.saver.get_tuple(config)
+
+    def list(self, config: dict | None, **options: Any) -> Iterator[Any]:
+        return self.saver.list(config, **options)
+
+    def put(self, *args: Any) -> dict:
+        return self.saver.put(*args)
+
+    def put_writes(self, *args: Any) -> None:
+        self.saver.put_writes(*args)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self.saver.delete_thread(thread_id)
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        return self.saver.get_next_version(current, channel)
+
+    def with_allowlist(self, extra_allowlist: Any) -> BaseCheckpointSaver:
+        inner = self.saver.with_allowlist(extra_allowlist)
+        return self if inner is self.saver else _InThreads(inner)
+
+    async def aget_tuple(self, config: dict) -> Any:
+        return await asyncio.to_thread(self.saver.get_tuple, config)
+
+    async def aput(self, *args: Any) -> dict:
+        return await asyncio.to_thread(self.saver.put, *args)
+
+    async def aput_writes(self, *args: Any) -> None:
+        await asyncio.to_thread(self.saver.put_writes, *args)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.saver.delete_thread, thread_id)
+
+    async def alist(
+        self, config: dict | None, *, filter: dict | None = None, before: dict | None = None, limit: int | None = None
+    ) -> AsyncIterator[Any]:
+        # A page at a time, each read whole in one thread: SqliteSaver holds its lock while a list()
+        # is open, and a reader that stops early (the walk for fork points) would leave it held; one
+        # read of the whole thread would cost the walk what it saves.
+        while limit is None or limit > 0:
+            size = self.PAGE if limit is None else min(self.PAGE, limit)
+            page = await asyncio.to_thread(self._page, config, filter, before, size)
+            for item in page:
+                yield item
+            if len(page) < size:
+                return
+            before, limit = page[-1].config, None if limit is None else limit - size
+
+    def _page(self, config: dict | None, filter: dict | None, before: dict | None, size: int) -> list[Any]:
+        return [*self.saver.list(config, filter=filter, before=before, limit=size)]
+
+
+def _in_threads(saver: BaseCheckpointSaver) -> bool:
+    """Whether ``saver`` is a sync-only one that :class:`_InThreads` can lend: its sqlite3 connection
+    may be used from a worker thread (opened with ``check_same_thread=False``, as
+    ``SqliteSaver.from_conn_string`` opens it); else it stays the app's alone, as before."""
+    if not any((c.__module__, c.__qualname__) in _LENDABLE_SYNC for c in type(saver).__mro__):
+        return False
+    if saver not in _THREADS_SHARE:
+
+        def probe() -> bool:
+            try:
+                saver.conn.cursor().close()  # sqlite3 checks the calling thread here (not on every attribute)
+            except sqlite3.ProgrammingError:
+                return False
+            return True
+
+        with ThreadPoolExecutor(1) as pool:
+            _THREADS_SHARE[saver] = pool.submit(probe).result()
+    return _THREADS_SHARE[saver]
+
+
+def async_saver(saver: BaseCheckpointSaver) -> BaseCheckpointSaver:
+    """``saver`` as the rollout subgraph can use it: a sync SQLite saver through :class:`_InThreads`.
+
+    Example:
+        >>> saver = InMemorySaver()
+        >>> async_saver(saver) is saver
+        True
+    """
+    return _InThreads(saver) if _in_threads(saver) else saver
 
 
 def lendable(saver: BaseCheckpointSaver | None) -> bool:
     """Whether trajectory threads may live in ``saver``: one of LangGraph's memory, SQLite and Postgres
-    savers (or a subclass, as ``langgraph dev``'s), or langgraph-api's adapter around one; and, if
-    it is bound to an event loop (the async SQLite and Postgres savers), bound to the running one
-    (the sync API runs the graph on a loop of its own).
+    savers (or a subclass, as ``langgraph dev``'s; the sync SQLite one through :func:`async_saver`), or
+    langgraph-api's adapter around one; and, if it is bound to an event loop (the async SQLite and
+    Postgres savers), bound to the running one (the sync API runs the graph on a loop of its own).
 
     Example:
         >>> lendable(InMemorySaver()), lendable(None)
@@ -463,6 +564,8 @@ def lendable(saver: BaseCheckpointSaver | None) -> bool:
     """
     if not isinstance(saver, BaseCheckpointSaver):  # None, or a graph's checkpointer=True/False
         return False
+    if _in_threads(saver):
+        return True
     saver = unwrapped(saver)  # what counts is the saver inside langgraph-api's adapter
     if not any((c.__module__, c.__qualname__) in _LENDABLE for c in type(saver).__mro__):
         return False
@@ -489,7 +592,7 @@ def lend_checkpointer(runner: RolloutRunner, saver: BaseCheckpointSaver | None) 
         >>> runner.saver is saver
         False
     """
-    token = _LENT.set((runner, saver) if lendable(saver) else None)
+    token = _LENT.set((runner, async_saver(saver)) if lendable(saver) else None)
     try:
         yield
     finally:
@@ -549,6 +652,7 @@ class RolloutRunner:
         self.driver = pick_driver(model, driver, guided_driver) if isinstance(driver, str) else driver
         own = "guided" if isinstance(self.driver, GuidedDriver) else "free"
         self._drivers: dict[str, StepDriver] = {"auto": self.driver, own: self.driver}
+        checkpointer = None if checkpointer is None else async_saver(checkpointer)
         if checkpointer is not None and type(checkpointer).aget_tuple is BaseCheckpointSaver.aget_tuple:
             # The rollout subgraph runs async; a sync-only saver fails only at its first checkpoint.
             raise ConfigError(

@@ -848,3 +848,93 @@ async def test_a_tools_content_blocks_are_its_text_one_a_line():
         QUESTION, trajectory_id="t0", thread_id="r/t0", config=ParallelMuseConfig(mode="none")
     )
     assert traj["observations"][0]["content"] == "[1] Paris\n[2] Lyon"
+
+
+# ----------------------------------------------------------------------------- LangGraph's sync SQLite saver
+
+
+def _sqlite_saver(path):
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    return SqliteSaver(sqlite3.connect(path, check_same_thread=False))
+
+
+def test_a_sync_sqlite_checkpointer_keeps_the_trajectories_so_a_restarted_process_resumes_the_branches(tmp_path):
+    """create_parallelmuse(checkpointer=SqliteSaver(...)) and the sync API: before the fix the run's
+    checkpoints went to the database and its trajectories to memory, so a run resumed in a new process
+    could not fork its branches (a ParallelMuseError on every resume, asking for a checkpointer)."""
+    from langgraph_parallelmuse.graph import rollout_runner
+    from tests.unit.fakes import research_responder, role_of
+
+    failed = []
+
+    def agent(index, messages):
+        # The branch (forked at step 0, the least sure) fails at step 5 in the first process: the
+        # initial wave (t0 and the fill, 9 steps each) has made 18 calls by then.
+        if process == 1 and index == 5 and len(model.calls) > 18 and not failed:
+            failed.append(index)
+            raise ConfigError("the key was revoked")
+        if index < 8:
+            return Reply(call_text("search", query=f"q{index}"), regions={"think": -2.0 if index == 0 else -0.1})
+        return answer_text("Paris")
+
+    path, thread = str(tmp_path / "app.db"), {"configurable": {"thread_id": "chat"}}
+    for process in (1, 2):  # a new model, graph and saver each time: nothing shared but the file
+        model = ScriptedChatModel(responder=research_responder(agent))
+        graph = create_parallelmuse(
+            model,
+            make_tools()[0],
+            config={"n": 3, "m": 1, "k": 1, "t": 1, "max_turns": 10},
+            checkpointer=_sqlite_saver(path),
+        )
+        if process == 1:
+            with pytest.raises(ConfigError):
+                graph.invoke({"question": QUESTION}, thread)
+        else:
+            out = graph.invoke(None, thread)
+    agent_calls = [c for c in model.calls if role_of(c["messages"]) == "agent"]
+    assert failed and out["answer"] == "Paris" and len(out["trajectories"]) == 3
+    assert len(agent_calls) == 4  # the branch's steps 5 to 8, nothing the first process finished
+    branch = next(t for t in out["trajectories"] if t["origin"]["kind"] == "branch")
+    rollouts, read = rollout_runner(graph).graph, {"configurable": {"thread_id": branch["thread_id"]}}
+
+    async def history():
+        return [s.config async for s in rollouts.aget_state_history(read)]
+
+    # Read a page at a time: every page, in order, as the sync read gives them.
+    assert len(asyncio.run(history())) > 16
+    assert asyncio.run(history()) == [s.config for s in rollouts.get_state_history(read)]
+
+
+def test_a_parent_apps_sync_sqlite_saver_holds_the_trajectory_threads_unless_its_connection_is_one_threads(
+    tmp_path,
+):
+    """The saver a parent app compiles with is lent as LangGraph's async savers are; one whose sqlite3
+    connection refuses other threads (check_same_thread, the default) stays the app's alone, as before:
+    the rollout runs on the sync API's own thread."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from langgraph_parallelmuse.agent import lendable
+
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=lambda messages: answer_text("Paris")),
+        make_tools()[0],
+        config={"n": 2, "mode": "none", "aggregation": "majority"},
+    )
+    builder = StateGraph(MessagesState)
+    builder.add_node("research", graph)
+    builder.add_edge(START, "research")
+    builder.add_edge("research", END)
+    saver = _sqlite_saver(str(tmp_path / "app.db"))
+    out = builder.compile(checkpointer=saver).invoke(
+        {"messages": [HumanMessage(QUESTION)]}, {"configurable": {"thread_id": "chat"}}
+    )
+    threads = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
+    assert out["messages"][-1].content == "Paris"
+    assert len(threads) == 3 and {t for t in threads if t.startswith("chat:")}  # the app's and both trajectories'
+    assert not lendable(SqliteSaver(sqlite3.connect(":memory:")))
