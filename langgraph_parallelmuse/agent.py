@@ -412,7 +412,11 @@ async def _run_tool(
     try:
         async with deadline:
             result = await with_retries(lambda: by_name[name].ainvoke(call))
-    except Exception as exc:  # noqa: BLE001 - the agent sees the failure and goes on
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the agent sees the failure and goes on
+        # A CancelledError the tool raised itself (a client cancelled inside it) is the tool's failure;
+        # it crashed the whole run. This task's own cancellation (cancelling()) still ends the run.
+        if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+            raise
         if isinstance(exc, TimeoutError) and deadline.expired():
             return f"Error: tool {name!r} timed out after {cfg.tool_timeout:g} s.", True, []
         # Any other error, the tool's own timeout included (its message names the socket or API).

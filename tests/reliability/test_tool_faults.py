@@ -164,6 +164,28 @@ async def test_long_error_text_is_truncated_too():
     assert len(content) <= 300 + len(" …[truncated]")
 
 
+async def test_a_cancelled_error_the_tool_raises_itself_is_its_failure_not_the_runs():
+    """Before: a tool whose own client was cancelled inside it (CancelledError, no Exception) ended
+    the whole run (NodeCancelledError under a graph) instead of giving the agent an error."""
+    traj, model, _ = await _run(_raise(asyncio.CancelledError()))
+    assert traj["status"] == "answered" and len(model.calls) == 2
+    assert traj["observations"][0]["content"].startswith("Error: tool 'search' failed: CancelledError")
+
+
+async def test_the_runs_own_cancellation_during_a_tool_call_still_cancels_it():
+    started = asyncio.Event()
+
+    async def hang(query):
+        started.set()
+        await asyncio.sleep(60)
+
+    run = asyncio.ensure_future(_run(hang))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
 async def test_empty_tool_output_does_not_stop_the_trajectory():
     traj, model, _ = await _run(lambda q: "")
     assert traj["status"] == "answered" and len(model.calls) == 2
