@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
+import numbers
 import os
 import queue
 import threading
@@ -99,6 +101,10 @@ class InferenceEngine:
             average) or ``"auto"`` (bfloat16 where the CPU has it natively, else float32).
         name: Display name of the model.
 
+    Raises:
+        ValueError: ``max_batch_size`` is not an integer >= 1, ``batch_window`` not a number of
+            seconds >= 0, or ``cache_max_bytes`` not a number of bytes >= 0.
+
     Example:
         >>> from langgraph_parallelmuse.models.loading import load_model
         >>> loaded = load_model()  # doctest: +SKIP
@@ -122,13 +128,20 @@ class InferenceEngine:
         precision: Precision = "float32",
         name: str = "local",
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if (rows := integer(max_batch_size)) is None or rows < 1:
+            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        # Read by the worker only: a wrong value killed it there, and the first request hung forever.
+        if (
+            isinstance(batch_window, bool)
+            or not isinstance(batch_window, numbers.Real)
+            or not 0 <= batch_window < math.inf
+        ):
+            raise ValueError(f"batch_window must be a number of seconds >= 0, got {batch_window!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.batching = batching
-        self.max_batch_size = max_batch_size if batching else 1
+        self.max_batch_size = rows if batching else 1
         self.batch_window = batch_window if batching else 0.0
         self.cache = PrefixCache(cache_max_bytes) if prefix_cache else None
         self.max_context_tokens = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
@@ -136,7 +149,9 @@ class InferenceEngine:
         self._queue: queue.Queue[Item] = queue.Queue()
         self._counters = Counters()
         self._closed = False
-        self._submit_lock = threading.Lock()
+        # Reentrant: close() cancels futures while holding it, and their done-callbacks run there; one
+        # that submits again (or closes) deadlocked close() instead of being told the engine is closed.
+        self._submit_lock = threading.RLock()
         # Held weakly: a finished future leaves with its caller's last reference. For close(cancel_pending=True).
         self._futures: weakref.WeakSet[RequestFuture] = weakref.WeakSet()
         #: The :class:`~.runner.ModelRunner` (its ``weight_bytes``, ``bytes_per_token``, ``score``).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -305,6 +306,35 @@ def test_a_closed_or_forked_engine_is_replaced_or_refuses_rather_than_hanging(mo
         first.close()
 
 
+def test_close_cancelling_a_request_whose_callback_submits_again_does_not_deadlock(
+    model, tokenizer, monkeypatch
+) -> None:
+    # close(cancel_pending=True) cancels the queued futures while holding the submit lock, and their
+    # done-callbacks run right there: one that resubmitted waited for that lock, and close() for it.
+    engine = InferenceEngine(model, tokenizer, max_batch_size=1)
+    slow_steps(engine, monkeypatch)
+    request = greedy(tokenizer, PROMPTS[0], max_new_tokens=200, ignore_eos=True)
+    running = engine.submit(request)
+    queued = engine.submit(request)  # one row only: it waits in the queue
+    refused = []
+
+    def resubmit(future) -> None:
+        try:
+            engine.submit(request)
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    queued.add_done_callback(resubmit)
+    closer = threading.Thread(target=engine.close, kwargs={"cancel_pending": True}, daemon=True)
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive(), "close() deadlocked"
+    assert refused == ["engine is closed"]
+    assert queued.cancelled()
+    with pytest.raises(CancelledError):
+        running.result(timeout=30)
+
+
 def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:
     shared = ids(tokenizer, " ".join(PROMPTS * 3))  # longer than the scheduler's sharing threshold
     branches = [shared + ids(tokenizer, f" branch {i} says") for i in range(4)]
@@ -490,6 +520,23 @@ def test_bad_sampling_settings_are_refused_before_they_reach_a_batch(engine, tok
     for setting, value in settings:
         with pytest.raises(InputError, match=f"{setting}={value!r}"):
             engine.submit(greedy(tokenizer, "hi", **{setting: value}))
+
+
+def test_bad_engine_settings_are_refused_by_the_constructor(model, tokenizer) -> None:
+    # batch_window is read by the worker only: None or a string raised there, the worker died, and
+    # the first request submitted never resolved (later ones were refused as "not running").
+    for window in (None, "0.02", float("nan"), -1.0, True):
+        with pytest.raises(ValueError, match=f"batch_window must be a number of seconds >= 0, got {window!r}"):
+            InferenceEngine(model, tokenizer, batch_window=window)
+    for rows in (0, 2.5, "4", None):
+        with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1"):
+            InferenceEngine(model, tokenizer, max_batch_size=rows)
+    engine = InferenceEngine(model, tokenizer, batch_window=0, max_batch_size=np.int64(2))
+    try:
+        assert engine.max_batch_size == 2 and type(engine.max_batch_size) is int
+        assert engine.generate(greedy(tokenizer, "hi", max_new_tokens=2)).completion_tokens <= 2
+    finally:
+        engine.close()
 
 
 def test_numpy_or_torch_numbers_are_taken_as_python_numbers(engine, tokenizer) -> None:
