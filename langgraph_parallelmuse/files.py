@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,11 @@ _STD_STREAMS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
 _MAX_LINKS = 40
 # The longest file name, in bytes, of Linux's file systems (NAME_MAX).
 _NAME_MAX = 255
+# Hex digits of the token that makes a temporary's name unique.
+_TOKEN = 12
+# A writer locks its temporary the moment after it creates it: an unlocked one this recent may be a
+# live writer's still, not one a killed process left.
+_ABANDONED_AFTER = 60.0
 
 
 @contextlib.contextmanager
@@ -28,7 +36,8 @@ def replacing(path: str | os.PathLike[str], *, in_place: bool = True) -> Iterato
     """A new file beside ``path`` to write, which replaces ``path`` once the block ends without error.
 
     A crash or a full disk while writing leaves the old file (or none), never a cut one; the new
-    file is removed when the block raises.
+    file is removed when the block raises, and one a killed process left (SIGKILL and SIGTERM skip
+    the block's clean-up) is removed by a later write of ``path`` (one a minute old or more).
 
     Args:
         path: The file to write.
@@ -163,14 +172,46 @@ def _through_descriptor(path: Path, fd: int) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _temporary_name(path: Path) -> str:
-    """A hidden name beside ``path`` for its new file, within the file system's limit on a name."""
+def _temporary_prefix(path: Path) -> str:
+    """The start of the hidden names of ``path``'s temporaries, each ``prefix + token + suffix`` with room
+    for the token within the file system's limit on a name."""
     # The same suffix: a plot's format is read from it. The stem gives way: a name near the limit
     # (one that could be written directly) had no room left for the token, and failed ENAMETOOLONG.
-    token, stem = uuid.uuid4().hex[:12], path.stem
-    while stem and len(os.fsencode(f".{stem}-{token}{path.suffix}")) > _NAME_MAX:
+    stem = path.stem
+    while stem and len(os.fsencode(f".{stem}-{'0' * _TOKEN}{path.suffix}")) > _NAME_MAX:
         stem = stem[:-1]
-    return f".{stem}-{token}{path.suffix}"
+    return f".{stem}-"
+
+
+def _locked(tmp: Path) -> int:
+    """Create the empty temporary ``tmp``; return a descriptor that holds its lock while it is written.
+
+    The lock, which dies with the process however it ends, tells :func:`_remove_abandoned` which
+    temporaries are still being written.
+    """
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove the temporaries of ``path`` that killed writers left: no process holds their lock.
+
+    Each was as large as the file (a corpus index's: gigabytes), and every run killed while writing
+    (a job's time limit, ``timeout``) left one more, hidden.
+    """
+    name = re.compile(re.escape(_temporary_prefix(path)) + f"[0-9a-f]{{{_TOKEN}}}" + re.escape(path.suffix))
+    try:
+        with os.scandir(path.parent) as entries:
+            found = [Path(e.path) for e in entries if name.fullmatch(e.name)]
+    except OSError:  # a missing or unreadable folder: writing in it says so
+        return
+    for stale in found:
+        # Gone already, or held: a live writer's (BlockingIOError), left as it is.
+        with contextlib.suppress(OSError), stale.open("rb") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if time.time() - os.fstat(fh.fileno()).st_mtime > _ABANDONED_AFTER:
+                stale.unlink()
 
 
 def _replaced(path: Path, *, shown: Path) -> Iterator[Path]:
@@ -184,14 +225,18 @@ def _replaced(path: Path, *, shown: Path) -> Iterator[Path]:
         OSError: Writing, syncing or renaming failed (a folder missing or read-only); an error on
             the temporary names ``shown`` instead, a name the user never saw.
     """
-    tmp = path.with_name(_temporary_name(path))
+    _remove_abandoned(path)
+    tmp = path.with_name(f"{_temporary_prefix(path)}{uuid.uuid4().hex[:_TOKEN]}{path.suffix}")
+    lock = None
     try:
+        lock = _locked(tmp)
         yield tmp
         with tmp.open("rb+") as fh:  # on disk before the rename, which a power loss could otherwise outrun
             os.fsync(fh.fileno())
         if path.exists():  # a private file (0600) stays private
             shutil.copymode(path, tmp)
         os.replace(tmp, path)
+        _remove_abandoned(path)  # those too recent to remove before a long write (an index's build)
     except OSError as exc:
         # Only an error about the temporary is renamed: the block's own errors on other files stay.
         # A new one of the same type and errno: the rename's also names path (filename2), which
@@ -201,3 +246,5 @@ def _replaced(path: Path, *, shown: Path) -> Iterator[Path]:
         raise type(exc)(exc.errno, exc.strerror, str(shown)).with_traceback(exc.__traceback__) from None
     finally:
         tmp.unlink(missing_ok=True)
+        if lock is not None:
+            os.close(lock)
