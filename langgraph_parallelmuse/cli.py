@@ -17,12 +17,13 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -1571,10 +1572,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (a job's time limit, ``timeout``, ``docker stop``) takes Ctrl-C's path while the block runs.
+
+    It killed the process at once: ``ask`` wrote no partial ``--json`` and, without ``--db``, lost every
+    finished trajectory, which Ctrl-C would have kept. The handler runs SIGINT's (``asyncio.run``'s:
+    the main task is cancelled, then KeyboardInterrupt), or raises KeyboardInterrupt where SIGINT is
+    ignored (a background job). A handler already set (an app's) is left alone, as outside the main
+    thread, where no handler can be set. Yields a list that gets the signal's number once it came.
+    """
+    came: list[int] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        came.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
+
+    own = False
+    with contextlib.suppress(ValueError):  # not the main thread
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, interrupt)
+            own = True
+    try:
+        yield came
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    terminated: list[int] = []
     try:
-        return asyncio.run(args.func(args))
+        with _terminate_as_interrupt() as terminated:
+            return asyncio.run(args.func(args))
     except ParallelMuseError as exc:
         text = redact(str(exc))
         # Bounded: a message may carry a server's whole error page.
@@ -1582,8 +1616,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         hint = getattr(args, "on_interrupt", "rerun the command")
-        console.print(f"interrupted; {hint(args) if callable(hint) else hint}", markup=False)
-        return 130
+        what = "terminated (SIGTERM)" if terminated else "interrupted"
+        console.print(f"{what}; {hint(args) if callable(hint) else hint}", markup=False)
+        return 128 + signal.SIGTERM if terminated else 130
 
 
 if __name__ == "__main__":

@@ -169,6 +169,34 @@ def test_ctrl_c_with_nothing_to_write_says_why_json_was_not_written(monkeypatch,
     ) in said, said
 
 
+@pytest.mark.filterwarnings("ignore:coroutine 'arun_with_retry' was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("sigint", ["python", "ignored"])
+def test_sigterm_takes_ctrl_cs_path_and_keeps_the_finished_trajectories(monkeypatch, tmp_path, capsys, sigint):
+    """SIGTERM (a job's time limit, ``timeout``) killed ``ask`` at once: no partial ``--json``, and without
+    ``--db`` every finished trajectory lost. Also where SIGINT is ignored (a background job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler if sigint == "python" else signal.SIG_IGN)
+    calls = {"agent": 0}
+
+    def agent(index, messages):
+        calls["agent"] += 1
+        if calls["agent"] == 6:  # the third trajectory's answer step: two have finished
+            signal.raise_signal(signal.SIGTERM)
+            return Reply(answer_text("Paris"), delay=30.0)
+        return _agent(index, messages)
+
+    _cli_on(monkeypatch, agent)
+    result = tmp_path / "r.json"
+    try:
+        code = _ask(PARIS, "--n", "4", "--mode", "none", "--max-concurrency", "1", "--json", str(result))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 128 + signal.SIGTERM
+    kept = json.loads(result.read_text())
+    assert [t["status"] for t in kept["trajectories"]] == ["answered", "answered"]
+    assert "terminated (SIGTERM)" in _err(capsys)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler was the run's alone
+
+
 # ----------------------------------------------------------------------------- an output over an input
 
 
