@@ -903,6 +903,22 @@ async def test_deleting_a_thread_deletes_its_trajectory_threads_and_no_other(kin
         await check_delete_with_trajectories(saver)
 
 
+async def test_deleting_a_thread_deletes_the_threads_of_a_fork_whose_question_was_edited() -> None:
+    saver = InMemorySaver()
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, checkpointer=saver)
+    thread = {"configurable": {"thread_id": "chat"}}
+    await graph.ainvoke({"question": QUESTION}, thread)
+    (prepared,) = [s async for s in graph.aget_state_history(thread) if "initial_rollout" in s.next]
+    fork = await graph.aupdate_state(prepared.config, {"question": "Where is the Colosseum?"}, as_node="prepare")
+    await graph.ainvoke(None, fork)
+    made = {t for t in saver.storage if t.startswith("chat:")}
+    assert len(made) == 4 and any("~" in t for t in made)  # the fork's threads are named apart
+    from langgraph_parallelmuse.persistence import adelete_thread_with_trajectories
+
+    deleted = await adelete_thread_with_trajectories(saver, "chat")
+    assert set(deleted) == made | {"chat"} and not set(saver.storage)
+
+
 async def test_a_branch_send_carries_a_reference_to_the_parent_checkpoint_not_the_trajectory():
     from langgraph_parallelmuse.agent import RolloutRunner
     from langgraph_parallelmuse.config import make_config
