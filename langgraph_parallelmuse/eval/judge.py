@@ -127,11 +127,13 @@ def parse_judgement(text: str) -> bool | None:
 
 
 def _format_gold(gold: str | Sequence[str]) -> str:
-    if isinstance(gold, str):
-        return gold
-    if not gold:
-        raise ValueError("gold is empty: pass the gold answer (and optionally its aliases)")
-    first, *aliases = gold
+    golds = [gold] if isinstance(gold, str) else list(gold)
+    if wrong := [g for g in golds if not isinstance(g, str)]:
+        raise ValueError(f"gold holds {wrong[0]!r}: pass the gold answer (and its aliases) as strings")
+    # A blank gold was sent: the judge compared the response with nothing and its verdict was scored.
+    first, *aliases = [g for g in golds if g.strip()] or [""]
+    if not first:
+        raise ValueError("gold is empty or blank: pass the gold answer (and optionally its aliases)")
     return f"{first} (also accepted: {'; '.join(aliases)})" if aliases else first
 
 
@@ -154,7 +156,7 @@ async def llm_judge(
         holds no readable verdict.
 
     Raises:
-        ValueError: ``gold`` is an empty list.
+        ValueError: ``gold`` is empty or blank, or holds something other than strings.
         JudgeError: The judge model's call failed (after its client's own retries).
 
     Example:

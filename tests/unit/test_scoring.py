@@ -286,9 +286,19 @@ async def test_llm_judge_empty_prediction_is_wrong_without_call(prediction):
     assert model.prompts == []
 
 
-async def test_llm_judge_empty_gold_rejected():
-    with pytest.raises(ValueError, match="gold is empty"):
-        await llm_judge(FakeListChatModel(responses=["yes"]), "q?", "Paris", [])
+@pytest.mark.parametrize("gold", [[], "", "  ", ["", " "]])
+async def test_llm_judge_empty_gold_rejected(gold):
+    """Before: a blank gold was sent, and the judge's verdict against nothing was scored."""
+    with pytest.raises(ValueError, match="gold is empty or blank"):
+        await llm_judge(FakeListChatModel(responses=["yes"]), "q?", "Paris", gold)
+
+
+async def test_llm_judge_blank_aliases_are_left_out_and_non_strings_refused():
+    model = _RecordingModel(responses=["correct: yes"], prompts=[])
+    await llm_judge(model, "q?", "Paris", ["", "Paris", " "])
+    assert "[correct_answer]: Paris\n" in model.prompts[0] + "\n"
+    with pytest.raises(ValueError, match="gold holds None"):
+        await llm_judge(model, "q?", "Paris", ["Paris", None])
 
 
 def test_parse_judgement_takes_last_verdict_line():
