@@ -221,6 +221,11 @@ class ServerChatModel(ChatOpenAI):
             if problem := _token_logprobs_problem(f"choices[{i}].logprobs", logprobs):
                 raise _malformed(self._where, f"a streamed chunk's {problem}")
         self._check_finish(choices if isinstance(choices, list) else [])
+        if isinstance(choices, list) and any(_bare_finish(choice) for choice in choices):
+            # ChatOpenAI drops a chunk whose delta is null or missing: a server that sends its finish
+            # reason on one such ended its reply, unseen, and the whole reply read as cut off.
+            choices = [{**c, "delta": {}} if _bare_finish(c) else c for c in choices]
+            chunk = {**chunk, "choices": choices}
         return super()._convert_chunk_to_generation_chunk(chunk, default_chunk_class, base_generation_info)
 
     def _check_finish(self, choices: list) -> None:
@@ -279,6 +284,11 @@ class ServerChatModel(ChatOpenAI):
         top = kwargs.get("top_logprobs", self.top_logprobs) or 0
         sent, call = self._scoring_call(messages, continuation, top)
         return _scored(await super()._agenerate(sent, None, run_manager, **call), continuation, top, self._where)
+
+
+def _bare_finish(choice: Any) -> bool:
+    """Whether a streamed choice carries a finish reason but no delta (null or missing)."""
+    return isinstance(choice, dict) and bool(choice.get("finish_reason")) and choice.get("delta") is None
 
 
 def _finishes(chunk: ChatGenerationChunk) -> bool:

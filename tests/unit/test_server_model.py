@@ -803,6 +803,18 @@ def test_a_stream_cut_off_before_its_finish_reason_is_an_error_not_a_turn(done: 
             list(llm(f"{fake.url}/v1").stream(QUESTION))
 
 
+@pytest.mark.parametrize("last", [{"delta": None}, {}])
+def test_a_finish_reason_on_a_chunk_without_a_delta_ends_the_reply(last: dict) -> None:
+    """ChatOpenAI drops a chunk whose delta is null or missing: a finish reason sent on one was unseen,
+    and the whole reply was refused as cut off."""
+    end = {"choices": [{"index": 0, **last, "finish_reason": "stop"}]}
+    rest = {"choices": [{"index": 0, "delta": {"content": "nna</answer>"}}]}
+    with fake_http({"POST /v1/chat/completions": lambda _body: (200, _sse(_PARTIAL, rest, end))}) as fake:
+        chunks = list(llm(f"{fake.url}/v1").stream(QUESTION))
+    merged = sum(chunks[1:], chunks[0])
+    assert (merged.content, merged.response_metadata.get("finish_reason")) == ("<answer>Vienna</answer>", "stop")
+
+
 async def test_an_error_sent_inside_a_stream_names_the_server_and_is_retried() -> None:
     """Before: vLLM's and SGLang's ``data: {"error": ...}`` after the reply began was the openai
     client's bare APIError ("engine died"), naming no server and never asked again. An HTTP error
