@@ -77,8 +77,16 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
     return scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(scheme)
 
 
+def _same_site(old: str, new: str) -> bool:
+    """Whether a redirect from ``old`` to ``new`` stays where the credentials were given: the same origin,
+    or the same host's upgrade from http (port 80) to https (port 443), which httpx keeps them for too
+    (a server behind a proxy that forces HTTPS)."""
+    was, now = _origin(old), _origin(new)
+    return was == now or (was[1] == now[1] and was[::2] == ("http", 80) and now[::2] == ("https", 443))
+
+
 class _CredentialsStayHome(urllib.request.HTTPRedirectHandler):
-    """Redirects as urllib follows them, but a request's credentials only to the origin they were given for.
+    """Redirects as urllib follows them, but a request's credentials only to the site they were given for.
 
     urllib copies every header onto the redirected request: a server that answered ``check_server``'s
     ``GET /models`` with a redirect to another host was handed the API key (httpx, under the openai
@@ -87,7 +95,7 @@ class _CredentialsStayHome(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, req: urllib.request.Request, *args: Any, **kwargs: Any) -> Any:
         new = super().redirect_request(req, *args, **kwargs)
-        if new is not None and _origin(new.full_url) != _origin(req.full_url):
+        if new is not None and not _same_site(req.full_url, new.full_url):
             for name in _CREDENTIALS:
                 new.remove_header(name)
         return new

@@ -30,3 +30,21 @@ def test_a_redirect_on_the_same_origin_keeps_the_api_key() -> None:
             served_models(f"{redirect.url}/v1", api_key="sk-secret-key")
     assert len(redirect.requests) > 1
     assert all(r.headers.get("authorization") == "Bearer sk-secret-key" for r in redirect.requests)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "same"),
+    [
+        ("http://vllm.example.org/v1/models", "https://vllm.example.org/v1/models", True),  # HTTPS forced
+        ("http://vllm.example.org:80/v1", "https://VLLM.example.org:443/v1", True),
+        ("http://vllm.example.org:8000/v1", "https://vllm.example.org/v1", False),  # another port: another server
+        ("https://vllm.example.org/v1", "http://vllm.example.org/v1", False),  # a downgrade
+        ("http://vllm.example.org/v1", "https://evil.example.org/v1", False),
+    ],
+)
+def test_the_key_follows_a_redirect_only_on_its_site_and_its_upgrade_to_https(old: str, new: str, same: bool) -> None:
+    """The upgrade from http to https on the same host keeps the key (as httpx keeps it): this session's
+    first rule dropped it there, and a remote server behind a proxy that forces HTTPS got a 401."""
+    from langgraph_parallelmuse.loopback import _same_site
+
+    assert _same_site(old, new) is same
