@@ -26,6 +26,8 @@ _MAX_LINKS = 40
 _NAME_MAX = 255
 # Hex digits of the token that makes a temporary's name unique.
 _TOKEN = 12
+# What flock() fails with where the file system has no locks.
+_NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL})
 # A writer locks its temporary the moment after it creates it: an unlocked one this recent may be a
 # live writer's still, not one a killed process left.
 _ABANDONED_AFTER = 60.0
@@ -190,7 +192,14 @@ def _locked(tmp: Path) -> int:
     temporaries are still being written.
     """
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        # A file system without flock (Lustre mounted without it, some FUSE and network mounts): the
+        # file is written unlocked, as before locks, and no later write can lock it to remove it.
+        if exc.errno not in _NO_FLOCK:
+            os.close(fd)
+            raise
     return fd
 
 
@@ -208,7 +217,8 @@ def _remove_abandoned(path: Path) -> None:
         return
     for stale in found:
         # Gone already, or held: a live writer's (BlockingIOError), left as it is.
-        with contextlib.suppress(OSError), stale.open("rb") as fh:
+        # Opened for writing: NFS emulates flock with fcntl locks, whose exclusive lock needs it.
+        with contextlib.suppress(OSError), stale.open("rb+") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if time.time() - os.fstat(fh.fileno()).st_mtime > _ABANDONED_AFTER:
                 stale.unlink()

@@ -239,3 +239,19 @@ def test_the_temporaries_killed_writers_left_are_removed_by_the_next_write(tmp_p
     assert path.read_text() == '{"answer": "Paris"}'
     # A temporary this recent may be one a writer has created and not locked yet: it stays for now.
     assert sorted(tmp_path.iterdir()) == sorted([path, left[2]])
+
+
+@pytest.mark.parametrize("error", [errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK])
+def test_a_file_system_without_flock_is_written_unlocked(tmp_path, monkeypatch, error):
+    """This session's lock on the temporary failed every write (``ask --json``, the bench summaries)
+    where the file system has no flock (Lustre mounted without it, some FUSE mounts)."""
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    path = tmp_path / "summary.json"
+    with replacing(path) as tmp:
+        tmp.write_text("{}")
+    assert path.read_text() == "{}" and sorted(tmp_path.iterdir()) == [path]
