@@ -481,8 +481,10 @@ class _InThreads(BaseCheckpointSaver):
     def put(self, *args: Any) -> dict:
         return self.saver.put(*args)
 
-    def put_writes(self, *args: Any) -> None:
-        self.saver.put_writes(*args)
+    # task_path declared: LangGraph passes it only to a put_writes whose signature names it, and without
+    # it pending writes were stored unordered (replayed by task id, not by the task's path).
+    def put_writes(self, config: dict, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
+        self.saver.put_writes(config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
         self.saver.delete_thread(thread_id)
@@ -500,8 +502,10 @@ class _InThreads(BaseCheckpointSaver):
     async def aput(self, *args: Any) -> dict:
         return await asyncio.to_thread(self.saver.put, *args)
 
-    async def aput_writes(self, *args: Any) -> None:
-        await asyncio.to_thread(self.saver.put_writes, *args)
+    async def aput_writes(
+        self, config: dict, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await asyncio.to_thread(self.saver.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.saver.delete_thread, thread_id)

@@ -938,3 +938,17 @@ def test_a_parent_apps_sync_sqlite_saver_holds_the_trajectory_threads_unless_its
     assert out["messages"][-1].content == "Paris"
     assert len(threads) == 3 and {t for t in threads if t.startswith("chat:")}  # the app's and both trajectories'
     assert not lendable(SqliteSaver(sqlite3.connect(":memory:")))
+
+
+def test_the_trajectories_writes_in_a_sync_sqlite_saver_keep_their_task_path(tmp_path):
+    """LangGraph hands task_path only to a put_writes whose signature names it: the wrapper lending a sync
+    SqliteSaver took ``*args``, and every pending write was stored without its path (replayed by task id)."""
+    graph = create_parallelmuse(
+        ScriptedChatModel(responder=lambda messages: answer_text("Paris")),
+        make_tools()[0],
+        config={"n": 2, "mode": "none", "aggregation": "majority"},
+        checkpointer=(saver := _sqlite_saver(str(tmp_path / "app.db"))),
+    )
+    graph.invoke({"question": QUESTION}, {"configurable": {"thread_id": "chat"}})
+    rows = saver.conn.execute("SELECT thread_id, task_path FROM writes WHERE thread_id LIKE 'chat:%'").fetchall()
+    assert rows and all(path for _, path in rows)
