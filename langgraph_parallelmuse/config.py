@@ -7,6 +7,7 @@ message that names the setting and the fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -139,10 +140,11 @@ class ParallelMuseConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_truth_values_for_numbers(cls, data: object) -> object:
-        # pydantic reads True as 1 and False as 0: n=True would run one trajectory.
+        # pydantic reads True as 1 and False as 0: n=True would run one trajectory. numpy's bool
+        # (a comparison's result, ``n=counts.any()``) is no bool subclass, and pydantic reads it so too.
         if isinstance(data, dict):
             numeric = (int, float, int | None, float | None)
-            given = [k for k, v in data.items() if isinstance(v, bool) and k in cls.model_fields]
+            given = [k for k, v in data.items() if _truth_value(v) and k in cls.model_fields]
             if wrong := [k for k in given if cls.model_fields[k].annotation in numeric]:
                 raise ValueError(f"{', '.join(f'{k}={data[k]}' for k in wrong)}: give a number, not true/false")
         return data
@@ -314,13 +316,33 @@ class ParallelMuseConfig(BaseModel):
         return 0 if self.rounds > 1 else self.rollout_n - self.m - self.branch_budget
 
 
+def _truth_value(value: object) -> bool:
+    """Whether ``value`` is a bool, Python's or an array library's (numpy's ``bool_``: its dtype kind ``b``)."""
+    return isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b"
+
+
 def _problems(exc: ValidationError) -> str:
     msgs = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            # "Extra inputs are not permitted" alone said neither that the name is unknown nor which one was meant.
+            msg += f": no such setting{_nearest(str(err['loc'][-1]))}"
         msgs.append(msg if not err["loc"] else f"{loc}: {msg}")
     return "; ".join(msgs)
+
+
+def _nearest(name: str) -> str:
+    """`` (did you mean 'x'?)`` for the setting ``name`` is a near miss of (``N``, ``max-turns``), else ``""``.
+
+    Example:
+        >>> _nearest("Max-Turns"), _nearest("temprature"), _nearest("user_id")
+        (" (did you mean 'max_turns'?)", " (did you mean 'temperature'?)", '')
+    """
+    key = name.strip().lower().replace("-", "_").replace(" ", "_")
+    near = difflib.get_close_matches(key, ParallelMuseConfig.model_fields, n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides) -> ParallelMuseConfig:
@@ -347,7 +369,9 @@ def make_config(config: ParallelMuseConfig | dict | None = None, /, **overrides)
     try:
         return ParallelMuseConfig(**data)
     except ValidationError as exc:
-        raise ConfigError("invalid ParallelMuse config: " + _problems(exc)) from None
+        unknown = any(err["type"] == "extra_forbidden" for err in exc.errors())
+        known = f" (settings: {', '.join(ParallelMuseConfig.model_fields)})" if unknown else ""
+        raise ConfigError("invalid ParallelMuse config: " + _problems(exc) + known) from None
 
 
 class _Context(BaseModel):

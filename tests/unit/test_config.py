@@ -285,3 +285,31 @@ def test_settings_mode_none_would_ignore_name_a_way_out_that_validates(tmp_path)
         make_config(mode="none", rounds=2)
     assert "need a branching mode" in str(info.value) and "calibration" not in str(info.value)
     assert make_config(mode="exploration", rounds=2).rounds == 2
+
+
+@pytest.mark.parametrize(("name", "value"), [("n", True), ("max_turns", False), ("seed", True)])
+def test_a_numpy_bool_for_a_number_is_refused_as_a_bool_is(name, value):
+    """numpy's bool is no bool subclass: pydantic read n=np.True_ (``n=(counts > 0).any()``) as n=1."""
+    np = pytest.importorskip("numpy")
+    settings = {name: np.bool_(value)}
+    with pytest.raises(ConfigError, match="give a number, not true/false"):
+        make_config(settings)
+    with pytest.raises(ConfigError, match="give a number, not true/false"):
+        ParallelMuseContext(**settings)
+    assert make_config(diverse_branches=np.True_).diverse_branches is True  # a bool setting takes it
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"N": 4}, "N: Extra inputs are not permitted: no such setting (did you mean 'n'?)"),
+        ({"max-turns": 4}, "(did you mean 'max_turns'?)"),
+        ({"temprature": 0.2}, "(did you mean 'temperature'?)"),
+        ({"user_id": "u1"}, "user_id: Extra inputs are not permitted: no such setting (settings: n, m, k, t,"),
+    ],
+)
+def test_an_unknown_setting_is_named_with_the_one_meant(settings, said):
+    """pydantic's "Extra inputs are not permitted" said neither which setting was meant nor which exist."""
+    with pytest.raises(ConfigError) as info:
+        make_config(settings)
+    assert said in str(info.value)
