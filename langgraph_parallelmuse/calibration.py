@@ -20,10 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import get_args
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.files import replacing
-from langgraph_parallelmuse.uncertainty import CONFIDENCE_WINDOW, REGIONS_OF_MODE
+from langgraph_parallelmuse.logprobs import top_logprobs_problem
+from langgraph_parallelmuse.uncertainty import CONFIDENCE_WINDOW, REGIONS_OF_MODE, Estimator
 
 #: Share of calibration steps below the branching threshold (the top fifth of steps fork).
 DEFAULT_QUANTILE = 0.8
@@ -213,6 +215,11 @@ class Calibration:
         Raises:
             ConfigError: Missing or malformed file.
         """
+        if isinstance(path, str) and not path.strip():
+            # Path("") is the working directory, reported as "'.' is not a file".
+            raise ConfigError(
+                f"calibration path {path!r} is blank: give the file `parallelmuse calibrate` wrote, or no calibration"
+            )
         # A path typed in Studio's context form or a Python config reaches no shell that would expand ~.
         path = _expanded(path)
         try:
@@ -265,7 +272,7 @@ def _load(path: str, *version: int) -> Calibration:
         ) from exc
     if not cal.thresholds:
         raise ConfigError(f"calibration file {path!r} has no thresholds: regenerate it with more trajectories")
-    if problem := _problem(cal, window=data.get("confidence_window", CONFIDENCE_WINDOW)):
+    if problem := _problem(cal, data=data):
         raise ConfigError(
             f"calibration file {path!r} is malformed: {problem}; regenerate it with `parallelmuse calibrate`"
         )
@@ -297,8 +304,8 @@ def _ids(value: object) -> tuple[str, ...]:
     return tuple(str(q) for q in value)
 
 
-def _problem(cal: Calibration, *, window: object) -> str | None:
-    """What makes a calibration read from a file unusable (``None``: nothing); ``window`` as written."""
+def _problem(cal: Calibration, *, data: Mapping[str, object]) -> str | None:
+    """What makes a calibration read from a file unusable (``None``: nothing); ``data``: the file as written."""
     bad = {region: t for region, t in cal.thresholds.items() if not (math.isfinite(t) and t >= 1.0)}
     if bad:
         # A perplexity is at least 1; NaN, infinite or smaller thresholds would branch everywhere or nowhere.
@@ -309,7 +316,14 @@ def _problem(cal: Calibration, *, window: object) -> str | None:
     if floor is not None and not (math.isfinite(floor) and floor >= 0.0):
         # A confidence is at least 0: a NaN floor would stop every trajectory, a negative one none.
         return f"confidence_floor {floor} must be a finite confidence >= 0"
+    window = data.get("confidence_window", CONFIDENCE_WINDOW)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         # int() read 2.7 as 2, and a window of 0 divided by zero mid-rollout.
         return f"confidence_window {window!r} must be a whole number of tokens >= 1"
+    # str() read null as the estimator 'None' and int() -3 as a count: a run then refused the file with
+    # "fitted with estimator='None'" or advised setting top_logprobs=-3, which it would refuse in turn.
+    if data["estimator"] not in get_args(Estimator):
+        return f"estimator {data['estimator']!r} must be one of {', '.join(map(repr, get_args(Estimator)))}"
+    if data.get("top_logprobs") is not None and (problem := top_logprobs_problem(data["top_logprobs"])):
+        return problem
     return None

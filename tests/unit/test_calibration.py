@@ -68,3 +68,37 @@ def test_a_calibration_path_under_the_home_directory_is_found(tmp_path, monkeypa
     assert Calibration.load(tmp_path / "other.json").thresholds == {"all": 2.0}
     with pytest.raises(ConfigError, match="not found"):  # an unknown user's ~ is no traceback
         Calibration.load("~no-such-user-here/cal.json")
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (', "top_logprobs": -3', "top_logprobs=-3: use 0..20"),
+        (', "top_logprobs": 2.7', "top_logprobs=2.7: use 0..20"),
+        (', "top_logprobs": true', "top_logprobs=True: use 0..20"),
+    ],
+    ids=["negative", "fraction", "bool"],
+)
+def test_a_calibration_file_with_a_top_logprobs_no_run_can_use_is_malformed(tmp_path, extra, said):
+    """int() read -3, 2.7 (as 2) and true (as 1): an early_stop run then advised ``set top_logprobs=-3``,
+    a value the config refuses, or compared the wrong count."""
+    path = tmp_path / "cal.json"
+    path.write_text(_HEAD + extra + "}")
+    with pytest.raises(ConfigError, match=f"is malformed: {said}"):
+        Calibration.load(path)
+
+
+@pytest.mark.parametrize("estimator", ["null", '"NLL"', "1", "{}"])
+def test_a_calibration_file_with_an_unknown_estimator_is_malformed(tmp_path, estimator):
+    """str() read null as the estimator 'None': a run refused the file as fitted with estimator='None'."""
+    path = tmp_path / "cal.json"
+    path.write_text(_HEAD.replace('"nll"', estimator) + "}")
+    with pytest.raises(ConfigError, match="is malformed: estimator .* must be one of 'nll', 'entropy'"):
+        Calibration.load(path)
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_calibration_path_is_named_as_blank(blank):
+    """An empty path was read as the working directory: "calibration '.' is not a file"."""
+    with pytest.raises(ConfigError, match="calibration path .* is blank"):
+        Calibration.load(blank)
