@@ -1254,11 +1254,14 @@ def _path(text: str) -> str:
     ``--calibration`` read theirs: a ``~`` the shell leaves (``--json=~/r.json``, a quoted path) was
     refused as a missing folder ``~``, or made one in the working directory (``bench --out``).
 
+    Refused when blank, as :func:`_given` refuses it: ``ask --json ""`` wrote no result, silently,
+    and ``bench --out ""`` wrote into the working directory.
+
     Example:
         >>> _path("~/r.json") == os.path.join(os.path.expanduser("~"), "r.json"), _path("a b/r.json")
         (True, 'a b/r.json')
     """
-    return os.path.expanduser(text)
+    return os.path.expanduser(_given(text))
 
 
 def _given(text: str) -> str:
@@ -1275,14 +1278,24 @@ def _given(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: pass a whole number >= 1")
-    return value
+def _whole(least: int) -> Callable[[str], int]:
+    """The ``type=`` of a flag that takes a whole number of at least ``least``.
+
+    Example:
+        >>> _whole(0)("7")
+        7
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: pass a whole number >= {least}")
+        return value
+
+    return parse
 
 
 def _setting(text: str) -> tuple[str, Any]:
@@ -1497,7 +1510,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="distractor",
         help="distractor: tools see only each question's context_doc_ids",
     )
-    bench.add_argument("--limit", type=_positive, default=None, help="first N questions only (>= 1)")
+    bench.add_argument("--limit", type=_whole(1), default=None, help="first N questions only (>= 1)")
     bench.add_argument("--n", type=int, default=8)
     bench.add_argument("--k", type=int, default=2)
     bench.add_argument("--t", type=int, default=3)
@@ -1510,11 +1523,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-turns", type=int, default=ParallelMuseConfig.model_fields["max_turns"].default)
     bench.add_argument(
         "--seed",
-        type=int,
+        # numpy's bootstrap generator takes no negative seed: -1 ran every question, then failed the summary.
+        type=_whole(0),
         default=None,
-        help="sampling and bootstrap seed (default: 0; with --report-only: the one the records were run with)",
+        help="sampling and bootstrap seed, >= 0 (default: 0; with --report-only: the one the records were run with)",
     )
-    bench.add_argument("--concurrency", type=_positive, default=1, help="questions in flight at once (>= 1)")
+    bench.add_argument("--concurrency", type=_whole(1), default=1, help="questions in flight at once (>= 1)")
     bench.add_argument(
         "--methods",
         default=",".join(METHODS),

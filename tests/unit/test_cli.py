@@ -401,6 +401,38 @@ def test_a_blank_flag_is_refused_by_the_parser(flag, fake_cli, tmp_path, monkeyp
     assert f"argument {flag}: ' ' is blank (an unset shell variable?): give a value or drop the flag" in _err(capsys)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ask", "Who?", "--json", ""],
+        ["ask", "Who?", "--out="],
+        ["bench", "--questions", "q.jsonl", "--out", " "],
+        ["bench", "--questions", ""],
+        ["calibrate", "r.jsonl", "--out", ""],
+        ["calibrate", "", "--out", "c.json"],
+    ],
+)
+def test_a_blank_path_flag_is_refused_by_the_parser(argv, capsys):
+    """``ask --json "$OUT"`` with the variable unset wrote no result, silently (a blank path read as
+    no --json), and ``bench --out ""`` wrote its results into the working directory."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert "is blank (an unset shell variable?): give a value or drop the flag" in _err(capsys)
+
+
+@pytest.mark.parametrize("seed", ["-1", "--seed=-1"])
+def test_a_negative_bench_seed_is_refused_by_the_parser(seed, capsys):
+    """numpy's bootstrap generator takes no negative seed: ``bench --seed -1`` ran every question and
+    then failed writing the summary with a bare "ValueError: expected non-negative integer"."""
+    flag = ["--seed", seed] if seed == "-1" else [seed]
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["bench", "--questions", "q.jsonl", *flag])
+    assert exited.value.code == 2
+    assert "argument --seed: '-1': pass a whole number >= 0" in _err(capsys)
+    assert cli.build_parser().parse_args(["bench", "--questions", "q.jsonl", "--seed", "0"]).seed == 0
+
+
 def test_flags_the_runs_settings_never_read_are_refused_before_the_model_loads(fake_cli, tmp_path, capsys):
     """``--mode none --k 3`` ran from scratch as if ``--k`` had not been given (k, T and diverse
     branches shape the branches mode none never makes), and a voting aggregation wrote no report
