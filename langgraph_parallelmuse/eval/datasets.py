@@ -86,6 +86,11 @@ def _lone_surrogate_at(value: Any, where: str) -> str | None:
     return None
 
 
+def _a_number(value: object) -> bool:
+    """A number (not a bool) that was meant as text: ``"id": 7`` for ``"id": "7"``."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _parse_line(raw: str, where: str) -> QAItem:
     try:
         raw.encode("utf-8")
@@ -113,8 +118,12 @@ def _parse_line(raw: str, where: str) -> QAItem:
                 "\\ud83c without its pair): write the character itself or its full escape pair"
             )
     for key in ("id", "question"):
-        if not isinstance(obj.get(key), str) or not obj[key].strip():
-            raise EvalDataError(f"{where}: missing or empty string field {key!r}")
+        value = obj.get(key)
+        if isinstance(value, str) and value.strip():
+            continue
+        # "missing or empty" misled about an id given as a number (7 where "7" was meant).
+        problem = "is missing" if value is None else f"must be a non-empty string, got {value!r:.80}"
+        raise EvalDataError(f"{where}: field {key!r} {problem}" + (f': write "{value}"' if _a_number(value) else ""))
     for key in ("answers", *_DOC_LISTS):
         value = obj.get(key)
         if value is None and key in _DOC_LISTS:  # optional: null is read as absent, as meta and dataset are

@@ -320,3 +320,20 @@ def test_the_package_exports_the_error_llm_judge_raises():
     from langgraph_parallelmuse.eval.judge import JudgeError
 
     assert eval_package.JudgeError is JudgeError and "JudgeError" in eval_package.__all__
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("id", 7, "field 'id' must be a non-empty string, got 7: write \"7\""),
+        ("id", None, "field 'id' is missing"),
+        ("question", ["Who?"], "field 'question' must be a non-empty string, got ['Who?']"),
+        ("question", "  ", "field 'question' must be a non-empty string, got '  '"),
+    ],
+)
+def test_an_id_or_question_that_is_not_text_says_what_it_is(tmp_path, field, value, said):
+    """An id given as a number (``"id": 7``, common in a hand-made set) was reported "missing or empty"."""
+    path = _write(tmp_path, [{**ROW, field: value}])
+    with pytest.raises(EvalDataError) as excinfo:
+        load_questions(path)
+    assert str(excinfo.value) == f"{path}:1: {said}"
