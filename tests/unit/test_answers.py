@@ -62,10 +62,16 @@ def test_an_accented_word_is_no_article_once_its_accent_is_folded(one, other):
     assert normalize_vote_key("The Å") == normalize_vote_key("Å")
 
 
-@pytest.mark.parametrize("spaced", ["1914 – 1918", "1914 - 1918", "1914 -1918", "1914- 1918", "1914 — 1918"])
+@pytest.mark.parametrize("spaced", ["1914 – 1918", "1914 - 1918", "1914  —  1918"])
 def test_a_range_written_with_spaces_around_its_dash_is_one_vote_with_the_range_without(spaced):
     # The spaced dash was a separator: "1914 1918", a vote apart from "1914–1918".
     assert normalize_vote_key(spaced) == normalize_vote_key("1914–1918") == "1914-1918"
+
+
+@pytest.mark.parametrize("two_numbers", ["5 -3", "10 -20 °C"])
+def test_a_dash_spaced_on_one_side_only_is_no_range(two_numbers):
+    # Perhaps a second, negative number: kept apart from the range.
+    assert normalize_vote_key(two_numbers) != normalize_vote_key(two_numbers.replace(" -", "-"))
 
 
 def test_a_spaced_range_does_not_lose_its_vote(make_trajectory):
