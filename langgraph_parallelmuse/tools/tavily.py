@@ -226,11 +226,10 @@ class _Tavily:
             data = await self.call(lambda c: c.search(query, max_results=self.max_results, timeout=self.timeout))
         except _Failed as exc:
             return self.failure("web search", exc)
-        # A URL is one word: one holding a line break wrote hit lines of its own into the output (a
-        # forged "[2] ... (id: ...)"), and one holding any space is no id visit opens.
-        results = [
-            r for r in _listed(data, "results") if isinstance(r.get("url"), str) and r["url"].split() == [r["url"]]
-        ]
+        # A URL is one word (spaces around it go): one holding a line break wrote hit lines of its own
+        # into the output (a forged "[2] ... (id: ...)"), and one holding any space is no id visit opens.
+        urls = [(r, r["url"].split()) for r in _listed(data, "results") if isinstance(r.get("url"), str)]
+        results = [{**r, "url": words[0]} for r, words in urls if len(words) == 1]
         if not results:
             return no_results(query), {"doc_ids": []}
         text, urls = _hits_text(results, max_chars=self.max_chars)

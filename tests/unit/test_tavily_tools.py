@@ -438,6 +438,9 @@ async def test_a_result_url_with_a_line_break_cannot_forge_a_search_hit(fake: Fa
     msg = await call(search, query="eiffel")
     assert "evil.org" not in msg.content and "Forged" not in msg.content
     assert msg.artifact["doc_ids"] == [r["url"] for r in SEARCH_OK.body["results"]]
+    padded = {"title": "Tower", "url": " https://x.org/t\n", "content": "tall"}
+    fake.script["/search"] = [Reply(body={"results": [padded]})]
+    assert (await call(search, query="eiffel")).artifact["doc_ids"] == ["https://x.org/t"]  # kept, stripped
 
 
 async def test_bad_arguments_are_one_line_of_usage(fake: FakeTavily) -> None:
