@@ -14,7 +14,8 @@ the graph holds no evidence; :func:`warn_unreadable` says so for a run that reli
 
 **Entities** (keyed by their normalised name, so a query span and a document title that name the
 same thing are one entity; Unicode compatibility-normalised and case-folded, so "Beyoncé" is one
-entity however its accent is encoded):
+entity however its accent is encoded, and without punctuation of any script, so a page's “quoted”
+name or "O’Brien" is the name the model typed plainly):
 
 * ``title``: every document a search showed (``[n] Title (id: x)`` hits) or a visit opened
   (``opened``, the first line of a visit's output);
@@ -131,6 +132,8 @@ _QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
 _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
+_ENDING_POSSESSIVE = re.compile(r"['’]s$")
+_DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
 # Chinese, Japanese and Korean text: no spaces set its words apart, so a name in it is no whole word.
 _CJK = re.compile(CJK_CHARS)
 
@@ -152,6 +155,8 @@ def named_spans(text: str) -> list[str]:
         []
         >>> named_spans("born in Kerry, Ireland in the U.S. Army")
         ['Kerry', 'Ireland', 'U.S. Army']
+        >>> named_spans("James Garner's role in Ender's Game")
+        ['James Garner', "Ender's Game"]
     """
     # Composed first: a decomposed accent is no word character, so "Beyonce\u0301" split into two words.
     text = unicodedata.normalize("NFC", text)
@@ -163,8 +168,9 @@ def named_spans(text: str) -> list[str]:
         while run and run[-1].group(0) in _CONNECTORS:
             run.pop()
         if run:
-            # The text as written ("U.S. Army" keys as its title does, "us army", not "u s army").
-            spans.append(rest[run[0].start() : run[-1].end()].rstrip("."))
+            # The text as written ("U.S. Army" keys as its title does, "us army", not "u s army"), but
+            # for a closing possessive: the entity of "Garner's" is Garner, and a report names it so.
+            spans.append(_ENDING_POSSESSIVE.sub("", rest[run[0].start() : run[-1].end()].rstrip(".")))
         run.clear()
 
     for match in _WORD.finditer(rest):
@@ -185,15 +191,26 @@ def entity_key(name: str) -> str:
     """An entity's identity: its name normalised as answers are (case, punctuation and articles dropped),
     after Unicode compatibility normalisation (NFKC) and case folding.
 
-    A possessive is dropped first ("Hall's" names Hall).
+    A possessive is dropped first ("Hall's" names Hall), and punctuation of any script with the
+    ASCII punctuation ``normalize_answer`` drops, but for a decimal point ("1.5" is not "15").
 
     Example:
         >>> entity_key("The G. Stanley Hall's")
         'g stanley hall'
         >>> entity_key("Beyonc\u00e9") == entity_key("Beyonce\u0301"), entity_key("STRASSE") == entity_key("Straße")
         (True, True)
+        >>> entity_key("\u201cThinking Out Loud\u201d"), entity_key("O\u2019Brien") == entity_key("O'Brien")
+        ('thinking out loud', True)
+        >>> entity_key("Mexico (7.0%), 250,000 edits")
+        'mexico 7.0 250000 edits'
     """
-    return normalize_answer(_POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold())
+    text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold()
+    # normalize_answer drops ASCII punctuation only: kept, a curly quote or an en dash joined to a
+    # word ("“Thinking Out Loud”") hid the name from every mention test, and a page that names the
+    # answer so did not support it.
+    text = "".join(ch for ch in text if ch.isascii() or unicodedata.category(ch)[0] != "P")
+    # A decimal point is part of its number: dropped, "7.0%" was "70", supported by "70 museums".
+    return ".".join(normalize_answer(part) for part in _DECIMAL_POINT.split(text))
 
 
 def _mentions(text: str, key: str) -> bool:

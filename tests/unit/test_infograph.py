@@ -253,6 +253,10 @@ def test_a_visit_that_opened_nothing_is_no_document():
         ("born in 1873 in Kerry, Ireland", ["1873", "Kerry", "Ireland"]),
         ("the Luftwaffe (German air force)", ["Luftwaffe", "German"]),
         ("a U.S. Army general", ["U.S. Army"]),
+        # A closing possessive is no part of the name (a real query: the report's sub-answer read
+        # "Dai Xuantang's"); one inside a title is.
+        ("Dai Xuantang's debt load", ["Dai Xuantang"]),
+        ("James Garner’s role in Ender's Game", ["James Garner", "Ender's Game"]),
     ],
 )
 def test_named_spans(text, spans):
@@ -336,3 +340,43 @@ def test_a_cjk_answer_inside_a_cjk_page_is_supported_by_it() -> None:
     assert [(r["kind"], r["step"]) for r in effective["relations"] if r["target"] == effective["answer"]] == [
         ("supports", 0)
     ]
+
+
+def test_a_name_a_page_quotes_or_dashes_in_typographic_punctuation_is_mentioned_by_it() -> None:
+    # Only ASCII punctuation was dropped from keys: the page's "“thinking" and "loud”" were other
+    # words than the answer's, so the page that names it supported nothing ("no document read leads to
+    # the answer"), and a bridge typed "O'Brien" was not the page's "O’Brien".
+    traj = {
+        "steps": [
+            search(0, "Ed Sheeran song for Athina"),
+            search(1, "Conan O'Brien host"),
+            answer(2, "Thinking Out Loud"),
+        ],
+        "observations": [
+            hits(0, ("d1", "Ed Sheeran", "Sheeran wrote “Thinking Out Loud” for Athina – with Conan O’Brien.")),
+            hits(1, ("d2", "Late Night", "A talk show.")),
+        ],
+        "answer": "Thinking Out Loud",
+    }
+    graph = build_graph("Which song did Ed Sheeran write for his girlfriend?", traj)
+    assert ("ed sheeran", "thinking out loud", "supports", 0) in [
+        (r["source"], r["target"], r["kind"], r["step"]) for r in graph["relations"]
+    ]
+    assert ("ed sheeran", "conan obrien", "mentions", 0) in [
+        (r["source"], r["target"], r["kind"], r["step"]) for r in graph["relations"]
+    ]
+    assert effective_steps(effective_subgraph(graph)) == [0]
+
+
+def test_a_decimal_answer_is_not_supported_by_a_page_that_holds_its_digits_as_another_number() -> None:
+    # The decimal point was dropped with the punctuation: "7.0%" was the entity "70", and a page's
+    # "70 museums" was its evidence in the graph report.
+    traj = {
+        "steps": [search(0, "Mexico share of Spanish Wikipedia edits"), answer(1, "7.0%")],
+        "observations": [
+            hits(0, ("d1", "Mexico City", "Mexico City has 70 museums."), ("d2", "Wikipedia", "Mexico (7.0%)."))
+        ],
+        "answer": "7.0%",
+    }
+    graph = build_graph("What share of Spanish Wikipedia edits come from Mexico?", traj)
+    assert [r["source"] for r in graph["relations"] if r["kind"] == "supports"] == ["wikipedia"]
