@@ -16,7 +16,8 @@ joins them, one line, from a prompt that holds the question, these facts and the
 
 Each line ``sN tool: a, b -> c; …`` holds the relations tool call N established, every source of a
 group to every target of it (a search relates each span of its query to each title it returned, so
-sources with the same targets share a group). Every entity of the effective subgraph appears in the
+sources with the same targets share a group); a name holding a comma, a semicolon or ``->`` is
+quoted (``"Missouri City, Texas"``). Every entity of the effective subgraph appears in the
 report (the answer on its last line; an answer nothing read supports is shown as such: "no document
 read leads to the answer"), and it ends in the canonical ``Final answer:`` line, so the aggregator
 reads it like any report. The answer is the trajectory's own, as in the text form. A report whose
@@ -33,6 +34,7 @@ other tools every report says "no document read leads to the answer".
 
 from __future__ import annotations
 
+import re
 import time
 
 from langchain_core.language_models import BaseChatModel
@@ -58,6 +60,7 @@ GRAPH_REASONING_TOKENS = 32  # the guided line's bound (a small model's one sent
 _SYSTEM = "You explain in one sentence how research findings lead to an answer."
 _DELIMITERS = ("End of findings", "Findings of a research log", "Question:", "Final answer")
 _NO_EVIDENCE = "Evidence: no document read leads to the answer."
+_SEPARATOR = re.compile(r"[,;]|->")  # what joins the names of a line, and its groups
 
 
 def graph_facts(question: str, trajectory: Trajectory) -> str:
@@ -85,7 +88,11 @@ def graph_facts(question: str, trajectory: Trajectory) -> str:
     answer = effective["answer"]
 
     def name(key: str) -> str:
-        return "final answer" if key == answer else neutralize(effective["entities"][key]["name"])
+        if key == answer:
+            return "final answer"
+        shown = neutralize(effective["entities"][key]["name"])
+        # Bare, a title such as "Missouri City, Texas" read as two entities of its group.
+        return f'"{shown}"' if _SEPARATOR.search(shown) else shown
 
     # A search relates every span of its query to every title it returned: written one pair per
     # relation, that block made the graph report longer than the text report on the current agent's

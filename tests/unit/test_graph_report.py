@@ -61,8 +61,31 @@ def test_query_spans_with_the_same_hits_share_one_relation_group():
     }
     assert graph_facts("Who wrote the manuscript of the Flute Sonata BWV 1033?", traj) == (
         "Evidence:\n"
-        "s1 search: BWV 1033 Leipzig, Flute Sonata -> Flute Sonata in C major, BWV 1033, Toccata in C major, BWV 564; "
-        "Flute Sonata in C major, BWV 1033, Toccata in C major, BWV 564 -> final answer"
+        's1 search: BWV 1033 Leipzig, Flute Sonata -> "Flute Sonata in C major, BWV 1033", '
+        '"Toccata in C major, BWV 564"; "Flute Sonata in C major, BWV 1033", "Toccata in C major, BWV 564" '
+        "-> final answer"
+    )
+
+
+def test_a_name_holding_the_lines_separators_is_quoted():
+    # From a real MuSiQue trajectory of the embedded agent: "Harris W. Fawell -> Missouri City, Texas,
+    # North Central College" read as three entities where the search found two.
+    question = "In what county is the city where Harris W. Fawell was born?"
+    traj = {
+        "id": "t0",
+        "answer": "Fort Bend County",
+        "steps": [search(0, "Harris County, New York"), answer(1, "Fort Bend County")],
+        "observations": [
+            hits(
+                0,
+                ("d1", "Harris W. Fawell", "Fawell moved to Fort Bend County."),
+                ("d2", "Missouri City, Texas", "Missouri City is located in Fort Bend County."),
+            )
+        ],
+    }
+    assert graph_facts(question, traj).splitlines()[1] == (
+        's1 search: Harris County, New York -> Harris W. Fawell, "Missouri City, Texas"; '
+        'Harris W. Fawell, "Missouri City, Texas" -> final answer'
     )
 
 
