@@ -56,12 +56,19 @@ def fake_http(routes: dict[str, Route], *, port: int = 0) -> Iterator[FakeHTTP]:
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    with _served(fake, Handler, port=port):
+        yield fake
+
+
+@contextmanager
+def _served(fake: FakeHTTP, handler: type[BaseHTTPRequestHandler], *, port: int) -> Iterator[None]:
+    """Serve ``handler`` on 127.0.0.1 (``port``, 0: any) while the block runs; ``fake.url`` names it."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield fake
+        yield
     finally:
         server.shutdown()
         server.server_close()
@@ -89,13 +96,5 @@ def redirecting_http(location: str, *, status: int = 302) -> Iterator[FakeHTTP]:
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with _served(fake, Handler, port=0):
         yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
