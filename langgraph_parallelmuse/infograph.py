@@ -133,7 +133,9 @@ _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
 _ENDING_POSSESSIVE = re.compile(r"['’]s$")
-_DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
+# A decimal mark or a dash between two digits is part of the number: dropped, "7.0%" was "70" (and
+# supported by "70 museums"), "March 2–3" was "march 23". Every dash reads as "-", as in the vote key.
+_NUMBER_MARK = re.compile(r"(?<=\d)([.\u066b]|[-\u2010-\u2015\u2212])(?=\d)")
 # Chinese, Japanese and Korean text: no spaces set its words apart, so a name in it is no whole word.
 _CJK = re.compile(CJK_CHARS)
 
@@ -192,7 +194,8 @@ def entity_key(name: str) -> str:
     after Unicode compatibility normalisation (NFKC) and case folding.
 
     A possessive is dropped first ("Hall's" names Hall), and punctuation of any script with the
-    ASCII punctuation ``normalize_answer`` drops, but for a decimal point ("1.5" is not "15").
+    ASCII punctuation ``normalize_answer`` drops, but for a decimal mark or a dash between digits ("1.5"
+    is not "15", "2–3" is "2-3", not "23").
 
     Example:
         >>> entity_key("The G. Stanley Hall's")
@@ -201,16 +204,19 @@ def entity_key(name: str) -> str:
         (True, True)
         >>> entity_key("\u201cThinking Out Loud\u201d"), entity_key("O\u2019Brien") == entity_key("O'Brien")
         ('thinking out loud', True)
-        >>> entity_key("Mexico (7.0%), 250,000 edits")
-        'mexico 7.0 250000 edits'
+        >>> entity_key("Mexico (7.0%), 250,000 edits"), entity_key("March 2\u20133, 2012")
+        ('mexico 7.0 250000 edits', 'march 2-3 2012')
     """
-    text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold()
-    # normalize_answer drops ASCII punctuation only: kept, a curly quote or an en dash joined to a
-    # word ("“Thinking Out Loud”") hid the name from every mention test, and a page that names the
-    # answer so did not support it.
-    text = "".join(ch for ch in text if ch.isascii() or unicodedata.category(ch)[0] != "P")
-    # A decimal point is part of its number: dropped, "7.0%" was "70", supported by "70 museums".
-    return ".".join(normalize_answer(part) for part in _DECIMAL_POINT.split(text))
+    parts = _NUMBER_MARK.split(_POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold())
+    # The marks at odd places: the text between them keyed, the marks kept as one spelling each.
+    return "".join(_key_text(part) if i % 2 == 0 else "." if part in ".\u066b" else "-" for i, part in enumerate(parts))
+
+
+def _key_text(text: str) -> str:
+    """``text`` as :func:`normalize_answer` reads it, without punctuation of any script: it drops ASCII
+    punctuation only, and a curly quote or an en dash joined to a word ("“Thinking Out Loud”") hid
+    the name from every mention test, so a page that names the answer so did not support it."""
+    return normalize_answer("".join(ch for ch in text if ch.isascii() or unicodedata.category(ch)[0] != "P"))
 
 
 def _mentions(text: str, key: str) -> bool:

@@ -10,6 +10,7 @@ from langgraph_parallelmuse.infograph import (
     build_graph,
     effective_steps,
     effective_subgraph,
+    entity_key,
     graph_stats,
     named_spans,
     read_segments,
@@ -380,3 +381,19 @@ def test_a_decimal_answer_is_not_supported_by_a_page_that_holds_its_digits_as_an
     }
     graph = build_graph("What share of Spanish Wikipedia edits come from Mexico?", traj)
     assert [r["source"] for r in graph["relations"] if r["kind"] == "supports"] == ["wikipedia"]
+
+
+@pytest.mark.parametrize(
+    ("said", "page"), [("March 23", "It struck on March 2\u20133, 2012."), ("21", "They won 2\u20131.")]
+)
+def test_a_range_or_score_on_a_page_does_not_support_the_number_its_digits_run_into(said, page) -> None:
+    # With every non-ASCII punctuation mark dropped (this session's first key fix), the en dash went
+    # too: "March 2–3" was "march 23", and the page supported the answer "March 23".
+    traj = {
+        "steps": [search(0, "the outbreak"), answer(1, said)],
+        "observations": [hits(0, ("d1", "Outbreak", page))],
+        "answer": said,
+    }
+    graph = build_graph("When did it strike?", traj)
+    assert not [r for r in graph["relations"] if r["kind"] == "supports"]
+    assert entity_key("March 2\u20133") == entity_key("March 2-3") == "march 2-3"
