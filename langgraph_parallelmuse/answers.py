@@ -59,9 +59,10 @@ _NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|(?<!\w
 _ATTACHED_SHARP = re.compile(r"(?<=[^\W\d_])#+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 # A range is written with spaces around its dash too ("1914 – 1918"): one answer with "1914–1918",
-# whose votes the spaces split (the spaced dash was a separator, "1914 1918"). A space on one side
-# only is not read so: "5 -3" and "10 -20 °C" may be two numbers, the second negative.
-_SPACED_RANGE = re.compile(r"(?<=\d)\s+-\s+(?=\d)")
+# whose votes the spaces split (the spaced dash was a separator, "1914 1918"). A dash with a space
+# before it and none after is not read so: "5 -3" and "10 -20 °C" may be two numbers, the second
+# negative; one followed by a space is no minus sign ("1914- 1918").
+_SPACED_RANGE = re.compile(r"(?<=\d)\s*-\s+(?=\d)")
 # Periods and apostrophes shorten a word ("U.S.", "Ender’s"): they go. Other punctuation separates
 # words ("Paris,France"): it becomes a space.
 _WORD_INNER = frozenset(".'\u2019\u02bc")

@@ -62,7 +62,7 @@ def test_an_accented_word_is_no_article_once_its_accent_is_folded(one, other):
     assert normalize_vote_key("The Å") == normalize_vote_key("Å")
 
 
-@pytest.mark.parametrize("spaced", ["1914 – 1918", "1914 - 1918", "1914  —  1918"])
+@pytest.mark.parametrize("spaced", ["1914 – 1918", "1914 - 1918", "1914  —  1918", "1914- 1918", "1914– 1918"])
 def test_a_range_written_with_spaces_around_its_dash_is_one_vote_with_the_range_without(spaced):
     # The spaced dash was a separator: "1914 1918", a vote apart from "1914–1918".
     assert normalize_vote_key(spaced) == normalize_vote_key("1914–1918") == "1914-1918"
