@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 _STD_STREAMS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
 # As many links as Linux follows in one lookup before it gives up (ELOOP).
@@ -217,11 +218,20 @@ def _remove_abandoned(path: Path) -> None:
         return
     for stale in found:
         # Gone already, or held: a live writer's (BlockingIOError), left as it is.
-        # Opened for writing: NFS emulates flock with fcntl locks, whose exclusive lock needs it.
-        with contextlib.suppress(OSError), stale.open("rb+") as fh:
+        with contextlib.suppress(OSError), _opened(stale) as fh:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if time.time() - os.fstat(fh.fileno()).st_mtime > _ABANDONED_AFTER:
                 stale.unlink()
+
+
+def _opened(path: Path) -> BinaryIO:
+    """``path`` opened for writing (NFS emulates flock with fcntl locks, whose exclusive lock needs it),
+    else for reading: a temporary left read-only (killed after taking a read-only target's mode) can
+    still be locked locally, and removing it needs only the folder's permission."""
+    try:
+        return path.open("rb+")
+    except PermissionError:
+        return path.open("rb")
 
 
 def _replaced(path: Path, *, shown: Path) -> Iterator[Path]:

@@ -255,3 +255,26 @@ def test_a_file_system_without_flock_is_written_unlocked(tmp_path, monkeypatch, 
     with replacing(path) as tmp:
         tmp.write_text("{}")
     assert path.read_text() == "{}" and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_a_read_only_temporary_a_killed_writer_left_is_removed_too(tmp_path, monkeypatch):
+    """Opened only for writing, a temporary left read-only (killed after taking a read-only target's mode)
+    could not be locked by a user other than root, and stayed for good."""
+    from pathlib import Path
+
+    path = tmp_path / "summary.json"
+    orphan = tmp_path / ".summary-0123456789ab.json"
+    orphan.write_text("{")
+    hour_ago = time.time() - 3600
+    os.utime(orphan, (hour_ago, hour_ago))
+    opened = Path.open
+
+    def as_a_user(self, mode="r", *args, **kwargs):
+        if self == orphan and "+" in mode:  # what a user (not root) gets for a 0444 file
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return opened(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", as_a_user)
+    with replacing(path) as tmp:
+        tmp.write_text("{}")
+    assert sorted(tmp_path.iterdir()) == [path]
