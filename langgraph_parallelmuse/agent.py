@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
-import sqlite3
 import time
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +36,7 @@ from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext,
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, ends_the_run, is_context_overflow
 from langgraph_parallelmuse.infograph import merge_context
 from langgraph_parallelmuse.lineage import Job, Pick, branch_job, first_own_step
-from langgraph_parallelmuse.persistence import unwrapped
+from langgraph_parallelmuse.persistence import async_saver, in_threads, unwrapped
 from langgraph_parallelmuse.protocol import (
     SYSTEM_PROMPT,
     action_start,
@@ -456,108 +453,6 @@ _LENDABLE = frozenset(
         ("langgraph.checkpoint.postgres.aio", "AsyncPostgresSaver"),
     }
 )
-# LangGraph's sync SQLite saver takes any thread id too, but has none of the async methods the rollout
-# subgraph calls: it is lent through _InThreads, or a sync app's run would keep its checkpoints there
-# and its trajectories in memory, and after a restart could not fork its branches from them.
-_LENDABLE_SYNC = frozenset({("langgraph.checkpoint.sqlite", "SqliteSaver")})
-_THREADS_SHARE: weakref.WeakKeyDictionary[BaseCheckpointSaver, bool] = weakref.WeakKeyDictionary()
-
-
-class _InThreads(BaseCheckpointSaver):
-    """A sync-only saver through the async methods as well, each call run in a worker thread."""
-
-    PAGE = 16
-
-    def __init__(self, saver: BaseCheckpointSaver) -> None:
-        super().__init__(serde=saver.serde)
-        self.saver = saver
-
-    def get_tuple(self, config: dict) -> Any:
-        return self.saver.get_tuple(config)
-
-    def list(self, config: dict | None, **options: Any) -> Iterator[Any]:
-        return self.saver.list(config, **options)
-
-    def put(self, *args: Any) -> dict:
-        return self.saver.put(*args)
-
-    # task_path declared: LangGraph passes it only to a put_writes whose signature names it, and without
-    # it pending writes were stored unordered (replayed by task id, not by the task's path).
-    def put_writes(self, config: dict, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
-        self.saver.put_writes(config, writes, task_id, task_path)
-
-    def delete_thread(self, thread_id: str) -> None:
-        self.saver.delete_thread(thread_id)
-
-    def get_next_version(self, current: Any, channel: None) -> Any:
-        return self.saver.get_next_version(current, channel)
-
-    def with_allowlist(self, extra_allowlist: Any) -> BaseCheckpointSaver:
-        inner = self.saver.with_allowlist(extra_allowlist)
-        return self if inner is self.saver else _InThreads(inner)
-
-    async def aget_tuple(self, config: dict) -> Any:
-        return await asyncio.to_thread(self.saver.get_tuple, config)
-
-    async def aput(self, *args: Any) -> dict:
-        return await asyncio.to_thread(self.saver.put, *args)
-
-    async def aput_writes(
-        self, config: dict, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
-    ) -> None:
-        await asyncio.to_thread(self.saver.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.saver.delete_thread, thread_id)
-
-    async def alist(
-        self, config: dict | None, *, filter: dict | None = None, before: dict | None = None, limit: int | None = None
-    ) -> AsyncIterator[Any]:
-        # A page at a time, each read whole in one thread: SqliteSaver holds its lock while a list()
-        # is open, and a reader that stops early (the walk for fork points) would leave it held; one
-        # read of the whole thread would cost the walk what it saves.
-        while limit is None or limit > 0:
-            size = self.PAGE if limit is None else min(self.PAGE, limit)
-            page = await asyncio.to_thread(self._page, config, filter, before, size)
-            for item in page:
-                yield item
-            if len(page) < size:
-                return
-            before, limit = page[-1].config, None if limit is None else limit - size
-
-    def _page(self, config: dict | None, filter: dict | None, before: dict | None, size: int) -> list[Any]:
-        return [*self.saver.list(config, filter=filter, before=before, limit=size)]
-
-
-def _in_threads(saver: BaseCheckpointSaver) -> bool:
-    """Whether ``saver`` is a sync-only one that :class:`_InThreads` can lend: its sqlite3 connection
-    may be used from a worker thread (opened with ``check_same_thread=False``, as
-    ``SqliteSaver.from_conn_string`` opens it); else it stays the app's alone, as before."""
-    if not any((c.__module__, c.__qualname__) in _LENDABLE_SYNC for c in type(saver).__mro__):
-        return False
-    if saver not in _THREADS_SHARE:
-
-        def probe() -> bool:
-            try:
-                saver.conn.cursor().close()  # sqlite3 checks the calling thread here (not on every attribute)
-            except sqlite3.ProgrammingError:
-                return False
-            return True
-
-        with ThreadPoolExecutor(1) as pool:
-            _THREADS_SHARE[saver] = pool.submit(probe).result()
-    return _THREADS_SHARE[saver]
-
-
-def async_saver(saver: BaseCheckpointSaver) -> BaseCheckpointSaver:
-    """``saver`` as the rollout subgraph can use it: a sync SQLite saver through :class:`_InThreads`.
-
-    Example:
-        >>> saver = InMemorySaver()
-        >>> async_saver(saver) is saver
-        True
-    """
-    return _InThreads(saver) if _in_threads(saver) else saver
 
 
 def lendable(saver: BaseCheckpointSaver | None) -> bool:
@@ -572,7 +467,7 @@ def lendable(saver: BaseCheckpointSaver | None) -> bool:
     """
     if not isinstance(saver, BaseCheckpointSaver):  # None, or a graph's checkpointer=True/False
         return False
-    if _in_threads(saver):
+    if in_threads(saver):
         return True
     saver = unwrapped(saver)  # what counts is the saver inside langgraph-api's adapter
     if not any((c.__module__, c.__qualname__) in _LENDABLE for c in type(saver).__mro__):
