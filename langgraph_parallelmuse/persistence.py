@@ -354,7 +354,8 @@ async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id
     langgraph#8458), so a saver's ``adelete_thread(T)`` (what Studio's delete calls) leaves them.
     This finds them by that prefix, which no saver API lists: in the saver's own tables for
     LangGraph's ``AsyncSqliteSaver`` and ``AsyncPostgresSaver``, in its storage for
-    ``InMemorySaver`` (also inside langgraph-api's adapter). Only ``saver`` is searched: a graph
+    ``InMemorySaver`` (also inside langgraph-api's adapter), and LangGraph's sync ``SqliteSaver`` when
+    :func:`in_threads` can lend it. Only ``saver`` is searched: a graph
     built with a separate ``trajectory_checkpointer=`` keeps them there (call this on that one too).
 
     Returns:
@@ -362,7 +363,8 @@ async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id
         empty when there was nothing of ``thread_id``.
 
     Raises:
-        ConfigError: ``thread_id`` is empty, or the saver is of another kind (a sync saver).
+        ConfigError: ``thread_id`` is empty, or the saver is of another kind (the sync Postgres saver, a
+            SqliteSaver whose connection only its own thread may use).
 
     Example:
         >>> import asyncio
@@ -377,10 +379,11 @@ async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id
     # user's own that only starts with "<thread>:".
     made = re.compile(re.escape(thread_id) + r":[0-9a-f]{10}(?:~[0-9a-f]{10})?/")
     threads = sorted(t for t in await _threads_under(saver, f"{thread_id}:") if made.match(t))
-    if await saver.aget_tuple({"configurable": {"thread_id": thread_id}}) is not None:
+    lent = async_saver(saver)  # a sync SqliteSaver's trajectory threads are there too (RolloutRunner)
+    if await lent.aget_tuple({"configurable": {"thread_id": thread_id}}) is not None:
         threads.insert(0, thread_id)
     for thread in threads:
-        await saver.adelete_thread(thread)
+        await lent.adelete_thread(thread)
     return threads
 
 
@@ -414,14 +417,22 @@ async def _threads_under(saver: BaseCheckpointSaver, prefix: str) -> set[str]:
         await saver.setup()
         async with saver.lock, saver.conn.execute(query.format("?"), (pattern,)) as cursor:
             return {row[0] for row in await cursor.fetchall()}
+    if "SqliteSaver" in kinds and in_threads(saver):
+
+        def listed() -> set[str]:
+            with saver.cursor(transaction=False) as cursor:
+                return {row[0] for row in cursor.execute(query.format("?"), (pattern,)).fetchall()}
+
+        return await asyncio.to_thread(listed)
     if "AsyncPostgresSaver" in kinds:
         async with saver._cursor() as cursor:
             await cursor.execute(query.format("%s"), (pattern,))
             return {row["thread_id"] for row in await cursor.fetchall()}
     raise ConfigError(
         f"cannot list the trajectory threads of a {type(saver).__name__}: this works on LangGraph's "
-        "InMemorySaver, AsyncSqliteSaver and AsyncPostgresSaver, not their sync savers (or delete the threads named "
-        f"'{prefix}...' yourself)"
+        "InMemorySaver, AsyncSqliteSaver, AsyncPostgresSaver and a SqliteSaver whose connection other threads may "
+        f"use (check_same_thread=False), not the sync Postgres saver (or delete the threads named '{prefix}...' "
+        "yourself)"
     )
 
 

@@ -903,6 +903,25 @@ async def test_deleting_a_thread_deletes_its_trajectory_threads_and_no_other(kin
         await check_delete_with_trajectories(saver)
 
 
+def test_deleting_a_thread_of_a_sync_sqlite_saver_deletes_its_trajectory_threads(tmp_path) -> None:
+    """A sync SqliteSaver holds the trajectory threads too since this session: the delete refused it."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from langgraph_parallelmuse.persistence import adelete_thread_with_trajectories
+
+    saver = SqliteSaver(sqlite3.connect(str(tmp_path / "app.db"), check_same_thread=False))
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, checkpointer=saver)
+    for thread in ("chat", "chat2"):
+        graph.invoke({"question": QUESTION}, {"configurable": {"thread_id": thread}})
+    threads = {c.config["configurable"]["thread_id"] for c in saver.list(None)}
+    made = {t for t in threads if t.startswith("chat:")}
+    assert len(made) == 2
+    assert set(asyncio.run(adelete_thread_with_trajectories(saver, "chat"))) == made | {"chat"}
+    assert {c.config["configurable"]["thread_id"] for c in saver.list(None)} == threads - made - {"chat"}
+
+
 async def test_deleting_a_thread_deletes_the_threads_of_a_fork_whose_question_was_edited() -> None:
     saver = InMemorySaver()
     graph, _, _ = _graph({"n": 2, "mode": "none"}, checkpointer=saver)
