@@ -105,8 +105,14 @@ def normalize_answer(text: str | None) -> str:
     return " ".join(text.split())
 
 
-def _is_dash(ch: str) -> bool:
-    # A hyphen, an en or em dash, a minus sign: one character in a key ("1914–1918" is "1914-1918").
+def is_dash(ch: str) -> bool:
+    """Whether ``ch`` is a dash: a hyphen, an en or em dash, a wave dash, a minus sign (any of them is
+    one character in a key: "1914–1918" is "1914-1918").
+
+    Example:
+        >>> [is_dash(ch) for ch in "-\u2013\u301c\u2212a"]
+        [True, True, True, True, False]
+    """
     return ch == "\u2212" or unicodedata.category(ch) == "Pd"
 
 
@@ -155,7 +161,7 @@ def _is_article(word: str) -> bool:
 def _vote_text(text: str) -> str:
     """Folded text without its punctuation except inside numbers and a "#" after a letter, single-spaced."""
     text = _WORD_HYPHEN.sub("", text)
-    text = _THOUSANDS.sub("", _SPACED_RANGE.sub("-", "".join("-" if _is_dash(ch) else ch for ch in text)))
+    text = _THOUSANDS.sub("", _SPACED_RANGE.sub("-", "".join("-" if is_dash(ch) else ch for ch in text)))
     kept = {i for rule in (_NUMBER_PUNCTUATION, _ATTACHED_SHARP) for m in rule.finditer(text) for i in range(*m.span())}
     chars = (("" if ch in _WORD_INNER else " ") if i not in kept and _dropped(ch) else ch for i, ch in enumerate(text))
     return " ".join("".join(chars).split())

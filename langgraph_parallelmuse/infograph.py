@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
-from langgraph_parallelmuse.answers import CJK_CHARS, FUNCTION_WORDS, normalize_answer
+from langgraph_parallelmuse.answers import CJK_CHARS, FUNCTION_WORDS, is_dash, normalize_answer
 from langgraph_parallelmuse.driver import call_key, search_hits
 from langgraph_parallelmuse.protocol import NO_HITS
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
@@ -134,8 +134,8 @@ _NUMBER = re.compile(r"\d[\d,.]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
 _ENDING_POSSESSIVE = re.compile(r"['’]s$")
 # A decimal mark or a dash between two digits is part of the number: dropped, "7.0%" was "70" (and
-# supported by "70 museums"), "March 2–3" was "march 23". Every dash reads as "-", as in the vote key.
-_NUMBER_MARK = re.compile(r"(?<=\d)([.\u066b]|[-\u2010-\u2015\u2212])(?=\d)")
+# supported by "70 museums"), "March 2–3" was "march 23". Every dash is "-" by then, as in the vote key.
+_NUMBER_MARK = re.compile(r"(?<=\d)([.\u066b-])(?=\d)")
 # Chinese, Japanese and Korean text: no spaces set its words apart, so a name in it is no whole word.
 _CJK = re.compile(CJK_CHARS)
 
@@ -207,9 +207,11 @@ def entity_key(name: str) -> str:
         >>> entity_key("Mexico (7.0%), 250,000 edits"), entity_key("March 2\u20133, 2012")
         ('mexico 7.0 250000 edits', 'march 2-3 2012')
     """
-    parts = _NUMBER_MARK.split(_POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold())
+    text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold()
+    # Elsewhere a dash goes as the rest of the punctuation does ("Michelson–Morley" is one word).
+    parts = _NUMBER_MARK.split("".join("-" if is_dash(ch) else ch for ch in text))
     # The marks at odd places: the text between them keyed, the marks kept as one spelling each.
-    return "".join(_key_text(part) if i % 2 == 0 else "." if part in ".\u066b" else "-" for i, part in enumerate(parts))
+    return "".join(_key_text(part) if i % 2 == 0 else "-" if part == "-" else "." for i, part in enumerate(parts))
 
 
 def _key_text(text: str) -> str:

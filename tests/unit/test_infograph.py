@@ -396,4 +396,5 @@ def test_a_range_or_score_on_a_page_does_not_support_the_number_its_digits_run_i
     }
     graph = build_graph("When did it strike?", traj)
     assert not [r for r in graph["relations"] if r["kind"] == "supports"]
-    assert entity_key("March 2\u20133") == entity_key("March 2-3") == "march 2-3"
+    # Every dash of the vote key's, a wave dash ("2〜3", a Japanese range) too.
+    assert entity_key("March 2\u20133") == entity_key("March 2\u301c3") == entity_key("March 2-3") == "march 2-3"
