@@ -342,13 +342,17 @@ def _finish_reason(metadata: dict) -> str:
         ('length', 'stop', 'stop')
         >>> _finish_reason({"finish_reason": "lengthstop"}), _finish_reason({"finish_reason": "stopstop"})
         ('length', 'stop')
+        >>> _finish_reason({"finish_reason": "stop", "stop_reason": "</length>"})  # vLLM: the stop string met
+        'stop'
     """
     details = metadata.get("incomplete_details")
     reasons = [metadata.get(key) for key in _REASON_KEYS]
     reasons.append(details.get("reason") if isinstance(details, dict) else None)
-    if any(isinstance(reason, str) and _CUT_OFF_IN.search(reason) for reason in reasons):
-        return "length"
     reason = metadata.get("finish_reason")
+    # Only finish_reason is glued: vLLM's stop_reason is the stop string that matched, any text.
+    glued = isinstance(reason, str) and _CUT_OFF_IN.search(reason)
+    if glued or any(isinstance(other, str) and other in _CUT_OFF for other in reasons):
+        return "length"
     if isinstance(reason, str) and len(reason) <= 64 and (repeated := _REPEATED.fullmatch(reason)):
         return repeated.group(1)
     return reason or "stop"
