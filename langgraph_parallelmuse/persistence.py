@@ -379,7 +379,8 @@ async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id
     # user's own that only starts with "<thread>:".
     made = re.compile(re.escape(thread_id) + r":[0-9a-f]{10}(?:~[0-9a-f]{10})?/")
     threads = sorted(t for t in await _threads_under(saver, f"{thread_id}:") if made.match(t))
-    lent = async_saver(saver)  # a sync SqliteSaver's trajectory threads are there too (RolloutRunner)
+    # A sync SqliteSaver's trajectory threads are there too (RolloutRunner), reached through its lender.
+    lent = async_saver(inner) if in_threads(inner := unwrapped(saver)) else saver
     if await lent.aget_tuple({"configurable": {"thread_id": thread_id}}) is not None:
         threads.insert(0, thread_id)
     for thread in threads:
