@@ -38,7 +38,8 @@ _TRANSIENT_NAMES = {
     "ModelConnectionError",
     "ModelRateLimitError",
     "ModelAPIError",
-    # ServerChatModel's reply a server broke off (a ConnectionError, so is_transient says so by class).
+    # ServerChatModel's reply a server broke off: by class a ConnectionError, named here for the error a
+    # bench recorded, which is_transient_name reads.
     "IncompleteReplyError",
 }
 # 501 and 505 say the server cannot do what was asked (vLLM answers 501 for a NotImplementedError):

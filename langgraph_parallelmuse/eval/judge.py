@@ -131,9 +131,10 @@ def _format_gold(gold: str | Sequence[str]) -> str:
     if wrong := [g for g in golds if not isinstance(g, str)]:
         raise ValueError(f"gold holds {wrong[0]!r}: pass the gold answer (and its aliases) as strings")
     # A blank gold was sent: the judge compared the response with nothing and its verdict was scored.
-    first, *aliases = [g for g in golds if g.strip()] or [""]
-    if not first:
+    kept = [g for g in golds if g.strip()]
+    if not kept:
         raise ValueError("gold is empty or blank: pass the gold answer (and optionally its aliases)")
+    first, *aliases = kept
     return f"{first} (also accepted: {'; '.join(aliases)})" if aliases else first
 
 

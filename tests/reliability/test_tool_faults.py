@@ -173,6 +173,7 @@ async def test_a_cancelled_error_the_tool_raises_itself_is_its_failure_not_the_r
 
 
 async def test_the_runs_own_cancellation_during_a_tool_call_still_cancels_it():
+    """A guard: the fix for a tool's own CancelledError must not swallow the run's cancellation."""
     started = asyncio.Event()
 
     async def hang(query):

@@ -329,6 +329,7 @@ def test_every_candidate_is_a_span_of_what_was_read(question, evidence, titles, 
 @FAST
 @given(texts, texts)
 def test_any_question_is_read_without_error(question, answer):
+    """A guard (property test): no question, however odd, makes the question readers raise."""
     for part in (question, *(compound_parts(question) or ())):
         answer_kind(part), answer_type(part), choice_options(part)
     resolved = follow_up(question, answer, first=question)

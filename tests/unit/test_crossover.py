@@ -394,6 +394,7 @@ def rollouts(draw: st.DrawFn) -> list[dict]:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([QUESTION, "Paris", "Where was Stephen King born?"]), rollouts(), st.integers(0, 4))
 def test_pairs_never_repeat_or_pair_a_trajectory_with_itself_and_every_slot_runs(question, trajs, count):
+    """A guard (property test): the pairing's promises hold on any lineage of rollouts."""
     by_id = {t["id"]: t for t in trajs}
     pairs = pick_pairs(question, trajs, count=count)
     assert len(pairs) <= count

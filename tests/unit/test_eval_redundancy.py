@@ -34,8 +34,8 @@ def test_a_right_answer_on_the_gold_documents_is_effective_both_ways():
     st.lists(names, max_size=2),
 )
 def test_redundancy_is_a_share_of_the_entities_explored(question, traj, docs, answers):
-    """Whatever the records and the gold data: the effective parts are parts of the graph, and Γ a
-    share (``None`` with no entity at all); a gold answer the trajectory read is effective."""
+    """A guard (property test). Whatever the records and the gold data: the effective parts are parts
+    of the graph, and Γ a share (``None`` with no entity at all); a gold answer the trajectory read is effective."""
     rec = redundancy_record(question, traj, supporting_doc_ids=docs, answers=answers)
     total = rec["entities"]
     assert 0 <= rec["effective_entities"] <= total and 0 <= rec["gold_effective_entities"] <= total

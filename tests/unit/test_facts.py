@@ -219,8 +219,8 @@ def trajectories(draw: st.DrawFn) -> dict:
 @FAST
 @given(names, trajectories(), st.integers(0, 3), st.integers(1, 8))
 def test_the_facts_name_every_entity_the_answer_rests_on(question, traj, max_titles, max_query_words):
-    """One single-line fact per tool call, and every entity of the effective subgraph named in them
-    (the answer is named on the report's own line)."""
+    """A guard (property test): one single-line fact per tool call, and every entity of the effective
+    subgraph named in them (the answer is named on the report's own line)."""
     facts = step_facts(question, traj, max_titles=max_titles, max_query_words=max_query_words)
     calls = [s for s in traj["steps"] if s["action"]["type"] == "tool_call"]
     assert [f.split()[0] for f in facts] == [f"s{s['index'] + 1}" for s in calls]

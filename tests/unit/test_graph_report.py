@@ -182,8 +182,9 @@ replies = st.lists(st.one_of(st.sampled_from(REPLIES), st.text(max_size=6)), max
 @FAST
 @given(names, trajectories(), replies, st.booleans())
 def test_a_graph_report_names_every_effective_entity_and_ends_in_its_answer(question, traj, reply, guided):
-    """Whatever the records and the model's line: every effective entity is named in the facts, the
-    reasoning is one line, and the answer is on the one canonical last line the aggregator reads."""
+    """A guard (property test). Whatever the records and the model's line: every effective entity is
+    named in the facts, the reasoning is one line, and the answer is on the one canonical last line the
+    aggregator reads."""
     model = ScriptedChatModel(script=[reply, reply])
     report = asyncio.run(write_graph_report(model, question, traj, guided=guided, seed=0))
     answer = " ".join((traj["answer"] or "").split())

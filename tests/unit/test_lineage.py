@@ -20,6 +20,7 @@ def _pick(step):
 
 
 def test_a_branch_names_the_checkpoint_before_its_step():
+    """A guard: refusing negative steps must keep the fork point of a step inside the parent."""
     job = branch_job(_PARENT, _pick(2), 1, run_id="r")
     assert (job["id"], job["origin"]["checkpoint_id"], job["origin"]["prefix_tokens"]) == ("t0.s2.b1", "c2", 30)
 

@@ -24,7 +24,8 @@ def test_a_redirect_to_another_host_does_not_carry_the_api_key() -> None:
 
 
 def test_a_redirect_on_the_same_origin_keeps_the_api_key() -> None:
-    """A server that redirects to itself (here in a loop, which urllib gives up on) gets the key each time."""
+    """A guard: a server that redirects to itself (here in a loop, which urllib gives up on) gets the key
+    each time, however the redirect rule for other origins changes."""
     with redirecting_http("/v1/models") as redirect:
         with pytest.raises(ServerCheckError):
             served_models(f"{redirect.url}/v1", api_key="sk-secret-key")

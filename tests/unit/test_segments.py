@@ -27,7 +27,7 @@ segment_plans = st.one_of(
 @FAST
 @given(st.lists(segment_plans, max_size=6), st.floats(0, 2))
 def test_a_turn_is_its_pieces_in_order(plan, temperature):
-    """The text is the pieces in order (a ``Lit``'s text, a ``Gen``'s reply cut at its stop, a
+    """A guard (property test): the text is the pieces in order (a ``Lit``'s text, a ``Gen``'s reply cut at its stop, a
     ``Choose``'s chosen option), every token sits at its own text, and each call's usage is counted."""
     script, segments, picks = [], [], []
 
