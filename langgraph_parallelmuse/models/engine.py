@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import math
-import numbers
 import os
 import queue
 import threading
@@ -33,6 +31,7 @@ from langgraph_parallelmuse.models.requests import (
     GenerationResult,
     RequestFuture,
     integer,
+    nonnegative,
     sampling_problem,
 )
 from langgraph_parallelmuse.models.runner import ModelRunner
@@ -131,11 +130,7 @@ class InferenceEngine:
         if (rows := integer(max_batch_size)) is None or rows < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         # Read by the worker only: a wrong value killed it there, and the first request hung forever.
-        if (
-            isinstance(batch_window, bool)
-            or not isinstance(batch_window, numbers.Real)
-            or not 0 <= batch_window < math.inf
-        ):
+        if not nonnegative(batch_window):
             raise ValueError(f"batch_window must be a number of seconds >= 0, got {batch_window!r}")
         self.model = model
         self.tokenizer = tokenizer

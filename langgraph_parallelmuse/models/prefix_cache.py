@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
-import numbers
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from langgraph_parallelmuse.models.requests import nonnegative
 
 __all__ = ["PrefixCache", "PrefixMatch"]
 
@@ -111,7 +111,7 @@ class PrefixCache:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if not isinstance(max_bytes, numbers.Real) or isinstance(max_bytes, bool) or not 0 <= max_bytes < math.inf:
+        if not nonnegative(max_bytes):
             raise ValueError(f"max_bytes must be a number of bytes >= 0, got {max_bytes!r}")
         # Whole bytes: a float bound (0.5 * 1024**3) made a partial store's slice bounds floats, and
         # the TypeError failed every row of the batch a long request retired from.

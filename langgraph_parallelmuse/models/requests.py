@@ -96,6 +96,16 @@ def integer(value: object) -> int | None:
         return None
 
 
+def nonnegative(value: object) -> bool:
+    """Whether ``value`` is a finite real number >= 0 of any type (not a bool, a string or NaN).
+
+    Example:
+        >>> nonnegative(0.02), nonnegative(0), nonnegative(-1), nonnegative(float("nan")), nonnegative("1")
+        (True, True, False, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
 def sampling_problem(request: GenerationRequest) -> str | None:
     """What is wrong with a request's sampling settings (``None``: nothing), checked before it is queued.
 
