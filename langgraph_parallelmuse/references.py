@@ -36,6 +36,10 @@ _NAME = (
 # A name a comma continues ("Albert, King of Belgium", "Alexander and the Terrible, Horrible, No Good,
 # Very Bad Day"): it is one entity's, not a list's, when a phrase names it after "of".
 _NAMES = rf"{_NAME}(?:,\s+{_NAME})*"
+# A phrase's determiner; capitalised only where it starts the question ("The state where Henry Worrall
+# died has how many congressional districts?"): elsewhere a capital "The" starts a name ("The Hague").
+_THE = r"(?:^The|\bthe)"
+_DETERMINER = r"(?:^(?:The|An?)|\b(?:the|an?))"
 _PARTICIPLE = r"(?:located|born|found|formed|founded|held|based|situated|headquartered|set|(?:a\s+)?part\s+of)"
 # One step of a relative clause, which ends at a comma, a question mark or a sentence's stop: a word
 # and the spaces after it, another character, or a name and its comma. A comma between two names
@@ -57,7 +61,7 @@ _CLAUSE_STEP = (
 # after it is the clause's only at its end ("the country X is located in?", not "… located in the city
 # where …").
 _RELATIVE = re.compile(
-    r"\b(?:the|a|an)\s+((?:[\w-]+\s+){0,2}?[a-z][\w-]*)\s+"
+    rf"{_DETERMINER}\s+((?:[\w-]+\s+){{0,2}}?[a-z][\w-]*)\s+"
     r"(?P<pronoun>which|that|who|whom|where|whose|when|(?:in|under|by|for|from|with|on|at|during)\s+(?:which|whom))\s+"
     rf"(?P<clause>{_CLAUSE_STEP}+?\b(?:is|was|are|were)\s+{_PARTICIPLE}(?:\s+in(?=\s*(?:[,?.]|$)))?\b"
     rf"|{_CLAUSE_STEP}+)"
@@ -79,6 +83,7 @@ _OBJECT_CLAUSE = re.compile(
 # ... or, after "who"/"that", the verb and its object up to a name the question's verb follows ("the
 # actor who starred as Benton Fraser in the series "Due South" have a child with?").
 _FUNCTION_WORDS = "in|on|at|of|for|from|with|by|to|into|as|and|or|the|a|an|during|after|before|since|near|under"
+_STRANDED = re.compile(r"\s+(?:on|at|of|for|from|with|by|to|into|about)\b")
 _SUBJECT_CLAUSE = re.compile(rf"[a-z][^,?]*?\b{_NAME}[\"”’)]?(?=\s+(?!(?:{_FUNCTION_WORDS})\b)[a-z])")
 # Before a phrase, a word that needs a verb after it: with nothing after the phrase, its clause took
 # the verb ("What amount of TEUs did the location where the 26th Chess Olympiad occur handle in 2010?").
@@ -97,10 +102,10 @@ _COPULAS = frozenset("is was are were".split())
 _NESTING = frozenset("when where who whom whose which that while because after before as if since until and or".split())
 # "the country Dai Jitao is from", "the company Novair International Airways is part of".
 _BARE_RELATIVE = re.compile(
-    rf"\bthe\s+([a-z][\w-]*)\s+{_NAME}\s+(?:is|was|are|were)\s+(?:(?:located|a\s+part|part)\s+)?(?:from|in|of)\b"
+    rf"{_THE}\s+([a-z][\w-]*)\s+{_NAME}\s+(?:is|was|are|were)\s+(?:(?:located|a\s+part|part)\s+)?(?:from|in|of)\b"
 )
 # "the composer of Aschenbrodel", "the place of birth of David Morse": a noun of a named entity.
-_OF_NAME = re.compile(rf"\bthe\s+((?:[a-z][\w-]*\s+){{0,2}}?[a-z][\w-]*)\s+of\s+{_NAMES}")
+_OF_NAME = re.compile(rf"{_THE}\s+((?:[a-z][\w-]*\s+){{0,2}}?[a-z][\w-]*)\s+of\s+{_NAMES}")
 # "Hello Love's performer", "Big Eye's main director", "Corey Taylor's city of birth"; "the" before
 # the name is the phrase's ("the Deane Waldo Malott's alma mater").
 _POSSESSIVE = re.compile(
@@ -196,7 +201,9 @@ def _phrases(question: str) -> list[Reference]:
             or (re.match(r"an?\s", span) and _DESCRIBES.search(question, max(at - _WINDOW, 0), at))
         ):
             continue
-        found.append(Reference(span, ask.format(span=span, noun=noun, name=name), head))
+        # Asked on its own, a phrase that started the question does not start the sentence.
+        asked = span[0].lower() + span[1:] if at == 0 and re.match(_DETERMINER + r"\s", span) else span
+        found.append(Reference(span, ask.format(span=asked, noun=noun, name=name), head))
     return found
 
 
@@ -215,7 +222,7 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
     # phrase (quadratic). The window holds the word before the phrase, as ``question`` has single
     # spaces (inner_reference); what follows the question's last word is only stops.
     last = len(question.rstrip(" ?.!"))
-    for determiner in re.finditer(r"\b(?:the|a|an)\s", question):
+    for determiner in re.finditer(_DETERMINER + r"\s", question):
         window = determiner.start() + _LONGEST_PHRASE
         m = _RELATIVE.match(question, determiner.start(), window)
         # A phrase that reaches the window's end goes on past it: no phrase read, rather than one cut.
@@ -224,11 +231,18 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
         pronoun, at = m.group("pronoun"), m.start("clause")
         clause = _own_clause(pronoun, m.group("clause"))
         end = at + len(clause)
-        if (needs := _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start())) and end >= last:
+        # A phrase that starts the question is its subject: the question's verb follows it.
+        needs = _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start())
+        if (needs or m.start() == 0) and end >= last:
             clause = _shorter_clause(
-                question, clause, at, last, subject=_is_subject(pronoun, clause), copula=needs["copula"]
+                question, clause, at, last, subject=_is_subject(pronoun, clause), copula=needs and needs["copula"]
             )
         clause = clause.rstrip(" ?,")
+        # Cut before a preposition ("that James Woods' character is based | on in the film …"), the
+        # clause goes on: what follows is neither the question's verb nor its phrase ("in the city
+        # where …" after "is located" is).
+        if _STRANDED.match(question, at + len(clause)):
+            continue
         if _ASKED.search(clause) or (pronoun.endswith(" which") and _WHICH_ASKS.fullmatch(clause)):
             continue
         yield m.start(), question[m.start() : at + len(clause)], m.group(1)
@@ -324,10 +338,11 @@ def reference_depth(question: str) -> int:
     """How many entities ``question`` names without giving them, one inside the next: the hops
     its own words ask for before the hop that finds the answer.
 
-    On MuSiQue's 100 dev questions the depth follows the decomposition's hop count (mean 0.85 for
-    its 2-hop questions, 1.70 for 3-hop, 2.40 for 4-hop, since a question's own verb after "When was"
-    or "will be" no longer hides a phrase; 0.82 for 2-hop since session 40; 0.79, 1.67 and 2.60 in
-    BENCHMARKS.md section 11), so the guided driver gives a deeper question more hops.
+    On MuSiQue's 100 dev questions the depth follows the decomposition's hop count (mean 0.88 for
+    its 2-hop questions, 1.70 for 3-hop, 2.40 for 4-hop, since a phrase that starts the question is
+    read; 0.85 before, since a question's own verb after "When was" or "will be" no longer hides a
+    phrase; 0.82 for 2-hop since session 40; 0.79, 1.67 and 2.60 in BENCHMARKS.md section 11), so
+    the guided driver gives a deeper question more hops.
 
     Example:
         >>> reference_depth("What is the name of the waterfall in the country where the Bubye River is found?")

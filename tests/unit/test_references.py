@@ -71,6 +71,36 @@ def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, n
 
 
 @pytest.mark.parametrize(
+    ("question", "span", "asked", "resolved"),
+    [
+        # The phrase is the question's subject: its clause stops before the question's verb.
+        (
+            "The state where Henry Worrall died has how many congressional districts?",
+            "The state where Henry Worrall died",
+            "Which is the state where Henry Worrall died?",
+            "Kansas has how many congressional districts?",
+        ),
+        (
+            "The composer of Aschenbrodel was born in which city?",
+            "The composer of Aschenbrodel",
+            "What is the composer of Aschenbrodel?",
+            "Kansas was born in which city?",
+        ),
+        (
+            "The country Dai Jitao is from borders which sea?",
+            "The country Dai Jitao is from",
+            "Which is the country Dai Jitao is from?",
+            "Kansas borders which sea?",
+        ),
+    ],
+)
+def test_a_phrase_that_starts_the_question_is_a_hop(question, span, asked, resolved):
+    reference = inner_reference(question)
+    assert reference is not None and (reference.span, reference.question) == (span, asked)
+    assert resolved_question(question, ["Kansas"]) == resolved
+
+
+@pytest.mark.parametrize(
     "question",
     [
         "Who is the wife of Kim Jong-chul?",  # the phrase is what is asked, not a hop on the way
@@ -85,6 +115,9 @@ def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, n
         # An indefinite phrase after "is" or a comma describes a name the question gives.
         "The Dig is a British quiz show that follows students as they travel, which is hosted by whom?",
         "The band plays at the Red Lion Pub in Leeds, a venue that hosts folk nights with this 3-letter name.",
+        # A clause cut before its preposition goes on: no phrase rather than "… is based" + "on in …".
+        "The real life person that James Woods' character is based on in the film In Love and War won what medal?",
+        "Which medal did the person that the film's hero is based on in Love and War win?",
     ],
 )
 def test_a_question_without_a_hop_on_the_way_has_no_phrase(question):
