@@ -61,6 +61,10 @@ MAX_QUESTION_CHARS = 4000
 ANSWERED_KEY = "question"
 # The engine's counters are this process's: a run resumed elsewhere cannot subtract its start from them.
 _PROCESS = uuid.uuid4().hex
+# The settings no trajectory depends on: how many run at once, and what Stage 2 makes of them.
+_NOT_IN_TRAJECTORIES = frozenset(
+    {"max_concurrency", "aggregation", "report_form", "max_report_tokens", "max_aggregate_tokens"}
+)
 
 _ENGINE_COUNTERS = (
     "requests",
@@ -588,7 +592,11 @@ class ParallelMuseNodes:
         # A checkpointed chat thread keeps the previous question's records: start this run clean.
         return {
             "question": question,
-            "asked": {"question": question, "message_id": message_id},
+            "asked": {
+                "question": question,
+                "message_id": message_id,
+                "settings": settings.model_dump(exclude=_NOT_IN_TRAJECTORIES),
+            },
             "run_id": run_id,
             "settings": settings.model_dump(),
             "spans": Overwrite([["rollout", started, time.time()]]),
@@ -611,20 +619,37 @@ class ParallelMuseNodes:
 
     @staticmethod
     def run_id(state: ParallelMuseState) -> str:
-        """The run id naming the trajectory threads: ``prepare``'s, unless the question was edited since
-        (``update_state`` on a checkpoint after ``prepare``, then a fork from it): the threads of the
-        question ``prepare`` saw hold that question's trajectories, and the fork answered the new
-        question from them without a model call.
+        """The run id naming the trajectory threads: ``prepare``'s, unless the question or a setting the
+        trajectories depend on was edited since (``update_state`` on a checkpoint after ``prepare``, then a
+        fork from it): the threads ``prepare`` named hold the trajectories of what it saw, and the fork
+        answered from them without a model call. A setting no trajectory depends on (``max_concurrency``,
+        ``aggregation``, ``report_form``, ``max_report_tokens``, ``max_aggregate_tokens``) is no such edit:
+        the fork keeps the finished trajectories.
 
         Example:
             >>> state = {"run_id": "chat:ab12", "question": "Who?", "asked": {"question": "Where?"}}
             >>> ParallelMuseNodes.run_id(state)
             'chat:ab12~d991a24e8e'
+            >>> asked = {"question": "Who?", "settings": {"temperature": 0.6}}
+            >>> state = {"run_id": "chat:ab12", "question": "Who?", "asked": asked}
+            >>> ParallelMuseNodes.run_id({**state, "settings": {"temperature": 0.1}})
+            'chat:ab12~80a14cdecf'
+            >>> ParallelMuseNodes.run_id({**state, "settings": {"max_concurrency": 2, "report_form": "graph"}})
+            'chat:ab12'
         """
-        asked = (state.get("asked") or {}).get("question")
-        if asked is None or asked == state["question"]:
+        asked = state.get("asked") or {}
+        if asked.get("question") is None:
             return state["run_id"]
-        return f"{state['run_id']}~{hashlib.sha256(state['question'].encode()).hexdigest()[:10]}"
+        # By the fields prepare saw (a run prepared before settings were recorded has none): a field a
+        # later version adds is no edit of a run resumed across versions, which must find its threads.
+        seen = asked.get("settings") or {}
+        now = make_config(state["settings"]).model_dump() if seen else {}
+        edits = {k: now[k] for k, v in seen.items() if k in now and now[k] != v}
+        if asked["question"] == state["question"] and not edits:
+            return state["run_id"]
+        # An edited question alone keys by itself, as before settings counted: such a fork finds its threads.
+        key = json.dumps([state["question"], edits], sort_keys=True, default=str) if edits else state["question"]
+        return f"{state['run_id']}~{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
         settings = self.settings(state["settings"])

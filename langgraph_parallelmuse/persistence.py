@@ -375,8 +375,8 @@ async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id
     if not isinstance(thread_id, str) or not thread_id:
         raise ConfigError(f"thread_id={thread_id!r}: give the id of the thread to delete")
     # ``<thread>:<10 hex digits of the run's key>/<trajectory>`` (ParallelMuseNodes.prepare), with
-    # ``~<10 more>`` for a fork whose question was edited (ParallelMuseNodes.run_id): not a thread of the
-    # user's own that only starts with "<thread>:".
+    # ``~<10 more>`` for a fork whose question or settings were edited (ParallelMuseNodes.run_id): not a
+    # thread of the user's own that only starts with "<thread>:".
     made = re.compile(re.escape(thread_id) + r":[0-9a-f]{10}(?:~[0-9a-f]{10})?/")
     threads = sorted(t for t in await _threads_under(saver, f"{thread_id}:") if made.match(t))
     # A sync SqliteSaver's trajectory threads are there too (RolloutRunner), reached through its lender.

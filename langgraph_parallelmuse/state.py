@@ -306,8 +306,10 @@ class ParallelMuseState(TypedDict, total=False):
 
     question: str
     # What the last run was asked: its question and the human message it came from (if any), so the
-    # next turn of a checkpointed chat tells a new message from the previous run's question.
-    asked: dict[str, str | None]
+    # next turn of a checkpointed chat tells a new message from the previous run's question; and the
+    # settings its trajectories depend on, so a fork whose question or settings were edited after
+    # ``prepare`` runs in threads of its own (nodes.ParallelMuseNodes.run_id).
+    asked: dict[str, Any]
     run_id: str  # prefix of the trajectory thread ids of this run
     settings: dict[str, Any]  # the run's ParallelMuseConfig, fixed when it starts (a resume keeps it)
     spans: Annotated[list[list[Any]], operator.add]  # [stage, start, end] of every node run (active seconds)

@@ -922,13 +922,15 @@ def test_deleting_a_thread_of_a_sync_sqlite_saver_deletes_its_trajectory_threads
     assert {c.config["configurable"]["thread_id"] for c in saver.list(None)} == threads - made - {"chat"}
 
 
-async def test_deleting_a_thread_deletes_the_threads_of_a_fork_whose_question_was_edited() -> None:
+@pytest.mark.parametrize("edit", ["question", "settings"])
+async def test_deleting_a_thread_deletes_the_threads_of_a_fork_whose_question_or_settings_were_edited(edit) -> None:
     saver = InMemorySaver()
     graph, _, _ = _graph({"n": 2, "mode": "none"}, checkpointer=saver)
     thread = {"configurable": {"thread_id": "chat"}}
     await graph.ainvoke({"question": QUESTION}, thread)
     (prepared,) = [s async for s in graph.aget_state_history(thread) if "initial_rollout" in s.next]
-    fork = await graph.aupdate_state(prepared.config, {"question": "Where is the Colosseum?"}, as_node="prepare")
+    edited = {"question": "Where is the Colosseum?", "settings": {**prepared.values["settings"], "temperature": 0.1}}
+    fork = await graph.aupdate_state(prepared.config, {edit: edited[edit]}, as_node="prepare")
     await graph.ainvoke(None, fork)
     made = {t for t in saver.storage if t.startswith("chat:")}
     assert len(made) == 4 and any("~" in t for t in made)  # the fork's threads are named apart
@@ -936,6 +938,78 @@ async def test_deleting_a_thread_deletes_the_threads_of_a_fork_whose_question_wa
 
     deleted = await adelete_thread_with_trajectories(saver, "chat")
     assert set(deleted) == made | {"chat"} and not set(saver.storage)
+
+
+async def _fork_after_prepare(graph, thread: dict[str, Any], **edits: Any):
+    """The first run on ``thread``, and a fork from its checkpoint after prepare with ``edits`` to its settings."""
+    first = await graph.ainvoke({"question": QUESTION}, thread)
+    (prepared,) = [s async for s in graph.aget_state_history(thread) if s.next and s.next[0] == "initial_rollout"]
+    settings = {**prepared.values["settings"], **edits}
+    return first, await graph.aupdate_state(prepared.config, {"settings": settings}, as_node="prepare")
+
+
+def _agent_calls(model, since: int) -> list[dict[str, Any]]:
+    return [c for c in model.calls[since:] if role_of(c["messages"]) == "agent"]
+
+
+@pytest.mark.parametrize("edits", [{"temperature": 0.1}, {"seed": 7}, {"n": 3}, {"max_turns": 4}])
+async def test_a_fork_whose_settings_were_edited_after_prepare_samples_anew_with_them(edits):
+    """Before the fix the fork ran its jobs in the threads prepare had named for the old settings,
+    found them finished and answered from them: no model call, trajectories of the old settings."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "edited-settings"}}
+    first, fork = await _fork_after_prepare(graph, thread, **edits)
+    calls = len(model.calls)
+    forked = await graph.ainvoke(None, fork)
+    agent = _agent_calls(model, calls)
+    assert len(forked["trajectories"]) == edits.get("n", 2) and forked["answer"] == "Paris"
+    assert len(agent) == sum(len(t["steps"]) for t in forked["trajectories"])  # every step sampled anew
+    assert all(c["kwargs"]["temperature"] == edits.get("temperature", 0.6) for c in agent)
+    if "seed" in edits:
+        assert all(c["kwargs"].get("seed") is not None for c in agent)
+    old, new = ({t["thread_id"] for t in out["trajectories"]} for out in (first, forked))
+    assert not old & new
+    again = len(model.calls)
+    replayed = await graph.ainvoke(None, fork)  # the fork's own threads, found again: no model call
+    assert replayed["answer"] == "Paris" and not _agent_calls(model, again)
+    assert {t["thread_id"] for t in replayed["trajectories"]} == new
+
+
+@pytest.mark.parametrize(
+    ("edits", "stage2"),
+    [
+        ({"max_concurrency": 1, "max_report_tokens": 64}, {"compress": 2, "aggregate": 1}),
+        ({"aggregation": "majority", "max_aggregate_tokens": 100}, {}),
+    ],
+)
+async def test_a_fork_editing_only_settings_no_trajectory_depends_on_keeps_the_finished_trajectories(edits, stage2):
+    """How many run at once and what Stage 2 does (the aggregation, the reports' form and bounds) change
+    no trajectory: the fork reads the finished ones and only Stage 2 runs again, with the new settings."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "stage2-settings"}}
+    first, fork = await _fork_after_prepare(graph, thread, **edits)
+    calls = len(model.calls)
+    forked = await graph.ainvoke(None, fork)
+    assert Counter(role_of(c["messages"]) for c in model.calls[calls:]) == stage2
+    assert [t["thread_id"] for t in forked["trajectories"]] == [t["thread_id"] for t in first["trajectories"]]
+    assert forked["answer"] == "Paris"
+
+
+async def test_a_run_resumed_after_a_stop_runs_none_of_its_finished_trajectories_again():
+    """The settings prepare records are compared with the run's own on resume: unedited, the resume
+    finds the first wave in the threads prepare named and runs only the branches."""
+    saver = InMemorySaver()
+    graph, model, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, checkpointer=saver, interrupt_before=["branch_rollout"])
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "stopped"}}
+    await graph.ainvoke({"question": QUESTION}, cfg)  # stops before the branches, as a crash would
+    kept = {t: len(saver.storage[t][""]) for t in saver.storage if t != "stopped"}
+    calls = len(model.calls)
+    out = await graph.ainvoke(None, cfg)
+    assert out["answer"] == "Paris" and _kinds(out) == {"initial": 1, "branch": 2, "fill": 1}
+    assert {t: len(saver.storage[t][""]) for t in kept} == kept  # the first wave did not run again
+    branches = [t for t in out["trajectories"] if t["origin"]["kind"] == "branch"]
+    own_steps = sum(len(t["steps"]) - t["origin"]["step"] for t in branches)
+    assert len(_agent_calls(model, calls)) == own_steps
 
 
 async def test_a_branch_send_carries_a_reference_to_the_parent_checkpoint_not_the_trajectory():
