@@ -91,25 +91,29 @@ MAX_RETRY_AFTER = 60.0
 
 
 def retry_after(exc: BaseException) -> float:
-    """Seconds an HTTP 429/503 asked to wait (its ``Retry-After`` header, in seconds or as an HTTP
-    date), at most :data:`MAX_RETRY_AFTER`; 0 without one. The openai client waits for it itself, but
-    a routed :class:`~langgraph_parallelmuse.models.server.ServerChatModel` leaves the retries to the
-    library.
+    """Seconds an HTTP 429/503 asked to wait, at most :data:`MAX_RETRY_AFTER`; 0 without one. Read as
+    the openai client reads it: ``Retry-After-Ms`` (OpenAI's, in milliseconds) first, then
+    ``Retry-After`` in seconds or as an HTTP date. The openai client waits for it itself, but a routed
+    :class:`~langgraph_parallelmuse.models.server.ServerChatModel` leaves the retries to the library.
 
     Example:
         >>> import httpx
         >>> class RateLimited(Exception):
         ...     response = httpx.Response(429, headers={"retry-after": "7"})
-        >>> retry_after(RateLimited()), retry_after(ValueError())
-        (7.0, 0.0)
+        >>> class Throttled(Exception):
+        ...     response = httpx.Response(429, headers={"retry-after-ms": "250", "retry-after": "1"})
+        >>> retry_after(RateLimited()), retry_after(Throttled()), retry_after(ValueError())
+        (7.0, 0.25, 0.0)
     """
-    value = _header(getattr(getattr(exc, "response", None), "headers", None), "retry-after")
-    if value is None:
-        return 0.0
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = _seconds_until(value)
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            seconds = float(str(_header(headers, name))) / per_second
+            break
+        except ValueError:  # missing ("None") or not a number: the next header, or a date
+            continue
+    else:
+        seconds = _seconds_until(_header(headers, "retry-after"))
     return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else 0.0
 
 

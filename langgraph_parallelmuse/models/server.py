@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +27,7 @@ from typing import Any, ClassVar, NoReturn
 
 import openai
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages.ai import UsageMetadata, subtract_usage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import Field
@@ -241,9 +243,11 @@ class ServerChatModel(ChatOpenAI):
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         # The Responses API's events carry no finish_reason: only a chat completion's stream is checked.
         ended = self._use_responses_api({**kwargs, **self.model_kwargs})
+        counted = None
         try:
             for chunk in super()._stream(*args, **kwargs):
                 ended = ended or _finishes(chunk)
+                counted = _count_once(chunk, counted)
                 yield chunk
         except openai.APIError as exc:
             _raise_mid_stream(exc, self._where)
@@ -252,9 +256,11 @@ class ServerChatModel(ChatOpenAI):
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         ended = self._use_responses_api({**kwargs, **self.model_kwargs})
+        counted = None
         try:
             async for chunk in super()._astream(*args, **kwargs):
                 ended = ended or _finishes(chunk)
+                counted = _count_once(chunk, counted)
                 yield chunk
         except openai.APIError as exc:
             _raise_mid_stream(exc, self._where)
@@ -294,6 +300,22 @@ def _bare_finish(choice: Any) -> bool:
 def _finishes(chunk: ChatGenerationChunk) -> bool:
     """Whether a streamed chunk closes its choice (every OpenAI-compatible server sends a finish_reason last)."""
     return bool((chunk.generation_info or {}).get("finish_reason"))
+
+
+def _count_once(chunk: ChatGenerationChunk, counted: UsageMetadata | None) -> UsageMetadata | None:
+    """Leave ``chunk`` the usage it adds to the ``counted`` so far; return the new total.
+
+    Usage a server streams is the request's total so far: sent once, at the end (OpenAI), it is
+    kept; sent on every chunk (``stream_options.continuous_usage_stats`` of vLLM and SGLang),
+    LangChain summed the totals when it merged the chunks: a 2,000-token prompt counted 2,000 per
+    chunk, and a step's context passed ``max_context_tokens`` on its first reply.
+    """
+    usage = getattr(chunk.message, "usage_metadata", None)
+    if not usage:
+        return counted
+    if counted:
+        chunk.message.usage_metadata = subtract_usage(usage, counted)
+    return usage
 
 
 def _cut_off(where: str) -> IncompleteReplyError:
@@ -766,18 +788,11 @@ class _Client:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.base}{path}", data=data, headers=self.headers)
         try:
-            with open_url(request, timeout=self.timeout) as resp:  # a local server directly, never via http_proxy
-                return resp.status, _as_object(json.loads(resp.read() or b"{}"))
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")
-            try:
-                return exc.code, _as_object(json.loads(text))
-            except ValueError:
-                return exc.code, {"error": {"message": text[:500]}}
+            return self._exchange(request)
         except TimeoutError as exc:  # connected and asked: a connect timeout is a URLError, caught below
             raise ServerCheckError(
                 f"{self.base}{path} did not answer within {self.timeout:g} s{self._checking}: the server is up but "
-                "busy or hung (still loading the model?); read its log, or pass a longer timeout=."
+                "busy, hung or too slow (still loading the model?); read its log, or pass a longer timeout=."
             ) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -802,6 +817,20 @@ class _Client:
             ) from exc
         except ValueError as exc:
             raise ServerCheckError(f"{self.base}{path} answered with something that is not JSON: {exc}") from exc
+
+    def _exchange(self, request: urllib.request.Request) -> tuple[int, dict]:
+        """A request's status and JSON reply; ``TimeoutError`` when its body is not all there within
+        ``timeout`` of the request (the connection and the headers are bounded per read only)."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            with open_url(request, timeout=self.timeout) as resp:  # a local server directly, never via http_proxy
+                return resp.status, _as_object(json.loads(_read_by(resp, deadline) or b"{}"))
+        except urllib.error.HTTPError as exc:
+            text = _read_by(exc, deadline).decode(errors="replace")
+            try:
+                return exc.code, _as_object(json.loads(text))
+            except ValueError:
+                return exc.code, {"error": {"message": text[:500]}}
 
     def models(self) -> list[str]:
         status, body = self._request("/models")
@@ -834,6 +863,27 @@ class _Client:
         if problem := _choices_problem(reply):
             raise ServerCheckError(f"{self.base}/chat/completions sent a malformed reply{self._checking}: {problem}")
         return reply
+
+
+def _read_by(reply: Any, deadline: float) -> bytes:
+    """A reply's body as the server sends it, ``TimeoutError`` once past ``deadline`` (``time.monotonic``).
+
+    A socket's timeout bounds each read, not the reply: a server that sent a byte a second never
+    let one time out, and kept a check waiting for as long as it trickled.
+
+    Raises:
+        TimeoutError: The body was still arriving at ``deadline``.
+        http.client.IncompleteRead: The connection closed before the ``content-length`` it announced
+            (``read1``, unlike ``read``, returns what came).
+    """
+    parts = []
+    while part := reply.read1(65536):
+        parts.append(part)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the reply was still arriving at the deadline")
+    if missing := getattr(reply, "length", None):
+        raise http.client.IncompleteRead(b"".join(parts), missing)
+    return b"".join(parts)
 
 
 def _without_userinfo(invalid_url: str) -> str:

@@ -10,7 +10,7 @@ from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeo
 from openai import APIStatusError, RateLimitError
 
 from langgraph_parallelmuse.models.server import IncompleteReplyError
-from langgraph_parallelmuse.retry import is_transient, is_transient_name, retry_after, with_retries
+from langgraph_parallelmuse.retry import MAX_RETRY_AFTER, is_transient, is_transient_name, retry_after, with_retries
 
 
 def test_langchain_openais_own_connection_and_timeout_errors_are_transient():
@@ -117,6 +117,22 @@ def test_retry_after_reads_an_http_date_and_any_header_case():
     assert retry_after(error({"retry-after": "Wed Oct 21 07:28:00 2015"})) == 0.0  # asctime, GMT by rule
     for unreadable in ("soon", "", "nan", "inf", None):
         assert retry_after(error({"retry-after": unreadable})) == 0.0, unreadable
+
+
+def test_retry_after_ms_is_read_first_in_milliseconds():
+    """OpenAI sends Retry-After-Ms (the openai client reads it before Retry-After): read as no wait, a
+    routed ServerChatModel retried at once into the same rate limit."""
+
+    def error(headers: dict) -> Exception:
+        exc = Exception("rate limited")
+        exc.response = httpx.Response(429, headers=headers)
+        return exc
+
+    assert retry_after(error({"retry-after-ms": "1500"})) == 1.5
+    assert retry_after(error({"Retry-After-Ms": "250.5", "retry-after": "9"})) == 0.2505  # milliseconds win
+    assert retry_after(error({"retry-after-ms": "soon", "retry-after": "9"})) == 9.0  # unreadable: the next
+    assert retry_after(error({"retry-after-ms": "3600000"})) == MAX_RETRY_AFTER
+    assert retry_after(error({"retry-after-ms": "-5"})) == 0.0
 
 
 async def test_a_server_that_cannot_do_the_request_is_asked_once():

@@ -506,10 +506,16 @@ def test_check_server_keeps_a_key_passed_in_out_of_its_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "reply", [b'HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n{"data": [', b"SSH-2.0-OpenSSH_9.2\r\n"]
+    "reply",
+    [
+        b'HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n{"data": [',
+        b'HTTP/1.1 503 Service Unavailable\r\ncontent-length: 500\r\n\r\n{"error": ',
+        b"SSH-2.0-OpenSSH_9.2\r\n",
+    ],
 )
 def test_a_reply_cut_off_or_not_http_is_a_server_check_error_naming_the_url(reply: bytes) -> None:
-    """http.client's IncompleteRead and BadStatusLine passed as bare tracebacks naming no server."""
+    """http.client's IncompleteRead and BadStatusLine passed as bare tracebacks naming no server (an
+    error status's body cut off too, until the body was read with the reply's deadline)."""
     import socket
     import threading
 
@@ -815,6 +821,29 @@ def test_a_finish_reason_on_a_chunk_without_a_delta_ends_the_reply(last: dict) -
     assert (merged.content, merged.response_metadata.get("finish_reason")) == ("<answer>Vienna</answer>", "stop")
 
 
+async def test_usage_a_server_sends_on_every_chunk_is_counted_once() -> None:
+    """vLLM and SGLang with stream_options.continuous_usage_stats send the usage so far on every chunk:
+    LangChain summed those totals, and a 30-token prompt counted 30 per chunk (here 120)."""
+    words = ["<answer>", "Vie", "nna</answer>"]
+    chunks = [
+        {
+            "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": "stop" if i == 2 else None}],
+            "usage": {"prompt_tokens": 30, "completion_tokens": i + 1, "total_tokens": 31 + i},
+        }
+        for i, w in enumerate(words)
+    ]
+    last = {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33}}
+    with fake_http({"POST /v1/chat/completions": lambda _body: (200, _sse(*chunks, last))}) as fake:
+        model = llm(f"{fake.url}/v1", streaming=True)
+        reply = await model.ainvoke(QUESTION)
+        streamed = list(model.stream(QUESTION))
+    whole = {"input_tokens": 30, "output_tokens": 3, "total_tokens": 33}
+    assert reply.content == "<answer>Vienna</answer>"
+    assert {k: reply.usage_metadata[k] for k in whole} == whole
+    merged = sum(streamed[1:], streamed[0]).usage_metadata
+    assert {k: merged[k] for k in whole} == whole
+
+
 async def test_an_error_sent_inside_a_stream_names_the_server_and_is_retried() -> None:
     """Before: vLLM's and SGLang's ``data: {"error": ...}`` after the reply began was the openai
     client's bare APIError ("engine died"), naming no server and never asked again. An HTTP error
@@ -854,6 +883,34 @@ def test_a_server_that_takes_the_request_but_never_answers_is_called_hung_not_un
         ) as info:
             check_server(f"{fake.url}/v1", "smollm2", timeout=0.5)
     assert "unreachable" not in str(info.value) and "start the server" not in str(info.value)
+
+
+def test_a_server_that_trickles_its_reply_is_given_up_on_at_the_timeout() -> None:
+    """Before: the timeout bounded each socket read, so a server sending a byte every 0.1 s kept a
+    check with timeout=0.5 waiting for its whole reply (about 10 s here; as long as it trickled)."""
+    import socket
+    import threading
+
+    body = b" " * 100 + b'{"data": [{"id": "smollm2"}]}'
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        with conn:
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
+                for byte in body:
+                    time.sleep(0.1)
+                    conn.sendall(bytes([byte]))
+            except OSError:  # the check gave up and closed the connection
+                pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    said = rf"^{url}/models did not answer within 0\.5 s while checking model 'smollm2': .*too slow"
+    with listener, pytest.raises(ServerCheckError, match=said):
+        check_server(url, "smollm2", timeout=0.5)
 
 
 @pytest.mark.parametrize("streamed", [False, True])
