@@ -259,10 +259,10 @@ def _load(path: str, *version: int) -> Calibration:
             confidence_floor=None if data.get("confidence_floor") is None else float(data["confidence_floor"]),
             confidence_window=int(data.get("confidence_window", CONFIDENCE_WINDOW)),
             confidence_samples=int(data.get("confidence_samples", 0)),
-            model=None if data.get("model") is None else str(data["model"]),
+            model=data.get("model"),  # checked by _problem, as trajectories: str() and int() took anything
             top_logprobs=None if data.get("top_logprobs") is None else int(data["top_logprobs"]),
             questions=None if data.get("questions") is None else _ids(data["questions"]),
-            trajectories=None if data.get("trajectories") is None else int(data["trajectories"]),
+            trajectories=data.get("trajectories"),
         )
     # OverflowError: JSON reads Infinity, 1e999 and 400-digit numbers, which int() or float() refuse;
     # RecursionError: nesting deeper than the parser's stack.
@@ -326,4 +326,13 @@ def _problem(cal: Calibration, *, data: Mapping[str, object]) -> str | None:
         return f"estimator {data['estimator']!r} must be one of {', '.join(map(repr, get_args(Estimator)))}"
     if data.get("top_logprobs") is not None and (problem := top_logprobs_problem(data["top_logprobs"])):
         return problem
+    # str() read "model": 3 as the model '3' (a run warned it was fitted on another model), int() read
+    # "trajectories": 2.7 as 2 and -3 as a count, and "many" failed naming no field.
+    if (model := data.get("model")) is not None and not isinstance(model, str):
+        return f"model {model!r} must be the name of the model the runs were scored on, a string"
+    trajectories = data.get("trajectories")
+    if trajectories is not None and (
+        isinstance(trajectories, bool) or not isinstance(trajectories, int) or trajectories < 1
+    ):
+        return f"trajectories {trajectories!r} must be the whole number of trajectories fitted on, >= 1"
     return None

@@ -23,7 +23,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -76,6 +76,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
             else "default: the offline Wikipedia subset"
         ),
     )
+    # The files' hashes, once a command has hashed them to record its corpus (_corpus_digests): the index reuses them.
+    p.set_defaults(corpus_digests=None)
     if bench:  # the questions' own corpus, and --setting distractor for their documents
         return
     g.add_argument("--doc-ids", type=_given, help="comma-separated doc ids the tools may see (distractor setting)")
@@ -305,9 +307,7 @@ def _judge(args: argparse.Namespace):
 
 
 def _tools(args: argparse.Namespace):
-    if args.tavily and (args.corpus or args.doc_ids):
-        flags = " and ".join(f for f, v in (("--corpus", args.corpus), ("--doc-ids", args.doc_ids)) if v)
-        raise ConfigError(f"--tavily searches the web, not a corpus: drop {flags}, or drop --tavily to search it")
+    _refuse_web_with_corpus(args)
     if args.tavily:
         from langgraph_parallelmuse.tools import make_tavily_tools
 
@@ -315,8 +315,19 @@ def _tools(args: argparse.Namespace):
     from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 
     with console.status("Opening the search index (built once, then cached)…"):
-        index = CorpusIndex.from_jsonl(*args.corpus) if args.corpus else CorpusIndex.wikipedia()
+        index = (
+            CorpusIndex.from_jsonl(*args.corpus, digests=args.corpus_digests)
+            if args.corpus
+            else CorpusIndex.wikipedia()
+        )
     return make_corpus_tools(index, doc_ids=_doc_ids(args))
+
+
+def _refuse_web_with_corpus(args: argparse.Namespace) -> None:
+    """Refuse ``--tavily`` with ``--corpus`` or ``--doc-ids``, which a web search would not read."""
+    if args.tavily and (args.corpus or args.doc_ids):
+        flags = " and ".join(f for f, v in (("--corpus", args.corpus), ("--doc-ids", args.doc_ids)) if v)
+        raise ConfigError(f"--tavily searches the web, not a corpus: drop {flags}, or drop --tavily to search it")
 
 
 def _doc_ids(args: argparse.Namespace) -> list[str] | None:
@@ -324,31 +335,53 @@ def _doc_ids(args: argparse.Namespace) -> list[str] | None:
     return [d.strip() for d in args.doc_ids.split(",") if d.strip()] if args.doc_ids else None
 
 
-def _corpus_fingerprint(paths: Sequence[str]) -> str:
+def _corpus_digests(paths: Sequence[str]) -> dict[Path, str]:
+    """Each corpus file (resolved, as the index reads it) and the SHA-256 of its whole content.
+
+    Hashed once per command: a run's record of its corpus (:func:`_corpus_fingerprint`) and the index's
+    cache key (``CorpusIndex.from_jsonl(digests=)``) read the same hashes, each of which reads the whole file.
+
+    Raises:
+        CorpusError: A file is missing, is no regular file, or cannot be read.
+    """
+    from langgraph_parallelmuse.tools.corpus import corpus_files, file_sha256
+
+    digests = {}
+    for file in corpus_files(paths):  # a pipe or a folder is named as such, as the index names it
+        try:
+            digests[file] = file_sha256(file)
+        except OSError as exc:
+            raise _unreadable_corpus(file, exc) from exc
+    return digests
+
+
+def _unreadable_corpus(file: Path, exc: OSError) -> CorpusError:
+    return CorpusError(f"cannot read the corpus {file} ({exc.strerror}): give its JSONL file")
+
+
+def _corpus_fingerprint(digests: Mapping[Path, str]) -> str:
     """The corpus files as a run records them: each file's name (its link's target), size, and a hash of
-    its whole content (as the index's cache key hashes it).
+    its whole content (:func:`_corpus_digests`, as the index's cache key hashes it).
 
     A moved or renamed link is the same corpus, other texts another: a hash of the first and last MiB
     alone missed an edit in between that kept the size, and a bench continued its table on the edited corpus.
 
     Raises:
-        CorpusError: A file is missing, is no regular file, or cannot be read.
+        CorpusError: A file cannot be read.
 
     Example:
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "docs.jsonl"
         >>> _ = path.write_text('{"id": "d1", "title": "A", "text": "a"}\\n')
-        >>> _corpus_fingerprint([str(path)])
+        >>> _corpus_fingerprint(_corpus_digests([str(path)]))
         'docs.jsonl (40 bytes, sha256 b566607a259a934a)'
     """
-    from langgraph_parallelmuse.tools.corpus import corpus_files, file_sha256
-
     shown = []
-    for file in corpus_files(paths):  # a pipe or a folder is named as such, as the index names it
+    for file, digest in digests.items():
         try:
-            size, digest = file.stat().st_size, file_sha256(file)
+            size = file.stat().st_size
         except OSError as exc:
-            raise CorpusError(f"cannot read the corpus {file} ({exc.strerror}): give its JSONL file") from exc
+            raise _unreadable_corpus(file, exc) from exc
         shown.append(f"{file.name} ({size} bytes, sha256 {digest[:16]})")
     return ", ".join(shown)
 
@@ -474,7 +507,7 @@ def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
     """
     ids = _doc_ids(args)
     return {
-        "--corpus": _corpus_fingerprint(args.corpus) if args.corpus else None,
+        "--corpus": _corpus_fingerprint(args.corpus_digests) if args.corpus else None,
         "--doc-ids": ",".join(sorted(set(ids))) if ids else None,
         "--tavily": args.tavily or None,
         # Not the server's URL: a server restarted on another port serves the same model (--model says which).
@@ -845,6 +878,9 @@ async def _ask_settings(args: argparse.Namespace) -> tuple[argparse.Namespace, P
     args = _served_name(args)  # a checkpointed run records its model by name: the stored run's is compared
     # A SQLite file still to be created holds no run, and is not created before the index opens (which may fail).
     look = args.run_id and (kind == "postgres" or Path(args.db).expanduser().exists())
+    _refuse_web_with_corpus(args)  # before a corpus the run would not read is hashed (or found missing)
+    # Before a resume compares them with the stored run's: the run's record and the index read these hashes.
+    args = argparse.Namespace(**{**vars(args), "corpus_digests": _corpus_digests(args.corpus)})
     settings = make_config({**(await _stored_run(args) if look else {}), **_overrides(args)})
     _refuse_unread(args, settings)
     if args.json:
@@ -1107,7 +1143,8 @@ async def _bench(args: argparse.Namespace) -> int:
         sibling = Path(args.questions.replace(".questions.jsonl", ".corpus.jsonl"))
         hint = f" (here: --corpus {sibling})" if sibling.is_file() and sibling != Path(args.questions) else ""
         raise ConfigError("bench needs --corpus: the {id,title,text} JSONL its questions' documents come from" + hint)
-    settings = dataclasses.replace(settings, corpus=_corpus_fingerprint(args.corpus))
+    digests = _corpus_digests(args.corpus)  # once: the records' settings and the index's cache key read them
+    settings = dataclasses.replace(settings, corpus=_corpus_fingerprint(digests))
     already = len(finished_records(results, items, settings=settings))  # before loading anything
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -1116,7 +1153,7 @@ async def _bench(args: argparse.Namespace) -> int:
     if not os.access(out_dir, os.W_OK):
         raise ConfigError(f"--out {out_dir} is not writable: pick another directory")
     judge = _judge(args)
-    index = CorpusIndex.from_jsonl(*args.corpus)
+    index = CorpusIndex.from_jsonl(*args.corpus, digests=digests)
     check_doc_ids(index, items, setting=settings.setting)
     # The server is checked and built for the runs' own settings (--set driver=guided needs the
     # prefilled turn): a partial-rollout mode's when a method runs one, else from-scratch

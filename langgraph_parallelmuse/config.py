@@ -24,6 +24,10 @@ Branching = Literal["post_hoc", "online"]
 DriverName = Literal["auto", "free", "guided"]
 ReportForm = Literal["text", "graph"]
 
+#: The most trajectories a question may run (``n``). Each is planned, its job and thread made, before the first
+#: model call: ``n=10**9`` (a typo) spent minutes and gigabytes before failing. The paper runs 8, DeepConf 512.
+MAX_N = 4096
+
 
 class ParallelMuseConfig(BaseModel):
     """Settings of the ParallelMuse graph (paper defaults: N=8, M=1, k=2, T=3).
@@ -41,7 +45,7 @@ class ParallelMuseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Stage 1: functionality-specified partial rollout.
-    n: int = Field(8, description="Total trajectory budget N per question.")
+    n: int = Field(8, description=f"Total trajectory budget N per question (at most {MAX_N}).")
     m: int = Field(1, description="Initial from-scratch trajectories M.")
     k: int = Field(2, description="Top-k most uncertain steps to branch from, per initial trajectory.")
     t: int = Field(3, description="Branches T launched from each picked step.")
@@ -154,6 +158,8 @@ class ParallelMuseConfig(BaseModel):
         problems = []
         if self.n < 1:
             problems.append(f"n={self.n}: the budget N must be at least 1")
+        elif self.n > MAX_N:
+            problems.append(f"n={self.n}: at most {MAX_N} trajectories per question (the paper runs 8)")
         if self.m < 1:
             problems.append(f"m={self.m}: need at least one initial trajectory (M >= 1)")
         if self.k < 0:
@@ -173,6 +179,10 @@ class ParallelMuseConfig(BaseModel):
         problems += self._unbranched_problems()
         if self.calibration is not None:
             problems += self._calibration_problems()
+        # The reports pass the seed to the model as it is, and the in-process engine (as numpy's generator,
+        # which the bench's intervals draw from) takes none below 0: the run failed after its rollouts.
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            problems.append(f"seed={self.seed}: use a whole number in [0, 2**64), or no seed")
         if not 0.0 <= self.temperature <= 2.0:
             problems.append(f"temperature={self.temperature}: use a value in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:

@@ -1028,6 +1028,7 @@ async def run_bench(
         The records of ``items``, earlier runs' included, in the order of ``items``.
 
     Raises:
+        ConfigError: ``concurrency`` (questions in flight at once) is below 1, before anything runs.
         RolloutFailedError: After every other question, when some failed (every trajectory of one of
             their sets did, their reports or aggregator met a server down, or the judge failed:
             :func:`run_question` raises): they are not recorded, so
@@ -1036,6 +1037,8 @@ async def run_bench(
     """
     from langgraph_parallelmuse.tools import make_corpus_tools
 
+    if concurrency < 1:  # a semaphore of 0 let no question start: the run waited forever
+        raise ConfigError(f"concurrency={concurrency}: the questions in flight at once, use 1 or more")
     out.parent.mkdir(parents=True, exist_ok=True)
     records = finished_records(out, items, settings=settings)
     _drop_cut_line(out)

@@ -8,6 +8,7 @@ numpy is used when installed (fast); otherwise a pure-Python path gives the same
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from collections.abc import Sequence
 
@@ -30,7 +31,9 @@ def _finite(values: Sequence[float], name: str) -> list[float]:
     return data
 
 
-def _check(values: Sequence[float], n_resamples: int, confidence: float, *, name: str = "values") -> list[float]:
+def _check(
+    values: Sequence[float], n_resamples: int, confidence: float, seed: int, *, name: str = "values"
+) -> list[float]:
     data = _finite(values, name)
     if not data:
         raise ValueError("values is empty: need at least one per-question score")
@@ -38,6 +41,10 @@ def _check(values: Sequence[float], n_resamples: int, confidence: float, *, name
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
+    # numpy's generator refuses a negative seed ("expected non-negative integer", naming no argument), where
+    # the pure-Python path took it: the same call worked or failed with numpy installed.
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     return data
 
 
@@ -87,14 +94,14 @@ def bootstrap_ci(
         values: One score per question (e.g. EM or F1).
         n_resamples: Bootstrap resamples.
         confidence: Interval coverage, in (0, 1).
-        seed: Random seed; the same seed and input give the same interval.
+        seed: Random seed, >= 0; the same seed and input give the same interval.
 
     Returns:
         ``(mean, low, high)``.
 
     Raises:
         ValueError: ``values`` is empty or holds a NaN or infinity, or ``n_resamples`` / ``confidence``
-            is out of range.
+            / ``seed`` is out of range.
 
     Example:
         >>> mean, low, high = bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 0, 1, 1], seed=1)
@@ -103,7 +110,7 @@ def bootstrap_ci(
         >>> low <= mean <= high
         True
     """
-    data = _check(values, n_resamples, confidence)
+    data = _check(values, n_resamples, confidence, seed)
     mean = math.fsum(data) / len(data)
     low, high = _interval(data, [1.0] * len(data), n_resamples, confidence, seed)
     # Floating-point summation may step a hair outside the data range (e.g. constant inputs);
@@ -144,7 +151,8 @@ def paired_bootstrap_diff(
         resample: its interval is ``(-inf, inf)``, within noise.
 
     Raises:
-        ValueError: ``a`` and ``b`` differ in length, are empty, or hold a NaN or infinity.
+        ValueError: ``a`` and ``b`` differ in length, are empty, or hold a NaN or infinity; or an
+            option is out of range (as :func:`bootstrap_ci`).
 
     Example:
         >>> a = [1, 1, 1, 1, 1, 1, 0, 1]
@@ -195,14 +203,14 @@ def bootstrap_ratio(
 
     Raises:
         ValueError: The sequences differ in length, are empty or hold a NaN or infinity, or the
-            denominators sum to 0 or less.
+            denominators sum to 0 or less; or an option is out of range (as :func:`bootstrap_ci`).
 
     Example:
         >>> ratio, low, high = bootstrap_ratio([60, 50, 70, 65], [100, 90, 110, 100])
         >>> round(ratio, 3), low <= ratio <= high
         (0.613, True)
     """
-    num = _check(numerators, n_resamples, confidence, name="numerators")
+    num = _check(numerators, n_resamples, confidence, seed, name="numerators")
     den = _finite(denominators, "denominators")
     if len(num) != len(den):
         raise ValueError(f"paired values need equal lengths, got {len(num)} and {len(den)}")

@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import unicodedata
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -268,12 +268,20 @@ class CorpusIndex:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
-    def from_jsonl(cls, *paths: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> CorpusIndex:
+    def from_jsonl(
+        cls,
+        *paths: str | os.PathLike[str],
+        cache_dir: str | os.PathLike[str] | None = None,
+        digests: Mapping[Path, str] | None = None,
+    ) -> CorpusIndex:
         """Index one or more JSONL files of ``{"id", "title", "text"}`` objects (one per line).
 
         Args:
             *paths: JSONL files; their documents go into one index (ids must be unique across them).
             cache_dir: Where the index file is kept; defaults to :func:`default_cache_dir`.
+            digests: The :func:`file_sha256` of files the caller has hashed already (to record them),
+                by resolved path as :func:`corpus_files` gives it: each hash reads the whole file, so
+                these files are not read again for the cache key. A file it lacks is hashed here.
 
         Returns:
             The opened index (built now if the cache has none for these files as they are).
@@ -293,7 +301,7 @@ class CorpusIndex:
             raise CorpusError("from_jsonl needs at least one JSONL path")
         files = corpus_files(paths)
         name = files[0].stem if len(files) == 1 else f"{files[0].stem}+{len(files) - 1}"
-        return cls._cached(name, files, cache_dir, lambda: _read_jsonl(files))
+        return cls._cached(name, files, cache_dir, lambda: _read_jsonl(files), digests=digests)
 
     @classmethod
     def wikipedia(cls, *, cache_dir: str | os.PathLike[str] | None = None) -> CorpusIndex:
@@ -324,10 +332,12 @@ class CorpusIndex:
         files: Sequence[Path],
         cache_dir: str | os.PathLike[str] | None,
         read_docs: Callable[[], Iterable[Doc]],
+        *,
+        digests: Mapping[Path, str] | None = None,
     ) -> CorpusIndex:
         directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         source_key = hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:8]
-        fingerprint = _fingerprint(files)
+        fingerprint = _fingerprint(files, digests or {})
         target = directory / f"{_safe_name(name)}-{source_key}-{fingerprint[:16]}.sqlite"
         if not _is_valid_index(target, fingerprint):
             try:
@@ -561,8 +571,8 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name)[:60]
 
 
-def _fingerprint(files: Sequence[Path]) -> str:
-    """The schema and each file's path and content hash.
+def _fingerprint(files: Sequence[Path], digests: Mapping[Path, str]) -> str:
+    """The schema and each file's path and content hash (from ``digests`` when it has the file's).
 
     The whole content: size and mtime missed an edit that kept the size and the mtime (``cp -p``,
     ``rsync -t``, an archive, two saves in one clock tick), and served the old index. Hashing runs
@@ -571,7 +581,7 @@ def _fingerprint(files: Sequence[Path]) -> str:
     h = hashlib.sha256(f"schema={_SCHEMA_VERSION}".encode())
     for f in files:
         with _reading(f):
-            h.update(f"\n{f}|{file_sha256(f)}".encode())
+            h.update(f"\n{f}|{digests[f] if f in digests else file_sha256(f)}".encode())
     return h.hexdigest()
 
 

@@ -149,6 +149,24 @@ def test_an_unknown_method_or_mode_is_a_config_error_naming_the_choices():
     assert set(METHODS) >= {"no_scaling", "majority", "weighted", "max_tool_calls", "aggregation_only"}
 
 
+def test_a_negative_seed_is_refused_up_front():
+    # Before: accepted from Python (the CLI's --seed refuses it), every question ran, then the summary's
+    # bootstrap failed in numpy with "expected non-negative integer".
+    with pytest.raises(ConfigError, match=r"seed=-1: use a whole number in \[0, 2\*\*64\)"):
+        BenchSettings(**SMALL, seed=-1)
+
+
+async def test_a_concurrency_below_one_is_refused_before_anything_runs(index, tmp_path):
+    # Before: concurrency=0 made a semaphore no question could take, and the run waited forever.
+    model = _model()
+    for concurrency in (0, -1):
+        with pytest.raises(ConfigError, match=f"concurrency={concurrency}: the questions in flight at once"):
+            await run_bench(
+                model, index, ITEMS[:1], BenchSettings(**SMALL), tmp_path / "r.jsonl", concurrency=concurrency
+            )
+    assert not model.calls and not (tmp_path / "r.jsonl").exists()
+
+
 def test_crossover_is_refused_up_front_naming_where_it_is_measured():
     # Before: accepted, then a crash after the question's rollouts (majority with crossover is an
     # invalid config), or with report methods only N - crossover trajectories and no crossover.
@@ -798,6 +816,20 @@ def _bench_argv(tmp_path, *flags: str) -> list[str]:
     """The ``bench`` command over ``ITEMS`` and the ``index`` fixture's corpus, writing ``tmp_path / "run"``."""
     argv = ["bench", "--questions", _questions_file(tmp_path / "q.jsonl", ITEMS), "--out", str(tmp_path / "run")]
     return [*argv, "--corpus", str(tmp_path / "corpus.jsonl"), "--n", "4", "--k", "1", "--t", "2", *flags]
+
+
+def test_the_bench_command_hashes_its_corpus_once_for_its_records_and_its_index(index, tmp_path, monkeypatch):
+    # Before: hashed for the records' settings, then again for the index's cache key (each reads the whole file).
+    from langgraph_parallelmuse import cli
+    from langgraph_parallelmuse.tools import corpus as corpus_module
+
+    model = _model()
+    monkeypatch.setattr(cli, "_model", lambda *args, **kwargs: model)
+    hashed = []
+    real = corpus_module.file_sha256
+    monkeypatch.setattr(corpus_module, "file_sha256", lambda path: hashed.append(path) or real(path))
+    assert cli.main(_bench_argv(tmp_path, "--limit", "1", "--methods", "majority")) == 0
+    assert hashed == [(tmp_path / "corpus.jsonl").resolve()]
 
 
 def test_a_bench_continued_on_another_corpus_is_refused_and_one_recorded_before_the_corpus_continues(

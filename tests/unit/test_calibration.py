@@ -97,6 +97,32 @@ def test_a_calibration_file_with_an_unknown_estimator_is_malformed(tmp_path, est
         Calibration.load(path)
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (', "model": 3', "model 3 must be the name of the model the runs were scored on, a string"),
+        (', "model": ["a"]', r"model \['a'\] must be the name of the model"),
+        (', "trajectories": "many"', "trajectories 'many' must be the whole number of trajectories fitted on, >= 1"),
+        (', "trajectories": 2.7', "trajectories 2.7 must be the whole number"),
+        (', "trajectories": -3', "trajectories -3 must be the whole number"),
+        (', "trajectories": true', "trajectories True must be the whole number"),
+    ],
+    ids=["model-number", "model-list", "trajectories-text", "trajectories-fraction", "negative", "bool"],
+)
+def test_a_calibration_file_with_a_model_or_trajectories_of_another_type_is_malformed_naming_the_field(
+    tmp_path, extra, said
+):
+    """str() read "model": 3 as the model '3' (a run then warned it was fitted on another model), int() read
+    "trajectories": 2.7 as 2, -3 and true as counts, and "many" was reported by int()'s message alone."""
+    path = tmp_path / "cal.json"
+    path.write_text(_HEAD + extra + "}")
+    with pytest.raises(ConfigError, match=f"calibration file .*cal.json' is malformed: {said}"):
+        Calibration.load(path)
+    path.write_text(_HEAD + ', "model": "embedded float32", "trajectories": 20}')
+    loaded = Calibration.load(path)
+    assert (loaded.model, loaded.trajectories) == ("embedded float32", 20)
+
+
 @pytest.mark.parametrize("blank", ["", "  "])
 def test_a_blank_calibration_path_is_named_as_blank(blank):
     """An empty path was read as the working directory: "calibration '.' is not a file"."""

@@ -367,7 +367,7 @@ def test_a_corpus_given_as_a_pipe_is_named_as_such_before_it_is_read():
     read, write = os.pipe()
     try:
         with pytest.raises(CorpusError, match=f"corpus /dev/fd/{read} is not a regular file"):
-            cli._corpus_fingerprint([f"/dev/fd/{read}"])
+            cli._corpus_digests([f"/dev/fd/{read}"])
     finally:
         os.close(read)
         os.close(write)
@@ -385,6 +385,26 @@ def test_a_resume_on_a_corpus_edited_in_the_middle_is_refused(fake_cli, tmp_path
     corpus.write_bytes(data[:middle] + b"1978" + data[middle + 4 :])  # the same size, 2 MiB from either end
     assert _ask(*run, "--resume") == 1
     assert "was started with other inputs: --corpus docs.jsonl" in _err(capsys)
+
+
+def test_an_ask_run_hashes_its_corpus_once_for_its_record_and_its_index(tmp_path, monkeypatch):
+    """Each hash reads the whole corpus (a second a gigabyte): ask hashed it for the run's record and again
+    for the index's cache key, and a resume a third time, to compare it with the stored run's."""
+    from langgraph_parallelmuse.tools import corpus as corpus_module
+
+    model = ScriptedChatModel(responder=research_responder(_agent))
+    monkeypatch.setattr(cli, "_model", lambda *a, **k: model)
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    hashed = []
+    real = corpus_module.file_sha256
+    monkeypatch.setattr(corpus_module, "file_sha256", lambda path: hashed.append(path) or real(path))
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is the capital of France."}) + "\n")
+    run = (PARIS, *SMALL, "--corpus", str(corpus), "--db", str(tmp_path / "x.sqlite"), "--run-id", "run1")
+    assert _ask(*run) == 0
+    assert hashed == [corpus.resolve()]
+    assert _ask(*run, "--resume") == 0
+    assert hashed == [corpus.resolve()] * 2
 
 
 @pytest.mark.parametrize("flag", ["--run-id", "--db", "--base-url", "--model", "--model-path", "--doc-ids", "--corpus"])

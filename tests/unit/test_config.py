@@ -8,6 +8,7 @@ import pytest
 
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import (
+    MAX_N,
     ParallelMuseConfig,
     ParallelMuseContext,
     context_overrides,
@@ -62,6 +63,23 @@ def test_invalid_settings_raise_config_error_naming_the_setting(settings, names)
     assert message.startswith("invalid ParallelMuse config: ")
     for name in names:
         assert name in message
+
+
+def test_a_seed_the_model_or_the_bootstrap_would_refuse_is_refused_before_the_run():
+    """seed=-1 was accepted: the run went through its rollouts and reports, then the aggregator's call to the
+    in-process engine ("pass an integer in [0, 2**64)") ended it, and a bench's intervals failed in numpy."""
+    for seed in (-1, 2**64):
+        with pytest.raises(ConfigError, match=rf"seed={seed}: use a whole number in \[0, 2\*\*64\), or no seed"):
+            make_config(seed=seed)
+    assert [make_config(seed=s).seed for s in (None, 0, 2**64 - 1)] == [None, 0, 2**64 - 1]
+
+
+def test_a_budget_beyond_max_n_is_refused_before_anything_is_planned():
+    """n=10**9 was accepted: the first wave made a job for each fill and ran out of memory (3 GB and
+    16 s to a MemoryError) before any model call."""
+    with pytest.raises(ConfigError, match=rf"n={10**9}: at most {MAX_N} trajectories per question"):
+        make_config(n=10**9)
+    assert make_config(n=MAX_N, mode="none").n == MAX_N
 
 
 def test_config_error_is_a_value_error_and_not_a_pydantic_error():

@@ -129,6 +129,19 @@ def test_cache_is_reused(tmp_path: Path, cache: Path) -> None:
     assert sorted(p.name for p in cache.iterdir()) == [first.path.name]
 
 
+def test_the_hashes_a_caller_gives_are_not_computed_again(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    """A run hashes its corpus to record it: the index hashed every file again for its cache key (each
+    hash reads the whole file, a second a gigabyte). A file the caller did not hash is hashed here."""
+    src, other = write_jsonl(tmp_path / "c.jsonl", DOCS[:3]), write_jsonl(tmp_path / "o.jsonl", DOCS[3:])
+    first = CorpusIndex.from_jsonl(src, other, cache_dir=cache)
+    given = {src.resolve(): corpus.file_sha256(src.resolve())}
+    hashed = []
+    real = corpus.file_sha256
+    monkeypatch.setattr(corpus, "file_sha256", lambda path: hashed.append(path) or real(path))
+    assert CorpusIndex.from_jsonl(src, other, cache_dir=cache, digests=given).path == first.path
+    assert hashed == [other.resolve()]
+
+
 def test_cache_rebuilt_when_source_changes(tmp_path: Path, cache: Path) -> None:
     src = write_jsonl(tmp_path / "c.jsonl", DOCS)
     old = CorpusIndex.from_jsonl(src, cache_dir=cache)

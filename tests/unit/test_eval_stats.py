@@ -193,3 +193,16 @@ def test_paired_diff_of_one_pair_is_within_noise(backend):
     diff, low, high = paired_bootstrap_diff([1.0], [0.0])
     assert diff == 1.0 and within_noise(low, high)
     assert format_diff(diff, low, high).endswith("~")
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_a_seed_numpy_would_refuse_is_refused_by_name_on_either_path(backend, seed):
+    """numpy's generator failed a negative seed with "expected non-negative integer" (naming no argument),
+    where the pure-Python path took it: the same call worked or failed depending on numpy."""
+    for call in (
+        lambda: bootstrap_ci(SCORES, seed=seed),
+        lambda: paired_bootstrap_diff(SCORES, SCORES[::-1], seed=seed),
+        lambda: bootstrap_ratio(SCORES, [1] * len(SCORES), seed=seed),
+    ):
+        with pytest.raises(ValueError, match=f"seed must be a whole number >= 0, got {seed!r}"):
+            call()
