@@ -725,10 +725,12 @@ class ParallelMuseNodes:
     @_timed("rollout")
     async def collect(self, state: ParallelMuseState) -> dict[str, Any]:
         """Sum up the rollout stage; a run whose every trajectory failed stops here, with its reasons."""
-        trajectories = state["trajectories"]
+        trajectories, settings = state["trajectories"], self.settings(state["settings"])
         stats = {
+            # prepare's, unless a fork edited them (update_state): the settings this rollout ran with.
+            "config": settings.model_dump(),
             "rollout": rollout_summary(trajectories),
-            "budget": budget_stats(trajectories, self.settings(state["settings"])),
+            "budget": budget_stats(trajectories, settings),
             "timeline": {"rolled_out": time.time()},
         }
         if trajectories and all(t["status"] == "failed" for t in trajectories):

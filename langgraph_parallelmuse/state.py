@@ -272,10 +272,18 @@ merge_reports = _merge_by("trajectory_id")
 
 
 def merge_stats(left: dict | None, right: dict | None) -> dict:
-    """Reducer: shallow-merge stats dicts; numbers under the same key are summed."""
+    """Reducer: shallow-merge stats dicts; numbers under the same key are summed, the run's settings
+    (``config``) replaced.
+
+    Example:
+        >>> merge_stats({"config": {"n": 8}, "tokens": 5}, {"config": {"n": 8}, "tokens": 2})
+        {'config': {'n': 8}, 'tokens': 7}
+    """
     out = dict(left or {})
     for key, value in (right or {}).items():
-        if isinstance(value, (int, float)) and isinstance(out.get(key), (int, float)):
+        if key == "config":  # settings, not counts: a fork that edited them records the new ones
+            out[key] = value
+        elif isinstance(value, (int, float)) and isinstance(out.get(key), (int, float)):
             out[key] = out[key] + value
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge_stats(out[key], value)

@@ -965,6 +965,7 @@ async def test_a_fork_whose_settings_were_edited_after_prepare_samples_anew_with
     assert len(forked["trajectories"]) == edits.get("n", 2) and forked["answer"] == "Paris"
     assert len(agent) == sum(len(t["steps"]) for t in forked["trajectories"])  # every step sampled anew
     assert all(c["kwargs"]["temperature"] == edits.get("temperature", 0.6) for c in agent)
+    assert forked["stats"]["config"] == {**first["stats"]["config"], **edits}  # what the fork ran with
     if "seed" in edits:
         assert all(c["kwargs"].get("seed") is not None for c in agent)
     old, new = ({t["thread_id"] for t in out["trajectories"]} for out in (first, forked))
