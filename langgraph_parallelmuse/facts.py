@@ -115,7 +115,9 @@ def _query(query: str, effective: dict, max_words: int) -> str:
         return f'"{" ".join(words)}"'
     shown = " ".join(words[:max_words])
     kept = f" {entity_key(shown)} "
-    dropped = [one_line(s) for s in spans if entity_key(s) in effective and f" {entity_key(s)} " not in kept]
+    # Named as the graph names them (a title's spelling: the query's "McDonald's office" gave "McDonald").
+    keys = [entity_key(s) for s in spans]
+    dropped = [one_line(effective[k]["name"]) for k in dict.fromkeys(keys) if k in effective and f" {k} " not in kept]
     return f'"{shown} …"' + (f" ({', '.join(dropped)})" if dropped else "")
 
 

@@ -127,15 +127,21 @@ class Segment:
 # Capitalised words that open a sentence or a question, not a name: the shared function words.
 # Lowercase words allowed inside a name ("Haymo of Faversham", "Ludwig van Beethoven").
 _CONNECTORS = frozenset("of the de da del der di du la le van von y".split())
-_WORD = re.compile(r"\d[\d,.]*\d|[^\W_](?:[\w'’&-]*[^\W_])?\.?")
+_WORD = re.compile(r"\d[\d,.:/]*\d|[^\W_](?:[\w'’&-]*[^\W_])?\.?")
 _QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
 _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
-_NUMBER = re.compile(r"\d[\d,.]*$")
+_NUMBER = re.compile(r"\d[\d,.:/]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
-_ENDING_POSSESSIVE = re.compile(r"['’]s$")
-# A decimal mark or a dash between two digits is part of the number: dropped, "7.0%" was "70" (and
-# supported by "70 museums"), "March 2–3" was "march 23". Every dash is "-" by then, as in the vote key.
-_NUMBER_MARK = re.compile(r"(?<=\d)([.\u066b-])(?=\d)")
+# What follows a name, past a short aside ("Brennan's (Scott McGregor) departure"; bounded, as an
+# unclosed "(" made every name of a long answer read to its end): a quoted title or a word.
+_NEXT_WORD = re.compile(r"\s+(?:\([^()]{0,80}\)\s+)?([\"“]|[^\W_][\w'’-]*)")
+# The punctuation between two digits that the vote key keeps is part of the number: dropped, "7.0%"
+# was "70" (and supported by "70 museums"), "March 2–3" was "march 23", "10:30" was "1030" and "2:1"
+# was "21". Every dash is "-" by then. A digit-group separator is not: "1,000" is "1000", as in the vote
+# key, and so is an Indian "1,00,000" (groups of two before the last three; at most four, as in a
+# lakh crore: unbounded, each comma of a long "12,34,…" read on to its end, quadratic).
+_NUMBER_MARK = re.compile(r"(?<=\d)([-.,/:\u066b])(?=\d)")
+_THOUSANDS = re.compile(r"(?<=\d),(?=(?:\d\d,){0,4}\d{3}(?!\d))")
 # Chinese, Japanese and Korean text: no spaces set its words apart, so a name in it is no whole word.
 _CJK = re.compile(CJK_CHARS)
 
@@ -157,13 +163,13 @@ def named_spans(text: str) -> list[str]:
         []
         >>> named_spans("born in Kerry, Ireland in the U.S. Army")
         ['Kerry', 'Ireland', 'U.S. Army']
-        >>> named_spans("James Garner's role in Ender's Game")
-        ['James Garner', "Ender's Game"]
+        >>> named_spans("James Garner's role in Ender's Game"), named_spans("Who founded McDonald's?")
+        (['James Garner', "Ender's Game"], ["McDonald's"])
     """
     # Composed first: a decomposed accent is no word character, so "Beyonce\u0301" split into two words.
     text = unicodedata.normalize("NFC", text)
     spans = [m.group(1).strip() for m in _QUOTED.finditer(text)]
-    rest = _QUOTED.sub(" ", text)
+    rest = _QUOTED.sub(lambda m: " " * len(m.group(0)), text)  # where the text is, for what follows a name
     run: list[re.Match[str]] = []
 
     def close() -> None:
@@ -171,8 +177,14 @@ def named_spans(text: str) -> list[str]:
             run.pop()
         if run:
             # The text as written ("U.S. Army" keys as its title does, "us army", not "u s army"), but
-            # for a closing possessive: the entity of "Garner's" is Garner, and a report names it so.
-            spans.append(_ENDING_POSSESSIVE.sub("", rest[run[0].start() : run[-1].end()].rstrip(".")))
+            # for a closing possessive before what it owns: the entity of "Garner's role" is Garner, and a
+            # report names it so. At the end of a text or a clause, or before a function word, the "'s" is
+            # the name's own: "McDonald's" was the report's "McDonald".
+            span = rest[run[0].start() : run[-1].end()].rstrip(".")
+            owned = _NEXT_WORD.match(text, run[0].start() + len(span))
+            if owned and owned.group(1).lower() not in FUNCTION_WORDS and _POSSESSIVE.match(span, len(span) - 2):
+                span = span[:-2]
+            spans.append(" ".join(span.split()))
         run.clear()
 
     for match in _WORD.finditer(rest):
@@ -194,8 +206,9 @@ def entity_key(name: str) -> str:
     after Unicode compatibility normalisation (NFKC) and case folding.
 
     A possessive is dropped first ("Hall's" names Hall), and punctuation of any script with the
-    ASCII punctuation ``normalize_answer`` drops, but for a decimal mark or a dash between digits ("1.5"
-    is not "15", "2–3" is "2-3", not "23").
+    ASCII punctuation ``normalize_answer`` drops, but for a decimal mark, a dash, a colon, a slash or a
+    comma between digits ("1.5" is not "15", "2–3" is "2-3", not "23", "10:30" is not "1030"); a
+    thousands separator goes ("1,000" is "1000").
 
     Example:
         >>> entity_key("The G. Stanley Hall's")
@@ -206,12 +219,14 @@ def entity_key(name: str) -> str:
         ('thinking out loud', True)
         >>> entity_key("Mexico (7.0%), 250,000 edits"), entity_key("March 2\u20133, 2012")
         ('mexico 7.0 250000 edits', 'march 2-3 2012')
+        >>> entity_key("10:30"), entity_key("1,000") == entity_key("1000"), entity_key("3,14")
+        ('10:30', True, '3,14')
     """
     text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold()
     # Elsewhere a dash goes as the rest of the punctuation does ("Michelson–Morley" is one word).
-    parts = _NUMBER_MARK.split("".join("-" if is_dash(ch) else ch for ch in text))
+    parts = _NUMBER_MARK.split(_THOUSANDS.sub("", "".join("-" if is_dash(ch) else ch for ch in text)))
     # The marks at odd places: the text between them keyed, the marks kept as one spelling each.
-    return "".join(_key_text(part) if i % 2 == 0 else "-" if part == "-" else "." for i, part in enumerate(parts))
+    return "".join(_key_text(part) if i % 2 == 0 else "." if part == "\u066b" else part for i, part in enumerate(parts))
 
 
 def _key_text(text: str) -> str:

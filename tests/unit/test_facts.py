@@ -228,3 +228,21 @@ def test_the_facts_name_every_entity_the_answer_rests_on(question, traj, max_tit
     effective = effective_subgraph(build_graph(question, traj))
     named = entity_key(" ".join(facts))
     assert all(key in named for key in effective["entities"] if key != effective["answer"])
+
+
+def test_a_name_a_cut_query_drops_is_named_as_its_title_is() -> None:
+    """The names a cut query dropped were its raw spans: "McDonald" beside the title "McDonald's"."""
+    calls = [
+        _search(0, "Ray Kroc", [("d1", "Ray Kroc", "Ray Kroc bought McDonald's in 1961.")]),
+        _search(
+            1, "where is the head office of the fast food chain McDonald's headquarters", [("d2", "McDonald's", "")]
+        ),
+        _visit(2, "d2", "McDonald's\n\nMcDonald's is headquartered in Chicago."),
+    ]
+    traj = {
+        "steps": [c[0] for c in calls] + [{"index": 3, "action": {"type": "answer", "answer": "Chicago"}}],
+        "observations": [c[1] for c in calls],
+        "answer": "Chicago",
+    }
+    facts = step_facts("Which chain did Ray Kroc buy, and where is it based?", traj)
+    assert facts[1] == "s2 search \"where is the head office of the fast …\" (McDonald's): McDonald's"

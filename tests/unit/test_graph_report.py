@@ -199,3 +199,25 @@ def test_a_graph_report_names_every_effective_entity_and_ends_in_its_answer(ques
     assert report["text"].startswith(facts + "\n") and len(lines) == len(facts.split("\n")) + 2
     assert lines[-2].startswith("Reasoning: ") and lines[-1] == f"Final answer: {neutralize(answer)}"
     assert report["text"].count("\nFinal answer:") == 1
+
+
+def _kroc(query: str, page: str) -> dict:
+    return {
+        "id": "t0",
+        "steps": [search(0, "Ray Kroc"), search(1, query), answer(2, "Chicago")],
+        "observations": [
+            hits(0, ("d1", "Ray Kroc", page)),
+            hits(1, ("d2", "Oak Brook, Illinois", "The company moved its headquarters to Chicago.")),
+        ],
+        "answer": "Chicago",
+    }
+
+
+def test_a_name_written_with_a_closing_s_keeps_it_and_a_possessive_does_not() -> None:
+    """The span reader cut every closing "'s": a search for "McDonald's" made the page's sub-answer
+    "McDonald", a name the page never wrote."""
+    question = "Where is the headquarters of the chain Ray Kroc bought?"
+    facts = graph_facts(question, _kroc("McDonald's", "Ray Kroc bought McDonald's in 1961."))
+    assert "Sub-answers: McDonald's (s1)" in facts.splitlines()
+    facts = graph_facts(question, _kroc("Paris's mayor", "Ray Kroc lived in Paris."))
+    assert "Sub-answers: Paris (s1)" in facts.splitlines()

@@ -258,6 +258,15 @@ def test_a_visit_that_opened_nothing_is_no_document():
         # "Dai Xuantang's"); one inside a title is.
         ("Dai Xuantang's debt load", ["Dai Xuantang"]),
         ("James Garner’s role in Ender's Game", ["James Garner", "Ender's Game"]),
+        ("Paris's mayor", ["Paris"]),
+        ("Mark Brennan's (Scott McGregor) departure", ["Mark Brennan", "Scott McGregor"]),
+        # An "'s" with nothing it owns after it is the name's own: the report's "McDonald's" read "McDonald".
+        ("McDonald's", ["McDonald's"]),
+        ("Who founded McDonald's?", ["McDonald's"]),
+        ("McDonald's or Wendy's in 1961", ["McDonald's", "Wendy's", "1961"]),
+        # A time, a ratio or a date is one number: "10:30" was the spans "10" and "30".
+        ("the 10:30 train", ["10:30"]),
+        ("born 1950/51 in Genesis 1:3", ["1950/51", "Genesis 1:3"]),
     ],
 )
 def test_named_spans(text, spans):
@@ -398,3 +407,45 @@ def test_a_range_or_score_on_a_page_does_not_support_the_number_its_digits_run_i
     assert not [r for r in graph["relations"] if r["kind"] == "supports"]
     # Every dash of the vote key's, a wave dash ("2〜3", a Japanese range) too.
     assert entity_key("March 2\u20133") == entity_key("March 2\u301c3") == entity_key("March 2-3") == "march 2-3"
+
+
+@pytest.mark.parametrize(
+    ("said", "page"),
+    [
+        ("10:30", "Route 1030 leaves daily."),
+        ("1030", "It leaves at 10:30."),
+        ("2:1", "They won 21 games."),
+        ("10.30", "It leaves at 10:30."),
+        ("1/2", "Chapter 12 ends it."),
+    ],
+)
+def test_a_time_or_ratio_on_a_page_does_not_support_the_number_its_digits_run_into(said, page) -> None:
+    # A colon or a slash between digits was dropped with the punctuation: "10:30" was the entity "1030",
+    # and a page's "Route 1030" was its evidence in the graph report.
+    traj = {
+        "steps": [search(0, "the train"), answer(1, said)],
+        "observations": [hits(0, ("d1", "Timetable", page))],
+        "answer": said,
+    }
+    graph = build_graph("When does it leave?", traj)
+    assert not [r for r in graph["relations"] if r["kind"] == "supports"]
+
+
+@pytest.mark.parametrize(
+    ("said", "page"),
+    [
+        ("1,000", "It seats 1000."),
+        ("1000", "It seats 1,000."),
+        ("100000", "It cost 1,00,000 rupees."),
+        ("10:30", "At 10:30."),
+    ],
+)
+def test_a_number_written_with_or_without_digit_group_separators_is_one_entity(said, page) -> None:
+    traj = {
+        "steps": [search(0, "the hall"), answer(1, said)],
+        "observations": [hits(0, ("d1", "Hall", page))],
+        "answer": said,
+    }
+    graph = build_graph("How many seats?", traj)
+    assert [r["source"] for r in graph["relations"] if r["kind"] == "supports"] == ["hall"]
+    assert entity_key("1,234,567") == "1234567" and entity_key("3,14") == "3,14"
