@@ -24,6 +24,7 @@ from collections import Counter
 __all__ = [
     "CJK_CHARS",
     "FUNCTION_WORDS",
+    "THOUSANDS",
     "normalize_answer",
     "normalize_vote_key",
     "strip_answer_label",
@@ -57,7 +58,10 @@ _NUMBER_PUNCTUATION = re.compile(r"(?<=\d)[-.,/:](?=\d)|(?<!\w)[-.](?=\d)|(?<!\w
 # or markup ("#1" is "1", "Room #5" is "Room 5", "# Paris" a Markdown heading). ("+" is a symbol,
 # kept anyway: "C++" is not "C". "%" goes: "5%", "5 %" and "5" answer a percentage question alike.)
 _ATTACHED_SHARP = re.compile(r"(?<=[^\W\d_])#+")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# A digit-group separator: "1,000" is "1000", and so is an Indian "1,00,000" (groups of two before the
+# last three; at most four, as in a lakh crore: unbounded, each comma of a long "12,34,…" read on to its
+# end, quadratic). The entity keys of the information-state graph drop it too.
+THOUSANDS = re.compile(r"(?<=\d),(?=(?:\d\d,){0,4}\d{3}(?!\d))")
 # A range is written with spaces around its dash too ("1914 – 1918"): one answer with "1914–1918",
 # whose votes the spaces split (the spaced dash was a separator, "1914 1918"). A dash with a space
 # before it and none after is not read so: "5 -3" and "10 -20 °C" may be two numbers, the second
@@ -161,7 +165,7 @@ def _is_article(word: str) -> bool:
 def _vote_text(text: str) -> str:
     """Folded text without its punctuation except inside numbers and a "#" after a letter, single-spaced."""
     text = _WORD_HYPHEN.sub("", text)
-    text = _THOUSANDS.sub("", _SPACED_RANGE.sub("-", "".join("-" if is_dash(ch) else ch for ch in text)))
+    text = THOUSANDS.sub("", _SPACED_RANGE.sub("-", "".join("-" if is_dash(ch) else ch for ch in text)))
     kept = {i for rule in (_NUMBER_PUNCTUATION, _ATTACHED_SHARP) for m in rule.finditer(text) for i in range(*m.span())}
     chars = (("" if ch in _WORD_INNER else " ") if i not in kept and _dropped(ch) else ch for i, ch in enumerate(text))
     return " ".join("".join(chars).split())

@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
-from langgraph_parallelmuse.answers import CJK_CHARS, FUNCTION_WORDS, is_dash, normalize_answer
+from langgraph_parallelmuse.answers import CJK_CHARS, FUNCTION_WORDS, THOUSANDS, is_dash, normalize_answer
 from langgraph_parallelmuse.driver import call_key, search_hits
 from langgraph_parallelmuse.protocol import NO_HITS
 from langgraph_parallelmuse.state import Observation, Step, Trajectory
@@ -137,11 +137,8 @@ _POSSESSIVE = re.compile(r"['’]s\b")
 _NEXT_WORD = re.compile(r"\s+(?:\([^()]{0,80}\)\s+)?([\"“]|[^\W_][\w'’-]*)")
 # The punctuation between two digits that the vote key keeps is part of the number: dropped, "7.0%"
 # was "70" (and supported by "70 museums"), "March 2–3" was "march 23", "10:30" was "1030" and "2:1"
-# was "21". Every dash is "-" by then. A digit-group separator is not: "1,000" is "1000", as in the vote
-# key, and so is an Indian "1,00,000" (groups of two before the last three; at most four, as in a
-# lakh crore: unbounded, each comma of a long "12,34,…" read on to its end, quadratic).
+# was "21". Every dash is "-" by then. A digit-group separator is not (THOUSANDS, as in the vote key).
 _NUMBER_MARK = re.compile(r"(?<=\d)([-.,/:\u066b])(?=\d)")
-_THOUSANDS = re.compile(r"(?<=\d),(?=(?:\d\d,){0,4}\d{3}(?!\d))")
 # Chinese, Japanese and Korean text: no spaces set its words apart, so a name in it is no whole word.
 _CJK = re.compile(CJK_CHARS)
 
@@ -224,7 +221,7 @@ def entity_key(name: str) -> str:
     """
     text = _POSSESSIVE.sub("", unicodedata.normalize("NFKC", name)).casefold()
     # Elsewhere a dash goes as the rest of the punctuation does ("Michelson–Morley" is one word).
-    parts = _NUMBER_MARK.split(_THOUSANDS.sub("", "".join("-" if is_dash(ch) else ch for ch in text)))
+    parts = _NUMBER_MARK.split(THOUSANDS.sub("", "".join("-" if is_dash(ch) else ch for ch in text)))
     # The marks at odd places: the text between them keyed, the marks kept as one spelling each.
     return "".join(_key_text(part) if i % 2 == 0 else "." if part == "\u066b" else part for i, part in enumerate(parts))
 

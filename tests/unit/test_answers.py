@@ -44,6 +44,12 @@ def test_a_latin_name_with_and_without_its_accents_is_one_vote(one, other):
     assert normalize_vote_key(one) == normalize_vote_key(other)
 
 
+@pytest.mark.parametrize(("one", "other"), [("1,000", "1000"), ("1,00,000", "100000"), ("2,500,000", "2500000")])
+def test_a_number_with_or_without_its_digit_group_separators_is_one_vote(one, other):
+    """Indian grouping ("1,00,000") kept its first comma ("1,00000"), where the entity keys dropped it."""
+    assert normalize_vote_key(one) == normalize_vote_key(other)
+
+
 @pytest.mark.parametrize(("one", "other"), [("が", "か"), ("हिंदी", "हद"), ("3.5", "35"), ("Αθήνα", "Αθηνα")])
 def test_marks_of_other_scripts_and_number_punctuation_still_tell_answers_apart(one, other):
     assert normalize_vote_key(one) != normalize_vote_key(other)
