@@ -84,6 +84,34 @@ def _token_ids(ids: Any, name: str) -> list[int]:
     return converted
 
 
+class _ServedFuture(RequestFuture):
+    """A request's future that refuses to be waited for on the worker thread that must resolve it.
+
+    Its done-callbacks, and a request's ``on_text``, run on that thread: a wait there never ended,
+    and every request the engine served waited with it.
+    """
+
+    def __init__(self, worker: threading.Thread) -> None:
+        super().__init__()
+        self._worker = worker
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        self._refuse_a_wait_on_the_worker()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._refuse_a_wait_on_the_worker()
+        return super().exception(timeout)
+
+    def _refuse_a_wait_on_the_worker(self) -> None:
+        if not self.done() and threading.current_thread() is self._worker:
+            raise RuntimeError(
+                "an engine result was waited for on the engine's worker thread (in a future's "
+                "done-callback or a request's on_text), which alone can produce it: submit() there "
+                "without waiting, and read the result in a callback of that future"
+            )
+
+
 class InferenceEngine:
     """Owns a causal LM on a worker thread and serves generation requests.
 
@@ -176,6 +204,13 @@ class InferenceEngine:
         ``asyncio.wrap_future``) also stops a request already being decoded (:class:`RequestFuture`).
         Token ids may be any integers (numpy, torch); a copy with plain ``int`` lists is queued.
 
+        The future's done-callbacks run on the engine's worker thread, as a request's ``on_text``
+        does: they hold up every request being decoded while they run, and they may submit but not
+        wait for an engine result (the future's ``result()`` or ``exception()``, or :meth:`generate`,
+        raise ``RuntimeError`` there instead of blocking the worker for good; a
+        ``concurrent.futures.wait`` there still would). ``asyncio.wrap_future`` hands the result to an
+        event loop instead.
+
         Raises:
             InputError: The prompt is empty, a token id is not an integer or is outside the
                 vocabulary, the seed is not an unsigned 64-bit integer, or a sampling setting is out
@@ -183,7 +218,7 @@ class InferenceEngine:
             ContextOverflowError: The prompt fills the model's context window.
         """
         request = self._checked(request)
-        future: Future[GenerationResult] = RequestFuture()
+        future: Future[GenerationResult] = _ServedFuture(self._thread)
         with self._submit_lock:  # a request put after close()'s sentinel would never be served
             if self._closed:
                 raise RuntimeError("engine is closed")
@@ -229,7 +264,12 @@ class InferenceEngine:
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Submit and wait; a wait given up (Ctrl-C) cancels the request, so the worker stops it."""
+        """Submit and wait; a wait given up (Ctrl-C) cancels the request, so the worker stops it.
+
+        Raises:
+            RuntimeError: Called on the engine's worker thread (from a done-callback or an
+                ``on_text``), where the wait would never end; see :meth:`submit`.
+        """
         future = self.submit(request)
         try:
             return future.result()

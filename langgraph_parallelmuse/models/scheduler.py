@@ -30,7 +30,7 @@ from langgraph_parallelmuse.models.prefix_cache import PrefixCache, PrefixMatch
 from langgraph_parallelmuse.models.requests import GenerationRequest, RequestFuture, RequestState
 from langgraph_parallelmuse.models.runner import ModelRunner
 
-__all__ = ["COUNTERS", "Counters", "Scheduler", "release_freed_memory"]
+__all__ = ["COUNTERS", "Counters", "Scheduler", "release_freed_memory", "seeded_generator"]
 
 #: Counter names of :class:`Counters` (``_hits``: requests that reused a prefix).
 COUNTERS = (
@@ -83,6 +83,32 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator whose stream depends on every bit of ``seed`` (an integer in ``[0, 2**64)``).
+
+    torch's ``manual_seed`` seeds a CPU generator's Mersenne Twister from the seed's low 32 bits
+    only (seeds 5 and 5 + 2**32 drew the same samples), so a larger seed sets the twister's state
+    whole: the state Python's ``random`` seeds from all of its bits. Seeds below 2**32 keep the
+    stream ``manual_seed`` gives them.
+
+    Example:
+        >>> draw = lambda seed: torch.rand(2, generator=seeded_generator(seed)).tolist()
+        >>> draw(5) == draw(5), draw(5) == draw(5 + 2**32)
+        (True, False)
+    """
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    if seed >> 32:
+        words = random.Random(seed).getstate()[1][:624]
+        state = generator.get_state()
+        # torch's serialised CPU state: the seed (8 bytes), ``left`` and ``seeded`` (4 each), ``next``
+        # (8), then the 624 words as 8-byte integers. ``left`` = 1, as manual_seed leaves it, makes
+        # the first draw regenerate them, as Python's first draw does.
+        state[24 : 24 + 624 * 8] = torch.tensor(words, dtype=torch.int64).view(torch.uint8)
+        generator.set_state(state)
+    return generator
 
 
 class Counters:
@@ -251,8 +277,7 @@ class Scheduler:
             prompt = list(req.prompt_ids)
             generator = None
             if req.temperature > 0:
-                generator = torch.Generator()
-                generator.manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+                generator = seeded_generator(req.seed if req.seed is not None else random.getrandbits(64))
             return RequestState(
                 req=req,
                 future=fut,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import random
 import threading
 import time
 import warnings
@@ -26,6 +27,7 @@ from langgraph_parallelmuse.models.decoding import Decoder, byte_decoder
 from langgraph_parallelmuse.models.hardware import native_bfloat16, resolve_precision
 from langgraph_parallelmuse.models.requests import RequestFuture, RequestState
 from langgraph_parallelmuse.models.runner import ModelRunner
+from langgraph_parallelmuse.models.scheduler import seeded_generator
 from tests.unit.processes import ctrl_c_after, in_forked_child
 from tests.unit.tiny_model import tiny_llama, tiny_sentencepiece_tokenizer, tiny_tokenizer
 
@@ -171,6 +173,30 @@ def test_sampled_rows_keep_their_own_seed_and_settings_in_a_batch(engine, plain,
         assert result.token_ids == plain.generate(request).token_ids
         assert_matches_teacher(model, prompt, result)
     assert batched[0].token_ids != batched[1].token_ids  # different seeds, different samples
+
+
+def test_seeds_that_differ_only_above_32_bits_draw_different_samples(engine, tokenizer) -> None:
+    # torch's manual_seed kept a CPU generator's low 32 bits: seeds 5, 5 + 2**32 and 5 + 2**63 drew
+    # one sample.
+    def sample(seed: int) -> list[int]:
+        request = greedy(tokenizer, PROMPTS[3], max_new_tokens=16, temperature=1.5, seed=seed, ignore_eos=True)
+        return engine.generate(request).token_ids
+
+    samples = [sample(seed) for seed in (5, 5 + 2**32, 5 + 2**63, 2**64 - 1)]
+    assert len({tuple(s) for s in samples}) == len(samples)
+    assert sample(5 + 2**32) == samples[1]  # a seed still gives one stream
+
+
+def test_a_large_seed_sets_the_twister_python_seeds_from_it_and_a_small_one_keeps_torchs() -> None:
+    # The generator's state is written in torch's serialised layout: a layout torch changed would
+    # give other words than the Mersenne Twister Python's random seeds from the same bits.
+    seed = 5 + 2**40
+    python = random.Random(seed)
+    drawn = torch.empty(8, dtype=torch.int32).random_(generator=seeded_generator(seed)).tolist()
+    assert drawn == [python.getrandbits(32) % 2**31 for _ in range(8)]
+    reference = torch.Generator()
+    reference.manual_seed(5)
+    assert torch.rand(8, generator=seeded_generator(5)).tolist() == torch.rand(8, generator=reference).tolist()
 
 
 def test_a_request_joining_a_running_batch_decodes_as_alone(model, tokenizer, plain) -> None:
@@ -333,6 +359,32 @@ def test_close_cancelling_a_request_whose_callback_submits_again_does_not_deadlo
     assert queued.cancelled()
     with pytest.raises(CancelledError):
         running.result(timeout=30)
+
+
+def test_a_done_callback_that_waits_for_the_engine_is_refused_and_the_engine_goes_on(model, tokenizer) -> None:
+    # Done-callbacks run on the worker, which alone resolves engine futures: a callback calling
+    # generate() (or result() on a future it submitted) waited for itself, and no request was
+    # served again.
+    engine = InferenceEngine(model, tokenizer)
+    request = greedy(tokenizer, PROMPTS[1], max_new_tokens=4)
+    errors = []
+
+    def waits(wait):
+        def callback(future) -> None:
+            try:
+                wait()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+        return callback
+
+    for wait in (lambda: engine.generate(request), lambda: engine.submit(request).result()):
+        first = engine.submit(request)
+        first.add_done_callback(waits(wait))
+        first.result(timeout=30)
+        assert engine.submit(request).result(timeout=30).token_ids == first.result().token_ids
+    assert len(errors) == 2 and all("worker thread" in e for e in errors)
+    engine.close()
 
 
 def test_branches_of_a_new_prompt_compute_it_once(model, tokenizer, plain) -> None:

@@ -197,6 +197,23 @@ def test_rows_leaving_give_back_the_private_rows_they_needed() -> None:
     checked.step()
 
 
+def test_a_long_decode_copies_its_private_row_a_number_of_times_linear_in_its_length() -> None:
+    """The buffer grew by a fixed 64 positions: 2,000 decoded tokens copied it 31 times, 30,495
+    positions in all (15x the tokens, and quadratic in the length); the buffer stays near the row."""
+    batch = BatchKV(num_layers=1, kv_heads=KV_HEADS, head_dim=DIM, dtype=torch.float32)
+    batch.add([[(state(10), 10)]])
+    q, kv = torch.randn(1, HEADS, 1, DIM), torch.randn(1, KV_HEADS, 1, DIM)
+    buffer, copied, steps = batch.keys, 0, 2000
+    for _ in range(steps):
+        batch.attend(0, q, kv, kv)
+        batch.advance()
+        if batch.keys is not buffer:
+            copied += buffer.shape[3]
+            buffer = batch.keys
+    assert copied <= 4 * steps
+    assert batch.keys.shape[3] <= 1.5 * (10 + steps) + kv_batch._GROWTH
+
+
 def test_random_joins_leaves_and_evictions_read_each_position_once_and_hold_at_most_twice_what_they_read(
     monkeypatch,
 ) -> None:
