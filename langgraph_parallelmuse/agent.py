@@ -434,6 +434,30 @@ async def _run_tool(
     return content_text(content, sep="\n"), error, doc_ids
 
 
+# What LangGraph itself keeps in a run's configurable: the checkpoint coordinates, and its
+# internals ("__pregel_*"), which belong to the caller's own run.
+_RUN_KEYS = frozenset({"thread_id", "checkpoint_id", "checkpoint_ns", "checkpoint_map"})
+
+
+def _callers_keys() -> dict[str, Any]:
+    """The caller's own ``configurable`` keys, for the trajectory threads' runs.
+
+    LangGraph drops the caller's whole ``configurable`` from a run given a ``thread_id`` of its own,
+    so a tool reading ``config["configurable"]["user_id"]`` and a configurable model
+    (``configurable_fields``, ``init_chat_model(configurable_fields=...)``) saw none of them in a
+    trajectory, while the reports and the aggregator, in the caller's run, did. Empty outside a run.
+
+    Example:
+        >>> _callers_keys()
+        {}
+    """
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:  # called outside a run (RolloutRunner used on its own)
+        return {}
+    return {k: v for k, v in configurable.items() if k not in _RUN_KEYS and not k.startswith("__")}
+
+
 # The saver of the run a rollout serves (the ParallelMuse graph's own, which LangGraph Server
 # supplies at run time), lent to that graph's runner for the run: a runner given no checkpointer
 # keeps its trajectories there, so they persist where the run's checkpoints do (a server's
@@ -600,9 +624,13 @@ class RolloutRunner:
         return self.checkpointer
 
     def _thread(self, thread_id: str, metadata: dict | None = None, checkpoint_id: str | None = None) -> dict:
-        # A fresh config (not the caller's) keeps this graph out of the parent run's checkpoint
-        # namespace: re-running a subgraph *node* from a checkpoint restarts it (langgraph#8458).
-        configurable: dict[str, Any] = {"thread_id": thread_id, CONFIG_KEY_CHECKPOINTER: self.saver}
+        # Fresh checkpoint coordinates (not the caller's) keep this graph out of the parent run's
+        # checkpoint namespace: re-running a subgraph *node* from a checkpoint restarts it (langgraph#8458).
+        configurable: dict[str, Any] = {
+            **_callers_keys(),
+            "thread_id": thread_id,
+            CONFIG_KEY_CHECKPOINTER: self.saver,
+        }
         if checkpoint_id is not None:
             configurable["checkpoint_id"] = checkpoint_id
         return {"configurable": configurable, "metadata": metadata or {}, "run_name": "parallelmuse.rollout"}

@@ -3,8 +3,10 @@ of an LCEL chain, ``.batch`` over questions, and callbacks / tracing (run names,
 
 Callback handlers (LangSmith's tracer is one) reach every stage and the trajectory subgraph
 ``parallelmuse.rollout``: LangChain hands the parent run's callbacks, tags and metadata to any
-runnable invoked inside it through a context variable, so ``RolloutRunner`` keeps its own fresh
-``configurable`` (own thread ids and checkpointer, langgraph#8458) and still shows up in traces.
+runnable invoked inside it through a context variable, so ``RolloutRunner`` keeps its own checkpoint
+coordinates (own thread ids and checkpointer, langgraph#8458) and still shows up in traces; the
+caller's other ``configurable`` keys (a user id a tool reads, a configurable model's choice) reach
+every trajectory.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from uuid import UUID
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import ConfigurableField, RunnableConfig, RunnableLambda
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
@@ -323,3 +326,37 @@ def test_the_served_studio_graph_routes_every_call_of_a_question_by_one_key(monk
     monkeypatch.delenv("PARALLELMUSE_ROUTING_HEADER")
     plain = module["_chat"]("served-model")._get_request_payload([HumanMessage("q")])
     assert "extra_headers" not in plain
+
+
+async def test_a_tool_reads_the_callers_configurable_inside_every_trajectory():
+    """LangChain's per-request pattern: a tool reads config["configurable"] (a user id, a tenant's key)."""
+    seen = []
+
+    @tool
+    async def search(query: str, config: RunnableConfig) -> str:
+        """Search the web."""
+        seen.append(config["configurable"].get("user_id"))
+        return "Snippets: the Eiffel Tower is in Paris."
+
+    steps = [call_text("search", query="Eiffel Tower"), answer_text("Paris")]
+    model = ScriptedChatModel(responder=research_responder(lambda i, msgs: steps[min(i, 1)]))
+    graph = create_parallelmuse(model, [search], config={"n": 2, "mode": "none"})
+    await graph.ainvoke({"question": "Which city is the Eiffel Tower in?"}, {"configurable": {"user_id": "alice"}})
+    assert seen == ["alice", "alice"]
+
+
+def test_a_configurable_models_choice_reaches_the_agent_steps_too_sync():
+    """A model made configurable (configurable_fields, init_chat_model(configurable_fields=...)) runs as the
+    run's config chose it in every call: the trajectories', not only the reports' and the aggregator's."""
+    chosen = []
+
+    def choice(messages):
+        chosen.append(role_of(messages))
+        return research_responder(lambda i, msgs: answer_text("Rome"))(messages)
+
+    default = ScriptedChatModel(responder=research_responder(lambda i, msgs: answer_text("Paris")))
+    model = default.configurable_fields(responder=ConfigurableField(id="responder"))
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 1, "mode": "none"})
+    out = graph.invoke({"question": "Where is the Colosseum?"}, {"configurable": {"responder": choice}})
+    assert out["trajectories"][0]["answer"] == "Rome"
+    assert set(chosen) == {"agent", "compress", "aggregate"}
