@@ -40,6 +40,8 @@ _NAMES = rf"{_NAME}(?:,\s+{_NAME})*"
 # died has how many congressional districts?"): elsewhere a capital "The" starts a name ("The Hague").
 _THE = r"(?:^The|\bthe)"
 _DETERMINER = r"(?:^(?:The|An?)|\b(?:the|an?))"
+# Prepositions a clause's verb may take ("is based on", "was named for"), besides "in".
+_PREPOSITIONS = "on|at|of|for|from|with|by|to|into|about"
 _PARTICIPLE = r"(?:located|born|found|formed|founded|held|based|situated|headquartered|set|(?:a\s+)?part\s+of)"
 # One step of a relative clause, which ends at a comma, a question mark or a sentence's stop: a word
 # and the spaces after it, another character, or a name and its comma. A comma between two names
@@ -57,13 +59,13 @@ _CLAUSE_STEP = (
 )
 # "the country where …", "a German musician whose …", "the person under whom …": a head noun (up to
 # two words before it) and a relative clause, which runs to the clause's end (_CLAUSE_STEP), or ends
-# after a "located"/"born"-like participle ("the area where X is located became a state"); an "in"
-# after it is the clause's only at its end ("the country X is located in?", not "… located in the city
-# where …").
+# after a "located"/"born"-like participle ("the area where X is located became a state"); a preposition
+# after it is the clause's only at its end ("the country X is located in?", "… is based on?", not "…
+# located in the city where …").
 _RELATIVE = re.compile(
     rf"{_DETERMINER}\s+((?:[\w-]+\s+){{0,2}}?[a-z][\w-]*)\s+"
     r"(?P<pronoun>which|that|who|whom|where|whose|when|(?:in|under|by|for|from|with|on|at|during)\s+(?:which|whom))\s+"
-    rf"(?P<clause>{_CLAUSE_STEP}+?\b(?:is|was|are|were)\s+{_PARTICIPLE}(?:\s+in(?=\s*(?:[,?.]|$)))?\b"
+    rf"(?P<clause>{_CLAUSE_STEP}+?\b(?:is|was|are|were)\s+{_PARTICIPLE}(?:\s+(?:in|{_PREPOSITIONS})(?=\s*(?:[,?.]|$)))?\b"
     rf"|{_CLAUSE_STEP}+)"
 )
 # Characters of a relative phrase, at most: each determiner's phrase is read to its clause's end, so
@@ -83,7 +85,14 @@ _OBJECT_CLAUSE = re.compile(
 # ... or, after "who"/"that", the verb and its object up to a name the question's verb follows ("the
 # actor who starred as Benton Fraser in the series "Due South" have a child with?").
 _FUNCTION_WORDS = "in|on|at|of|for|from|with|by|to|into|as|and|or|the|a|an|during|after|before|since|near|under"
-_STRANDED = re.compile(r"\s+(?:on|at|of|for|from|with|by|to|into|about)\b")
+_STRANDED = re.compile(rf"\s+(?:{_PREPOSITIONS})\b")
+# The question's own verb, before the word that asks (its auxiliaries and a preposition with it): "…
+# | was founded in what year?", "… | has how many …", "… | died when?". A phrase that starts the
+# question, its subject, ends before it.
+_QUESTION_VERB = re.compile(
+    r"(?:\b(?:is|was|are|were|has|had|have|be|been|will|would|can|could|may|might|must|should)\s+)*"
+    rf"\b[a-z][\w-]*(?:\s+(?:in|into|{_PREPOSITIONS}))?\s+(?=(?:what|which|how|who|whom|whose|where|when)\b)"
+)
 _SUBJECT_CLAUSE = re.compile(rf"[a-z][^,?]*?\b{_NAME}[\"”’)]?(?=\s+(?!(?:{_FUNCTION_WORDS})\b)[a-z])")
 # Before a phrase, a word that needs a verb after it: with nothing after the phrase, its clause took
 # the verb ("What amount of TEUs did the location where the 26th Chess Olympiad occur handle in 2010?").
@@ -230,18 +239,22 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
             continue
         pronoun, at = m.group("pronoun"), m.start("clause")
         clause = _own_clause(pronoun, m.group("clause"))
+        if m.start() == 0:  # "The university where Obama studied | was founded in what year?"
+            verb = _QUESTION_VERB.search(question, at)
+            if verb is None or verb.start() <= at:
+                continue
+            clause = clause[: verb.start() - at]
         end = at + len(clause)
-        # A phrase that starts the question is its subject: the question's verb follows it.
         needs = _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start())
-        if (needs or m.start() == 0) and end >= last:
+        if needs and end >= last:
             clause = _shorter_clause(
                 question, clause, at, last, subject=_is_subject(pronoun, clause), copula=needs and needs["copula"]
             )
         clause = clause.rstrip(" ?,")
-        # Cut before a preposition ("that James Woods' character is based | on in the film …"), the
-        # clause goes on: what follows is neither the question's verb nor its phrase ("in the city
-        # where …" after "is located" is).
-        if _STRANDED.match(question, at + len(clause)):
+        # An object clause cut before a preposition ("that James Woods' character is based | on in the
+        # film …") goes on: what follows is not the question's. After "where" it is ("the city where
+        # Mozart was born | at the time of …"), and so is "in the city where …" after "is located".
+        if pronoun in ("that", "which", "who", "whom") and _STRANDED.match(question, at + len(clause)):
             continue
         if _ASKED.search(clause) or (pronoun.endswith(" which") and _WHICH_ASKS.fullmatch(clause)):
             continue

@@ -21,6 +21,17 @@ from langgraph_parallelmuse.segments import Choose, Gen, Lit, Pick
             "the county where Black Hawk Township is located",
             "county",
         ),
+        # After "where" a preposition is the question's again; after "that", at the end, the clause's.
+        (
+            "Who was mayor of the city where Barack Obama was born at the time of his birth?",
+            "the city where Barack Obama was born",
+            "city",
+        ),
+        (
+            "Who founded the company that James Woods' character is based on?",
+            "the company that James Woods' character is based on",
+            "company",
+        ),
         # A possessive inside a relative clause is innermost.
         (
             "How many Publix stores are in the state that borders the east of the state where Hello Love's "
@@ -91,6 +102,19 @@ def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, n
             "The country Dai Jitao is from",
             "Which is the country Dai Jitao is from?",
             "Kansas borders which sea?",
+        ),
+        # The question's verb may be a copula and a participle, as a clause's is.
+        (
+            "The university where Obama studied was founded in what year?",
+            "The university where Obama studied",
+            "Which is the university where Obama studied?",
+            "Kansas was founded in what year?",
+        ),
+        (
+            "The film in which Tom Hanks played Forrest Gump won how many Oscars?",
+            "The film in which Tom Hanks played Forrest Gump",
+            "Which is the film in which Tom Hanks played Forrest Gump?",
+            "Kansas won how many Oscars?",
         ),
     ],
 )
