@@ -133,8 +133,12 @@ _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.:/]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
 # What follows a name, past a short aside ("Brennan's (Scott McGregor) departure"; bounded, as an
-# unclosed "(" made every name of a long answer read to its end): a quoted title or a word.
-_NEXT_WORD = re.compile(r"\s+(?:\([^()]{0,80}\)\s+)?([\"“]|[^\W_][\w'’-]*)")
+# unclosed "(" made every name of a long answer read to its end): a quoted title, a longer aside or a word.
+_NEXT_WORD = re.compile(r"\s+(?:\([^()]{0,80}\)\s+)?([\"“(]|[^\W_][\w'’-]*)")
+# Lower-case words after which a closing "'s" is the name's own ("McDonald's in 1961"): not those that
+# join or go on to what the name owns ("Stephen Fung's and Daniel Wu's company", "Nick Hexum's then
+# fiancée"); a capitalised "The" starts a title the name owns ("Evanescence's The Open Door Tour").
+_OWN_S_BEFORE = FUNCTION_WORDS - {"and", "or", "but", "then"}
 # The punctuation between two digits that the vote key keeps is part of the number: dropped, "7.0%"
 # was "70" (and supported by "70 museums"), "March 2–3" was "march 23", "10:30" was "1030" and "2:1"
 # was "21". Every dash is "-" by then. A digit-group separator is not (THOUSANDS, as in the vote key).
@@ -175,11 +179,11 @@ def named_spans(text: str) -> list[str]:
         if run:
             # The text as written ("U.S. Army" keys as its title does, "us army", not "u s army"), but
             # for a closing possessive before what it owns: the entity of "Garner's role" is Garner, and a
-            # report names it so. At the end of a text or a clause, or before a function word, the "'s" is
-            # the name's own: "McDonald's" was the report's "McDonald".
+            # report names it so. At the end of a text or a clause, or before most function words
+            # (_OWN_S_BEFORE), the "'s" is the name's own: "McDonald's" was the report's "McDonald".
             span = rest[run[0].start() : run[-1].end()].rstrip(".")
             owned = _NEXT_WORD.match(text, run[0].start() + len(span))
-            if owned and owned.group(1).lower() not in FUNCTION_WORDS and _POSSESSIVE.match(span, len(span) - 2):
+            if owned and owned.group(1) not in _OWN_S_BEFORE and _POSSESSIVE.match(span, len(span) - 2):
                 span = span[:-2]
             spans.append(" ".join(span.split()))
         run.clear()

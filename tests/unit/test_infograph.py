@@ -263,7 +263,12 @@ def test_a_visit_that_opened_nothing_is_no_document():
         # An "'s" with nothing it owns after it is the name's own: the report's "McDonald's" read "McDonald".
         ("McDonald's", ["McDonald's"]),
         ("Who founded McDonald's?", ["McDonald's"]),
-        ("McDonald's or Wendy's in 1961", ["McDonald's", "Wendy's", "1961"]),
+        ("They met at McDonald's in 1961.", ["McDonald's", "1961"]),
+        # Before a word that joins or goes on to what the name owns, a title, or a long aside, it is not.
+        ("Stephen Fung's and Daniel Wu's new company", ["Stephen Fung", "Daniel Wu"]),
+        ("Nick Hexum's then fiancée", ["Nick Hexum"]),
+        ("on Evanescence's The Open Door Tour", ["Evanescence", "Open Door Tour"]),
+        ("John Eager Howard's (" + "a" * 90 + ") country estate", ["John Eager Howard"]),
         # A time, a ratio or a date is one number: "10:30" was the spans "10" and "30".
         ("the 10:30 train", ["10:30"]),
         ("born 1950/51 in Genesis 1:3", ["1950/51", "Genesis 1:3"]),
