@@ -330,7 +330,13 @@ async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
             open=False,
             check=AsyncConnectionPool.check_connection,
         )
-        await pool.open(wait=True, timeout=30)
+        try:
+            await pool.open(wait=True, timeout=30)
+        except BaseException:
+            # Cancelled while it waited for its first connection (a PoolTimeout closes it itself), the
+            # pool's scheduler and workers went on running on this loop for its whole life.
+            await pool.close()
+            raise
     except (Error, PoolTimeout) as exc:
         reason = " ".join(str(exc).split())
         opened = isinstance(exc, OperationalError | PoolTimeout)

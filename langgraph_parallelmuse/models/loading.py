@@ -5,9 +5,11 @@ Heavy imports (torch, transformers) happen inside the functions, so importing th
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,24 @@ def _configure_threads() -> None:
     torch.set_num_threads(max(1, cores))
 
 
+@contextlib.contextmanager
+def _gguf_bars_follow_transformers() -> Iterator[None]:
+    """While it runs, transformers' GGUF loader shows its de-quantisation bar only if transformers'
+    progress bars are on: it calls ``tqdm`` itself, which ``disable_progress_bar`` does not reach, so
+    the bar showed anyway (and left tqdm's monitor thread running for the life of the process)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_loader
+    from transformers.utils import logging as hf_logging
+
+    if getattr(gguf_loader, "tqdm", None) is None:  # a release that no longer calls it
+        yield
+        return
+    own, gguf_loader.tqdm = gguf_loader.tqdm, hf_logging.tqdm
+    try:
+        yield
+    finally:
+        gguf_loader.tqdm = own
+
+
 def load_model(model_path: str | None = None, gguf_file: str | None = None, dtype: str = "float32") -> LoadedModel:
     """Load a causal LM and its tokenizer once per process.
 
@@ -142,10 +162,11 @@ def load_model(model_path: str | None = None, gguf_file: str | None = None, dtyp
         hf_logging.disable_progress_bar()
         _configure_threads()
         extra = {"gguf_file": gguf_file} if gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, **extra)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=getattr(torch, dtype), local_files_only=True, **extra
-        )
+        with _gguf_bars_follow_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True, **extra)
+            model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=getattr(torch, dtype), local_files_only=True, **extra
+            )
         model.eval()
         loaded = LoadedModel(model, tokenizer, model_path, gguf_file, name)
         _cache[key] = loaded

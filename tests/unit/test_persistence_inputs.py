@@ -409,3 +409,50 @@ async def test_a_store_the_saver_set_up_is_an_existing_one(tmp_path: Path) -> No
     async with open_checkpointer(db):
         pass
     assert check_db(db, existing=True) == "sqlite"
+
+
+async def test_an_open_cancelled_while_the_pool_waits_for_its_first_connection_leaves_no_task_running(
+    monkeypatch,
+) -> None:
+    # The pool's scheduler and workers went on running on the loop: two tasks per cancelled open,
+    # for the life of a long-lived loop (a server whose client went away while the pool connected).
+    import asyncio
+
+    import psycopg
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    calls = []
+
+    class Plain:
+        async def __aenter__(self) -> Plain:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            pass
+
+    async def connect(*args: object, **kwargs: object) -> Plain:
+        calls.append(args)
+        if len(calls) == 1:  # the set-up's plain connection; the pool's own are refused, and it retries
+            return Plain()
+        raise psycopg.OperationalError("connection refused")
+
+    async def setup(self: object) -> None:
+        pass
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", connect)
+    monkeypatch.setattr(AsyncPostgresSaver, "setup", setup)
+
+    async def use() -> None:
+        async with open_checkpointer("postgresql://app@127.0.0.1:5432/runs"):
+            pass
+
+    task = asyncio.create_task(use())
+    for _ in range(500):  # until the pool has tried its first connection
+        if len(calls) > 1:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(calls) > 1
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
