@@ -108,10 +108,11 @@ def retry_after(exc: BaseException) -> float:
     headers = getattr(getattr(exc, "response", None), "headers", None)
     for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
-            seconds = float(str(_header(headers, name))) / per_second
-            break
-        except ValueError:  # missing ("None") or not a number: the next header, or a date
+            seconds = float(_header(headers, name)) / per_second
+        except (TypeError, ValueError):  # missing or not a number: the next header, or a date
             continue
+        if math.isfinite(seconds):  # a "nan" ms value leaves the seconds to Retry-After
+            break
     else:
         seconds = _seconds_until(_header(headers, "retry-after"))
     return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else 0.0

@@ -32,7 +32,7 @@ def _finite(values: Sequence[float], name: str) -> list[float]:
 
 
 def _check(
-    values: Sequence[float], n_resamples: int, confidence: float, seed: int, *, name: str = "values"
+    values: Sequence[float], n_resamples: int, confidence: float, seed: int | None, *, name: str = "values"
 ) -> list[float]:
     data = _finite(values, name)
     if not data:
@@ -43,8 +43,9 @@ def _check(
         raise ValueError(f"confidence must be in (0, 1), e.g. 0.95, got {confidence}")
     # numpy's generator refuses a negative seed ("expected non-negative integer", naming no argument), where
     # the pure-Python path took it: the same call worked or failed with numpy installed.
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    # None (a bench whose settings left it unset) draws fresh resamples on either path.
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"seed must be a whole number >= 0 or None, got {seed!r}")
     return data
 
 
@@ -57,7 +58,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def _interval(
-    num: list[float], den: list[float], n_resamples: int, confidence: float, seed: int
+    num: list[float], den: list[float], n_resamples: int, confidence: float, seed: int | None
 ) -> tuple[float, float]:
     """Percentile interval of ``sum(num) / sum(den)`` over questions resampled with replacement,
     the same rows for both (a mean is the ratio with ``den`` all 1). A resample whose ``den`` sums
@@ -86,7 +87,7 @@ def bootstrap_ci(
     *,
     n_resamples: int = 2000,
     confidence: float = 0.95,
-    seed: int = 0,
+    seed: int | None = 0,
 ) -> tuple[float, float, float]:
     """Mean of per-question scores with a percentile-bootstrap confidence interval.
 
@@ -94,7 +95,7 @@ def bootstrap_ci(
         values: One score per question (e.g. EM or F1).
         n_resamples: Bootstrap resamples.
         confidence: Interval coverage, in (0, 1).
-        seed: Random seed, >= 0; the same seed and input give the same interval.
+        seed: Random seed, >= 0 (``None``: fresh resamples); the same seed and input give the same interval.
 
     Returns:
         ``(mean, low, high)``.
@@ -132,7 +133,7 @@ def paired_bootstrap_diff(
     *,
     n_resamples: int = 2000,
     confidence: float = 0.95,
-    seed: int = 0,
+    seed: int | None = 0,
 ) -> tuple[float, float, float]:
     """Mean difference ``a - b`` of paired per-question scores, with a bootstrap interval.
 
@@ -183,7 +184,7 @@ def bootstrap_ratio(
     *,
     n_resamples: int = 2000,
     confidence: float = 0.95,
-    seed: int = 0,
+    seed: int | None = 0,
 ) -> tuple[float, float, float]:
     """Ratio of sums ``sum(numerators) / sum(denominators)`` over questions, with a bootstrap interval.
 

@@ -204,5 +204,13 @@ def test_a_seed_numpy_would_refuse_is_refused_by_name_on_either_path(backend, se
         lambda: paired_bootstrap_diff(SCORES, SCORES[::-1], seed=seed),
         lambda: bootstrap_ratio(SCORES, [1] * len(SCORES), seed=seed),
     ):
-        with pytest.raises(ValueError, match=f"seed must be a whole number >= 0, got {seed!r}"):
+        with pytest.raises(ValueError, match=f"seed must be a whole number >= 0 or None, got {seed!r}"):
             call()
+
+
+def test_no_seed_draws_fresh_resamples_as_a_bench_without_one_records(backend):
+    """A bench run with seed=None records it so; its summary (and --report-only) failed on the new check."""
+    mean, low, high = bootstrap_ci([1, 0, 1, 1], seed=None)
+    assert mean == 0.75 and low <= mean <= high
+    diff, low, high = paired_bootstrap_diff([1, 0, 1], [0, 0, 1], seed=None)
+    assert low <= diff <= high

@@ -177,3 +177,15 @@ def test_a_broken_off_reply_is_transient_by_its_class_and_by_its_recorded_name()
     run's recorded "IncompleteReplyError: ..." read as no outage (is_transient_name)."""
     error = IncompleteReplyError("http://127.0.0.1:8000/v1 (model 'm') broke off its reply")
     assert is_transient(error) and is_transient_name(type(error).__name__)
+
+
+def test_an_unreadable_or_non_finite_retry_after_ms_leaves_the_wait_to_retry_after():
+    """A "nan" milliseconds value stopped the reading and asked no wait, where Retry-After asked 7 s."""
+
+    class Limited(Exception):
+        response = httpx.Response(429, headers={"retry-after-ms": "nan", "retry-after": "7"})
+
+    class BytesHeader(Exception):  # a client that keeps header values as bytes
+        response = type("Response", (), {"headers": {"retry-after": b"7"}})()
+
+    assert retry_after(Limited()) == retry_after(BytesHeader()) == 7.0
