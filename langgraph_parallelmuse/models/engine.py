@@ -332,6 +332,9 @@ class InferenceEngine:
                     future.cancel()  # a running one is abandoned: the worker drops it at its next step
             self._queue.put(None)
         self._thread.join()
+        # The process-wide registry (shared_engine) keeps a closed engine until one with its settings
+        # is made again: its cache (up to cache_max_bytes) stayed held by an engine nothing could use.
+        self.clear_cache()
 
 
 _engines: dict[tuple, InferenceEngine] = {}

@@ -289,6 +289,16 @@ def test_an_engine_dropped_without_close_serves_what_it_was_sent_then_stops(mode
     assert not worker.is_alive() and cache() is None
 
 
+def test_a_closed_engine_releases_its_prefix_cache(model, tokenizer) -> None:
+    # shared_engine's registry keeps a closed engine until one with its settings is made again: its
+    # prefix cache (up to cache_max_bytes) stayed held, so close() freed the thread but not the memory.
+    engine = InferenceEngine(model, tokenizer)
+    engine.generate(greedy(tokenizer, PROMPTS[0]))
+    assert engine.stats()["cache_bytes"] > 0
+    engine.close()
+    assert engine.stats()["cache_bytes"] == 0
+
+
 def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokenizer, monkeypatch) -> None:
     # The sync path (LocalChatModel.invoke, a sync chain) waits in generate(): after Ctrl-C the row
     # went on to max_new_tokens, and the exit hook that closes the engine waited for it.
