@@ -125,8 +125,8 @@ _POSSESSIVE = re.compile(
 # Italy entered when?") is the question itself, not a phrase naming an entity; a "when"/"where"
 # inside it opens a nested clause ("the country where the city where X was born is located").
 _ASKED = re.compile(r"\b(?:what|which|who|whom|how)\b|\b(?:when|where)\s*$")
-# "… a second campus in which California city?", "… an appearance by which rapper?": the "which"
-# asks, as a relative one has a subject and a verb after it.
+# "… a second campus in which California city?", "… an appearance by which rapper?", "… the Nile
+# ends borders which sea?": the "which" asks, as a relative one has a subject and a verb after it.
 _WHICH_ASKS = re.compile(
     rf"{_NAME}\s+(?:country|city|town|state|county|province|island|region|district|village|river)|[a-z][\w-]*"
 )
@@ -256,7 +256,7 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
         # Mozart was born | at the time of …"), and so is "in the city where …" after "is located".
         if pronoun in ("that", "which", "who", "whom") and _STRANDED.match(question, at + len(clause)):
             continue
-        if _ASKED.search(clause) or (pronoun.endswith(" which") and _WHICH_ASKS.fullmatch(clause)):
+        if _ASKED.search(clause) or (pronoun.endswith("which") and _WHICH_ASKS.fullmatch(clause)):
             continue
         yield m.start(), question[m.start() : at + len(clause)], m.group(1)
 

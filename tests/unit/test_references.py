@@ -110,6 +110,13 @@ def test_the_innermost_phrase_naming_an_entity_is_the_next_hop(question, span, n
             "Which is the university where Obama studied?",
             "Kansas was founded in what year?",
         ),
+        # "the Nile ends borders which sea" is no phrase: its "which" asks.
+        (
+            "The country where the Nile ends borders which sea?",
+            "The country where the Nile ends",
+            "Which is the country where the Nile ends?",
+            "Kansas borders which sea?",
+        ),
         (
             "The film in which Tom Hanks played Forrest Gump won how many Oscars?",
             "The film in which Tom Hanks played Forrest Gump",
