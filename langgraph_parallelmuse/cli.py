@@ -205,8 +205,12 @@ def _served_name(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def _local_name(args: argparse.Namespace) -> str:
-    """The in-process model a command line loads, as results record it."""
-    return f"{args.model_path or 'embedded'} {_precision(args)}"
+    """The in-process model a command line loads, as results record it: with the precision it computes
+    in, ``auto`` resolved on this machine (recorded as ``auto``, a calibration fitted in bfloat16 gave
+    no warning in float32)."""
+    from langgraph_parallelmuse.models.hardware import resolve_precision
+
+    return f"{args.model_path or 'embedded'} {resolve_precision(_precision(args))}"
 
 
 def _model_identity(args: argparse.Namespace) -> str:
@@ -223,9 +227,15 @@ def _warn_other_model(calibration: str | None, model: str) -> None:
 
     fitted_on = Calibration.load(calibration).model  # checked loadable with the settings
     if fitted_on is not None and fitted_on != model:
+        # Recorded before auto was resolved: float32 or bfloat16, by the machine those runs ran on.
+        unknown = (
+            " (auto, recorded unresolved: bfloat16 if their machine had it natively, else float32)"
+            if fitted_on.endswith(" auto")
+            else ""
+        )
         console.print(
-            f"[yellow]warning:[/] {_shown(calibration)} was fitted on runs of {_shown(repr(fitted_on))}, this "
-            f"run uses {_shown(repr(model))}: its thresholds are that model's perplexities; calibrate on this "
+            f"[yellow]warning:[/] {_shown(calibration)} was fitted on runs of {_shown(repr(fitted_on))}{unknown}, "
+            f"this run uses {_shown(repr(model))}: its thresholds are that model's perplexities; calibrate on this "
             "model's runs (`parallelmuse calibrate`)"
         )
 
@@ -821,7 +831,7 @@ def _refuse_overwriting(flag: str, path: str, inputs: Sequence[tuple[str, str | 
 
 
 def _ask_interrupted(args: argparse.Namespace) -> str:
-    """What a Ctrl-C of ``ask`` leaves, as its last line says (after ``interrupted; ``)."""
+    """What a Ctrl-C of ``ask`` leaves, as its last line says (after ``interrupted (Ctrl-C); ``)."""
     if not args.db:
         return "without --db the run cannot be resumed (start one with --db FILE --run-id NAME to make it resumable)"
     run = "" if args.run_id else " --run-id (the run id printed above)"
@@ -972,7 +982,7 @@ async def _ask_run(graph: Any, resumed: dict | None, run_config: dict, args: arg
 
 
 def _interrupted(state: dict[str, Any], *, args: argparse.Namespace) -> None:
-    """Write the work of a run Ctrl-C stopped to ``--json``, or say why there is none to write.
+    """Write the work of a run Ctrl-C (or SIGTERM) stopped to ``--json``, or say why there is none to write.
 
     With online branching the whole rollout is one graph node, so no trajectory reaches the
     streamed state before every one has ended: a run stopped during it has none to write.
@@ -980,7 +990,7 @@ def _interrupted(state: dict[str, Any], *, args: argparse.Namespace) -> None:
     if not args.json:
         return
     if state.get("trajectories"):
-        _write_partial(state, args=args, why="interrupted (Ctrl-C) before the run finished")
+        _write_partial(state, args=args, why=f"{_stopped_by(args.terminated)} before the run finished")
         return
     why = "no trajectory had finished"
     if (state.get("settings") or {}).get("branching") == "online":
@@ -1654,11 +1664,18 @@ def _terminate_as_interrupt() -> Iterator[list[int]]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _stopped_by(terminated: Sequence[int]) -> str:
+    """What stopped a run (``terminated``: the SIGTERMs :func:`_terminate_as_interrupt` took), as its
+    last line and a partial ``--json`` say: the file named Ctrl-C for a job's time limit too."""
+    return "terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     terminated: list[int] = []
     try:
         with _terminate_as_interrupt() as terminated:
+            args.terminated = terminated  # filled when SIGTERM comes: what the interrupted run writes reads it
             return asyncio.run(args.func(args))
     except ParallelMuseError as exc:
         text = redact(str(exc))
@@ -1667,8 +1684,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         hint = getattr(args, "on_interrupt", "rerun the command")
-        what = "terminated (SIGTERM)" if terminated else "interrupted"
-        console.print(f"{what}; {hint(args) if callable(hint) else hint}", markup=False)
+        console.print(f"{_stopped_by(terminated)}; {hint(args) if callable(hint) else hint}", markup=False)
         return 128 + signal.SIGTERM if terminated else 130
 
 

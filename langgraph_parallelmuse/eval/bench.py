@@ -866,7 +866,20 @@ _SCHEDULING = frozenset({"max_concurrency"})
 
 
 def _compared(settings: dict) -> dict:
-    """A record's settings as they are compared: without the scheduling fields of ``extra``."""
+    """A record's settings as they are compared: without the scheduling fields of ``extra``, and a
+    model recorded with ``auto`` precision (before the CLI recorded the precision it resolves to) as
+    what ``auto`` is on this machine, where such a file most likely ran: it could not be continued.
+
+    Example:
+        >>> from langgraph_parallelmuse.models.hardware import resolve_precision
+        >>> _compared({"model": "embedded auto"})["model"] == f"embedded {resolve_precision('auto')}"
+        True
+    """
+    from langgraph_parallelmuse.models.hardware import resolve_precision
+
+    model = settings.get("model")
+    if isinstance(model, str) and model.endswith(" auto"):
+        settings = {**settings, "model": f"{model.removesuffix(' auto')} {resolve_precision('auto')}"}
     extra = settings.get("extra")
     if not isinstance(extra, dict):
         return settings

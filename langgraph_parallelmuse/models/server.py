@@ -36,6 +36,7 @@ from langgraph_parallelmuse.errors import ConfigError, ProtocolError
 from langgraph_parallelmuse.logprobs import SPLIT_CHAR, piece_bytes
 from langgraph_parallelmuse.loopback import is_loopback, open_url
 from langgraph_parallelmuse.models.routing import routing_key
+from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.retry import current_attempt
 
@@ -829,16 +830,14 @@ class _Client:
             text = _read_by(exc, deadline).decode(errors="replace")
             try:
                 return exc.code, _as_object(json.loads(text))
-            except ValueError:
-                return exc.code, {"error": {"message": text[:500]}}
+            except ValueError:  # an error page (a web server's HTML): its words, not its markup
+                return exc.code, {"error": {"message": re.sub(r"<[^>]*>", " ", text[:5000])}}
 
     def models(self) -> list[str]:
         status, body = self._request("/models")
         if status in (401, 403):  # a hosted API (OpenAI) without a valid key: the URL itself is right
-            sent = "the key sent was refused" if "authorization" in self.headers else "no key was sent"
             raise ServerCheckError(
-                f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: {sent}; set "
-                "OPENAI_API_KEY (or pass api_key=) to a key this server accepts."
+                f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: {self._key}"
             )
         if status != 200 or not isinstance(body.get("data"), list):
             raise ServerCheckError(
@@ -856,13 +855,33 @@ class _Client:
         body = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0, **fields}
         status, reply = self._request("/chat/completions", body)
         if status != 200 or not reply.get("choices"):
-            raise ServerCheckError(
-                f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
-            )
+            raise ServerCheckError(self._failed_chat(status, reply, what, fix))
         # The checks read choices[0] and its logprobs: another shape was a bare KeyError or AttributeError.
         if problem := _choices_problem(reply):
             raise ServerCheckError(f"{self.base}/chat/completions sent a malformed reply{self._checking}: {problem}")
         return reply
+
+    @property
+    def _key(self) -> str:
+        sent = "the key sent was refused" if "authorization" in self.headers else "no key was sent"
+        return f"{sent}; set OPENAI_API_KEY (or pass api_key=) to a key this server accepts."
+
+    def _failed_chat(self, status: int, reply: dict, what: str, fix: str) -> str:
+        """Why a check's chat completion failed. Only a refusal of the request (HTTP 400, or 200 without
+        choices) calls for ``fix``: any status was taken for one, and a server without the endpoint (a
+        static file server: 501) was told to raise vLLM's --max-logprobs."""
+        answered = f"{self.base}/chat/completions answered HTTP {status} ({_message(reply)}){self._checking}"
+        if status in (401, 403):
+            return f"{answered}: {self._key}"
+        if status in (404, 405, 501):
+            return (
+                f"{answered}: is this an OpenAI-compatible server? It lists its models (GET {self.base}/models) but "
+                "has no chat completions endpoint; fix base_url= (--base-url) to a server that has (vLLM, SGLang, "
+                "llama.cpp's server)."
+            )
+        if status >= 500:
+            return f"{answered}: the server failed on the request; read its log."
+        return f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
 
 
 def _read_by(reply: Any, deadline: float) -> bytes:
@@ -904,9 +923,15 @@ def _as_object(body: object) -> dict:
 
 
 def _message(body: dict) -> str:
+    """A reply's error message on one line, cut short: it goes inside a one-line error.
+
+    Example:
+        >>> _message({"error": {"message": "Requested sample logprobs of 32,\\n  which is greater"}})
+        'Requested sample logprobs of 32, which is greater'
+    """
     error = body.get("error")
     text = error.get("message") if isinstance(error, dict) else error or body.get("detail") or body
-    return str(text)[:500]
+    return one_line(text, 300)
 
 
 _PROMPT = [{"role": "user", "content": "Name a city."}]

@@ -487,6 +487,19 @@ async def test_continuing_a_bench_with_a_lower_max_concurrency_proceeds(index, t
         finished_records(out, ITEMS, settings=BenchSettings(**SMALL, extra={"temperature": 0.3}))
 
 
+async def test_a_bench_recorded_with_precision_auto_unresolved_is_continued_as_what_auto_is_here(index, tmp_path):
+    """The CLI now records "embedded bfloat16" where it recorded "embedded auto": a folder begun before
+    was refused ("run with those settings to continue it"), which no command could do."""
+    from langgraph_parallelmuse.models.hardware import resolve_precision
+
+    out = tmp_path / "results.jsonl"
+    await run_bench(_model(), index, ITEMS[:1], BenchSettings(**SMALL, model="embedded auto"), out)
+    here = BenchSettings(**SMALL, model=f"embedded {resolve_precision('auto')}")
+    assert [r["id"] for r in finished_records(out, ITEMS, settings=here)] == ["q1"]
+    with pytest.raises(ConfigError, match="other settings: model"):
+        finished_records(out, ITEMS, settings=BenchSettings(**SMALL, model="embedded float16"))
+
+
 async def test_a_record_that_does_not_record_a_setting_is_not_continued(index, tmp_path):
     # Before: a field missing from an older record was never compared, so a served-model run
     # continued a file of the embedded model's records.

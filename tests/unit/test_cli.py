@@ -129,7 +129,7 @@ def test_ctrl_c_writes_the_finished_trajectories_to_json_and_says_a_run_without_
     argv = ("--n", "4", "--mode", "none", "--max-concurrency", "1", "--json", str(result))
     assert _ask(PARIS, *argv) == 130
     kept = json.loads(result.read_text())
-    assert kept["partial"].startswith("interrupted") and kept.get("answer") is None
+    assert kept["partial"] == "interrupted (Ctrl-C) before the run finished" and kept.get("answer") is None
     assert [t["status"] for t in kept["trajectories"]] == ["answered", "answered"]
     said = _err(capsys)
     assert f"Partial result written to {result}" in said and "without --db the run cannot be resumed" in said, said
@@ -193,6 +193,8 @@ def test_sigterm_takes_ctrl_cs_path_and_keeps_the_finished_trajectories(monkeypa
     assert code == 128 + signal.SIGTERM
     kept = json.loads(result.read_text())
     assert [t["status"] for t in kept["trajectories"]] == ["answered", "answered"]
+    # The file said "interrupted (Ctrl-C)" while the terminal said SIGTERM.
+    assert kept["partial"] == "terminated (SIGTERM) before the run finished"
     assert "terminated (SIGTERM)" in _err(capsys)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler was the run's alone
 
@@ -292,6 +294,32 @@ def test_precision_is_refused_with_a_server_and_means_float32_when_not_given(fak
     local = cli.build_parser().parse_args(["ask", PARIS])
     assert local.precision is None and cli._model_identity(local) == "embedded float32"
     assert cli._run_inputs(local)["--precision"] == "float32"  # as runs stored before recorded it
+
+
+def test_precision_auto_is_recorded_as_the_precision_it_computes_in(fake_cli, tmp_path, monkeypatch, capsys):
+    """``--precision auto`` was recorded "embedded auto": a calibration fitted on a bfloat16 machine's
+    runs gave no warning when used in float32, nor one fitted in float32 on a bfloat16 machine."""
+    from langgraph_parallelmuse.models import hardware
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"amx_bf16"}))  # a CPU with native bfloat16
+    result = tmp_path / "r.json"
+    assert _ask(PARIS, *SMALL, "--precision", "auto", "--json", str(result)) == 0
+    assert json.loads(result.read_text())["model"] == "embedded bfloat16"
+    regions = ("exploration", "reasoning", "all")
+    calibration = tmp_path / "cal.json"
+    auto = cli.build_parser().parse_args(["ask", PARIS, "--precision", "auto"])
+    for fitted_on, warned in (("embedded bfloat16", False), ("embedded float32", True), ("embedded auto", True)):
+        Calibration("nll", 0.8, dict.fromkeys(regions, 2.0), dict.fromkeys(regions, 60), model=fitted_on).save(
+            str(calibration)
+        )
+        capsys.readouterr()
+        cli._warn_other_model(str(calibration), cli._model_identity(auto))
+        said = _err(capsys)
+        assert ("warning:" in said) == warned, (fitted_on, said)
+    # Recorded before auto was resolved: which precision those runs computed in is unknown.
+    assert "'embedded auto' (auto, recorded unresolved" in said and "this run uses 'embedded bfloat16'" in said
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert cli._model_identity(auto) == "embedded float32"
 
 
 def test_a_server_without_logprobs_is_refused_for_a_weighted_vote_without_branching():

@@ -223,6 +223,74 @@ def test_a_server_that_rejects_the_flags_is_named() -> None:
             check_server(f"{fake.url}/v1", "smollm2")
 
 
+# Python's http.server (a static v1/models file served) answers a POST so.
+_STATIC_SERVERS_501 = """<!DOCTYPE HTML>
+<html lang="en">
+    <head>
+        <title>Error response</title>
+    </head>
+    <body>
+        <h1>Error response</h1>
+        <p>Message: Unsupported method ('POST').</p>
+    </body>
+</html>
+"""
+_VLLMS_REFUSAL = {"error": {"message": "Requested sample logprobs of 16, which is greater than max allowed: 5"}}
+
+
+@pytest.mark.parametrize(
+    ("status", "reply", "said", "advice"),
+    [
+        (
+            400,
+            _VLLMS_REFUSAL,
+            "refused logprobs=true, top_logprobs=16 for model 'smollm2': HTTP 400, Requested",
+            "--max-logprobs 16",
+        ),
+        (
+            501,
+            _STATIC_SERVERS_501,
+            "answered HTTP 501 (Error response Error response Message: Unsupported method ('POST').)",
+            "is this an OpenAI-compatible server?",
+        ),
+        (
+            404,
+            {"detail": "Not Found"},
+            "/v1/chat/completions answered HTTP 404 (Not Found)",
+            "no chat completions endpoint",
+        ),
+        (
+            500,
+            {"error": {"message": "CUDA out of\n memory"}},
+            "answered HTTP 500 (CUDA out of memory)",
+            "the server failed on the request; read its log",
+        ),
+        (
+            401,
+            {"error": {"message": "Invalid key"}},
+            "answered HTTP 401 (Invalid key)",
+            "no key was sent; set OPENAI_API_KEY",
+        ),
+    ],
+)
+def test_a_failed_chat_check_names_its_cause_on_one_line_and_only_a_refusal_gets_the_logprobs_fix(
+    status: int, reply: Any, said: str, advice: str
+) -> None:
+    """Any status was taken for a logprobs refusal: a static file server's 501 was told to start vLLM
+    with --max-logprobs, under its whole HTML page."""
+    routes = {
+        "GET /v1/models": lambda _: (200, {"data": [{"id": "smollm2"}]}),
+        "POST /v1/chat/completions": lambda _: (status, reply),
+    }
+    with fake_http(routes) as fake:
+        with pytest.raises(ServerCheckError) as info:
+            check_server(f"{fake.url}/v1", "smollm2")
+    message = str(info.value)
+    assert said in message and advice in message, message
+    assert "\n" not in message and "<" not in message
+    assert ("--max-logprobs" in message) == (status == 400)
+
+
 async def test_requests_reach_the_server_with_header_bound_and_flags() -> None:
     with fake_http(fake_server()) as fake:
         model = llm(f"{fake.url}/v1", routing_header="x-session-id")
