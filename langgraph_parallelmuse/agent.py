@@ -26,6 +26,7 @@ from langgraph.config import get_config
 
 # Kept by LangGraph for langgraph-api: the config key through which a graph lends its saver to subgraphs.
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.errors import GraphInterrupt
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -392,6 +393,9 @@ async def _run_tool(
     A tool reports a failure by raising, by an error ``ToolMessage``, or, returning content and an
     artifact, by ``"error": True`` in the artifact (the web tools, whose failures are also texts the
     agent reads).
+
+    Raises:
+        ConfigError: The tool called LangGraph's ``interrupt()``, which no trajectory can resume from.
     """
     action = step["action"]
     name, args = action.get("name", ""), action.get("arguments", {})
@@ -409,6 +413,15 @@ async def _run_tool(
     try:
         async with deadline:
             result = await with_retries(lambda: by_name[name].ainvoke(call))
+    except GraphInterrupt:
+        # Read as a tool error, the human was never asked. Passed on, it would pause the trajectory's
+        # own graph, which the run cannot resume (LangGraph's ToolNode passes it on to its graph).
+        raise ConfigError(
+            f"tool {name!r} called interrupt(), which a trajectory's tool cannot: the trajectories run in their "
+            "own graphs, which the run cannot resume. Pause the run itself instead, e.g. "
+            "create_parallelmuse(..., checkpointer=saver, interrupt_before=['aggregate']), or ask before or "
+            "after this graph in a node of your app"
+        ) from None
     except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the agent sees the failure and goes on
         # A CancelledError the tool raised itself (a client cancelled inside it) is the tool's failure;
         # it crashed the whole run. This task's own cancellation (cancelling()) still ends the run.
@@ -704,9 +717,9 @@ class RolloutRunner:
                 payload = {**seed, **fresh}
         context = config or _DEFAULT_CONFIG
         # A step is two supersteps (think, act). Inside a parent run this graph inherits the parent's
-        # recursion limit, LangChain's default 25, which ended every trajectory past 12 turns with
-        # GraphRecursionError; max_turns is the bound. (Even, so never equal to that default, which
-        # LangChain's config merge skips as unset.)
+        # recursion limit: a caller's, or LangChain's default 25 a LangChain runnable around the graph
+        # fills in, ended every trajectory past 12 turns with GraphRecursionError; max_turns is the
+        # bound. Set here, it wins: LangGraph's config merge skips only its own default, by its type.
         tc["recursion_limit"] = 2 * context.max_turns + 6
         known: list[str | None] = []
         if on_step is None:

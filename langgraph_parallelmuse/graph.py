@@ -41,6 +41,8 @@ from langgraph_parallelmuse.sync import async_node
 __all__ = ["build_parallelmuse_graph", "create_parallelmuse", "question_from_input", "rollout_runner"]
 
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# A builder's ParallelMuseNodes: create_parallelmuse tells them what only it knows (the pauses, the name).
+_NODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Nodes that call a model directly, not through the rollout subgraph (see build_parallelmuse_graph).
 _INTERNAL_CALLS = frozenset({"compress", "crossover_rollout", "aggregate"})
 
@@ -178,6 +180,26 @@ def _pause_nodes(nodes: str | Sequence[str] | None, argument: str) -> str | list
     return names
 
 
+def _pauses(
+    before: str | Sequence[str] | None, after: str | Sequence[str] | None, *, checkpointer: object
+) -> dict[str, str | list[str] | None]:
+    """``create_parallelmuse``'s pauses as ``StateGraph.compile`` takes them (see :func:`_pause_nodes`).
+
+    Raises:
+        InputError: A pause is no list of node names, or the graph keeps no checkpoints
+            (``checkpointer=False``): nothing would hold the paused run, and every resume researched
+            the question again and paused again.
+    """
+    pauses = {"interrupt_before": _pause_nodes(before, "interrupt_before")}
+    pauses["interrupt_after"] = _pause_nodes(after, "interrupt_after")
+    if checkpointer is False and any(pauses.values()):
+        raise InputError(
+            "interrupt_before/interrupt_after pause a run that resumes from its checkpoints, and checkpointer=False "
+            "keeps none: leave checkpointer out (a checkpointed parent's saver serves) or drop the pauses"
+        )
+    return pauses
+
+
 def build_parallelmuse_graph(
     model: BaseChatModel,
     tools: Sequence[BaseTool | Callable[..., Any]],
@@ -256,6 +278,7 @@ def build_parallelmuse_graph(
     graph.add_edge("crossover_rollout", "aggregate")
     graph.add_edge("aggregate", END)
     _RUNNERS[graph] = runner
+    _NODES[graph] = nodes
     return graph
 
 
@@ -294,13 +317,14 @@ def create_parallelmuse(
             and in memory for a run without one. Use a database saver to resume interrupted runs.
         guided_driver: Settings of the guided step driver used for small local models.
         system_prompt: Replace the agent's system prompt (``{tools}`` is filled in).
-        name: Graph name (shown in traces and Studio).
-        interrupt_before, interrupt_after: Nodes to pause at (needs a checkpointer), as in
-            ``StateGraph.compile``: e.g. ``["aggregate"]`` to read the reports before the pick.
+        name: Graph name (shown in traces and Studio), and the name of the answer message.
+        interrupt_before, interrupt_after: Nodes to pause at, as in ``StateGraph.compile``: e.g.
+            ``["aggregate"]`` to read the reports before the pick; a run resumes from the checkpoints
+            of ``checkpointer`` or of a checkpointed parent (a run with neither fails).
 
     Raises:
         InputError: ``model`` or ``aggregator_model`` is no chat model (a name, ``None``), ``tools``
-            is no list of tools or has none named ``search``.
+            is no list of tools or has none named ``search``, or pauses come with ``checkpointer=False``.
         ConfigError: A setting of ``config`` is invalid.
 
     Returns:
@@ -314,6 +338,7 @@ def create_parallelmuse(
         'Paris'
     """
     _check_models(model, aggregator_model)  # before the default tools load an index for nothing
+    pauses = _pauses(interrupt_before, interrupt_after, checkpointer=checkpointer)
     if tools is None:
         from langgraph_parallelmuse.tools import CorpusIndex, make_corpus_tools
 
@@ -330,9 +355,9 @@ def create_parallelmuse(
         guided_driver=guided_driver,
         system_prompt=system_prompt,
     )
-    pauses = {"interrupt_before": interrupt_before, "interrupt_after": interrupt_after}
-    compiled = graph.compile(checkpointer=checkpointer, name=name, **{k: _pause_nodes(v, k) for k, v in pauses.items()})
+    compiled = graph.compile(checkpointer=checkpointer, name=name, **pauses)
     _RUNNERS[compiled] = _RUNNERS[graph]
+    _NODES[graph].paused, _NODES[graph].name = any(pauses.values()), name
     # Compiled without checkpoints even under a checkpointed parent: its trajectories stay out of the parent's.
     _RUNNERS[graph].borrows = checkpointer is not False
     return compiled

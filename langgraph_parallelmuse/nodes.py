@@ -447,6 +447,10 @@ class ParallelMuseNodes:
         self.aggregator = aggregator
         self.config = config
         self.guided_aggregate = guided_aggregate
+        #: Whether the compiled graph pauses at a node (``create_parallelmuse``'s ``interrupt_before``/``_after``).
+        self.paused = False
+        #: The answer message's name: ``create_parallelmuse``'s ``name``, so two such nodes of one chat differ.
+        self.name = "parallelmuse"
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def guided(self, settings: ParallelMuseConfig) -> bool:
@@ -552,6 +556,14 @@ class ParallelMuseNodes:
         settings = self.settings()
         self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
         configurable = get_config().get("configurable") or {}
+        if self.paused and configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
+            # LangGraph would stop at the pause and return the state so far as if the run had ended
+            # (answer None), with nothing kept to resume from: the trajectories' work was lost.
+            raise ConfigError(
+                "this graph pauses (interrupt_before/interrupt_after) and the run has no checkpointer to resume "
+                "from: pass create_parallelmuse(..., checkpointer=InMemorySaver()) or run it as a node of a "
+                "checkpointed graph, with a thread_id"
+            )
         parent_thread = configurable.get("thread_id")
         # The question, the settings, what else makes a trajectory (the model, the tools, the system
         # prompt, the driver) and, inside an app, the app's nodes around this graph name the run: the
@@ -809,7 +821,8 @@ class ParallelMuseNodes:
         started = time.time()
         settings = self.settings(state["settings"])
         trajectories, reports = state.get("trajectories", []), state.get("reports", [])
-        stats: dict[str, Any] = {"timeline": {"end": time.time()}}
+        # Written again here: a fork after collect that edits only Stage 2's settings (aggregation) runs no collect.
+        stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"end": time.time()}}
         # A failed call falls back to the vote; a setting every call would meet ends the run.
         with carrying(finished_work(state)), routing_scope(state["question"]):
             async with self.limit(settings):
@@ -854,7 +867,7 @@ class ParallelMuseNodes:
             "messages": [
                 AIMessage(
                     text,
-                    name="parallelmuse",
+                    name=self.name,
                     # The question it answers: a parent app's state keeps this message, not ``asked``.
                     response_metadata={"answer_source": choice.source, ANSWERED_KEY: state["question"]},
                 )

@@ -12,6 +12,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langgraph.types import interrupt
 
 from langgraph_parallelmuse.agent import RolloutRunner, close_open_tag
 from langgraph_parallelmuse.config import ParallelMuseConfig
@@ -450,6 +451,19 @@ async def test_a_tool_that_raises_gives_an_error_observation():
     # Counted where the trajectory is made, so the bench's trajectories (no graph node) carry it too.
     assert traj["stats"]["tool_errors"] == 1 and traj["stats"]["invalid_turns"] == 0
     assert "index offline" in traj["stats"]["tool_error_reasons"][0]
+
+
+async def test_a_tool_asking_a_human_with_interrupt_ends_the_run_with_an_error_naming_the_limit():
+    """Before, interrupt() came back as the tool's error text ("GraphInterrupt: ..."), which the model
+    read and went on: the human was never asked."""
+
+    def ask(query):
+        return "Paris" if interrupt({"approve": query}) else "denied"
+
+    runner, model, _ = _runner([call_text("search", query="q"), answer_text("Paris")], search=ask)
+    with pytest.raises(ConfigError, match=r"tool 'search' called interrupt\(\).*interrupt_before"):
+        await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert len(model.calls) == 1  # the model never read it as a failed search
 
 
 async def _hang(query):

@@ -402,6 +402,13 @@ async def test_messages_input_appends_an_ai_message_with_the_answer():
     assert all(p[1].content == QUESTION for p in agent_prompts)
 
 
+async def test_the_answer_message_is_named_after_the_graph():
+    """Always 'parallelmuse' before: two ParallelMuse nodes of one chat could not be told apart."""
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, name="small_model")
+    out = await graph.ainvoke({"messages": [HumanMessage(QUESTION)]})
+    assert out["messages"][-1].name == "small_model" and out["answer"] == "Paris"
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -748,6 +755,42 @@ def test_the_factory_refuses_pauses_that_are_no_node_names():
         _graph({"n": 2, "mode": "none"}, interrupt_after=5)
 
 
+def _research_app(graph, checkpointer=None):
+    builder = StateGraph(MessagesState)
+    builder.add_node("research", graph)
+    builder.add_edge(START, "research")
+    builder.add_edge("research", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+async def test_a_pause_with_no_checkpointer_to_resume_from_is_an_error_not_an_answer_of_none(nested):
+    """Before, the run stopped at the pause and returned answer None, answer_source 'none' and no error:
+    the trajectories and reports were made, then lost with nothing to resume from."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, interrupt_before=["aggregate"])
+    app = _research_app(graph) if nested else graph  # nested: a parent app without a checkpointer
+    with pytest.raises(ConfigError, match="no checkpointer to resume from"):
+        await app.ainvoke({"messages": [HumanMessage(QUESTION)]})
+    assert model.calls == []  # refused before any trajectory ran
+
+
+def test_pauses_on_a_graph_compiled_without_checkpoints_are_refused_when_it_is_built():
+    """Before, under a checkpointed parent every resume researched the question again and paused again."""
+    with pytest.raises(InputError, match="checkpointer=False"):
+        _graph({"n": 2, "mode": "none"}, interrupt_after=["collect"], checkpointer=False)
+    _graph({"n": 2, "mode": "none"}, checkpointer=False)  # without pauses it is a graph as before
+
+
+async def test_a_paused_graph_under_a_checkpointed_parent_resumes_to_its_answer():
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, interrupt_before=["aggregate"])
+    app = _research_app(graph, InMemorySaver())
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "chat"}}
+    await app.ainvoke({"messages": [HumanMessage(QUESTION)]}, cfg)
+    assert (await app.aget_state(cfg)).next == ("research",)
+    assert (await app.ainvoke(None, cfg))["messages"][-1].content == "Paris"
+    assert _roles(model)["aggregate"] == 1
+
+
 class _EngineModel(ScriptedChatModel):
     """A model with in-process engine counters (requests served), like LocalChatModel."""
 
@@ -994,6 +1037,21 @@ async def test_a_fork_editing_only_settings_no_trajectory_depends_on_keeps_the_f
     assert Counter(role_of(c["messages"]) for c in model.calls[calls:]) == stage2
     assert [t["thread_id"] for t in forked["trajectories"]] == [t["thread_id"] for t in first["trajectories"]]
     assert forked["answer"] == "Paris"
+
+
+async def test_a_fork_after_collect_editing_the_aggregation_records_the_settings_it_ran_with():
+    """Only collect wrote stats['config']: a fork from after it aggregated by majority while its
+    stats said aggregation='parallelmuse'."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "fork-after-collect"}}
+    await graph.ainvoke({"question": QUESTION}, thread)
+    (collected,) = [s async for s in graph.aget_state_history(thread) if s.next and s.next[0] == "compress"]
+    settings = {**collected.values["settings"], "aggregation": "majority"}
+    fork = await graph.aupdate_state(collected.config, {"settings": settings}, as_node="collect")
+    calls = len(model.calls)
+    forked = await graph.ainvoke(None, fork)
+    assert forked["answer_source"] == "majority" and len(model.calls) == calls  # no report, no aggregator
+    assert forked["stats"]["config"]["aggregation"] == "majority"
 
 
 async def test_a_run_resumed_after_a_stop_runs_none_of_its_finished_trajectories_again():
