@@ -90,8 +90,9 @@ _STRANDED = re.compile(rf"\s+(?:{_PREPOSITIONS})\b")
 # | was founded in what year?", "… | has how many …", "… | died when?". A phrase that starts the
 # question, its subject, ends before it.
 _QUESTION_VERB = re.compile(
-    r"(?:\b(?:is|was|are|were|has|had|have|be|been|will|would|can|could|may|might|must|should)\s+)*"
-    rf"\b[a-z][\w-]*(?:\s+(?:in|into|{_PREPOSITIONS}))?\s+(?=(?:what|which|how|who|whom|whose|where|when)\b)"
+    r"(?:\b(?:is|was|are|were|has|had|have|be|been|will|would|can|could|may|might|must|should)\s+){0,3}"
+    rf"\b[a-z][\w-]*(?:\s+(?:an?|the)\s+[\w-]+)?(?:\s+(?:in|into|{_PREPOSITIONS}))?"
+    r"\s+(?=(?:what|which|how|who|whom|whose)\b|(?:when|where)\s*\??\s*$)"
 )
 _SUBJECT_CLAUSE = re.compile(rf"[a-z][^,?]*?\b{_NAME}[\"”’)]?(?=\s+(?!(?:{_FUNCTION_WORDS})\b)[a-z])")
 # Before a phrase, a word that needs a verb after it: with nothing after the phrase, its clause took
@@ -239,14 +240,15 @@ def _relatives(question: str) -> Iterator[tuple[int, str, str]]:
             continue
         pronoun, at = m.group("pronoun"), m.start("clause")
         clause = _own_clause(pronoun, m.group("clause"))
-        if m.start() == 0:  # "The university where Obama studied | was founded in what year?"
-            verb = _QUESTION_VERB.search(question, at)
-            if verb is None or verb.start() <= at:
-                continue
+        verb = _QUESTION_VERB.search(question, at) if m.start() == 0 else None
+        if verb is not None and verb.start() <= at:
+            continue
+        if verb is not None:  # "The university where Obama studied | was founded in what year?"
             clause = clause[: verb.start() - at]
         end = at + len(clause)
         needs = _NEEDS_VERB.search(question, max(m.start() - _WINDOW, 0), m.start())
-        if needs and end >= last:
+        # A phrase that starts the question with no asking word after its verb is its subject still.
+        if (needs or (m.start() == 0 and verb is None)) and end >= last:
             clause = _shorter_clause(
                 question, clause, at, last, subject=_is_subject(pronoun, clause), copula=needs and needs["copula"]
             )
