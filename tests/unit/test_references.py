@@ -474,4 +474,3 @@ def test_evidence_is_cut_at_a_word_boundary():
     read = {"step": 0, "name": "visit", "arguments": {}, "content": "Journal of Psychotherapy", "error": False}
     ctx = StepContext("q", [], [{**read, "seconds": 0.0, "doc_ids": ["j"]}], 1, False, 64)
     assert GuidedDriver(evidence_chars=14).evidence(ctx) == "Journal of"
-
