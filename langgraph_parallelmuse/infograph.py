@@ -133,12 +133,16 @@ _NAME_BREAK = re.compile(r"[,;:()\[\]?!]")  # between two words, it ends a name
 _NUMBER = re.compile(r"\d[\d,.:/]*$")
 _POSSESSIVE = re.compile(r"['’]s\b")
 # What follows a name, past a short aside ("Brennan's (Scott McGregor) departure"; bounded, as an
-# unclosed "(" made every name of a long answer read to its end): a quoted title, a longer aside or a word.
-_NEXT_WORD = re.compile(r"\s+(?:\([^()]{0,80}\)\s+)?([\"“(]|[^\W_][\w'’-]*)")
-# Lower-case words after which a closing "'s" is the name's own ("McDonald's in 1961"): not those that
-# join or go on to what the name owns ("Stephen Fung's and Daniel Wu's company", "Nick Hexum's then
-# fiancée"); a capitalised "The" starts a title the name owns ("Evanescence's The Open Door Tour").
-_OWN_S_BEFORE = FUNCTION_WORDS - {"and", "or", "but", "then"}
+# unclosed "(" made every name of a long answer read to its end): a quoted title, an aside that does
+# not close within that bound, or a word.
+_NEXT_WORD = re.compile(r"\s+(?:\([^()]{0,80}\)\s+)?([\"“]|\((?![^()]{0,80}\))|[^\W_][\w'’-]*)")
+# Words after which a closing "'s" is the name's own ("McDonald's in 1961", "That's My Baby"), but
+# "then" ("Nick Hexum's then fiancée"); a capitalised "The" starts a title the name owns
+# ("Evanescence's The Open Door Tour").
+_OWN_S_BEFORE = FUNCTION_WORDS - {"then"}
+# After "and"/"or" the next name's "'s" tells: "Stephen Fung's and Daniel Wu's new company" own it,
+# "Domino's and Papa John's were" and "Frankie & Benny's and Chiquito" do not.
+_NEXT_POSSESSIVE = re.compile(r"\s+(?:[^\W\d_][\w.&-]*\s+){0,4}?[^\W\d_][\w.&-]*['’]s\b")
 # The punctuation between two digits that the vote key keeps is part of the number: dropped, "7.0%"
 # was "70" (and supported by "70 museums"), "March 2–3" was "march 23", "10:30" was "1030" and "2:1"
 # was "21". Every dash is "-" by then. A digit-group separator is not (THOUSANDS, as in the vote key).
@@ -182,8 +186,7 @@ def named_spans(text: str) -> list[str]:
             # report names it so. At the end of a text or a clause, or before most function words
             # (_OWN_S_BEFORE), the "'s" is the name's own: "McDonald's" was the report's "McDonald".
             span = rest[run[0].start() : run[-1].end()].rstrip(".")
-            owned = _NEXT_WORD.match(text, run[0].start() + len(span))
-            if owned and owned.group(1) not in _OWN_S_BEFORE and _POSSESSIVE.match(span, len(span) - 2):
+            if _POSSESSIVE.match(span, len(span) - 2) and _owns_what_follows(text, run[0].start() + len(span)):
                 span = span[:-2]
             spans.append(" ".join(span.split()))
         run.clear()
@@ -200,6 +203,19 @@ def named_spans(text: str) -> list[str]:
             spans.append(word.rstrip(".,"))
     close()
     return list(dict.fromkeys(s for s in spans if entity_key(s)))
+
+
+def _owns_what_follows(text: str, at: int) -> bool:
+    """Whether the name whose "'s" ends at ``at`` of ``text`` owns what follows it (see _OWN_S_BEFORE)."""
+    follows = _NEXT_WORD.match(text, at)
+    if follows is None:
+        return False
+    word = follows.group(1)
+    if word in ("and", "or"):  # one name further, not on down a list
+        other = _NEXT_POSSESSIVE.match(text, follows.end())
+        follows = _NEXT_WORD.match(text, other.end()) if other else None
+        word = follows.group(1) if follows else "and"
+    return word == "The" or word.lower() not in _OWN_S_BEFORE
 
 
 def entity_key(name: str) -> str:

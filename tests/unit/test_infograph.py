@@ -269,6 +269,11 @@ def test_a_visit_that_opened_nothing_is_no_document():
         ("Nick Hexum's then fiancée", ["Nick Hexum"]),
         ("on Evanescence's The Open Door Tour", ["Evanescence", "Open Door Tour"]),
         ("John Eager Howard's (" + "a" * 90 + ") country estate", ["John Eager Howard"]),
+        # After "and"/"or" the next name's "'s" tells; a short aside or "My" is no owned word.
+        ("Domino's and Papa John's were sold", ["Domino's", "Papa John's"]),
+        ("Frankie & Benny's and Chiquito", ["Frankie & Benny's", "Chiquito"]),
+        ("Gino's (which is exclusive to West Virginia), and", ["Gino's", "West Virginia"]),
+        ("Yes Sir, That's My Baby", ["Sir", "That's", "Baby"]),
         # A time, a ratio or a date is one number: "10:30" was the spans "10" and "30".
         ("the 10:30 train", ["10:30"]),
         ("born 1950/51 in Genesis 1:3", ["1950/51", "Genesis 1:3"]),
