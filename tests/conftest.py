@@ -9,6 +9,6 @@ with contextlib.suppress(ImportError):  # hypothesis is a test extra: only the p
 
     # The same examples on every run: a property test that drew new random ones failed CI on a case
     # no change had made (a label before "_" after a combining mark). A failure found here is added
-    # as an @example; random exploration is for a developer's own runs (--hypothesis-seed).
+    # as an @example; random exploration is for a developer's own runs (--hypothesis-profile=default).
     settings.register_profile("deterministic", derandomize=True)
     settings.load_profile("deterministic")

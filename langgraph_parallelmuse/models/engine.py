@@ -96,15 +96,17 @@ class _ServedFuture(RequestFuture):
         self._worker = worker
 
     def result(self, timeout: float | None = None) -> GenerationResult:
-        self._refuse_a_wait_on_the_worker()
+        self._refuse_a_wait_on_the_worker(timeout)
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._refuse_a_wait_on_the_worker()
+        self._refuse_a_wait_on_the_worker(timeout)
         return super().exception(timeout)
 
-    def _refuse_a_wait_on_the_worker(self) -> None:
-        if not self.done() and threading.current_thread() is self._worker:
+    def _refuse_a_wait_on_the_worker(self, timeout: float | None) -> None:
+        # A poll (timeout 0) waits for nothing: it gets its TimeoutError, as anywhere.
+        waits = timeout is None or timeout > 0
+        if waits and not self.done() and threading.current_thread() is self._worker:
             raise RuntimeError(
                 "an engine result was waited for on the engine's worker thread (in a future's "
                 "done-callback or a request's on_text), which alone can produce it: submit() there "

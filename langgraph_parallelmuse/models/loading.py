@@ -101,10 +101,13 @@ def _gguf_bars_follow_transformers() -> Iterator[None]:
     """While it runs, transformers' GGUF loader shows its de-quantisation bar only if transformers'
     progress bars are on: it calls ``tqdm`` itself, which ``disable_progress_bar`` does not reach, so
     the bar showed anyway (and left tqdm's monitor thread running for the life of the process)."""
-    from transformers import modeling_gguf_pytorch_utils as gguf_loader
     from transformers.utils import logging as hf_logging
 
-    if getattr(gguf_loader, "tqdm", None) is None:  # a release that no longer calls it
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_loader
+    except ImportError:  # a release that moved it: every load, GGUF or not, failed here
+        gguf_loader = None
+    if getattr(gguf_loader, "tqdm", None) is None:  # or one that no longer calls it
         yield
         return
     own, gguf_loader.tqdm = gguf_loader.tqdm, hf_logging.tqdm

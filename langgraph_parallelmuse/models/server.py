@@ -867,21 +867,27 @@ class _Client:
         return f"{sent}; set OPENAI_API_KEY (or pass api_key=) to a key this server accepts."
 
     def _failed_chat(self, status: int, reply: dict, what: str, fix: str) -> str:
-        """Why a check's chat completion failed. Only a refusal of the request (HTTP 400, or 200 without
-        choices) calls for ``fix``: any status was taken for one, and a server without the endpoint (a
-        static file server: 501) was told to raise vLLM's --max-logprobs."""
-        answered = f"{self.base}/chat/completions answered HTTP {status} ({_message(reply)}){self._checking}"
+        """Why a check's chat completion failed. Only a refusal of the request's fields (HTTP 400 or 422,
+        or 200 without choices) calls for ``fix``: any status was taken for one, and a server without
+        the endpoint (a static file server: 501) was told to raise vLLM's --max-logprobs."""
+        said = _message(reply)
+        answered = f"{self.base}/chat/completions answered HTTP {status} ({said}){self._checking}"
         if status in (401, 403):
             return f"{answered}: {self._key}"
-        if status in (404, 405, 501):
+        # A 404 of the API's own (OpenAI's "The model ... does not exist") is about the model, not the route.
+        if status in (405, 501) or (status == 404 and said.lower().strip(" .") in ("not found", "404 not found")):
             return (
                 f"{answered}: is this an OpenAI-compatible server? It lists its models (GET {self.base}/models) but "
                 "has no chat completions endpoint; fix base_url= (--base-url) to a server that has (vLLM, SGLang, "
                 "llama.cpp's server)."
             )
+        if status == 429:
+            return f"{answered}: rate-limited or over the account's quota; wait, or check the quota."
         if status >= 500:
             return f"{answered}: the server failed on the request; read its log."
-        return f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {_message(reply)}. {fix}"
+        if status in (200, 400, 422):
+            return f"{self.base} refused {what} for model {self.model!r}: HTTP {status}, {said}. {fix}"
+        return f"{answered}: check the model name (--model) and base_url= (--base-url)."
 
 
 def _read_by(reply: Any, deadline: float) -> bytes:

@@ -394,6 +394,18 @@ def test_a_done_callback_that_waits_for_the_engine_is_refused_and_the_engine_goe
         first.result(timeout=30)
         assert engine.submit(request).result(timeout=30).token_ids == first.result().token_ids
     assert len(errors) == 2 and all("worker thread" in e for e in errors)
+    polled = []  # a poll waits for nothing: "not yet", as anywhere (the first refusal raised here too)
+
+    def polls(future) -> None:
+        try:
+            engine.submit(request).result(timeout=0)
+        except TimeoutError:
+            polled.append("not yet")
+
+    first = engine.submit(request)
+    first.add_done_callback(polls)
+    first.result(timeout=30)
+    assert polled == ["not yet"]
     engine.close()
 
 

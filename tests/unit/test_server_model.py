@@ -259,6 +259,18 @@ _VLLMS_REFUSAL = {"error": {"message": "Requested sample logprobs of 16, which i
             "/v1/chat/completions answered HTTP 404 (Not Found)",
             "no chat completions endpoint",
         ),
+        (  # the API's own 404 is about the model, not the route
+            404,
+            {"error": {"message": "The model `smollm2` does not exist or you do not have access to it."}},
+            "answered HTTP 404 (The model `smollm2` does not exist",
+            "check the model name (--model)",
+        ),
+        (
+            429,
+            {"error": {"message": "You exceeded your current quota"}},
+            "answered HTTP 429 (You exceeded your current quota)",
+            "rate-limited or over the account's quota",
+        ),
         (
             500,
             {"error": {"message": "CUDA out of\n memory"}},
