@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import sqlite3
@@ -25,7 +26,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.redact import redact, secrets_of
 
-__all__ = ["adelete_thread_with_trajectories", "check_db", "open_checkpointer"]
+__all__ = ["adelete_runs", "adelete_thread_with_trajectories", "check_db", "open_checkpointer"]
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _POSTGRES_SCHEMES = ("postgresql", "postgres")  # the two libpq accepts, lower case only
@@ -287,7 +288,8 @@ async def _sqlite_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
 
     async with contextlib.AsyncExitStack() as stack:
         try:  # only the opening and the set-up: errors of the run itself pass unchanged
-            saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(Path(target).expanduser())))
+            opening = _with_run_deletes(AsyncSqliteSaver).from_conn_string(str(Path(target).expanduser()))
+            saver = await stack.enter_async_context(opening)
             # Now, not at the first read (after the model loaded), so a store it cannot write fails here.
             await saver.setup()
         except sqlite3.Error as exc:
@@ -347,9 +349,74 @@ async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
             "tables there"
         ) from exc
     try:
-        yield AsyncPostgresSaver(pool)
+        yield _with_run_deletes(AsyncPostgresSaver)(pool)
     finally:
         await pool.close()
+
+
+@functools.cache
+def _with_run_deletes(saver_type: type[BaseCheckpointSaver]) -> type[BaseCheckpointSaver]:
+    """``saver_type`` with ``adelete_for_runs`` (:func:`adelete_runs`), under the same name.
+
+    LangGraph Server calls it to undo a run that ``multitask_strategy="rollback"`` replaces, and
+    LangGraph's SQLite and Postgres savers lack it: the second run's request failed and the server
+    ran nothing more until restarted (``langgraph dev --config langgraph.postgres.json``). The server
+    looks for the method on the saver's type, so it is a subclass's, not an instance's.
+    """
+
+    async def adelete_for_runs(self: BaseCheckpointSaver, run_ids: Sequence[str]) -> None:
+        await adelete_runs(self, run_ids)
+
+    return type(saver_type.__name__, (saver_type,), {"adelete_for_runs": adelete_for_runs, "__module__": __name__})
+
+
+async def adelete_runs(saver: BaseCheckpointSaver, run_ids: Sequence[str]) -> None:
+    """Delete the checkpoints (and their pending writes) that the runs ``run_ids`` made, on every thread.
+
+    LangGraph Server records each checkpoint's run in its metadata (``run_id``), the trajectory
+    threads' too, which carry the caller's configurable keys. A rolled-back run's checkpoints are the
+    newest of their threads, so what stays is a thread's history as it was before that run (the
+    Postgres saver's channel values, shared between checkpoints, are left). Works on LangGraph's
+    ``AsyncSqliteSaver`` and ``AsyncPostgresSaver``.
+
+    Raises:
+        ConfigError: The saver is of another kind.
+
+    Example:
+        >>> import asyncio, os, tempfile
+        >>> async def rolled_back(path):
+        ...     async with open_checkpointer(path) as saver:
+        ...         await saver.adelete_for_runs(["run-1"])
+        >>> asyncio.run(rolled_back(os.path.join(tempfile.mkdtemp(), "runs.sqlite")))
+    """
+    ids = [str(run) for run in run_ids]
+    saver = unwrapped(saver)
+    kinds = {c.__name__ for c in type(saver).__mro__}
+    if not ids:
+        return
+    if "AsyncSqliteSaver" in kinds:
+        run, marks = "json_extract(CAST(metadata AS TEXT), '$.run_id')", ",".join("?" * len(ids))
+        made = f"SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints WHERE {run} IN ({marks})"
+        await saver.setup()
+        async with saver.lock:
+            await saver.conn.execute(
+                f"DELETE FROM writes WHERE (thread_id, checkpoint_ns, checkpoint_id) IN ({made})", ids
+            )
+            await saver.conn.execute(f"DELETE FROM checkpoints WHERE {run} IN ({marks})", ids)
+            await saver.conn.commit()
+    elif "AsyncPostgresSaver" in kinds:
+        async with saver._cursor() as cursor:
+            await cursor.execute(
+                "DELETE FROM checkpoint_writes w USING checkpoints c WHERE c.metadata->>'run_id' = ANY(%s) AND "
+                "w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id",
+                (ids,),
+            )
+            await cursor.execute("DELETE FROM checkpoints WHERE metadata->>'run_id' = ANY(%s)", (ids,))
+    else:
+        raise ConfigError(
+            f"cannot delete the checkpoints of runs from a {type(saver).__name__}: this works on LangGraph's "
+            "AsyncSqliteSaver and AsyncPostgresSaver (open_checkpointer's)"
+        )
 
 
 async def adelete_thread_with_trajectories(saver: BaseCheckpointSaver, thread_id: str) -> list[str]:

@@ -91,3 +91,30 @@ async def test_deleting_a_thread_deletes_its_trajectory_threads_and_no_other(pos
             (count,) = conn.execute(f"select count(*) from {table} where thread_id like 'chat\\_1:%'").fetchone()
             (kept,) = conn.execute(f"select count(*) from {table} where thread_id like 'chat\\_1:notes%'").fetchone()
             assert count == kept > 0, table
+
+
+async def test_a_run_rolled_back_by_langgraph_server_leaves_the_thread_as_it_was_before_it(postgres) -> None:
+    """LangGraph Server's multitask_strategy="rollback" calls adelete_for_runs, which AsyncPostgresSaver
+    lacks: the server's next request failed and it ran nothing more until restarted."""
+    from langgraph.graph import START, StateGraph
+
+    from langgraph_parallelmuse.persistence import open_checkpointer
+
+    builder = StateGraph(Tally)
+    builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
+    builder.add_edge(START, "note")
+    thread = {"configurable": {"thread_id": "rolled-back"}}
+    async with open_checkpointer(postgres.url) as saver:
+        graph = builder.compile(checkpointer=saver)
+        for run in ("run-a", "run-b"):
+            await graph.ainvoke({"seen": []}, {"configurable": {**thread["configurable"], "run_id": run}})
+        await saver.adelete_for_runs(["run-b"])
+        state = await graph.aget_state(thread)
+        left = [s async for s in graph.aget_state_history(thread)]
+    with psycopg.connect(postgres.url) as conn:
+        (writes,) = conn.execute(
+            "select count(*) from checkpoint_writes w where w.thread_id = 'rolled-back' and not exists "
+            "(select 1 from checkpoints c where c.checkpoint_id = w.checkpoint_id)"
+        ).fetchone()
+    assert state.values == {"seen": ["call 0"]}
+    assert {s.metadata.get("run_id") for s in left} == {"run-a"} and writes == 0

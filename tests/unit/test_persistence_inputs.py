@@ -7,6 +7,7 @@ that a refused connection becomes a ConfigError naming the (redacted) URL.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Annotated, TypedDict
 
 import pytest
 
@@ -456,3 +458,30 @@ async def test_an_open_cancelled_while_the_pool_waits_for_its_first_connection_l
         await task
     assert len(calls) > 1
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+
+class _Tally(TypedDict):
+    seen: Annotated[list[str], operator.add]
+
+
+async def test_a_run_rolled_back_by_langgraph_server_leaves_the_thread_as_it_was_before_it(tmp_path: Path) -> None:
+    """LangGraph Server undoes a run multitask_strategy="rollback" replaces with the saver's adelete_for_runs,
+    which LangGraph's SQLite and Postgres savers lack: the second run's request failed and the server ran
+    nothing more until restarted (langgraph dev --config langgraph.postgres.json)."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.graph import START, StateGraph
+
+    builder = StateGraph(_Tally)
+    builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
+    builder.add_edge(START, "note")
+    async with open_checkpointer(tmp_path / "runs.sqlite") as saver:
+        assert type(saver).adelete_for_runs is not BaseCheckpointSaver.adelete_for_runs  # the server looks there
+        graph = builder.compile(checkpointer=saver)
+        for run in ("run-a", "run-b"):  # the server records each checkpoint's run in its metadata
+            await graph.ainvoke({"seen": []}, {"configurable": {"thread_id": "t", "run_id": run}})
+        history = [s async for s in graph.aget_state_history({"configurable": {"thread_id": "t"}})]
+        await saver.adelete_for_runs(["run-b"])
+        state = await graph.aget_state({"configurable": {"thread_id": "t"}})
+        left = [s async for s in graph.aget_state_history({"configurable": {"thread_id": "t"}})]
+    assert state.values == {"seen": ["call 0"]}
+    assert {s.metadata.get("run_id") for s in left} == {"run-a"} and len(left) < len(history)
