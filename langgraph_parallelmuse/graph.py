@@ -18,6 +18,7 @@ has a sync form (:mod:`~langgraph_parallelmuse.sync`) so ``invoke``/``batch``/``
 from __future__ import annotations
 
 import inspect
+import re
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -357,7 +358,10 @@ def create_parallelmuse(
     )
     compiled = graph.compile(checkpointer=checkpointer, name=name, **pauses)
     _RUNNERS[compiled] = _RUNNERS[graph]
-    _NODES[graph].paused, _NODES[graph].name = any(pauses.values()), name
+    # As a message's name the graph's goes to the next model call's API, whose names are ASCII letters,
+    # digits, "_" and "-", at most 64 (OpenAI refuses "Research agent").
+    _NODES[graph].paused = any(pauses.values())
+    _NODES[graph].name = re.sub(r"[^A-Za-z0-9_-]+", "_", name)[:64] or "parallelmuse"
     # Compiled without checkpoints even under a checkpointed parent: its trajectories stay out of the parent's.
     _RUNNERS[graph].borrows = checkpointer is not False
     return compiled

@@ -407,6 +407,10 @@ async def test_the_answer_message_is_named_after_the_graph():
     graph, _, _ = _graph({"n": 2, "mode": "none"}, name="small_model")
     out = await graph.ainvoke({"messages": [HumanMessage(QUESTION)]})
     assert out["messages"][-1].name == "small_model" and out["answer"] == "Paris"
+    # Sent on as a message name, it must be one an API takes (OpenAI: letters, digits, "_" and "-").
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, name="Research agent (small)")
+    out = await graph.ainvoke({"messages": [HumanMessage(QUESTION)]})
+    assert out["messages"][-1].name == "Research_agent_small_"
 
 
 @pytest.mark.parametrize(
