@@ -37,13 +37,20 @@ class Tally(TypedDict):
     seen: Annotated[list[str], operator.add]
 
 
-async def test_graph_state_survives_a_new_saver(postgres) -> None:
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+def _tally():
+    """A graph whose one node notes how many times it ran on the thread before."""
     from langgraph.graph import START, StateGraph
 
     builder = StateGraph(Tally)
     builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
     builder.add_edge(START, "note")
+    return builder
+
+
+async def test_graph_state_survives_a_new_saver(postgres) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    builder = _tally()
     config = {"configurable": {"thread_id": "tally"}}
     async with AsyncPostgresSaver.from_conn_string(postgres.url) as saver:
         await saver.setup()
@@ -59,13 +66,9 @@ async def test_graph_state_survives_a_new_saver(postgres) -> None:
 async def test_a_connection_the_server_dropped_is_replaced_and_the_next_run_goes_on(postgres) -> None:
     """A database restart, a failover or an idle timeout ends the saver's connections; the library's
     saver (a checked pool) opens new ones, where one long-held connection failed every later call."""
-    from langgraph.graph import START, StateGraph
-
     from langgraph_parallelmuse.persistence import open_checkpointer
 
-    builder = StateGraph(Tally)
-    builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
-    builder.add_edge(START, "note")
+    builder = _tally()
     config = {"configurable": {"thread_id": "dropped"}}
     async with open_checkpointer(postgres.url) as saver:
         graph = builder.compile(checkpointer=saver)
@@ -96,13 +99,9 @@ async def test_deleting_a_thread_deletes_its_trajectory_threads_and_no_other(pos
 async def test_a_run_rolled_back_by_langgraph_server_leaves_the_thread_as_it_was_before_it(postgres) -> None:
     """LangGraph Server's multitask_strategy="rollback" calls adelete_for_runs, which AsyncPostgresSaver
     lacks: the server's next request failed and it ran nothing more until restarted."""
-    from langgraph.graph import START, StateGraph
-
     from langgraph_parallelmuse.persistence import open_checkpointer
 
-    builder = StateGraph(Tally)
-    builder.add_node("note", lambda state: {"seen": [f"call {len(state['seen'])}"]})
-    builder.add_edge(START, "note")
+    builder = _tally()
     thread = {"configurable": {"thread_id": "rolled-back"}}
     async with open_checkpointer(postgres.url) as saver:
         graph = builder.compile(checkpointer=saver)
