@@ -990,7 +990,8 @@ def _interrupted(state: dict[str, Any], *, args: argparse.Namespace) -> None:
     if not args.json:
         return
     if state.get("trajectories"):
-        _write_partial(state, args=args, why=f"{_stopped_by(args.terminated)} before the run finished")
+        # main() sets what stopped the run; a caller of args.func of its own has none.
+        _write_partial(state, args=args, why=f"{_stopped_by(getattr(args, 'terminated', ()))} before the run finished")
         return
     why = "no trajectory had finished"
     if (state.get("settings") or {}).get("branching") == "online":

@@ -201,6 +201,17 @@ def _pauses(
     return pauses
 
 
+def _message_name(name: str) -> str:
+    """``name`` as a chat API takes a message's name: the answer message goes to the next model call's
+    history, and OpenAI takes ASCII letters, digits, "_" and "-", at most 64 ("Research agent" refused).
+
+    Example:
+        >>> _message_name("Research agent (small)"), _message_name("")
+        ('Research_agent_small_', 'parallelmuse')
+    """
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name)[:64] or "parallelmuse"
+
+
 def build_parallelmuse_graph(
     model: BaseChatModel,
     tools: Sequence[BaseTool | Callable[..., Any]],
@@ -358,10 +369,7 @@ def create_parallelmuse(
     )
     compiled = graph.compile(checkpointer=checkpointer, name=name, **pauses)
     _RUNNERS[compiled] = _RUNNERS[graph]
-    # As a message's name the graph's goes to the next model call's API, whose names are ASCII letters,
-    # digits, "_" and "-", at most 64 (OpenAI refuses "Research agent").
-    _NODES[graph].paused = any(pauses.values())
-    _NODES[graph].name = re.sub(r"[^A-Za-z0-9_-]+", "_", name)[:64] or "parallelmuse"
+    _NODES[graph].paused, _NODES[graph].name = any(pauses.values()), _message_name(name)
     # Compiled without checkpoints even under a checkpointed parent: its trajectories stay out of the parent's.
     _RUNNERS[graph].borrows = checkpointer is not False
     return compiled

@@ -634,9 +634,8 @@ class ParallelMuseNodes:
         """The run id naming the trajectory threads: ``prepare``'s, unless the question or a setting the
         trajectories depend on was edited since (``update_state`` on a checkpoint after ``prepare``, then a
         fork from it): the threads ``prepare`` named hold the trajectories of what it saw, and the fork
-        answered from them without a model call. A setting no trajectory depends on (``max_concurrency``,
-        ``aggregation``, ``report_form``, ``max_report_tokens``, ``max_aggregate_tokens``) is no such edit:
-        the fork keeps the finished trajectories.
+        answered from them without a model call. A setting no trajectory depends on
+        (``_NOT_IN_TRAJECTORIES``) is no such edit: the fork keeps the finished trajectories.
 
         Example:
             >>> state = {"run_id": "chat:ab12", "question": "Who?", "asked": {"question": "Where?"}}

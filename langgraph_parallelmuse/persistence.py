@@ -356,7 +356,7 @@ async def _postgres_saver(target: str) -> AsyncIterator[BaseCheckpointSaver]:
 
 @functools.cache
 def _with_run_deletes(saver_type: type[BaseCheckpointSaver]) -> type[BaseCheckpointSaver]:
-    """``saver_type`` with ``adelete_for_runs`` (:func:`adelete_runs`), under the same name.
+    """``saver_type`` with ``adelete_for_runs`` (:func:`adelete_runs`), under the same ``__name__``.
 
     LangGraph Server calls it to undo a run that ``multitask_strategy="rollback"`` replaces, and
     LangGraph's SQLite and Postgres savers lack it: the second run's request failed and the server
@@ -367,7 +367,10 @@ def _with_run_deletes(saver_type: type[BaseCheckpointSaver]) -> type[BaseCheckpo
     async def adelete_for_runs(self: BaseCheckpointSaver, run_ids: Sequence[str]) -> None:
         await adelete_runs(self, run_ids)
 
-    return type(saver_type.__name__, (saver_type,), {"adelete_for_runs": adelete_for_runs, "__module__": __name__})
+    # The class's name is the saver's (type(saver).__name__ is what users and this module read); its
+    # qualified name says what it is.
+    members = {"adelete_for_runs": adelete_for_runs, "__module__": __name__}
+    return type(saver_type.__name__, (saver_type,), {**members, "__qualname__": f"{saver_type.__name__}WithRunDeletes"})
 
 
 async def adelete_runs(saver: BaseCheckpointSaver, run_ids: Sequence[str]) -> None:
@@ -376,8 +379,8 @@ async def adelete_runs(saver: BaseCheckpointSaver, run_ids: Sequence[str]) -> No
     LangGraph Server records each checkpoint's run in its metadata (``run_id``), the trajectory
     threads' too, which carry the caller's configurable keys. A rolled-back run's checkpoints are the
     newest of their threads, so what stays is a thread's history as it was before that run (the
-    Postgres saver's channel values, shared between checkpoints, are left). Works on LangGraph's
-    ``AsyncSqliteSaver`` and ``AsyncPostgresSaver``.
+    Postgres saver's channel values, shared between checkpoints, are left until the thread is
+    deleted). Works on LangGraph's ``AsyncSqliteSaver`` and ``AsyncPostgresSaver``.
 
     Raises:
         ConfigError: The saver is of another kind.
@@ -386,15 +389,13 @@ async def adelete_runs(saver: BaseCheckpointSaver, run_ids: Sequence[str]) -> No
         >>> import asyncio, os, tempfile
         >>> async def rolled_back(path):
         ...     async with open_checkpointer(path) as saver:
-        ...         await saver.adelete_for_runs(["run-1"])
+        ...         await adelete_runs(saver, ["run-1"])
         >>> asyncio.run(rolled_back(os.path.join(tempfile.mkdtemp(), "runs.sqlite")))
     """
     ids = [str(run) for run in run_ids]
     saver = unwrapped(saver)
     kinds = {c.__name__ for c in type(saver).__mro__}
-    if not ids:
-        return
-    if "AsyncSqliteSaver" in kinds:
+    if "AsyncSqliteSaver" in kinds and ids:
         run, marks = "json_extract(CAST(metadata AS TEXT), '$.run_id')", ",".join("?" * len(ids))
         made = f"SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints WHERE {run} IN ({marks})"
         await saver.setup()
@@ -404,15 +405,16 @@ async def adelete_runs(saver: BaseCheckpointSaver, run_ids: Sequence[str]) -> No
             )
             await saver.conn.execute(f"DELETE FROM checkpoints WHERE {run} IN ({marks})", ids)
             await saver.conn.commit()
-    elif "AsyncPostgresSaver" in kinds:
-        async with saver._cursor() as cursor:
+    elif "AsyncPostgresSaver" in kinds and ids:
+        # One transaction (the pool's connections autocommit): no checkpoint left without its writes.
+        async with saver._cursor() as cursor, cursor.connection.transaction():
             await cursor.execute(
                 "DELETE FROM checkpoint_writes w USING checkpoints c WHERE c.metadata->>'run_id' = ANY(%s) AND "
                 "w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id",
                 (ids,),
             )
             await cursor.execute("DELETE FROM checkpoints WHERE metadata->>'run_id' = ANY(%s)", (ids,))
-    else:
+    elif not {"AsyncSqliteSaver", "AsyncPostgresSaver"} & kinds:
         raise ConfigError(
             f"cannot delete the checkpoints of runs from a {type(saver).__name__}: this works on LangGraph's "
             "AsyncSqliteSaver and AsyncPostgresSaver (open_checkpointer's)"

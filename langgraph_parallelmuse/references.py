@@ -86,12 +86,13 @@ _OBJECT_CLAUSE = re.compile(
 # actor who starred as Benton Fraser in the series "Due South" have a child with?").
 _FUNCTION_WORDS = "in|on|at|of|for|from|with|by|to|into|as|and|or|the|a|an|during|after|before|since|near|under"
 _STRANDED = re.compile(rf"\s+(?:{_PREPOSITIONS})\b")
-# The question's own verb, before the word that asks (its auxiliaries and a preposition with it): "…
+# The question's own verb, before the word that asks (its auxiliaries, an object of one word after
+# a/an/the, and a preposition with it): "…
 # | was founded in what year?", "… | has how many …", "… | died when?". A phrase that starts the
 # question, its subject, ends before it.
 _QUESTION_VERB = re.compile(
     r"(?:\b(?:is|was|are|were|has|had|have|be|been|will|would|can|could|may|might|must|should)\s+){0,3}"
-    rf"\b[a-z][\w-]*(?:\s+(?:an?|the)\s+[\w-]+)?(?:\s+(?:in|into|{_PREPOSITIONS}))?"
+    rf"\b[a-z][\w-]*(?:\s+(?:an?|the)\s+[\w-]+)?(?:\s+(?:in|{_PREPOSITIONS}))?"
     r"\s+(?=(?:what|which|how|who|whom|whose)\b|(?:when|where)\s*\??\s*$)"
 )
 _SUBJECT_CLAUSE = re.compile(rf"[a-z][^,?]*?\b{_NAME}[\"”’)]?(?=\s+(?!(?:{_FUNCTION_WORDS})\b)[a-z])")

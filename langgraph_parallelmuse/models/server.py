@@ -837,7 +837,7 @@ class _Client:
         status, body = self._request("/models")
         if status in (401, 403):  # a hosted API (OpenAI) without a valid key: the URL itself is right
             raise ServerCheckError(
-                f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: {self._key}"
+                f"{self.base}/models answered HTTP {status} ({_message(body)}){self._checking}: {self._key_advice}"
             )
         if status != 200 or not isinstance(body.get("data"), list):
             raise ServerCheckError(
@@ -862,7 +862,7 @@ class _Client:
         return reply
 
     @property
-    def _key(self) -> str:
+    def _key_advice(self) -> str:
         sent = "the key sent was refused" if "authorization" in self.headers else "no key was sent"
         return f"{sent}; set OPENAI_API_KEY (or pass api_key=) to a key this server accepts."
 
@@ -873,7 +873,7 @@ class _Client:
         said = _message(reply)
         answered = f"{self.base}/chat/completions answered HTTP {status} ({said}){self._checking}"
         if status in (401, 403):
-            return f"{answered}: {self._key}"
+            return f"{answered}: {self._key_advice}"
         # A 404 of the API's own (OpenAI's "The model ... does not exist") is about the model, not the route.
         if status in (405, 501) or (status == 404 and said.lower().strip(" .") in ("not found", "404 not found")):
             return (
