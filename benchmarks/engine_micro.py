@@ -61,18 +61,23 @@ async def run_branches(llm: LocalChatModel, prefix: list, branches: int, new_tok
     return elapsed
 
 
+SETTINGS = {
+    "from scratch": {"prefix_cache": False, "batching": False},
+    "prefix cache": {"prefix_cache": True, "batching": False},
+    "prefix cache + batching": {"prefix_cache": True, "batching": True},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--branches", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prefix-tokens", type=int, default=1500)
+    parser.add_argument("--only", choices=list(SETTINGS), help="this setting alone (e.g. with --repeat)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each setting (the cache emptied before each)")
     args = parser.parse_args()
 
-    settings = {
-        "from scratch": {"prefix_cache": False, "batching": False},
-        "prefix cache": {"prefix_cache": True, "batching": False},
-        "prefix cache + batching": {"prefix_cache": True, "batching": True},
-    }
+    settings = {args.only: SETTINGS[args.only]} if args.only else SETTINGS
     models = {
         name: LocalChatModel.embedded(max_batch_size=args.branches, top_logprobs=16, **kw)
         for name, kw in settings.items()
@@ -90,16 +95,19 @@ def main() -> None:
     asyncio.run(run_branches(first, [HumanMessage("Hello")], 1, 4))
 
     seconds = {}
-    for name, llm in models.items():
-        llm.engine.clear_cache()
-        llm.engine.reset_stats()
-        seconds[name] = asyncio.run(run_branches(llm, prefix, args.branches, args.new_tokens))
-        stats = llm.engine.stats()
-        print(
-            f"{name:<26} {seconds[name]:6.2f} s   prefill computed "
-            f"{stats['prefill_tokens_computed']:>6}, reused {stats['prefill_tokens_reused']:>6}, "
-            f"decode steps {stats['batches']:>4}, mean batch {stats['mean_batch_size']:.2f}"
-        )
+    for _ in range(args.repeat):
+        for name, llm in models.items():
+            llm.engine.clear_cache()
+            llm.engine.reset_stats()
+            seconds[name] = asyncio.run(run_branches(llm, prefix, args.branches, args.new_tokens))
+            stats = llm.engine.stats()
+            print(
+                f"{name:<26} {seconds[name]:6.2f} s   prefill computed "
+                f"{stats['prefill_tokens_computed']:>6}, reused {stats['prefill_tokens_reused']:>6}, "
+                f"decode steps {stats['batches']:>4}, mean batch {stats['mean_batch_size']:.2f}"
+            )
+    if args.only:
+        return
     base = seconds["from scratch"]
     print(f"speed-up prefix cache:           {base / seconds['prefix cache']:.2f}x")
     print(f"speed-up prefix cache + batching: {base / seconds['prefix cache + batching']:.2f}x")
