@@ -87,9 +87,9 @@ _OBJECT_CLAUSE = re.compile(
 _FUNCTION_WORDS = "in|on|at|of|for|from|with|by|to|into|as|and|or|the|a|an|during|after|before|since|near|under"
 _STRANDED = re.compile(rf"\s+(?:{_PREPOSITIONS})\b")
 # The question's own verb, before the word that asks (its auxiliaries, an object of one word after
-# a/an/the, and a preposition with it): "…
-# | was founded in what year?", "… | has how many …", "… | died when?". A phrase that starts the
-# question, its subject, ends before it.
+# a/an/the, and a preposition with it): "… | was founded in what year?", "… | has how many …", "… |
+# shares a border with which country?", "… | died when?". A phrase that starts the question, its
+# subject, ends before it; "where"/"when" ask only at the question's end.
 _QUESTION_VERB = re.compile(
     r"(?:\b(?:is|was|are|were|has|had|have|be|been|will|would|can|could|may|might|must|should)\s+){0,3}"
     rf"\b[a-z][\w-]*(?:\s+(?:an?|the)\s+[\w-]+)?(?:\s+(?:in|{_PREPOSITIONS}))?"
