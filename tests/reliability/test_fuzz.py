@@ -346,12 +346,14 @@ def test_an_exact_match_also_scores_full_f1_and_contains(prediction, golds):
 @example("Answer: Answer： 10⁶")
 @example("**Final answer:** ﬁ")
 @example("Answer:\u0301_")
+@example("_")
 def test_an_answer_label_is_cut_off_the_front_and_changes_no_vote(text):
     # (The key is not idempotent by design: the articles are read before the accents and the
     # punctuation go, so the key of "Å" is "a", and "a" before another word is an article.)
     stripped = strip_answer_label(text)
-    # The emphasis closing the answer goes with the label's ("Answer: **Paris**" is "Paris").
-    assert text.strip().rstrip(" \t\n*_").endswith(stripped)
+    # The emphasis closing the answer goes with a label's ("Answer: **Paris**" is "Paris"); without a
+    # label the answer is kept whole ("_" is "_").
+    assert text.strip().endswith(stripped) or text.strip().rstrip(" \t\n*_").endswith(stripped)
     assert normalize_vote_key(stripped) == normalize_vote_key(text)
 
 
