@@ -317,7 +317,7 @@ def _judge(args: argparse.Namespace):
 
 
 def _tools(args: argparse.Namespace):
-    _refuse_web_with_corpus(args)
+    """The run's tools (``_refuse_web_with_corpus`` has checked the flags that pick them)."""
     if args.tavily:
         from langgraph_parallelmuse.tools import make_tavily_tools
 
@@ -1035,6 +1035,7 @@ async def _agent(args: argparse.Namespace) -> int:
 
     settings = _config_from(args, mode="none")  # one trajectory: no budget, no branching
     args = _served_name(args)  # as ask: a wrong model flag or a dead server before the index opens
+    _refuse_web_with_corpus(args)
     tools = _tools(args)
     model = _model(args, settings)
     runner = RolloutRunner(model, tools, driver=settings.driver)
