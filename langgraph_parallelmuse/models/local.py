@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.export import unfinished_export
-from langgraph_parallelmuse.models.requests import integer
+from langgraph_parallelmuse.models.requests import integer, is_seed
 
 __all__ = ["LocalChatModel", "check_model_path"]
 
@@ -228,7 +228,7 @@ class LocalChatModel(BaseChatModel):
     @classmethod
     def _check_seed(cls, value: Any) -> int | None:
         # Before pydantic's own parsing, which took True as 1; out of range, every call failed later.
-        if value is not None and ((seed := integer(value)) is None or not 0 <= seed < 2**64):
+        if value is not None and not is_seed(value):
             raise ValueError(f"seed={value!r}: pass an integer in [0, 2**64), or None for a fresh seed each call")
         return value
 

@@ -106,6 +106,16 @@ def nonnegative(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
+def is_seed(value: object) -> bool:
+    """Whether ``value`` is a seed the engine takes: an integer of any type in ``[0, 2**64)``, not a bool.
+
+    Example:
+        >>> is_seed(7), is_seed(2**64), is_seed(-1), is_seed(1.5), is_seed(True)
+        (True, False, False, False, False)
+    """
+    return (seed := integer(value)) is not None and 0 <= seed < 2**64
+
+
 def sampling_problem(request: GenerationRequest) -> str | None:
     """What is wrong with a request's sampling settings (``None``: nothing), checked before it is queued.
 
@@ -135,7 +145,7 @@ def sampling_problem(request: GenerationRequest) -> str | None:
     if (max_new := integer(request.max_new_tokens)) is None or max_new < 0:
         return f"max_new_tokens={request.max_new_tokens!r}: pass an integer >= 0"
     # Not refused here, a float or bool seed failed later, in the worker's manual_seed.
-    if request.seed is not None and ((seed := integer(request.seed)) is None or not 0 <= seed < 2**64):
+    if request.seed is not None and not is_seed(request.seed):
         return f"seed={request.seed!r}: pass an integer in [0, 2**64)"
     # Read for truth, the string "no" (or "false") turned the flag on.
     for flag in ("logprobs", "ignore_eos"):
