@@ -786,6 +786,7 @@ def test_pauses_on_a_graph_compiled_without_checkpoints_are_refused_when_it_is_b
 
 
 async def test_a_paused_graph_under_a_checkpointed_parent_resumes_to_its_answer():
+    """A guard (it passes on the code before pauses were checked): the check refuses no saver a parent lends."""
     graph, model, _ = _graph({"n": 2, "mode": "none"}, interrupt_before=["aggregate"])
     app = _research_app(graph, InMemorySaver())
     cfg: dict[str, Any] = {"configurable": {"thread_id": "chat"}}
@@ -1031,8 +1032,9 @@ async def test_a_fork_whose_settings_were_edited_after_prepare_samples_anew_with
     ],
 )
 async def test_a_fork_editing_only_settings_no_trajectory_depends_on_keeps_the_finished_trajectories(edits, stage2):
-    """How many run at once and what Stage 2 does (the aggregation, the reports' form and bounds) change
-    no trajectory: the fork reads the finished ones and only Stage 2 runs again, with the new settings."""
+    """A guard (it passes on the code before settings counted): how many run at once and what Stage 2
+    does (the aggregation, the reports' form and bounds) change no trajectory: the fork reads the
+    finished ones and only Stage 2 runs again, with the new settings."""
     graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
     thread: dict[str, Any] = {"configurable": {"thread_id": "stage2-settings"}}
     first, fork = await _fork_after_prepare(graph, thread, **edits)
@@ -1059,8 +1061,9 @@ async def test_a_fork_after_collect_editing_the_aggregation_records_the_settings
 
 
 async def test_a_run_resumed_after_a_stop_runs_none_of_its_finished_trajectories_again():
-    """The settings prepare records are compared with the run's own on resume: unedited, the resume
-    finds the first wave in the threads prepare named and runs only the branches."""
+    """A guard (it passes on the code before settings counted): the settings prepare records are
+    compared with the run's own on resume; unedited, the resume finds the first wave in the threads
+    prepare named and runs only the branches."""
     saver = InMemorySaver()
     graph, model, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, checkpointer=saver, interrupt_before=["branch_rollout"])
     cfg: dict[str, Any] = {"configurable": {"thread_id": "stopped"}}
