@@ -15,11 +15,13 @@ this graph fails with that error naming ``TAVILY_API_KEY``.
 
 import functools
 import os
+import urllib.parse
 
 from langgraph.graph.state import CompiledStateGraph
 
-from langgraph_parallelmuse import create_parallelmuse
+from langgraph_parallelmuse import ConfigError, create_parallelmuse
 from langgraph_parallelmuse.models.server import ServerChatModel
+from langgraph_parallelmuse.redact import fits_a_header, redact
 from langgraph_parallelmuse.tools import make_tavily_tools
 
 
@@ -30,12 +32,35 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+def _base_url() -> str:
+    url = _env("PARALLELMUSE_BASE_URL", "http://127.0.0.1:8000/v1")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        # Taken as it was ("127.0.0.1:8000/v1"), every run failed after its retries with the model call's
+        # "Connection error.", which names neither the variable nor the missing scheme.
+        raise ConfigError(
+            f"PARALLELMUSE_BASE_URL={redact(url)!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
+        )
+    return url
+
+
+def _api_key() -> str:
+    key = _env("OPENAI_API_KEY", "not-needed").strip() or "not-needed"
+    if not fits_a_header(key):
+        # Taken as it was, every run failed with a UnicodeEncodeError and the advice to check the server.
+        raise ConfigError(
+            "OPENAI_API_KEY holds spaces, control characters or characters other than ASCII (curly quotes?): "
+            "copy the key again"
+        )
+    return key
+
+
 def _chat(model_name: str) -> ServerChatModel:
     # New turns only (the free driver): OpenAI and many servers cannot continue an assistant turn.
     return ServerChatModel(
-        base_url=_env("PARALLELMUSE_BASE_URL", "http://127.0.0.1:8000/v1"),
+        base_url=_base_url(),
         model=model_name,
-        api_key=_env("OPENAI_API_KEY", "not-needed"),
+        api_key=_api_key(),
         logprobs=True,
         top_logprobs=16,
         supports_prefill=False,

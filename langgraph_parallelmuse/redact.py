@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, SecretStr
 
-__all__ = ["SECRET_ENV_VARS", "mask_argv", "redact", "secrets_in_argv", "secrets_of"]
+__all__ = ["SECRET_ENV_VARS", "fits_a_header", "mask_argv", "redact", "secrets_in_argv", "secrets_of"]
 
 SECRET_ENV_VARS = (
     "OPENAI_API_KEY",
@@ -92,6 +92,20 @@ def secrets_of(*models: object) -> list[str]:
             if isinstance(value, SecretStr):
                 found.append(value.get_secret_value())
     return sorted({s for s in found if len(s) >= _SHORTEST_SECRET}, key=len, reverse=True)
+
+
+def fits_a_header(key: str) -> bool:
+    """Whether an API key can be sent in an HTTP header as it is: printable ASCII, no spaces.
+
+    httpx refuses any other in every request: a curly quote a chat app or editor put around a key
+    failed each call with "UnicodeEncodeError: 'ascii' codec can't encode character", which names
+    no key, and a line break with an error that prints the key.
+
+    Example:
+        >>> fits_a_header("tvly-abc123"), fits_a_header("\u201ctvly-abc123\u201d"), fits_a_header("sk-1 2")
+        (True, False, False)
+    """
+    return key.isascii() and key.isprintable() and not any(c.isspace() for c in key)
 
 
 def secrets_in_argv(argv: Sequence[str], *, flags: Sequence[str] = _SECRET_FLAGS) -> list[str]:

@@ -105,7 +105,17 @@ def retry_after(exc: BaseException) -> float:
         >>> retry_after(RateLimited()), retry_after(Throttled()), retry_after(ValueError())
         (7.0, 0.25, 0.0)
     """
-    headers = getattr(getattr(exc, "response", None), "headers", None)
+    return wait_asked(getattr(getattr(exc, "response", None), "headers", None))
+
+
+def wait_asked(headers: object) -> float:
+    """:func:`retry_after` of a response's ``headers`` (a client that raises errors without the response
+    still lets a hook see it).
+
+    Example:
+        >>> wait_asked({"Retry-After": "3"}), wait_asked({"retry-after": "600"}), wait_asked(None)
+        (3.0, 60.0, 0.0)
+    """
     for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
             seconds = float(_header(headers, name)) / per_second

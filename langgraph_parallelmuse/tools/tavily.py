@@ -9,11 +9,15 @@ the trajectory records the step as a failed tool call, not as what the web said.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import random
 import re
-from collections.abc import Awaitable, Callable
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +28,9 @@ from tavily.errors import BadRequestError, ForbiddenError, InvalidAPIKeyError, U
 from tavily.errors import TimeoutError as TavilyTimeoutError
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.redact import redact
+from langgraph_parallelmuse.loopback import is_loopback
+from langgraph_parallelmuse.redact import fits_a_header, redact, secrets_of
+from langgraph_parallelmuse.retry import wait_asked
 from langgraph_parallelmuse.tools.local_tools import (
     EMPTY_QUERY,
     SEARCH_DESCRIPTION,
@@ -56,7 +62,7 @@ _MIN_SNIPPET = 80
 _REFUSALS = (BadRequestError, ForbiddenError, InvalidAPIKeyError)
 _REFUSAL_MEANINGS = {
     400: "Tavily refused the request as malformed",
-    401: "Tavily rejected the API key: check TAVILY_API_KEY",
+    401: "Tavily rejected the API key",
     403: "Tavily refused access",
     432: "Tavily plan limit reached",
     433: "Tavily pay-as-you-go limit reached",
@@ -88,9 +94,11 @@ def make_tavily_tools(
     """Build web ``search`` and ``visit`` tools on Tavily (``AsyncTavilyClient``).
 
     Rate limits (HTTP 429), timeouts and 5xx answers are retried with exponential backoff and
-    jitter; any other failure, or one that outlasts the retries, comes back to the agent as an
-    error text (and ``"error": True`` in the artifact, which the trajectory records), never as an
-    exception. The API key never appears in any output.
+    jitter, after at least the wait a ``Retry-After`` header asks (one longer than ``timeout`` is
+    told the agent instead); any other failure, or one that outlasts the retries, comes back to the
+    agent as an error text (and ``"error": True`` in the artifact, which the trajectory records),
+    never as an exception. The API key never appears in any output. A loopback ``base_url`` is
+    asked directly, never through the environment's proxy.
 
     The agent abandons a tool call after the run's ``tool_timeout`` (30 s by default), retries
     included: the defaults (10 s a request, 1 retry) let a timed-out request be retried inside it.
@@ -111,6 +119,8 @@ def make_tavily_tools(
 
     Raises:
         MissingTavilyKeyError: No key was given or found in ``TAVILY_API_KEY``.
+        ConfigError: The key holds spaces, control or non-ASCII characters (no HTTP header can carry
+            it), ``base_url`` is no ``http(s)://`` URL, or a limit is out of range.
 
     Example:
         >>> search, visit = make_tavily_tools(max_results=3)  # doctest: +SKIP
@@ -120,19 +130,11 @@ def make_tavily_tools(
         ... ))
         >>> urls = msg.artifact["doc_ids"]  # doctest: +SKIP
     """
-    # A key read from a file often ends in a line break, which httpx refuses in a header and then
-    # prints, escaped, in its error: past any exact-match redaction.
-    key = (api_key or os.environ.get("TAVILY_API_KEY") or "").strip()
-    if not key:
-        raise MissingTavilyKeyError(
-            "no Tavily API key: set the TAVILY_API_KEY environment variable or pass make_tavily_tools(api_key=...)"
-        )
-    if any(c.isspace() or not c.isprintable() for c in key):
-        raise ConfigError("the Tavily API key holds spaces or control characters: copy it again from app.tavily.com")
-
+    key, key_source = _key(api_key)
     web = _Tavily(
         key=key,
-        base_url=base_url,
+        key_source=key_source,
+        base_url=base_url or None,
         max_results=max_results,
         max_chars=max_chars,
         retries=retries,
@@ -155,11 +157,32 @@ def make_tavily_tools(
     ]
 
 
+def _key(api_key: str | None) -> tuple[str, str]:
+    """The Tavily key to send, and where it was read from (``api_key``, else ``TAVILY_API_KEY``)."""
+    # A key read from a file often ends in a line break, which httpx refuses in a header and then
+    # prints, escaped, in its error: past any exact-match redaction.
+    key = (api_key or os.environ.get("TAVILY_API_KEY") or "").strip()
+    # Where a rejected key is to be fixed: "check TAVILY_API_KEY" sent a user who passed api_key= to a
+    # variable the tools never read.
+    source = "the api_key given to make_tavily_tools" if api_key else "TAVILY_API_KEY"
+    if not key:
+        raise MissingTavilyKeyError(
+            "no Tavily API key: set the TAVILY_API_KEY environment variable or pass make_tavily_tools(api_key=...)"
+        )
+    if not fits_a_header(key):
+        raise ConfigError(
+            f"the Tavily API key ({source}) holds spaces, control characters or characters other than ASCII "
+            "(curly quotes?): copy it again from app.tavily.com"
+        )
+    return key, source
+
+
 @dataclass(frozen=True)
 class _Tavily:
     """The two tools' bodies over one key and one set of limits."""
 
     key: str = field(repr=False)  # a secret: never printed
+    key_source: str
     base_url: str | None
     max_results: int
     max_chars: int
@@ -176,48 +199,65 @@ class _Tavily:
                 ("retries", self.retries, self.retries >= 0, "0 or more"),
                 ("timeout", self.timeout, self.timeout > 0, "positive"),
                 ("backoff", self.backoff, self.backoff >= 0, "0 or more"),
+                # Without a scheme every call failed, each a tool error the agent could do nothing about.
+                ("base_url", self.base_url, _is_http_url(self.base_url), "an http:// or https:// URL"),
             ]
             if not ok
         ]
         if problems:
-            raise ConfigError("make_tavily_tools: " + "; ".join(problems))
+            raise ConfigError(redact("make_tavily_tools: " + "; ".join(problems), [self.key]))
+
+    def secrets(self) -> list[str]:
+        """The secret values no output may hold: the key, and those of the environment (``OPENAI_API_KEY``, ...)."""
+        return sorted({self.key, *secrets_of()}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
-        # Servers and proxies may echo request headers into error bodies; never pass the key on.
-        # Only the key: a page's own "password: ..." or a link's "?sig=..." are what the web says.
-        return text.replace(self.key, "***")
+        # Servers and proxies may echo request headers into error bodies; never pass the key on, nor
+        # the model's key the trajectory would store with the page.
+        # Only known values: a page's own "password: ..." or a link's "?sig=..." are what the web says.
+        for secret in self.secrets():
+            text = text.replace(secret, "***")
+        return text
 
     async def call(self, op: Callable[[AsyncTavilyClient], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         attempt = 0
         while True:
-            statuses: list[int] = []  # the HTTP status of this attempt's response, once one came
+            responses: list[httpx.Response] = []  # this attempt's response, once one came
             try:
                 # A client per call: an httpx pool is bound to the event loop that opened it, and
                 # the tools may be used from several loops (threads, asyncio.run per question).
                 # The whole request, not each socket read: a server that drips bytes would outlast it.
-                # Not the client's setup: it loads the TLS certificates (0.4-1.3 s on a loaded
+                # Not the client's setup: the first loads the TLS certificates (0.4-1.3 s on a loaded
                 # 2-core machine), which used up a 1 s timeout before a request was sent.
-                async with _client(self.key, self.base_url, statuses) as client:
+                async with _client(self.key, self.base_url, responses) as client:
                     async with asyncio.timeout(self.timeout):
                         data = await op(client)
                 if not isinstance(data, dict):
                     raise TypeError(f"unexpected Tavily response of type {type(data).__name__}")
                 return data
             except Exception as exc:
-                status = statuses[-1] if statuses else None
+                status = responses[-1].status_code if responses else None
+                said = _describe(exc, status, key_source=self.key_source, timeout=self.timeout)
                 if not _is_transient(exc):
-                    raise _Failed(_describe(exc, status)) from exc
+                    raise _Failed(said) from exc
+                # A rate limit's Retry-After: retrying sooner is refused again, and a wait longer than
+                # an attempt would outlast the tool call, so the agent is told it instead.
+                asked = wait_asked(responses[-1].headers) if responses else 0.0
+                said += f"; Tavily asks to wait {asked:g} s before the next request" if asked else ""
+                if asked > self.timeout:
+                    raise _Failed(said) from exc
                 if attempt >= self.retries:
-                    raise _Transient(_describe(exc, status)) from exc
-            await asyncio.sleep(min(_MAX_BACKOFF, self.backoff * 2**attempt) * random.uniform(0.5, 1.5))
+                    raise _Transient(said) from exc
+                wait = max(asked, min(_MAX_BACKOFF, self.backoff * 2**attempt) * random.uniform(0.5, 1.5))
+            await asyncio.sleep(wait)
             attempt += 1
 
     def failure(self, action: str, exc: _Failed) -> tuple[str, dict[str, Any]]:
         """The tool's output for a call Tavily failed: an error text naming Tavily, flagged as an error."""
-        attempts = f" after {self.retries + 1} attempts" if isinstance(exc, _Transient) else ""
+        attempts = f" after {self.retries + 1} attempts" if isinstance(exc, _Transient) and self.retries else ""
         text = f"Error: {action} on Tavily failed{attempts} ({exc})."
         # An error's text also loses anything shaped like a key (a header error prints it escaped).
-        return redact(text, [self.key]), {"doc_ids": [], "error": True}
+        return redact(text, self.secrets()), {"doc_ids": [], "error": True}
 
     async def search(self, query: str) -> tuple[str, dict[str, list[str]]]:
         if not query.strip():
@@ -228,7 +268,9 @@ class _Tavily:
             return self.failure("web search", exc)
         # A URL is one word (spaces around it go): one holding a line break wrote hit lines of its own
         # into the output (a forged "[2] ... (id: ...)"), and one holding any space is no id visit opens.
-        urls = [(r, r["url"].split()) for r in _listed(data, "results") if isinstance(r.get("url"), str)]
+        # The artifact's ids lose the key as the text does: a proxy that echoed it into a URL put it
+        # into the trajectory's doc_ids, its checkpoints and --json output.
+        urls = [(r, self.redact(r["url"]).split()) for r in _listed(data, "results") if isinstance(r.get("url"), str)]
         results = [{**r, "url": words[0]} for r, words in urls if len(words) == 1]
         if not results:
             return no_results(query), {"doc_ids": []}
@@ -239,7 +281,8 @@ class _Tavily:
         url = _as_url(doc)
         if url is None:
             return (
-                f"No document {echo(doc.strip())}: visit needs a URL (an id from the search results).",
+                # "a URL" alone told a model that passed one with a space in it to pass what it had passed.
+                f"No document {echo(doc.strip())}: visit needs a URL, without spaces (an id from the search results).",
                 {"doc_ids": [], "error": True},
             )
         try:
@@ -250,7 +293,7 @@ class _Tavily:
         pages = _listed(data, "results")
         content = str(pages[0].get("raw_content") or "") if pages else ""
         if not content.strip():
-            reasons = [str(f.get("error"))[:200] for f in _listed(data, "failed_results")]
+            reasons = [str(f["error"])[:200] for f in _listed(data, "failed_results") if f.get("error")]
             why = f" ({'; '.join(reasons)})" if reasons else ""
             return self.redact(f"No document could be read at {url}{why}."), {"doc_ids": [], "error": True}
         title = str(pages[0].get("title") or pages[0].get("url") or url)
@@ -320,25 +363,44 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
 
 
-def _client(key: str, base_url: str | None, statuses: list[int]) -> AsyncTavilyClient:
-    """A Tavily client that appends the HTTP status of each response it gets to ``statuses``.
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS settings every client shares: loading the certificates takes 0.1 s (up to 1.3 s on a
+    loaded machine), and a client made per call loaded them on the event loop, which ran no other
+    trajectory meanwhile (16 searches at once stalled it 1.6 s)."""
+    return httpx.create_ssl_context()
 
-    The client's errors do not carry the status (one error stands for 403, 432 and 433; a 202 ends
-    in a TypeError), so its httpx client's response hook notes it. The httpx client is a private
-    attribute: a client without it still works, its errors just name no status.
+
+@contextlib.asynccontextmanager
+async def _client(key: str, base_url: str | None, responses: list[httpx.Response]) -> AsyncIterator[AsyncTavilyClient]:
+    """A Tavily client on an httpx client of ours, closed when the block ends; each response it gets
+    is appended to ``responses``.
+
+    The client's errors do not carry the response (one error stands for 403, 432 and 433; a 429 has
+    no Retry-After; a 202 ends in a TypeError), so a response hook notes it. A loopback ``base_url``
+    (a local gateway, a test server) is asked directly: through the environment's proxy
+    (``http_proxy`` without ``no_proxy``), its requests failed and handed the proxy the key. Another
+    goes through the environment's proxy or the Tavily client's own ``TAVILY_HTTP_PROXY`` and
+    ``TAVILY_HTTPS_PROXY``, which it reads only for a client it makes itself.
     """
-    client = AsyncTavilyClient(api_key=key, api_base_url=base_url)
-    http = getattr(client, "_client", None)
-    if isinstance(http, httpx.AsyncClient):
 
-        async def note(response: httpx.Response) -> None:
-            statuses.append(response.status_code)
+    async def note(response: httpx.Response) -> None:
+        responses.append(response)
 
-        http.event_hooks = {**http.event_hooks, "response": [*http.event_hooks["response"], note]}
-    return client
+    direct = bool(base_url) and is_loopback(urllib.parse.urlsplit(base_url).hostname)
+    proxies = {} if direct else {f"{s}://": os.environ.get(f"TAVILY_{s.upper()}_PROXY") for s in ("http", "https")}
+    mounts = {
+        scheme: httpx.AsyncHTTPTransport(proxy=proxy, verify=_tls()) for scheme, proxy in proxies.items() if proxy
+    }
+    async with httpx.AsyncClient(
+        verify=_tls(), trust_env=not direct, mounts=mounts, event_hooks={"response": [note]}
+    ) as http:
+        yield AsyncTavilyClient(api_key=key, api_base_url=base_url, client=http)
 
 
-def _describe(exc: Exception, status: int | None = None) -> str:
+def _describe(
+    exc: Exception, status: int | None = None, *, key_source: str = "TAVILY_API_KEY", timeout: float | None = None
+) -> str:
     """What went wrong, for the agent and the trajectory: the HTTP status and what it means when known.
 
     Example:
@@ -354,14 +416,30 @@ def _describe(exc: Exception, status: int | None = None) -> str:
         return f"HTTP {exc.response.status_code} from {exc.request.url.host}"
     if isinstance(exc, _REFUSALS) and status is not None:
         meaning = _REFUSAL_MEANINGS.get(status, "Tavily refused the request")
+        meaning += f": check {key_source}" if status == 401 else ""
         return f"HTTP {status}: {meaning}{'; ' + detail if detail else ''}"
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):  # a proxy's or a captive portal's page
         return "Tavily sent a response that is not JSON" + (f" (HTTP {status})" if status else "")
     if status is not None and 200 < status < 300:  # a success the client cannot read (it raises a TypeError)
         return f"HTTP {status}: Tavily sent no results"
+    if status == 200 and isinstance(exc, AttributeError | TypeError):  # JSON of another shape (a list, a string)
+        return "HTTP 200: Tavily sent JSON that is no search or extract response"
     if isinstance(exc, TimeoutError) and not detail:  # the attempt's own bound
-        return "timed out"
+        return f"no answer within {timeout:g} s" if timeout else "timed out"
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _is_http_url(url: str | None) -> bool:
+    """Whether ``url`` is absent or an ``http(s)://`` URL with a host.
+
+    Example:
+        >>> _is_http_url(None), _is_http_url("http://127.0.0.1:8080"), _is_http_url("api.tavily.com")
+        (True, True, False)
+    """
+    if url is None:
+        return True
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
 
 
 def _as_url(doc: str) -> str | None:

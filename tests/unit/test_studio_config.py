@@ -49,6 +49,34 @@ def test_the_served_graphs_variables_set_empty_in_an_env_file_take_their_default
     assert module["_env"]("PARALLELMUSE_MODEL", "default") == "default"
 
 
+@pytest.mark.parametrize("base_url", ["127.0.0.1:8000/v1", "localhost:8000", "http://"])
+def test_the_served_graph_names_a_base_url_without_scheme_at_once(monkeypatch, base_url):
+    # Before, the graph was built, and each run failed after its retries with "Connection error.".
+    import runpy
+
+    monkeypatch.setenv("PARALLELMUSE_BASE_URL", base_url)
+    monkeypatch.setenv("TAVILY_API_KEY", "tvly-test-key")
+    module = runpy.run_path(str(ROOT / "graphs" / "openai_tavily.py"))  # the import `langgraph dev` does still works
+    with pytest.raises(ConfigError, match=f"PARALLELMUSE_BASE_URL={base_url!r} must be an http:// or https:// URL"):
+        module["graph"]()
+
+
+def test_the_served_graph_names_an_openai_key_that_cannot_be_sent_at_once(monkeypatch):
+    # Before, each run failed with "UnicodeEncodeError: 'ascii' codec can't encode character '\u201c'" and
+    # the advice to check that the server is up, the base URL and the model name.
+    import runpy
+
+    key = "sk-AbC0123456789abcdefXYZ"
+    monkeypatch.setenv("OPENAI_API_KEY", f"\u201c{key}\u201d")
+    monkeypatch.setenv("TAVILY_API_KEY", "tvly-test-key")
+    module = runpy.run_path(str(ROOT / "graphs" / "openai_tavily.py"))
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY holds .* other than ASCII") as info:
+        module["graph"]()
+    assert key not in str(info.value)
+    monkeypatch.setenv("OPENAI_API_KEY", f" {key}\n")  # a line break read with it from a file is dropped
+    assert module["_chat"]("served-model").openai_api_key.get_secret_value() == key
+
+
 def test_the_embedded_graph_module_imports_without_the_rest_of_the_local_extra(monkeypatch):
     # torch installed (a CPU build installed first, as the README says), transformers not: its late
     # import raised out of the graph module, and `langgraph dev` started none of the graphs.

@@ -30,6 +30,7 @@ class Reply:
     drop: bool = False  # close the connection without a response
     drip: float = 0.0  # seconds between the body's bytes
     html: str | None = None  # a body sent as text/html (a proxy's or a captive portal's page), not JSON
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +81,8 @@ def fake() -> Iterator[FakeTavily]:
             self.send_response(reply.status)
             self.send_header("Content-Type", "application/json" if reply.html is None else "text/html")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
             self.end_headers()
             if not reply.drip:
                 self.wfile.write(data)
@@ -191,6 +194,33 @@ async def test_rate_limit_is_retried(fake: FakeTavily) -> None:
     assert fake.count("/search") == 2
 
 
+async def test_a_rate_limit_waits_what_its_retry_after_asks(fake: FakeTavily, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, the retry came after the backoff (here 0.01 s) whatever Retry-After asked, and was refused again.
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(tavily_module.asyncio, "sleep", sleep)
+    fake.script["/search"] = [Reply(429, {"detail": {"error": "slow down"}}, headers={"Retry-After": "3"}), SEARCH_OK]
+    search, _ = tools(fake)
+    assert len((await call(search, query="eiffel")).artifact["doc_ids"]) == 2
+    assert waits == [3.0]
+
+
+async def test_a_retry_after_longer_than_an_attempt_is_said_not_waited(fake: FakeTavily) -> None:
+    # Waiting 60 s would outlast the agent's tool_timeout; retrying at once is refused again: the agent is
+    # told how long Tavily asks it to wait, after one request.
+    fake.script["/search"] = [Reply(429, {"detail": {"error": "slow down"}}, headers={"Retry-After": "60"})]
+    search, _ = tools(fake, retries=3)
+    msg = await call(search, query="eiffel")
+    assert msg.content == (
+        "Error: web search on Tavily failed (rate limited (HTTP 429): slow down; "
+        "Tavily asks to wait 60 s before the next request)."
+    )
+    assert msg.artifact == {"doc_ids": [], "error": True} and fake.count("/search") == 1
+
+
 async def test_timeout_is_retried(fake: FakeTavily) -> None:
     fake.script["/search"] = [Reply(200, SEARCH_OK.body, delay=2.0), SEARCH_OK]
     search, _ = tools(fake, timeout=0.5)
@@ -246,10 +276,20 @@ async def test_client_errors_are_not_retried(fake: FakeTavily) -> None:
     search, _ = tools(fake)
     msg = await call(search, query="eiffel")
     assert msg.content == (
-        "Error: web search on Tavily failed (HTTP 401: Tavily rejected the API key: check TAVILY_API_KEY; "
-        "Unauthorized: missing or invalid)."
+        "Error: web search on Tavily failed (HTTP 401: Tavily rejected the API key: check the api_key given to "
+        "make_tavily_tools; Unauthorized: missing or invalid)."
     )
     assert fake.count("/search") == 1
+
+
+async def test_a_rejected_key_names_where_it_was_read_from(fake: FakeTavily, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, a rejected key given as api_key= said "check TAVILY_API_KEY", a variable the tools never read.
+    fake.script["/search"] = [Reply(401, {})]
+    monkeypatch.setenv("TAVILY_API_KEY", KEY)
+    from_env, _ = make_tavily_tools(base_url=fake.base_url)
+    given, _ = make_tavily_tools(api_key=KEY, base_url=fake.base_url)
+    assert "check TAVILY_API_KEY)" in (await call(from_env, query="eiffel")).content
+    assert "check the api_key given to make_tavily_tools)" in (await call(given, query="eiffel")).content
 
 
 async def test_a_bad_key_is_a_failed_call_not_a_page_of_the_web(fake: FakeTavily) -> None:
@@ -279,6 +319,36 @@ async def test_key_never_leaks_even_when_echoed(fake: FakeTavily) -> None:
     assert "limit for ***" in msg.content
 
 
+async def test_a_key_echoed_into_a_result_url_is_in_neither_the_text_nor_the_artifact(fake: FakeTavily) -> None:
+    # Before, the text showed "?k=***" but the artifact's doc_ids, which the trajectory stores, held the key.
+    hit = {"title": "Echo", "url": f"https://example.org/?k={KEY}", "content": "A proxy echoed the key."}
+    fake.script["/search"] = [Reply(body={"results": [hit]})]
+    search, _ = tools(fake)
+    msg = await call(search, query="eiffel")
+    assert msg.artifact == {"doc_ids": ["https://example.org/?k=***"]}
+    assert "(id: https://example.org/?k=***)" in msg.content
+
+
+async def test_the_models_key_from_the_environment_is_in_no_observation(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, only the Tavily key was taken out of a page: OPENAI_API_KEY (here a local server's, of no
+    # known shape) echoed into a result went into the trajectory, its checkpoints and --json output.
+    server_key = "my-vllm-key-7f3a9c"
+    monkeypatch.setenv("OPENAI_API_KEY", server_key)
+    url = f"https://example.org/echo?k={server_key}"
+    hit = {"title": "Echo", "url": url, "content": f"headers: authorization {server_key} x"}
+    fake.script["/search"] = [Reply(body={"results": [hit]})]
+    fake.script["/extract"] = [Reply(body={"results": [{"url": url, "raw_content": f"Echo: {server_key}."}]})]
+    search, visit = tools(fake)
+    found = await call(search, query="eiffel")
+    assert "headers: authorization *** x" in found.content and found.artifact == {
+        "doc_ids": [url.replace(server_key, "***")]
+    }
+    read = await call(visit, doc="https://example.org/echo")
+    assert read.content.endswith("Echo: ***.")
+
+
 def test_missing_key_raises_clear_error() -> None:
     with pytest.raises(MissingTavilyKeyError, match="TAVILY_API_KEY") as info:
         make_tavily_tools()
@@ -288,6 +358,55 @@ def test_missing_key_raises_clear_error() -> None:
 def test_bad_settings_raise_config_error() -> None:
     with pytest.raises(ConfigError, match="retries=-1"):
         make_tavily_tools(api_key=KEY, retries=-1)
+
+
+async def test_the_tls_certificates_are_loaded_once_not_per_call(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, each call made a client that loaded them on the event loop (0.1-1.3 s): 16 searches at
+    # once stalled every other trajectory for 1.6 s.
+    import ssl
+
+    loads = []
+    create = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: loads.append(1) or create(*a, **k))
+    fake.script["/search"] = [SEARCH_OK]
+    search, _ = tools(fake)
+    for _ in range(3):
+        assert len((await call(search, query="eiffel")).artifact["doc_ids"]) == 2
+    assert len(loads) <= 1
+
+
+async def test_the_tavily_clients_own_proxy_variable_still_counts(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A guard (it passes on the old code too): the Tavily client reads TAVILY_HTTP_PROXY only for an httpx
+    # client it makes, and the tools now make their own.
+    monkeypatch.setenv("TAVILY_HTTP_PROXY", fake.base_url)
+    fake.script["http://tavily.invalid/search"] = [SEARCH_OK]
+    search, _ = tools(fake, base_url="http://tavily.invalid")
+    assert len((await call(search, query="eiffel")).artifact["doc_ids"]) == 2
+
+
+@pytest.mark.parametrize("base_url", ["127.0.0.1:8080", "api.tavily.com", "ftp://api.tavily.com", "http://"])
+def test_a_base_url_without_http_scheme_and_host_is_refused_at_once(base_url: str) -> None:
+    # Before, the tools were built, and every call failed with httpx's "UnsupportedProtocol" as a tool error.
+    with pytest.raises(ConfigError, match=f"base_url={base_url!r} must be an http:// or https:// URL"):
+        make_tavily_tools(api_key=KEY, base_url=base_url)
+
+
+async def test_a_loopback_base_url_is_asked_directly_not_through_the_proxy(
+    fake: FakeTavily, unused_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, http_proxy without no_proxy sent the request, the key in its header, to the proxy, and the
+    # search failed with "ConnectError" (here: the proxy is a port nobody listens on).
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{unused_port}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    fake.script["/search"] = [SEARCH_OK]
+    search, _ = tools(fake)
+    assert len((await call(search, query="eiffel")).artifact["doc_ids"]) == 2
 
 
 async def test_visit_extracts_page_with_goal_excerpt(fake: FakeTavily) -> None:
@@ -323,6 +442,11 @@ async def test_visit_needs_a_url(fake: FakeTavily) -> None:
     _, visit = tools(fake)
     msg = await call(visit, doc="Eiffel Tower")
     assert msg.content.startswith("No document 'Eiffel Tower': visit needs a URL")
+    msg = await call(visit, doc="https://en.wikipedia.org/wiki/Eiffel Tower")
+    assert msg.content == (
+        "No document 'https://en.wikipedia.org/wiki/Eiffel Tower': visit needs a URL, without spaces "
+        "(an id from the search results)."
+    )
     assert fake.requests == []
 
 
@@ -344,8 +468,20 @@ async def test_a_key_read_with_its_line_break_works_and_never_leaks(fake: FakeTa
     assert len(msg.artifact["doc_ids"]) == 2
     ((_, headers, _),) = fake.requests
     assert headers["Authorization"] == f"Bearer {KEY}"
-    with pytest.raises(ConfigError, match="spaces or control characters"):
+    with pytest.raises(ConfigError, match="spaces, control characters or"):
         make_tavily_tools(api_key="tvly-abc\x00def")
+
+
+@pytest.mark.parametrize("key", [f"\u201c{KEY}\u201d", KEY.replace("e", "\u00e9")])
+def test_a_key_with_curly_quotes_or_other_non_ascii_is_refused_at_once(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the tools were built, and every call failed with "UnicodeEncodeError: 'ascii' codec can't
+    # encode character '\u201d' in position 35": a tool error naming no key.
+    monkeypatch.setenv("TAVILY_API_KEY", key)
+    with pytest.raises(ConfigError, match=r"the Tavily API key \(TAVILY_API_KEY\) holds .* other than ASCII") as info:
+        make_tavily_tools()
+    assert KEY not in str(info.value)
 
 
 async def test_the_timeout_bounds_the_whole_request_not_each_read(fake: FakeTavily) -> None:
@@ -353,7 +489,8 @@ async def test_the_timeout_bounds_the_whole_request_not_each_read(fake: FakeTavi
     fake.script["/search"] = [Reply(200, SEARCH_OK.body, drip=0.05)]  # about 20 s for the body
     search, _ = tools(fake, timeout=0.5, retries=0)
     msg = await call(search, query="eiffel")
-    assert msg.content == "Error: web search on Tavily failed after 1 attempts (timed out)."
+    # Before: "failed after 1 attempts (timed out)", naming neither the bound nor one attempt right.
+    assert msg.content == "Error: web search on Tavily failed (no answer within 0.5 s)."
     assert msg.artifact == {"doc_ids": [], "error": True}
 
 
@@ -374,8 +511,16 @@ async def test_what_the_web_says_is_not_taken_for_a_credential(fake: FakeTavily)
     assert page in (await call(search, query="rosebud")).content
 
 
-async def test_odd_extract_json_is_a_page_that_could_not_be_read(fake: FakeTavily) -> None:
-    fake.script["/extract"] = [Reply(200, {"results": 5, "failed_results": 1})]
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"results": 5, "failed_results": 1},
+        # Before: "No document could be read at https://example.org/a (None)."
+        {"results": [], "failed_results": [{"url": "https://example.org/a", "error": None}]},
+    ],
+)
+async def test_odd_extract_json_is_a_page_that_could_not_be_read(fake: FakeTavily, body: dict) -> None:
+    fake.script["/extract"] = [Reply(200, body)]
     _, visit = tools(fake)
     msg = await call(visit, doc="https://example.org/a")
     assert msg.content == "No document could be read at https://example.org/a."
@@ -392,7 +537,7 @@ async def test_a_reply_repeats_at_most_a_bounded_part_of_the_input(fake: FakeTav
 @pytest.mark.parametrize(
     ("reply", "said"),
     [
-        (Reply(401, {}), "HTTP 401: Tavily rejected the API key: check TAVILY_API_KEY"),
+        (Reply(401, {}), "HTTP 401: Tavily rejected the API key: check the api_key given to make_tavily_tools"),
         (Reply(403, {}), "HTTP 403: Tavily refused access"),
         (
             Reply(432, {"detail": {"error": "This request exceeds your plan's set usage limit."}}),
@@ -401,6 +546,8 @@ async def test_a_reply_repeats_at_most_a_bounded_part_of_the_input(fake: FakeTav
         (Reply(433, {"detail": {}}), "HTTP 433: Tavily pay-as-you-go limit reached"),
         (Reply(200, html="<html>captive portal</html>"), "Tavily sent a response that is not JSON (HTTP 200)"),
         (Reply(202, {"results": []}), "HTTP 202: Tavily sent no results"),
+        # Before: "AttributeError: 'list' object has no attribute 'get'" for a search.
+        (Reply(200, ["a", "list"]), "HTTP 200: Tavily sent JSON that is no search or extract response"),
     ],
 )
 async def test_a_refusal_names_its_http_status_and_what_it_means(fake: FakeTavily, reply: Reply, said: str) -> None:
