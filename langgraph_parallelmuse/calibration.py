@@ -250,7 +250,8 @@ def _expanded(path: str | Path) -> Path:
 def _load(path: str, *version: int) -> Calibration:
     # Keyed by the file's stat: every node of a run resolves the config, the file is read once per change.
     try:
-        data = json.loads(Path(path).read_text())
+        # utf-8-sig: a file saved again by an editor as "UTF-8 with BOM" (Notepad) was "malformed".
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
         cal = Calibration(
             estimator=str(data["estimator"]),
             quantile=float(data["quantile"]),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -614,19 +615,54 @@ def load_done(path: Path) -> dict[str, dict]:
     return done
 
 
-def _drop_cut_line(path: Path) -> None:
+def _drop_cut_line(path: Path) -> str | None:
     """Drop a last line a crash cut, and end the file with a newline: the records appended next
-    start on a line of their own, so that only a last line is ever cut."""
+    start on a line of their own, so that only a last line is ever cut.
+
+    Returns:
+        What was dropped, to tell the user (``None``: nothing).
+    """
     data = path.read_bytes() if path.exists() else b""
     if not (body := data.rstrip()):
-        return
+        return None
     last = body.rfind(b"\n") + 1
     if _parsed(body[last:])[1] is not None:  # its question runs again
         with path.open("r+b") as fh:
             fh.truncate(last)
-    elif not data.endswith(b"\n"):
+        # A record starts with its id: the question is named when the cut left it whole.
+        cut = re.match(rb'\{"id": ("(?:[^"\\]|\\.)*")', body[last:])
+        question = f"question {json.loads(cut[1])!r}" if cut else "its question"
+        number = body.count(b"\n", 0, last) + 1
+        return f"line {number} of {path} was cut off by a crash: dropped, {question} runs again"
+    if not data.endswith(b"\n"):
         with path.open("ab") as fh:
             fh.write(b"\n")
+    return None
+
+
+def _resumed(path: Path, items: Sequence[QAItem], settings: BenchSettings, log: Any) -> list[dict]:
+    """The finished records of ``items`` in the results file ``path``, which is then ready for appending.
+
+    Raises:
+        ConfigError: The records were run with other settings (:func:`finished_records`), or ``path``
+            cannot be written (its folder read-only, the file read-only): before any question runs,
+            not once the first one's rollouts are done.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        records = finished_records(path, items, settings=settings)
+        if (dropped := _drop_cut_line(path)) and log is not None:
+            log(f"    {dropped}")
+        existed = path.exists()
+        path.open("ab").close()
+        if not existed:  # no file is left by a run refused before its first question (check_doc_ids)
+            path.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the results file {path} ({exc.strerror or exc}): make it and its folder writable, "
+            "or choose another output directory"
+        ) from exc
+    return records
 
 
 def _metrics(rows: Sequence[dict], name: str) -> tuple[str, ...]:
@@ -1052,9 +1088,7 @@ async def run_bench(
 
     if concurrency < 1:  # a semaphore of 0 let no question start: the run waited forever
         raise ConfigError(f"concurrency={concurrency}: the questions in flight at once, use 1 or more")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    records = finished_records(out, items, settings=settings)
-    _drop_cut_line(out)
+    records = _resumed(out, items, settings, log)
     finished = {r["id"] for r in records}
     todo = [i for i in items if i.id not in finished]
     check_doc_ids(index, todo, setting=settings.setting)  # before any model call
@@ -1087,8 +1121,7 @@ async def run_bench(
                 return
             rec["settings"] = asdict(settings)
             async with lock:
-                with out.open("a", encoding="utf-8") as fh:  # as load_done reads it, whatever the locale
-                    fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                _append(out, rec)
                 records.append(rec)
                 if progress is not None:
                     progress(rec)
@@ -1099,6 +1132,27 @@ async def run_bench(
     if failed:
         raise _failed_questions(items, len(todo), failed, judge_failed, records)
     return records
+
+
+def _append(path: Path, record: dict) -> None:
+    """Append a question's record to the results file ``path`` as one line.
+
+    Raises:
+        ConfigError: The line could not be written (a full disk): the finished records are kept, a
+            line the failure cut short is dropped by the rerun, whose question runs again.
+    """
+    try:
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+    except UnicodeEncodeError:  # a lone surrogate a server sent: escaped, the record is still kept
+        line = (json.dumps(record) + "\n").encode()
+    try:
+        with path.open("ab") as fh:  # UTF-8, as load_done reads it, whatever the locale
+            fh.write(line)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot append question {record['id']!r} to {path} ({exc.strerror or exc}): free space or make "
+            "it writable, then rerun the same command: the finished questions are kept"
+        ) from exc
 
 
 def _failed_questions(

@@ -129,7 +129,9 @@ def _parse_line(raw: str, where: str) -> QAItem:
         if value is None and key in _DOC_LISTS:  # optional: null is read as absent, as meta and dataset are
             value = []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r}")
+            # One answer written bare ("Paris") is the usual slip: the fix is that answer in a list.
+            fix = f": write [{json.dumps(value, ensure_ascii=False)}]" if isinstance(value, str) else ""
+            raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r:.80}{fix}")
     if not obj["answers"]:
         raise EvalDataError(f"{where}: field 'answers' is empty; each question needs a gold answer")
     # Scoring compares normalised forms: an answer that normalises to nothing matches no prediction,

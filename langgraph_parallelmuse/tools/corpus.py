@@ -42,8 +42,14 @@ _WIKI_FILE = "data/summaries_en-us.json"
 # Bounds the cost of pasted paragraphs as queries: OR-ing hundreds of terms is slow and no better.
 _MAX_QUERY_TERMS = 32
 _SNIPPET_TOKENS = 48
+# SQLite's snippet() weighs every match of a column against every other, so its time grows with the
+# square of a document's matches: a book of 30,000 "lorem" took a minute a search. A longer text's
+# snippet is cut from its best piece of at most this many characters (a few hundred matches at most).
+_SNIPPET_PIECE = 4000
 # Title and description are short and telling, so a match there counts more than one in the body.
 _BM25_WEIGHTS = (2.0, 1.0, 1.0)  # title, text, description
+# The full-text table, in the index and in the scratch one a long text's snippet is cut from.
+_FTS = "fts5(title, text, description, tokenize='porter unicode61 remove_diacritics 2')"
 
 _TOKEN_RE = re.compile(r"[^\W_]+")
 # Scripts written without spaces between words (Chinese, Japanese; Korean glues particles on): the
@@ -383,11 +389,10 @@ class CorpusIndex:
         if match is None or k <= 0:
             return []
         sql = (
-            "SELECT d.id, d.title, snippet(docs_fts, 1, '', '', '…', ?), "
-            "bm25(docs_fts, ?, ?, ?) AS rank "
+            "SELECT d.rowid, d.id, d.title, bm25(docs_fts, ?, ?, ?) AS rank "
             "FROM docs_fts JOIN docs d ON d.rowid = docs_fts.rowid WHERE docs_fts MATCH ?"
         )
-        params: list[object] = [_SNIPPET_TOKENS, *_BM25_WEIGHTS, match]
+        params: list[object] = [*_BM25_WEIGHTS, match]
         if doc_ids is not None:
             # json_each keeps the subset one bound parameter, whatever its size.
             sql += " AND docs_fts.rowid IN (SELECT rowid FROM docs WHERE id IN (SELECT value FROM json_each(?)))"
@@ -395,7 +400,11 @@ class CorpusIndex:
         sql += " ORDER BY rank LIMIT ?"
         params.append(k)
         rows = self._read(lambda c: c.execute(sql, params).fetchall())
-        return [Hit(id=r[0], title=r[1], snippet=r[2].replace(_ZWSP, ""), score=-r[3]) for r in rows]
+        # Snippets of the hits shown only: snippet() in the ranking query ran on every matching document.
+        return [
+            Hit(id=r[1], title=r[2], snippet=self._read(lambda c, r=r: _snippet(c, r[0], match)), score=-r[3])
+            for r in rows
+        ]
 
     def get(self, id_or_title: str, *, doc_ids: Iterable[str] | None = None) -> Doc | None:
         """Fetch a document by exact id, else exact title (case-insensitive), else best title match.
@@ -648,14 +657,13 @@ def _build(target: Path, fingerprint: str, docs: Iterable[Doc]) -> None:
             conn.execute("PRAGMA journal_mode = OFF")
             conn.execute("PRAGMA synchronous = OFF")
             conn.executescript(
-                """
+                f"""
                 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
                 CREATE TABLE docs (
                     rowid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL,
                     text TEXT NOT NULL, description TEXT NOT NULL DEFAULT '');
                 CREATE INDEX docs_title ON docs (title COLLATE NOCASE);
-                CREATE VIRTUAL TABLE docs_fts USING fts5(
-                    title, text, description, tokenize='porter unicode61 remove_diacritics 2');
+                CREATE VIRTUAL TABLE docs_fts USING {_FTS};
                 """
             )
             batch: list[tuple[str, str, str, str]] = []
@@ -715,10 +723,10 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise CorpusError(f"{f}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(obj, dict) or not all(
-                    isinstance(obj.get(key), str) for key in ("id", "title", "text")
-                ):
+                if not isinstance(obj, dict):
                     raise CorpusError(f'{f}:{lineno}: expected an object with string "id", "title" and "text"')
+                if bad := next((key for key in ("id", "title", "text") if not isinstance(obj.get(key), str)), None):
+                    raise CorpusError(f"{f}:{lineno}: {_field_problem(bad, obj.get(bad))}")
                 doc = Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
                 if (problem := _not_text(doc)) is not None:
                     raise CorpusError(
@@ -731,6 +739,20 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
                     )
                 seen.add(doc.id)
                 yield doc
+
+
+def _field_problem(key: str, value: object) -> str:
+    """What is wrong with a document's required field ``key`` of ``value`` (no string), and the fix.
+
+    Example:
+        >>> _field_problem("id", 7)
+        'field "id" must be a string, got 7: write "7"'
+    """
+    if value is None:
+        return f'field "{key}" is missing: each line needs string "id", "title" and "text"'
+    # A number where text was meant ("id": 7) is the usual slip: the fix is that number quoted.
+    fix = f': write "{value}"' if isinstance(value, int | float) and not isinstance(value, bool) else ""
+    return f'field "{key}" must be a string, got {value!r:.80}{fix}'
 
 
 def _wikipedia_file() -> Path:
@@ -767,6 +789,57 @@ def _read_wikipedia(source: Path) -> Iterator[Doc]:
         if (problem := _not_text(doc)) is not None:
             raise CorpusError(f"{damaged} (entry {key!r}: {problem}); {hint}")
         yield doc
+
+
+def _snippet(conn: sqlite3.Connection, rowid: int, match: str) -> str:
+    """The excerpt of document ``rowid``'s text around the terms of ``match``, ``…`` where it is cut.
+
+    A text longer than ``_SNIPPET_PIECE`` is cut into pieces at spaces, and the snippet is cut from
+    the piece that ranks best for ``match`` with some of its neighbours' text (room for the words
+    around a match at its edge): time linear in the text, not in the square of its matches.
+    """
+    sql = "SELECT snippet(docs_fts, 1, '', '', '…', ?) FROM docs_fts WHERE docs_fts MATCH ? AND rowid = ?"
+    text = conn.execute("SELECT text FROM docs_fts WHERE rowid = ?", [rowid]).fetchone()[0]
+    pieces = _pieces(text) if len(text) > _SNIPPET_PIECE else []
+    if len(pieces) > 1:
+        with contextlib.closing(sqlite3.connect(":memory:")) as scratch:
+            scratch.execute(f"CREATE VIRTUAL TABLE docs_fts USING {_FTS}")
+            scratch.executemany(
+                "INSERT INTO docs_fts(rowid, text) VALUES (?, ?)", [(n, text[a:b]) for n, (a, b) in enumerate(pieces)]
+            )
+            best = scratch.execute(
+                "SELECT rowid FROM docs_fts WHERE docs_fts MATCH ? ORDER BY bm25(docs_fts) LIMIT 1", [match]
+            ).fetchone()
+            if best is not None:  # else only the title or description matched: the text's start, as below
+                a, b = pieces[best[0]]
+                margin = _SNIPPET_PIECE // 4
+                a = _cut(text, a - margin, max(a - 2 * margin, 0)) if a > margin else 0
+                b = _cut(text, b + margin, b)
+                scratch.execute("INSERT INTO docs_fts(rowid, text) VALUES (-1, ?)", [text[a:b]])
+                cut = scratch.execute(sql, [_SNIPPET_TOKENS, match, -1]).fetchone()[0]
+                before = "…" if a and not cut.startswith("…") else ""
+                after = "…" if b < len(text) and not cut.endswith("…") else ""
+                return f"{before}{cut}{after}".replace(_ZWSP, "")
+    return conn.execute(sql, [_SNIPPET_TOKENS, match, rowid]).fetchone()[0].replace(_ZWSP, "")
+
+
+def _pieces(text: str) -> list[tuple[int, int]]:
+    """The spans of ``text``'s consecutive pieces of at most ``_SNIPPET_PIECE`` characters (see :func:`_cut`)."""
+    spans, start = [], 0
+    while start < len(text):
+        end = _cut(text, start + _SNIPPET_PIECE, start)
+        spans.append((start, end))
+        start = end
+    return spans
+
+
+def _cut(text: str, end: int, start: int) -> int:
+    """Where to end a piece of ``text`` that starts at ``start``, at ``end`` at most: at its last space
+    after ``start`` (a word split in two would match as neither half), else at ``end``."""
+    if end >= len(text):
+        return len(text)
+    space = max(text.rfind(" ", start + 1, end), text.rfind("\n", start + 1, end))
+    return space if space > start else end
 
 
 def _not_text(doc: Doc) -> str | None:

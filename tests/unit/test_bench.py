@@ -1077,3 +1077,50 @@ async def test_each_online_mode_of_the_bench_takes_its_own_forks(tmp_path):
     picks = (await bench._rollouts(runner, item, settings, note=lambda s: None)).picks
     assert [p[:2] for p in picks["exploration"]] == [[0, "exploration"]]
     assert [p[:2] for p in picks["reasoning"]] == [[2, "reasoning"]]
+
+
+async def test_a_results_file_that_cannot_be_written_is_refused_before_any_question_runs(index, tmp_path, monkeypatch):
+    # Before: the first question's rollouts ran, then its record failed to append (a raw PermissionError).
+    out = tmp_path / "results.jsonl"
+    opened = Path.open
+
+    def read_only(self, mode="r", *args, **kwargs):
+        if self == out and "a" in mode:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return opened(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    calls = []
+    with pytest.raises(ConfigError, match=re.escape(f"cannot write the results file {out} (Permission denied)")):
+        await run_bench(
+            _model(on="France", hook=lambda: calls.append(1)), index, ITEMS[:1], BenchSettings(**SMALL), out
+        )
+    assert calls == []
+
+
+async def test_a_record_that_cannot_be_appended_names_the_file_and_keeps_the_finished_ones(index, tmp_path):
+    from langgraph_parallelmuse.eval import bench
+
+    with pytest.raises(ConfigError, match=r"cannot append question 'q1' to /dev/full \(No space left on device\)"):
+        bench._append(Path("/dev/full"), {"id": "q1"})
+
+
+async def test_a_record_holding_a_lone_surrogate_is_kept_escaped(tmp_path):
+    # Before: UnicodeEncodeError after the question's whole run, and the record was lost.
+    from langgraph_parallelmuse.eval import bench
+
+    out = tmp_path / "results.jsonl"
+    bench._append(out, {"id": "q1", "answer": "caf\udce9"})
+    assert json.loads(out.read_bytes()) == {"id": "q1", "answer": "caf\udce9"}
+
+
+async def test_a_cut_last_line_is_dropped_and_the_user_told_which_question_runs_again(index, tmp_path):
+    out = tmp_path / "results.jsonl"
+    settings = BenchSettings(**SMALL)
+    await run_bench(_model(), index, ITEMS[:1], settings, out)
+    with out.open("ab") as fh:
+        fh.write(b'{"id": "q2", "question": "What is the capi')
+    said: list[str] = []
+    records = await run_bench(_model(), index, ITEMS[:2], settings, out, log=said.append)
+    assert [r["id"] for r in records] == ["q1", "q2"]
+    assert f"line 2 of {out} was cut off by a crash: dropped, question 'q2' runs again" in said[0]

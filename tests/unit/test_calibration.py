@@ -128,3 +128,10 @@ def test_a_blank_calibration_path_is_named_as_blank(blank):
     """An empty path was read as the working directory: "calibration '.' is not a file"."""
     with pytest.raises(ConfigError, match="calibration path .* is blank"):
         Calibration.load(blank)
+
+
+def test_a_calibration_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    # Before: "malformed (Unexpected UTF-8 BOM ...): regenerate it", for a file an editor saved again.
+    path = Calibration("nll", 0.8, {"all": 2.0}, {"all": 60}).save(tmp_path / "cal.json")
+    path.write_text("\ufeff" + path.read_text(), encoding="utf-8")
+    assert Calibration.load(path).thresholds == {"all": 2.0}

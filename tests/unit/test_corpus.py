@@ -242,7 +242,7 @@ def test_bad_sources_give_clear_errors(tmp_path: Path, cache: Path) -> None:
     bad.write_text('{"id": "x", "title": "t", "text": "ok"}\n{oops\n', encoding="utf-8")
     with pytest.raises(CorpusError, match=r"bad\.jsonl:2: not valid JSON"):
         CorpusIndex.from_jsonl(bad, cache_dir=cache)
-    bad.write_text('{"id": 1, "title": "t"}\n', encoding="utf-8")
+    bad.write_text('["x", "t", "ok"]\n', encoding="utf-8")
     with pytest.raises(CorpusError, match=r"bad\.jsonl:1: expected an object"):
         CorpusIndex.from_jsonl(bad, cache_dir=cache)
     latin1 = '{"id": "x", "title": "t", "text": "ok"}\n{"id": "y", "title": "Café", "text": "latin-1"}\n'
@@ -548,3 +548,47 @@ def test_superscripts_and_fractions_stay_as_written_in_snippets_and_queries(tmp_
     assert "8½" in hit.snippet and "hm³" in hit.snippet
     assert [h.id for h in index.search("8½")] == ["f1"]
     assert [h.id for h in index.search("Tokyo film")][0] == "f2"
+
+
+def test_a_long_text_with_many_matches_is_snipped_from_its_best_piece(tmp_path: Path, cache: Path) -> None:
+    # SQLite's snippet() weighs every match against every other: over a whole text with 30,000
+    # matches one search took a minute. Only a piece of the text (and its edges) is snipped now.
+    filler = " ".join(f"word{i} lorem ipsum" for i in range(3000))
+    text = f"{filler} where the needle sits {filler}"
+    docs = [{"id": "big", "title": "Big", "text": text}, {"id": "s", "title": "Small", "text": "lorem needle"}]
+    index = CorpusIndex.from_jsonl(write_jsonl(tmp_path / "c.jsonl", docs), cache_dir=cache)
+    statements: list[str] = []
+    index._conn().set_trace_callback(statements.append)
+    hit = next(h for h in index.search("needle lorem", k=2) if h.id == "big")
+    # The small document's is SQLite's own; none runs over the big one's whole text.
+    assert [s for s in statements if "snippet(" in s and not s.endswith("rowid = 2")] == []
+    assert "word2999 lorem ipsum where the needle sits" in hit.snippet
+    assert hit.snippet.startswith("…") and hit.snippet.endswith("…")
+    # A match only in the title: the text's start, as for a short text.
+    assert index.search("big")[0].snippet.startswith("word0 lorem ipsum word1")
+
+
+def test_the_pieces_of_a_long_text_cover_it_and_end_at_spaces() -> None:
+    text = " ".join(f"w{i}" for i in range(5000)) + " " + "x" * 9000
+    spans = corpus._pieces(text)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a == b for (_, a), (b, _) in zip(spans, spans[1:], strict=False))
+    assert all(0 < end - start <= corpus._SNIPPET_PIECE for start, end in spans)
+    assert all(text[end] == " " for _, end in spans if end < len(text) and text[end - 1] != "x")
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"id": 1, "title": "t", "text": "x"}', 'field "id" must be a string, got 1: write "1"'),
+        ('{"id": "a", "title": null, "text": "x"}', 'field "title" is missing'),
+        ('{"id": "a", "title": "t"}', 'field "text" is missing'),
+        ('{"id": "a", "title": "t", "text": ["x"]}', "field \"text\" must be a string, got ['x']"),
+    ],
+)
+def test_a_document_field_of_the_wrong_type_is_named_with_the_fix(tmp_path: Path, cache: Path, line, problem) -> None:
+    # Before: "expected an object with string id, title and text", whichever field it was.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "title": "t", "text": "ok"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=re.escape(f"{bad}:2: {problem}")):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)

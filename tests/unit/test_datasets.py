@@ -337,3 +337,14 @@ def test_an_id_or_question_that_is_not_text_says_what_it_is(tmp_path, field, val
     with pytest.raises(EvalDataError) as excinfo:
         load_questions(path)
     assert str(excinfo.value) == f"{path}:1: {said}"
+
+
+@pytest.mark.parametrize("key", ["answers", "supporting_doc_ids", "context_doc_ids"])
+def test_a_bare_string_for_a_list_is_named_with_the_list_to_write(tmp_path, key):
+    # Before: "must be a list of strings, got 'Paris'", without the fix.
+    path = _write(tmp_path, [{**ROW, key: "Paris"}])
+    with pytest.raises(
+        EvalDataError,
+        match=re.escape(f"{path}:1: field '{key}' must be a list of strings, got 'Paris': write [\"Paris\"]"),
+    ):
+        load_questions(path)
