@@ -23,7 +23,9 @@ copy a candidate exactly, the method forbids inventing or merging answers, and n
 trajectory did not answer (a page's injected ``<answer>``) can become the final answer.
 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
-over the reports is returned with ``source="majority_fallback"``.
+over the reports is returned with ``source="majority_fallback"``. Reports too long together for the
+aggregator's context are sent again cut alike, each keeping its final answer line (cut at the
+prompt's end, the last reports would vanish), and the result's ``error`` says how far they were cut.
 
 The baselines (:func:`majority_vote`, :func:`weighted_vote`, :func:`max_tool_calls`) are pure
 functions over trajectories, registered in :data:`BASELINES` under the names
@@ -51,7 +53,7 @@ from langgraph_parallelmuse.answers import (
     vote_tokens,
 )
 from langgraph_parallelmuse.compress import without_think
-from langgraph_parallelmuse.errors import ends_the_run
+from langgraph_parallelmuse.errors import ends_the_run, is_context_overflow
 from langgraph_parallelmuse.protocol import quote_untrusted
 from langgraph_parallelmuse.redact import redact, secrets_of
 from langgraph_parallelmuse.segments import Choose, Gen, Lit, Sampling, Segment, TurnResult, generate_turn
@@ -66,6 +68,7 @@ __all__ = [
     "majority_vote",
     "max_tool_calls",
     "normalize_vote_key",
+    "shorten_report",
     "trace_confidence",
     "weighted_vote",
 ]
@@ -131,7 +134,8 @@ class AggregateResult:
         cached_prompt_tokens: Prompt tokens the backend reported as served from its prefix cache.
         seconds: Wall time of the model call.
         error: Why the aggregator's pick was not used (``majority_fallback``): its model call's
-            error (redacted), or that its output named no candidate.
+            error (redacted), or that its output named no candidate; with its pick used, that the
+            reports were cut to fit its context window (``None``: it read them whole).
     """
 
     answer: str | None
@@ -276,11 +280,15 @@ BASELINES: dict[str, Callable[[Sequence[Trajectory]], str | None]] = {
 """Baseline aggregators by ``ParallelMuseConfig.aggregation`` name."""
 
 
-def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[BaseMessage]:
+def build_aggregate_messages(
+    question: str, reports: Sequence[Report], *, max_report_chars: int | None = None
+) -> list[BaseMessage]:
     """The messages the aggregator receives: the question and the numbered reports, nothing else.
 
     Report text is neutralised: a report may quote tool output, which must not open or close a
     protocol tag in the aggregator's prompt, nor start a line that poses as a section of it.
+    ``max_report_chars`` cuts every report alike (:func:`shorten_report`): reports that do not fit
+    the aggregator's context together.
 
     Example:
         >>> msgs = build_aggregate_messages("Capital of France?", [
@@ -291,11 +299,32 @@ def build_aggregate_messages(question: str, reports: Sequence[Report]) -> list[B
     """
     # A report quoting tool output must not start a fake "Report N:" or "Question:" section.
     numbered = "\n\n".join(
-        f"Report {i}:\n{quote_untrusted(r['text'].strip(), ('Report ', 'Question:', 'Each report above'))}"
+        f"Report {i}:\n"
+        + quote_untrusted(shorten_report(r["text"], max_report_chars), ("Report ", "Question:", "Each report above"))
         for i, r in enumerate(reports, 1)
     )
     body = f"Question: {question}\n\n{numbered}\n\nQuestion: {question}\n\n{_INSTRUCTIONS}"
     return [SystemMessage(_SYSTEM), HumanMessage(body)]
+
+
+def shorten_report(text: str, limit: int | None) -> str:
+    """A report whose text before its last line (its final answer) is cut to ``limit`` characters.
+
+    The answer line stays whole: cut from the end, a report would lose its answer, and cut at
+    the prompt's end, the last reports would vanish while the first were shown whole.
+
+    Example:
+        >>> print(shorten_report("Solution methods: a long search\\nFinal answer: Paris", 10))
+        Solution m …[cut]
+        Final answer: Paris
+        >>> shorten_report("Solution methods: a long search\\nFinal answer: Paris", 0)
+        'Final answer: Paris'
+    """
+    text = text.strip()
+    body, _, last = text.rpartition("\n")
+    if limit is None or len(body) <= limit:
+        return text
+    return (body[:limit].rstrip() + " …[cut]\n" if limit else "") + last
 
 
 def _first_clause(text: str) -> list[str]:
@@ -447,8 +476,81 @@ async def aggregate_reports(
     candidates = _candidates(answers)
     if not candidates:
         return AggregateResult(answer=None, source="none")
-    majority = _vote(answers)
-    messages = build_aggregate_messages(question, reports)
+    result = AggregateResult(answer=_vote(answers), source="majority_fallback", candidates=candidates)
+    sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
+    turn, failure = None, None
+    for cut in _report_cuts(reports):
+        result.prompt = build_aggregate_messages(question, reports, max_report_chars=cut)
+        segments = _segments(model, result.prompt, candidates, guided=guided, max_tokens=max_tokens)
+        try:
+            turn = await generate_turn(model, result.prompt, segments, sampling=sampling, seed=seed)
+            break
+        except Exception as exc:  # noqa: BLE001 - a failed aggregation falls back to the majority vote, recorded
+            if ends_the_run(exc):  # a wrong setting (a server without prompt_logprobs told to score): say so
+                raise
+            failure = exc
+            # The same prompt cannot fit again, a shorter one may: every report is cut alike.
+            if not is_context_overflow(exc):
+                break
+    if turn is None:
+        said = redact(f"{type(failure).__name__}: {failure}", secrets_of(model))
+        result.error = f"the aggregator's model call failed: {said}" + (
+            _TOO_LONG if is_context_overflow(failure) else ""
+        )
+        logger.warning("%s; using the majority vote", result.error)
+        return result
+    result.raw, result.tokens, result.seconds = turn.text, turn.generated_tokens, turn.seconds
+    result.prompt_tokens, result.cached_prompt_tokens = turn.prompt_tokens, turn.cached_prompt_tokens
+    cut_note = None if cut is None else _CUT.format(cut=cut)
+    if picked := _picked(turn, guided=guided, candidates=candidates, answers=answers):
+        result.answer, result.source, result.error = picked, "aggregator", cut_note
+        if cut_note:
+            logger.warning("%s", cut_note)
+    else:
+        result.error = _no_pick(turn, cut_note)
+        logger.warning("%s; using the majority vote", result.error)
+    return result
+
+
+_TOO_LONG = (
+    "; the reports do not fit the aggregator's context window even as their final answers alone: use an "
+    "aggregator with a longer context, fewer trajectories or a shorter question"
+)
+_CUT = (
+    "the reports did not fit the aggregator's context window: it read each cut to {cut} characters before its "
+    "final answer line"
+)
+
+
+def _no_pick(turn: TurnResult, cut_note: str | None) -> str:
+    """Why the aggregator's turn picked no candidate, and whether it read the reports cut.
+
+    A reply cut before its answer (``max_aggregate_tokens``, or the end of the context) is named so:
+    "names no candidate" sent the user after the model, not after the bound.
+    """
+    cut = turn.finish_reason == "length"
+    said = "was cut off by the token limit before its answer" if cut else "names no candidate"
+    return f"the aggregator's output {said}: {turn.text[:200]!r}" + (f" ({cut_note})" if cut_note else "")
+
+
+def _report_cuts(reports: Sequence[Report]) -> list[int | None]:
+    """The lengths to cut every report to, in turn, until the aggregator's prompt fits its context:
+    whole first, then a half, an eighth and none of the longest report's text before its answer line.
+
+    Example:
+        >>> _report_cuts([{"text": "x" * 800 + "\\nFinal answer: Paris"}])
+        [None, 400, 100, 0]
+    """
+    longest = max((len(r["text"].strip().rpartition("\n")[0]) for r in reports), default=0)
+    return [None, *dict.fromkeys(cut for cut in (longest // 2, longest // 8, 0) if cut < longest)]
+
+
+def _segments(
+    model: BaseChatModel, messages: list[BaseMessage], candidates: list[str], *, guided: bool, max_tokens: int
+) -> list[Segment]:
+    """The aggregator's turn: its pick among the candidates (guided), or its free reply."""
+    if not guided:
+        return [Gen(stop=("</answer>",), max_tokens=max_tokens)]
     # "Answer:" is what a small model continues with a candidate; after a bare "<answer>" prefill
     # SmolLM2 closes the tag at once (measured: 3/3 empty vs 3/3 candidates). The pick stops at a
     # blank line, not the first line break: after "Answer:" SmolLM2 sometimes breaks the line first
@@ -460,24 +562,4 @@ async def aggregate_reports(
         if getattr(model, "supports_scoring", False)
         else Gen(stop=("</answer>", "\n\n"), max_tokens=GUIDED_PICK_TOKENS, name="pick")
     )
-    segments = [Lit("Answer:"), pick] if guided else [Gen(stop=("</answer>",), max_tokens=max_tokens)]
-    result = AggregateResult(answer=majority, source="majority_fallback", prompt=messages, candidates=candidates)
-    sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
-    try:
-        turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
-    except Exception as exc:  # noqa: BLE001 - a failed aggregation falls back to the majority vote, recorded
-        if ends_the_run(exc):  # a wrong setting (a server without prompt_logprobs told to score): say so
-            raise
-        result.error = "the aggregator's model call failed: " + redact(
-            f"{type(exc).__name__}: {exc}", secrets_of(model)
-        )
-        logger.warning("%s; using the majority vote", result.error)
-        return result
-    result.raw, result.tokens, result.seconds = turn.text, turn.generated_tokens, turn.seconds
-    result.prompt_tokens, result.cached_prompt_tokens = turn.prompt_tokens, turn.cached_prompt_tokens
-    if picked := _picked(turn, guided=guided, candidates=candidates, answers=answers):
-        result.answer, result.source = picked, "aggregator"
-    else:
-        result.error = f"the aggregator's output names no candidate: {turn.text[:200]!r}"
-        logger.warning("%s; using the majority vote", result.error)
-    return result
+    return [Lit("Answer:"), pick]

@@ -37,13 +37,13 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from langgraph_parallelmuse.errors import ends_the_run
+from langgraph_parallelmuse.errors import ends_the_run, is_context_overflow
 from langgraph_parallelmuse.facts import step_facts
 from langgraph_parallelmuse.protocol import neutralize, one_line, quote_untrusted, trajectory_text
 from langgraph_parallelmuse.redact import redact, secrets_of
@@ -445,11 +445,10 @@ async def compress_trajectory(
 
     A report whose model call raises or whose model-written part is malformed (free: a section
     missing or empty, or cut off by the token limit; guided: a reasoning line with no word) is
-    retried once with another seed; if that fails too the report falls back
-    (``status="fallback"``): it keeps the sections the fullest attempt wrote (a guided one its facts
-    too), with ``(none written)`` for the missing ones; a free one with none is the final answer
-    alone. A trajectory without an answer is never sent to the model: it gets a fallback report
-    with ``answer=None``.
+    retried once with another seed (a free log too long for the model's context: with tool outputs cut
+    shorter; a guided one is not). If that fails too the report falls back (``status="fallback"``): it
+    keeps the sections the fullest attempt wrote (a guided one its facts too), with ``(none written)``
+    for the missing ones; a free one with none is the final answer alone. No answer: no call, ``answer=None``.
 
     Args:
         model: The compressor chat model.
@@ -495,8 +494,9 @@ async def compress_trajectory(
     limits = {"max_report_tokens": max_report_tokens, "max_observation_chars": max_observation_chars}
     messages, segments, read, methods = _job(question, trajectory, traj_answer, guided=guided, **limits)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
+    shorter = iter(()) if guided else _shorter_logs(question, trajectory, max_observation_chars)
     sections, problem, cost = await report_attempts(
-        model, messages, segments, sampling, read, seed=seed, tid=trajectory["id"]
+        model, messages, segments, sampling, read, seed=seed, tid=trajectory["id"], shorter=shorter
     )
     timing = {"seconds": time.perf_counter() - started, **cost}
     if problem is None:
@@ -536,6 +536,28 @@ def _job(
     return build_guided_messages(question, facts, answer), segments, partial(_read_guided, methods=methods), methods
 
 
+# Tool outputs are cut to these lengths, in turn, when a free report's log does not fit the model's
+# context; 200 is where the agent cuts them after its own overflow.
+_SHORTER_OBSERVATIONS = (1000, 200)
+_TOO_LONG = (
+    "; the report's prompt does not fit the compressor's context window{how}: use a compressor with a longer "
+    "context, a smaller max_observation_chars or a shorter question"
+)
+
+
+def _shorter_logs(question: str, trajectory: Trajectory, limit: int | None) -> Iterator[list[BaseMessage]]:
+    """The free prompts to try after a context overflow, built as they are needed: tool outputs cut
+    shorter each time, each one only when it changes the log (some output, as the first prompt shows
+    it, is longer)."""
+    longest = max((len(o.get("content", "")) for o in trajectory.get("observations", [])), default=0)
+    longest = longest if limit is None else min(longest, limit)
+    return (
+        build_compress_messages(question, trajectory, max_observation_chars=cut)
+        for cut in _SHORTER_OBSERVATIONS
+        if cut < longest
+    )
+
+
 async def report_attempts(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -545,10 +567,14 @@ async def report_attempts(
     *,
     seed: int | None,
     tid: str,
+    shorter: Iterable[list[BaseMessage]] = (),
 ) -> tuple[dict[str, str], str | None, dict[str, int]]:
     """Up to two tries at a report: the first well-formed one's sections and ``None``, else the
     fullest sections read and what was wrong with them (with none read, with the last attempt); and
     the usage of every attempt, as reported.
+
+    A prompt that does not fit the model's context is not sent again, which would fail alike: the
+    next of ``shorter`` is (an overflow costs no try), and with none left the problem says what to change.
 
     Both report forms (this module's and :mod:`~langgraph_parallelmuse.graph_report`) go through it.
     """
@@ -556,19 +582,29 @@ async def report_attempts(
     best: dict[str, str] = {}
     best_problem: str | None = None
     problem: str | None = None
-    for attempt in range(2):
+    prompts, first, attempt = iter(shorter), messages, 0
+    while attempt < 2:
         turn = await _attempt(model, messages, segments, sampling, derive_seed(seed, "compress", tid, attempt), cost)
-        if isinstance(turn, str):
-            logger.warning("compressing %s failed (attempt %d): %s", tid, attempt + 1, turn)
-            problem = f"the model call failed: {turn}"
+        if isinstance(turn, BaseException):
+            said = redact(f"{type(turn).__name__}: {turn}", secrets_of(model))
+            logger.warning("compressing %s failed (attempt %d): %s", tid, attempt + 1, said)
+            problem = f"the model call failed: {said}"
+            if is_context_overflow(turn):
+                if (next_prompt := next(prompts, None)) is None:
+                    problem += _TOO_LONG.format(how=", its tool outputs cut too" if messages is not first else "")
+                    break
+                messages = next_prompt
+                continue
+            attempt += 1
             continue
+        attempt += 1
         sections, problem = read(turn)
         if problem is None:
             return sections, None, cost
         if len(sections) > len(best):
             # A fallback keeps these sections: its problem must be theirs, not a sparser retry's.
             best, best_problem = sections, problem
-        logger.warning("report for %s is malformed (attempt %d): %s", tid, attempt + 1, problem)
+        logger.warning("report for %s is malformed (attempt %d): %s", tid, attempt, problem)
     return best, best_problem if best else problem, cost
 
 
@@ -621,14 +657,14 @@ async def _attempt(
     sampling: Sampling,
     seed: int,
     cost: dict[str, int],
-) -> TurnResult | str:
-    """One try at a report, its usage added to ``cost``; the model call's error (redacted) when it failed."""
+) -> TurnResult | Exception:
+    """One try at a report, its usage added to ``cost``; the model call's error when it failed."""
     try:
         turn = await generate_turn(model, messages, segments, sampling=sampling, seed=seed)
     except Exception as exc:  # noqa: BLE001 - any model failure is retried, then recorded in the report
         if ends_the_run(exc):  # a wrong setting: every report would meet it, and a fallback would hide it
             raise
-        return redact(f"{type(exc).__name__}: {exc}", secrets_of(model))
+        return exc
     cost["tokens"] += turn.generated_tokens
     cost["prompt_tokens"] += turn.prompt_tokens
     cost["cached_prompt_tokens"] += turn.cached_prompt_tokens
@@ -639,11 +675,17 @@ def _malformed(sections: dict[str, str], *, cut_off: bool) -> str | None:
     """What is wrong with a free report's sections (``None``: nothing).
 
     Its own answer line is not asked for: the report carries the trajectory's answer, and a
-    complete report that ended on "Answer: Paris" or "最终答案：巴黎" was thrown away.
+    complete report that ended on "Answer: Paris" or "最终答案：巴黎" was thrown away. A report cut
+    off by the token limit (``max_report_tokens``, or the end of the context) is named so, whatever
+    it lacks: the fix is room to write, not another prompt.
+
+    Example:
+        >>> _malformed({"Solution planning": "split it"}, cut_off=True)
+        'the report was cut off by the token limit (missing: Solution methods, Final reasoning)'
     """
     missing = [name for name in SECTIONS if not sections.get(name)]
+    if cut_off:
+        return "the report was cut off by the token limit" + (f" (missing: {', '.join(missing)})" if missing else "")
     if missing:
         return "missing or empty section(s): " + ", ".join(missing)
-    if cut_off:
-        return "the report was cut off by the token limit"
     return None

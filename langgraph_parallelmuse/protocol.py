@@ -248,6 +248,8 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
         {'type': 'tool_call', 'name': 'search', 'arguments': {'query': 'q'}}
         >>> parse_action("<think>x</think><answer>Paris</answer>")
         {'type': 'answer', 'answer': 'Paris'}
+        >>> parse_action("<think>I still need", truncated=True)["error"]
+        'the reply was cut off by the token limit before an action'
     """
     text = text[action_start(text) :]
     call = _extract(text, "tool_call")
@@ -280,6 +282,8 @@ def parse_action(text: str, *, truncated: bool = False) -> Action:
         if not answer:
             return Action(type="invalid", error="the answer is empty")
         return Action(type="answer", answer=answer)
+    if truncated:  # cut while still thinking (a small token bound, or the context's end): not a malformed reply
+        return Action(type="invalid", error="the reply was cut off by the token limit before an action")
     return Action(type="invalid", error="no <tool_call> or <answer> in the reply")
 
 

@@ -34,7 +34,8 @@ class Choice:
         tokens: Tokens the aggregator generated (0 for a baseline).
         prompt_tokens: Prompt tokens the aggregator was sent.
         cached_prompt_tokens: Of those, what the backend reported as served from its prefix cache.
-        error: Why the aggregator's pick was not used (``majority_fallback``), else ``None``.
+        error: Why the aggregator's pick was not used (``majority_fallback``), or, with its pick used,
+            that it read the reports cut to fit its context window; else ``None``.
     """
 
     answer: str | None
@@ -126,18 +127,31 @@ async def choose_answer(
     )
 
 
+# What to change when trajectories ran out of context: a final turn that made a tool call instead of
+# answering records no error, and "2 context_exhausted" alone named no setting.
+_EXHAUSTED_HINT = (
+    "; the context filled up: give the model a longer context (max_context_tokens) or lower max_observation_chars"
+)
+
+
 def _unanswered(trajectories: Sequence[Trajectory]) -> str:
-    """Why no trajectory answered: their statuses and distinct errors (every one ran out of context, say).
+    """Why no trajectory answered: their statuses and distinct errors (every one ran out of context,
+    say), and what to change when one ran out of context.
 
     Example:
-        >>> _unanswered([{"status": "context_exhausted", "error": "the context is exhausted at step 0"}] * 2)
-        'no trajectory answered (2 context_exhausted): the context is exhausted at step 0'
+        >>> exhausted = {"status": "context_exhausted", "error": "the context is exhausted at step 0"}
+        >>> print(_unanswered([exhausted] * 2).replace("; ", "\\n"))
+        no trajectory answered (2 context_exhausted): the context is exhausted at step 0
+        the context filled up: give the model a longer context (max_context_tokens) or lower max_observation_chars
+        >>> _unanswered([{"status": "max_turns"}])
+        'no trajectory answered (1 max_turns)'
     """
     counts = Counter(t.get("status") for t in trajectories)
     errors = list(dict.fromkeys(t["error"] for t in trajectories if t.get("error")))
     shown = "; ".join(errors[:3]) + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
     what = ", ".join(f"{n} {status}" for status, n in counts.items())
-    return f"no trajectory answered ({what})" + (f": {shown}" if shown else "")
+    hint = _EXHAUSTED_HINT if counts["context_exhausted"] else ""
+    return f"no trajectory answered ({what})" + (f": {shown}" if shown else "") + hint
 
 
 def compression_stats(reports: Sequence[Report]) -> dict[str, Any]:

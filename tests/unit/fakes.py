@@ -356,3 +356,21 @@ OLD_CALIBRATION = {
     "samples": {"all": 79, "exploration": 36, "reasoning": 79},
     "thresholds": {"all": 1.37, "exploration": 2.75, "reasoning": 1.06},
 }
+
+
+def context_length_exceeded() -> Exception:
+    """The error ``langchain_openai`` raises for a prompt longer than the model's context: the OpenAI
+    client's ``BadRequestError`` (HTTP 400) with code ``context_length_exceeded``."""
+    import httpx
+    import openai
+
+    body = {
+        "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+        "9000 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    request = httpx.Request("POST", "https://api.openai.com/v1/chat/completions")
+    response = httpx.Response(400, request=request, json={"error": body})
+    return openai.BadRequestError(f"Error code: 400 - {{'error': {body}}}", response=response, body=body)

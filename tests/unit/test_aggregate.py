@@ -669,3 +669,50 @@ async def test_answer_tags_are_no_part_of_the_pick(fake_model, guided, reply):
     reports = [_report("t0", "Paris"), _report("t1", "Lyon")]
     result = await aggregate_reports(fake_model([reply]), QUESTION, reports, guided=guided)
     assert (result.answer, result.source) == ("Lyon", "aggregator")
+
+
+def _aggregator_with_context(limit: int, reply: str):
+    """An aggregator whose context holds ``limit`` prompt characters (longer: the OpenAI 400 error)."""
+    from tests.unit.fakes import ScriptedChatModel, context_length_exceeded
+
+    def respond(messages):
+        return context_length_exceeded() if sum(len(m.content) for m in messages) > limit else reply
+
+    return ScriptedChatModel(responder=respond)
+
+
+@pytest.mark.parametrize("count", [32, 64])
+async def test_reports_beyond_the_context_are_all_cut_alike_and_keep_their_answers(count):
+    """Too long together, the reports were never read: the run fell back to the majority vote."""
+    body = "Solution methods: s1 search found evidence. " * 40
+    reports = [_report(f"t{i}", "Lyon" if i == count - 1 else "Paris", f"{body}\nFinal answer: ") for i in range(count)]
+    for report in reports:
+        report["text"] += report["answer"]
+    model = _aggregator_with_context(40_000, "<answer>Lyon</answer>")
+    result = await aggregate_reports(model, QUESTION, reports, guided=False)
+    assert (result.answer, result.source) == ("Lyon", "aggregator")
+    assert "did not fit the aggregator's context window" in result.error
+    prompt = result.prompt[-1].content
+    assert len(prompt) <= 40_000 and prompt == model.calls[-1]["messages"][-1].content
+    # Every report is shown, cut alike, its final answer whole: the last one too.
+    assert prompt.count("…[cut]") == count and prompt.count("Final answer: Paris") == count - 1
+    assert f"Report {count}:\n" in prompt and "Final answer: Lyon" in prompt
+
+
+async def test_reports_that_never_fit_fall_back_to_the_vote_saying_what_to_change():
+    reports = [_report(f"t{i}", "Paris", "Solution methods: evidence\nFinal answer: Paris") for i in range(3)]
+    model = _aggregator_with_context(10, "<answer>Paris</answer>")
+    result = await aggregate_reports(model, QUESTION, reports, guided=True)
+    assert (result.answer, result.source) == ("Paris", "majority_fallback")
+    assert result.error.startswith("the aggregator's model call failed: BadRequestError")
+    assert "even as their final answers alone" in result.error and "longer context" in result.error
+    # Whole, then cut to a half, an eighth and none of its text before the answer line: each once.
+    assert len(model.calls) == 4
+
+
+async def test_a_free_pick_cut_off_by_the_token_limit_is_named_as_cut(fake_model):
+    reports = [_report("t0", "Paris"), _report("t1", "Lyon"), _report("t2", "Paris")]
+    model = fake_model([("Report 2 is better evidenced, so the answer is <answer>Ly", "length")])
+    result = await aggregate_reports(model, QUESTION, reports, guided=False)
+    assert (result.answer, result.source) == ("Paris", "majority_fallback")
+    assert result.error.startswith("the aggregator's output was cut off by the token limit before its answer")

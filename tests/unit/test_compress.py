@@ -15,6 +15,7 @@ from langgraph_parallelmuse.compress import (
 )
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.stage2 import compression_stats, write_report
+from tests.unit.fakes import ScriptedChatModel, context_length_exceeded
 
 QUESTION = "What is the capital of France?"
 GUIDED_OK = [" find the capital of France", " the page names Paris"]
@@ -566,3 +567,50 @@ async def test_a_full_width_colon_or_a_dash_after_a_heading_is_its_mark(fake_mod
 )
 def test_the_report_answer_is_the_last_answer_tag_with_text_and_holds_no_tag(text, answer):
     assert parse_report(text)[1] == answer
+
+
+def _overflowing(limit: int, reply: str) -> ScriptedChatModel:
+    """A model whose context holds ``limit`` prompt characters: a longer prompt raises the OpenAI
+    "maximum context length" 400 error, as ``langchain_openai`` raises it."""
+
+    def respond(messages):
+        if sum(len(m.content) for m in messages) > limit:
+            return context_length_exceeded()
+        return reply
+
+    return ScriptedChatModel(responder=respond)
+
+
+async def test_a_log_longer_than_the_context_is_written_from_shorter_tool_outputs(make_trajectory):
+    """The same prompt was sent again, to fail alike, and the report fell back to its answer alone."""
+    traj = make_trajectory(observations={0: "Paris is the capital of France. " * 2000})
+    model = _overflowing(20_000, FREE_OK)
+    report = await compress_trajectory(model, QUESTION, traj, guided=False)
+    assert (report["status"], report["answer"]) == ("ok", "Paris")
+    assert "Solution planning: One sub-problem: the capital." in report["text"]
+    sizes = [sum(len(m.content) for m in call["messages"]) for call in model.calls]
+    assert len(sizes) == 2 and sizes[1] < 20_000 < sizes[0]
+    assert "…[trimmed]" in model.calls[1]["messages"][1].content
+
+
+@pytest.mark.parametrize("guided", [False, True])
+async def test_a_prompt_that_never_fits_is_not_resent_and_the_problem_says_what_to_change(make_trajectory, guided):
+    traj = make_trajectory(observations={0: "x" * 5000})
+    model = _overflowing(100, FREE_OK)
+    report = await compress_trajectory(model, QUESTION, traj, guided=guided)
+    assert (report["status"], report["answer"]) == ("fallback", "Paris")
+    assert report["problem"].startswith("the model call failed: BadRequestError")
+    assert "does not fit the compressor's context window" in report["problem"]
+    assert "longer context" in report["problem"]
+    # Free: the whole log, then each shorter cut once; guided: its one prompt, once.
+    assert len(model.calls) == (1 if guided else 3)
+
+
+async def test_a_report_cut_off_before_its_sections_is_named_as_cut_not_as_malformed(fake_model, make_trajectory):
+    """At the context's end a report stops mid-way: "missing or empty section(s)" hid that it was cut."""
+    cut = "Solution planning: One sub-problem: the capital.\nSolution methods: search(query=capi"
+    model = fake_model([(cut, "length"), (cut, "length")])
+    report = await compress_trajectory(model, QUESTION, make_trajectory(), guided=False)
+    assert report["status"] == "fallback"
+    assert report["problem"] == "the report was cut off by the token limit (missing: Final reasoning)"
+    assert report["text"].startswith("Solution planning: One sub-problem: the capital.\n")

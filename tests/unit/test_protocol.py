@@ -73,6 +73,23 @@ def test_truncated_unclosed_answer_is_never_an_answer(text):
     assert "answer" not in action
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>I need to find the capital of",
+        "<think>x</think>\n",
+        "<think>x</think><tool_call>",
+        '<think>x</think><tool_call>{"name": "search", "argu',
+        "",
+    ],
+)
+def test_a_turn_cut_by_the_token_limit_is_named_as_cut_not_as_malformed(text):
+    """Cut while still thinking (the context's end), a turn read as "no <tool_call> or <answer>"."""
+    action = parse_action(text, truncated=True)
+    assert action["type"] == "invalid"
+    assert "cut off by the token limit" in action["error"]
+
+
 def test_truncated_turn_with_a_closing_tag_is_not_an_answer():
     action = parse_action("<think>x</think>\n<answer>Paris is the cap</answer>", truncated=True)
     assert action["type"] != "answer"
