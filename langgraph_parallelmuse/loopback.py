@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
+import re
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -52,6 +53,36 @@ def is_loopback(host: str | None) -> bool:
     # Python 3.11 calls ::ffff:127.0.0.1, which reaches this machine's 127.0.0.1, no loopback address.
     address = getattr(address, "ipv4_mapped", None) or address
     return address.is_loopback or address.is_unspecified
+
+
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an ``http://`` or ``https://`` URL with a host.
+
+    A base URL without its scheme (``127.0.0.1:8000/v1``) failed every call later with an error
+    that named no URL ("Connection error."): the clients check theirs with this when they are built.
+
+    Example:
+        >>> is_http_url("http://127.0.0.1:8000/v1"), is_http_url("127.0.0.1:8000/v1"), is_http_url("https://")
+        (True, False, False)
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as an error may show it: a user and password before its host masked.
+
+    Also without a scheme, where :func:`~langgraph_parallelmuse.redact.redact`'s URL patterns (they
+    need ``://``) do not reach: a base URL refused for its missing scheme printed its password.
+
+    Example:
+        >>> shown_url("admin:pa55word@127.0.0.1:8000/v1"), shown_url("http://u:p@h/v1?q=a@b")
+        ('***@127.0.0.1:8000/v1', 'http://***@h/v1?q=a@b')
+    """
+    return re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/?#\s]*@", r"\1***@", url)
 
 
 class _LoopbackDirect(urllib.request.ProxyHandler):

@@ -30,14 +30,14 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, subtract_usage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from langgraph_parallelmuse.errors import ConfigError, ProtocolError
 from langgraph_parallelmuse.logprobs import SPLIT_CHAR, piece_bytes
-from langgraph_parallelmuse.loopback import is_loopback, open_url
+from langgraph_parallelmuse.loopback import is_http_url, is_loopback, open_url, shown_url
 from langgraph_parallelmuse.models.routing import routing_key
 from langgraph_parallelmuse.protocol import one_line
-from langgraph_parallelmuse.redact import redact, secrets_of
+from langgraph_parallelmuse.redact import fits_a_header, redact, secrets_of
 from langgraph_parallelmuse.retry import current_attempt
 
 __all__ = [
@@ -119,6 +119,10 @@ class ServerChatModel(ChatOpenAI):
             ``ChatOpenAI`` does only for OpenAI's own URL; pass ``False`` for a server that refuses
             ``stream_options``).
 
+    Raises:
+        ConfigError: ``base_url`` is no ``http(s)://`` URL, or the API key holds a character an HTTP
+            header cannot carry (a curly quote pasted with it): either failed every call.
+
     Example:
         >>> from langchain_core.messages import AIMessage, HumanMessage
         >>> llm = ServerChatModel(base_url="http://127.0.0.1:8000/v1", model="smollm2", routing_header="x-session-id")
@@ -155,6 +159,8 @@ class ServerChatModel(ChatOpenAI):
         kwargs.setdefault("stream_usage", True)
         kwargs.update(_direct_clients(kwargs))
         super().__init__(**kwargs)
+        key = self.openai_api_key.get_secret_value() if isinstance(self.openai_api_key, SecretStr) else None
+        _check_endpoint("ServerChatModel", self.openai_api_base, key)  # a callable key is read per call
 
     @property
     def _llm_type(self) -> str:
@@ -341,6 +347,31 @@ def _raise_mid_stream(exc: openai.APIError, where: str) -> NoReturn:
         f"{where} sent an error in the middle of its streamed reply ({' '.join(exc.message.split())[:300]}): "
         "the partial reply is not used"
     ) from exc
+
+
+def _check_endpoint(who: str, base_url: str | None, key: str | None) -> None:
+    """Raise :class:`ConfigError` for a base URL without ``http(s)://`` or a key no HTTP header can carry.
+
+    Either failed every call later, with an error that named neither: "Connection error." for a
+    URL without its scheme, ``UnicodeEncodeError: 'ascii' codec can't encode character`` (or, from
+    :func:`check_server`, "answered with something that is not JSON") for a key pasted with curly
+    quotes around it. A ``base_url`` of ``None`` is OpenAI's own; ``who`` opens the message.
+    """
+    problems = []
+    # Each named by where the user set it (the command line passes OPENAI_API_KEY's value as api_key=).
+    if base_url is not None and not is_http_url(base_url):
+        name = "OPENAI_API_BASE" if base_url == os.environ.get("OPENAI_API_BASE") else "base_url"
+        problems.append(
+            f"{name}={redact(shown_url(base_url))!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"
+        )
+    if key is not None and not fits_a_header(key):
+        source = "OPENAI_API_KEY" if key == os.environ.get("OPENAI_API_KEY") else "api_key="
+        problems.append(
+            f"the API key ({source}) holds spaces, control characters or characters other than ASCII "
+            "(curly quotes?): copy it again"
+        )
+    if problems:
+        raise ConfigError(f"{who}: " + "; ".join(problems))
 
 
 def _direct_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -672,8 +703,10 @@ def served_models(base_url: str, *, api_key: str | None = None, timeout: float =
     """The model names an OpenAI-compatible server serves (``GET /models``).
 
     Raises:
+        ConfigError: ``base_url`` is no ``http(s)://`` URL, or ``api_key`` cannot be sent in a header.
         ServerCheckError: The server is unreachable or has no ``/models``.
     """
+    _check_endpoint("served_models", base_url, api_key)
     with _redacting(api_key):
         return _Client(base_url.rstrip("/"), "", api_key, timeout).models()
 
@@ -744,6 +777,7 @@ def check_server(
         What the server supports, to pass on as ``ServerChatModel(**support.model_flags())``.
 
     Raises:
+        ConfigError: ``base_url`` is no ``http(s)://`` URL, or ``api_key`` cannot be sent in a header.
         ServerCheckError: The first check that failed, naming the URL, the model and what to change.
 
     Example:
@@ -753,6 +787,7 @@ def check_server(
         ...
         langgraph_parallelmuse.models.server.ServerCheckError: http://127.0.0.1:.../v1 is unreachable (...
     """
+    _check_endpoint("check_server", base_url, api_key)
     with _redacting(api_key):
         return _check(_Client(base_url.rstrip("/"), model, api_key, timeout), model, top_logprobs, logprobs, prefill)
 

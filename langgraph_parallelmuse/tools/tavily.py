@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import math
 import os
 import random
 import re
@@ -28,9 +29,9 @@ from tavily.errors import BadRequestError, ForbiddenError, InvalidAPIKeyError, U
 from tavily.errors import TimeoutError as TavilyTimeoutError
 
 from langgraph_parallelmuse.errors import ConfigError
-from langgraph_parallelmuse.loopback import is_loopback
+from langgraph_parallelmuse.loopback import is_http_url, is_loopback, shown_url
 from langgraph_parallelmuse.redact import fits_a_header, redact, secrets_of
-from langgraph_parallelmuse.retry import wait_asked
+from langgraph_parallelmuse.retry import MAX_RETRY_AFTER, wait_asked
 from langgraph_parallelmuse.tools.local_tools import (
     EMPTY_QUERY,
     SEARCH_DESCRIPTION,
@@ -200,7 +201,12 @@ class _Tavily:
                 ("timeout", self.timeout, self.timeout > 0, "positive"),
                 ("backoff", self.backoff, self.backoff >= 0, "0 or more"),
                 # Without a scheme every call failed, each a tool error the agent could do nothing about.
-                ("base_url", self.base_url, _is_http_url(self.base_url), "an http:// or https:// URL"),
+                (
+                    "base_url",
+                    self.base_url and shown_url(self.base_url),
+                    self.base_url is None or is_http_url(self.base_url),
+                    "an http:// or https:// URL",
+                ),
             ]
             if not ok
         ]
@@ -209,7 +215,11 @@ class _Tavily:
 
     def secrets(self) -> list[str]:
         """The secret values no output may hold: the key, and those of the environment (``OPENAI_API_KEY``, ...)."""
-        return sorted({self.key, *secrets_of()}, key=len, reverse=True)
+        # A local server's placeholder key ("ollama", "lm-studio", "not-needed", as their docs suggest) is
+        # a word of the web too: replaced, it took "ollama.com" out of the result URLs visit is to open.
+        # A key holds digits; a word does not.
+        keys = [s for s in secrets_of() if any(c.isdigit() for c in s)]
+        return sorted({self.key, *keys}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
         # Servers and proxies may echo request headers into error bodies; never pass the key on, nor
@@ -243,8 +253,12 @@ class _Tavily:
                 # A rate limit's Retry-After: retrying sooner is refused again, and a wait longer than
                 # an attempt would outlast the tool call, so the agent is told it instead.
                 asked = wait_asked(responses[-1].headers) if responses else 0.0
-                said += f"; Tavily asks to wait {asked:g} s before the next request" if asked else ""
-                if asked > self.timeout:
+                # wait_asked caps what it reads at MAX_RETRY_AFTER: a capped wait stands for a longer one
+                # (a day's quota), waited in vain each retry.
+                capped = asked >= MAX_RETRY_AFTER
+                at_least = "at least " if capped else ""
+                said += f"; Tavily asks to wait {at_least}{math.ceil(asked)} s before the next request" if asked else ""
+                if capped or asked > self.timeout:
                     raise _Failed(said) from exc
                 if attempt >= self.retries:
                     raise _Transient(said) from exc
@@ -363,11 +377,19 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
 
 
-@functools.cache
 def _tls() -> ssl.SSLContext:
     """The TLS settings every client shares: loading the certificates takes 0.1 s (up to 1.3 s on a
     loaded machine), and a client made per call loaded them on the event loop, which ran no other
     trajectory meanwhile (16 searches at once stalled it 1.6 s)."""
+    # Made again when the CA bundle variables httpx reads change: one set after the first call (a
+    # notebook's fix for a company proxy that inspects TLS) was ignored until a restart.
+    return _tls_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_for(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """:func:`_tls` for the given ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` (httpx reads them itself)."""
+    del cafile, capath  # the cache's key
     return httpx.create_ssl_context()
 
 
@@ -427,19 +449,6 @@ def _describe(
     if isinstance(exc, TimeoutError) and not detail:  # the attempt's own bound
         return f"no answer within {timeout:g} s" if timeout else "timed out"
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _is_http_url(url: str | None) -> bool:
-    """Whether ``url`` is absent or an ``http(s)://`` URL with a host.
-
-    Example:
-        >>> _is_http_url(None), _is_http_url("http://127.0.0.1:8080"), _is_http_url("api.tavily.com")
-        (True, True, False)
-    """
-    if url is None:
-        return True
-    parts = urllib.parse.urlsplit(url)
-    return parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
 
 
 def _as_url(doc: str) -> str | None:

@@ -6,6 +6,7 @@ tests/integration/test_vllm.py runs the same code against a real vLLM.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 import warnings
@@ -19,7 +20,7 @@ from langgraph.graph import START, StateGraph
 
 from langgraph_parallelmuse.agent import pick_driver
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver
-from langgraph_parallelmuse.errors import ProtocolError
+from langgraph_parallelmuse.errors import ConfigError, ProtocolError
 from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.loopback import is_loopback
 from langgraph_parallelmuse.models.routing import routing_scope
@@ -56,6 +57,35 @@ def test_trailing_assistant_message_is_continued_and_user_extra_body_kept() -> N
     assert body["messages"][-1] == {"role": "assistant", "content": "<think>"}
     plain = model._get_request_payload(QUESTION, **kwargs)
     assert plain["extra_body"] == {"top_k": 20} and plain["max_tokens"] == 9  # a new turn opens as usual
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env_key", "named"),
+    [
+        ({"base_url": "127.0.0.1:8000/v1"}, None, "base_url='127.0.0.1:8000/v1' must be an http:// or https:// URL"),
+        # redact()'s URL patterns need "://": refused for lacking it, the URL printed its password.
+        ({"base_url": "admin:sk-local-pw@127.0.0.1:8000/v1"}, None, "base_url='***@127.0.0.1:8000/v1' must be"),
+        ({"api_key": "\u201csk-local-key\u201d"}, None, "the API key (api_key=) holds"),
+        ({}, "sk-local key", "the API key (OPENAI_API_KEY) holds"),
+    ],
+)
+def test_a_base_url_without_scheme_or_a_key_no_header_carries_is_refused_when_built(
+    kwargs: dict, env_key: str | None, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either failed every call, with "Connection error." or a UnicodeEncodeError naming neither."""
+    if env_key is not None:
+        monkeypatch.setenv("OPENAI_API_KEY", env_key)
+    with pytest.raises(ConfigError, match=re.escape(named)) as caught:
+        ServerChatModel(**{"base_url": "http://127.0.0.1:9/v1", "model": "m", **kwargs})
+    assert "sk-local" not in str(caught.value)  # the key is never printed
+
+
+def test_the_server_checks_name_a_base_url_without_scheme_or_a_key_no_header_carries() -> None:
+    """check_server said the server "answered with something that is not JSON" for a curly-quoted key."""
+    with pytest.raises(ConfigError, match=re.escape("check_server: base_url='127.0.0.1:8000/v1' must be an http")):
+        check_server("127.0.0.1:8000/v1", "m")
+    with pytest.raises(ConfigError, match=re.escape("served_models: the API key (api_key=) holds")):
+        served_models("http://127.0.0.1:9/v1", api_key="\u201csk-local-key\u201d")
 
 
 def test_a_call_without_logprobs_sends_no_top_logprobs() -> None:

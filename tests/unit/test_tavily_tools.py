@@ -216,7 +216,7 @@ async def test_a_retry_after_longer_than_an_attempt_is_said_not_waited(fake: Fak
     msg = await call(search, query="eiffel")
     assert msg.content == (
         "Error: web search on Tavily failed (rate limited (HTTP 429): slow down; "
-        "Tavily asks to wait 60 s before the next request)."
+        "Tavily asks to wait at least 60 s before the next request)."
     )
     assert msg.artifact == {"doc_ids": [], "error": True} and fake.count("/search") == 1
 
@@ -393,6 +393,13 @@ def test_a_base_url_without_http_scheme_and_host_is_refused_at_once(base_url: st
     # Before, the tools were built, and every call failed with httpx's "UnsupportedProtocol" as a tool error.
     with pytest.raises(ConfigError, match=f"base_url={base_url!r} must be an http:// or https:// URL"):
         make_tavily_tools(api_key=KEY, base_url=base_url)
+
+
+def test_a_refused_base_url_is_shown_without_its_password() -> None:
+    # The URL patterns of redact() need "://": a URL refused for lacking it printed its password.
+    with pytest.raises(ConfigError, match=r"base_url='\*\*\*@proxy.example:8080' must be") as caught:
+        make_tavily_tools(api_key=KEY, base_url="user:s3cretpass@proxy.example:8080")
+    assert "s3cretpass" not in str(caught.value)
 
 
 async def test_a_loopback_base_url_is_asked_directly_not_through_the_proxy(
@@ -665,3 +672,64 @@ async def test_a_pages_excerpt_is_made_off_the_event_loop(fake: FakeTavily, monk
     msg = await call(visit, doc="https://example.org/t")
     assert "Tall." in msg.content
     assert threads and threads[0] != threading.get_ident()
+
+
+@pytest.mark.parametrize("placeholder", ["ollama", "lm-studio", "not-needed"])
+async def test_a_local_servers_placeholder_key_leaves_the_pages_and_their_urls_alone(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch, placeholder: str
+) -> None:
+    # Ollama's docs give api_key="ollama": replaced as a secret, a result's https://ollama.com/... became
+    # https://***.com/..., an id visit could not open.
+    monkeypatch.setenv("OPENAI_API_KEY", placeholder)
+    url = f"https://{placeholder}.com/docs"
+    hit = {"title": "Docs", "url": url, "content": f"Run {placeholder} locally."}
+    fake.script["/search"] = [Reply(body={"results": [hit]})]
+    search, _ = tools(fake)
+    msg = await call(search, query="local models")
+    assert msg.artifact == {"doc_ids": [url]} and f"Run {placeholder} locally." in msg.content
+
+
+async def test_a_retry_after_beyond_what_is_read_is_said_not_waited(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, a day's Retry-After was read as 60 s: with timeout=90 each retry waited 60 s in vain, and the
+    # agent was told Tavily asked for 60 s.
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(tavily_module.asyncio, "sleep", sleep)
+    fake.script["/search"] = [Reply(429, {"detail": {"error": "quota"}}, headers={"Retry-After": "86400"})] * 3
+    search, _ = tools(fake, retries=2, timeout=90.0)
+    msg = await call(search, query="eiffel")
+    assert "Tavily asks to wait at least 60 s" in msg.content
+    assert fake.count("/search") == 1 and not [w for w in waits if w]
+
+
+def test_a_base_url_with_an_unclosed_ipv6_bracket_is_a_config_error() -> None:
+    # Before, urlsplit's bare "ValueError: Invalid IPv6 URL" came out of make_tavily_tools.
+    with pytest.raises(ConfigError, match=r"base_url='http://\[::1' must be an http"):
+        make_tavily_tools(api_key=KEY, base_url="http://[::1")
+
+
+async def test_a_ca_bundle_named_after_the_first_call_still_counts(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the first call's TLS settings were kept for good: SSL_CERT_FILE set afterwards (a notebook's fix
+    # for a company proxy that inspects TLS) was ignored until a restart; a client made per call read it.
+    import ssl
+
+    import certifi
+
+    fake.script["/search"] = [SEARCH_OK, SEARCH_OK]
+    search, _ = tools(fake)
+    await call(search, query="eiffel")
+    bundles = []
+    create = ssl.create_default_context
+    monkeypatch.setattr(
+        ssl, "create_default_context", lambda *a, **k: bundles.append(k.get("cafile")) or create(*a, **k)
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
+    await call(search, query="eiffel")
+    assert bundles == [certifi.where()]
