@@ -105,12 +105,31 @@ def _ended_by(exc: BaseException, index: int, model: BaseChatModel, *, trimmed: 
     if not is_context_overflow(exc):
         # A connection error of the openai client names no server ("Connection error."): say which.
         server = f" ({base})" if (base := getattr(model, "openai_api_base", None)) else ""
-        error = f"model call failed at step {index}{server}: {type(exc).__name__}: {exc}"
+        error = f"model call failed at step {index}{server}: {_refused_key(exc, model)}{type(exc).__name__}: {exc}"
         return {"status": "failed", "error": redact(error, secrets_of(model))}
     if not trimmed:
         return None
     error = f"the context is exhausted at step {index}: {type(exc).__name__}: {exc}"
     return {"status": "context_exhausted", "answer": None, "error": redact(error, secrets_of(model))}
+
+
+def _refused_key(exc: BaseException, model: BaseChatModel) -> str:
+    """The advice a failed call's error opens with when the server refused the API key (HTTP 401 or
+    403), else ``""``: the run's advice to check the server, URL and model sent a user with a wrong key
+    everywhere but to the key. First, as the run's summary cuts each error at 300 characters.
+
+    Example:
+        >>> class Refused(Exception):
+        ...     status_code = 401
+        >>> _refused_key(Refused(), object())
+        "the server refused the model's API key (HTTP 401): give it a key this server accepts; "
+    """
+    status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
+    if status not in (401, 403):
+        return ""
+    # ChatOpenAI (ServerChatModel too) reads OPENAI_API_KEY when no api_key= is given.
+    where = "set OPENAI_API_KEY (or pass api_key=) to" if hasattr(model, "openai_api_key") else "give it"
+    return f"the server refused the model's API key (HTTP {status}): {where} a key this server accepts; "
 
 
 @dataclass
@@ -193,6 +212,8 @@ def _outcome(step: Step, *, final: bool, exhausted: bool) -> dict[str, Any]:
         update.update(status="context_exhausted" if exhausted else "max_turns", answer=None)
         if action["type"] == "invalid":  # the last turn's reply was no answer: say why, not only "max_turns"
             update["error"] = f"the last turn gave no answer: {action.get('error', 'unreadable reply')}"
+        elif exhausted:  # a valid tool call: without this, "context_exhausted" came with no error at all
+            update["error"] = "the last turn, its context full, made a tool call instead of answering"
     else:
         update["status"] = "running"
     return update

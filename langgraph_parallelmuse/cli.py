@@ -1164,6 +1164,9 @@ async def _bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out_dir}: cannot create it ({exc.strerror}): pick another directory") from exc
     if not os.access(out_dir, os.W_OK):
         raise ConfigError(f"--out {out_dir} is not writable: pick another directory")
+    # Else refused by run_bench only once the model had loaded (minutes for a local one).
+    if results.exists() and not os.access(results, os.W_OK):
+        raise ConfigError(f"--out {out_dir}: {results} is read-only: make it writable, or pick another directory")
     judge = _judge(args)
     index = CorpusIndex.from_jsonl(*args.corpus, digests=digests)
     check_doc_ids(index, items, setting=settings.setting)

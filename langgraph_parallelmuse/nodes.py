@@ -17,6 +17,7 @@ import json
 import os
 import threading
 import time
+import unicodedata
 import uuid
 import warnings
 import weakref
@@ -186,6 +187,18 @@ def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
     return False
 
 
+def _shows_nothing(text: str) -> bool:
+    """Whether ``text`` holds only whitespace, control and format characters (U+200B, U+2060, U+FEFF).
+
+    ``str.strip`` keeps the zero-width ones: a question of them alone ran N trajectories on nothing.
+
+    Example:
+        >>> _shows_nothing("\u200b \ufeff"), _shows_nothing("\u200bWho?")
+        (True, False)
+    """
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
 def question_from_input(state: dict) -> tuple[str, str | None]:
     """The question of a graph input, and the id of the last human message (``None``: none).
 
@@ -209,7 +222,7 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
     message_id = humans[-1].id if humans else None
     stale = question == asked.get("question") and message_id != asked.get("message_id")
     # A parent state's default ("question: str = ''") is no question: the messages hold it.
-    blank = isinstance(question, str) and not question.strip() and bool(humans)
+    blank = isinstance(question, str) and _shows_nothing(question) and bool(humans)
     if question is None or blank or stale or (humans and _answered_before(messages, question)):
         if not humans:
             raise InputError("no question: send {'question': '...'} or messages ending in a human message")
@@ -219,7 +232,7 @@ def question_from_input(state: dict) -> tuple[str, str | None]:
     if not isinstance(question, str):
         raise InputError(f"the question must be text, got {type(question).__name__}")
     question = question.strip()
-    if not question:
+    if _shows_nothing(question):
         raise InputError("the question is empty: send a non-empty 'question'")
     try:
         question.encode("utf-8")
@@ -378,9 +391,10 @@ def failure_message(model: BaseChatModel, trajectories: Sequence[Trajectory]) ->
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     return (
         f"every trajectory failed ({len(trajectories)} of {len(trajectories)}): {shown}. {describe_model(model)}: "
-        "check that the server is up, the base URL and the model name (CLI: --base-url, --model); then ask "
-        "again on the same thread of a checkpointed graph, and the failed trajectories continue from their last "
-        "finished step (CLI: the same command with --resume, when it ran with --db and --run-id)"
+        "check that the server is up, the base URL, the model name and the API key (CLI: --base-url, --model, "
+        "OPENAI_API_KEY); then ask again on the same thread of a checkpointed graph, and the failed trajectories "
+        "continue from their last finished step (CLI: the same command with --resume, when it ran with --db and "
+        "--run-id)"
     )
 
 

@@ -14,6 +14,7 @@ import hashlib
 import math
 import random
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -197,11 +198,10 @@ class Sampling:
 
 
 def _is_chat_openai(model: BaseChatModel | None) -> bool:
-    try:
-        from langchain_openai import ChatOpenAI
-    except ImportError:  # pragma: no cover - a declared dependency
-        return False
-    return isinstance(model, ChatOpenAI)
+    # No ChatOpenAI exists before langchain_openai is imported: importing it here for another model
+    # took about 2 s on the event loop at the first call, stalling every run on it.
+    chat_openai = getattr(sys.modules.get("langchain_openai"), "ChatOpenAI", None)
+    return chat_openai is not None and isinstance(model, chat_openai)
 
 
 def _renames_max_tokens_for_other_server(model: BaseChatModel) -> bool:

@@ -127,8 +127,7 @@ async def choose_answer(
     )
 
 
-# What to change when trajectories ran out of context: a final turn that made a tool call instead of
-# answering records no error, and "2 context_exhausted" alone named no setting.
+# What to change when trajectories ran out of context: "2 context_exhausted" and their errors named no setting.
 _EXHAUSTED_HINT = (
     "; the context filled up: give the model a longer context (max_context_tokens) or lower max_observation_chars"
 )

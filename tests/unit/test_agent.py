@@ -7,6 +7,7 @@ import math
 import re
 
 import httpx
+import openai
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
@@ -635,6 +636,18 @@ async def test_a_model_that_always_raises_fails_the_trajectory_without_raising()
     assert "model call failed at step 0" in traj["error"] and "server said no" in traj["error"]
 
 
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_refused_key_is_named_first_in_the_failed_trajectorys_error(status):
+    """The run's advice (server up? base URL? model name?) never mentioned the key a 401 was about;
+    first, as the run's summary cuts each error at 300 characters (a server's error page follows)."""
+    response = httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
+    refused = openai.APIStatusError("Error code: " + "x" * 400, response=response, body=None)
+    runner, _, _ = _runner([refused] * 5)
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert traj["status"] == "failed"
+    assert f"the server refused the model's API key (HTTP {status})" in traj["error"][:300]
+
+
 async def test_a_model_failing_mid_trajectory_keeps_the_earlier_steps():
     runner, _, _ = _runner([call_text("search", query="q"), ValueError("bad gateway payload")])
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
@@ -717,6 +730,8 @@ async def test_context_budget_forces_an_answer():
     assert traj["status"] == "context_exhausted"
     assert traj["answer"] is None and len(traj["steps"]) == 2
     assert FINAL_TURN_NOTE in model.calls[1]["messages"][-1].content
+    # Before, no error: the run's "no trajectory answered" named no reason for it.
+    assert traj["error"] == "the last turn, its context full, made a tool call instead of answering"
 
 
 async def test_a_rejected_resample_does_not_count_against_the_context_budget():

@@ -576,6 +576,22 @@ def test_calibrate_names_a_file_that_is_not_text_in_one_line(tmp_path, capsys):
 # ----------------------------------------------------------------------------- bench
 
 
+def test_bench_refuses_a_read_only_results_file_before_loading_the_model(tmp_path, monkeypatch, capsys):
+    """Only the folder was checked: run_bench refused the file once the model had loaded."""
+    monkeypatch.setattr(cli, "_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    questions, corpus, out = tmp_path / "q.jsonl", tmp_path / "c.jsonl", tmp_path / "run"
+    item = {"id": "q1", "question": PARIS, "answers": ["Paris"], "context_doc_ids": ["d1"]}
+    questions.write_text(json.dumps(item) + "\n")
+    corpus.write_text(json.dumps({"id": "d1", "title": "Paris", "text": "Paris is in France."}) + "\n")
+    out.mkdir()
+    (out / "results.jsonl").write_text("")
+    access = os.access  # root writes a read-only file: the check is what is tested
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path).name != "results.jsonl" and access(path, mode))
+    argv = ["bench", "--questions", str(questions), "--corpus", str(corpus), "--out", str(out), "--methods", "majority"]
+    assert cli.main(argv) == 1
+    assert f"{out / 'results.jsonl'} is read-only" in _err(capsys)
+
+
 def test_bench_refuses_a_calibration_fitted_on_its_questions(tmp_path, monkeypatch, capsys):
     """The calibration records the questions it was fitted on, but bench never looked: a run on them
     is measured on its own calibration."""

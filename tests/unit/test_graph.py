@@ -422,6 +422,8 @@ async def test_the_answer_message_is_named_after_the_graph():
         {"messages": [AIMessage("I am not a question")]},
         {"messages": [HumanMessage("  ")]},
         {"question": "x" * 5000},
+        {"question": "\u200b\u200b"},  # zero-width spaces, which str.strip keeps
+        {"messages": [HumanMessage("\u2060\ufeff")]},
     ],
 )
 async def test_unusable_input_raises_input_error_before_any_model_call(payload):
@@ -440,10 +442,11 @@ async def test_a_blank_question_beside_messages_is_the_last_human_message():
     assert out["question"] == QUESTION and out["answer"] == "Paris"
 
 
-def test_unusable_input_also_raises_under_sync_invoke():
+@pytest.mark.parametrize("question", [" ", "\u200b\u200b"])
+def test_unusable_input_also_raises_under_sync_invoke(question):
     graph, model, _ = _graph({"n": 2, "mode": "none"})
-    with pytest.raises(InputError, match="empty"):
-        graph.invoke({"question": " "})
+    with pytest.raises(InputError, match="the question is empty"):
+        graph.invoke({"question": question})
     assert model.calls == []
 
 

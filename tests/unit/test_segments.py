@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -83,3 +85,25 @@ def test_a_streamed_replys_finish_reason_is_read_whichever_chunks_sent_it(first,
     model = GenericFakeChatModel(messages=iter([AIMessage(merged.content, response_metadata=merged.response_metadata)]))
     turn = asyncio.run(generate_turn(model, [HumanMessage("q")], [Gen(name="answer")], sampling=Sampling()))
     assert turn.text == "Paris is the capit" and turn.finish_reason == read
+
+
+_FIRST_CALL_OF_ANOTHER_MODEL = """
+import asyncio, sys
+from langchain_core.language_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph_parallelmuse.segments import Gen, Sampling, generate_turn
+
+model = GenericFakeChatModel(messages=iter([AIMessage("hi")]))
+asyncio.run(generate_turn(model, [HumanMessage("q")], [Gen(stop=())], sampling=Sampling(logprobs=False), seed=1))
+print("langchain_openai" in sys.modules)
+"""
+
+
+def test_a_call_to_another_model_does_not_import_langchain_openai():
+    """Importing ``langchain_openai`` takes about 2 s, on the event loop at a first model call: only a
+    ``ChatOpenAI`` needs its request adjusted, and none exists before that import (clean interpreter)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL_OF_ANOTHER_MODEL], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False"]
