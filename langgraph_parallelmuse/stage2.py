@@ -103,7 +103,9 @@ async def choose_answer(
         return Choice(answer=None, source="none", error=_unanswered(trajectories))
     if config.aggregation != "parallelmuse":
         answer = BASELINES[config.aggregation](trajectories)
-        return Choice(answer=answer, source=config.aggregation if answer is not None else "none")
+        if answer is None:  # answered, but nothing to vote on: "no trajectory answered" would be false
+            return Choice(answer=None, source="none", error=_no_vote_key(trajectories))
+        return Choice(answer=answer, source=config.aggregation)
     result = await aggregate_reports(
         aggregator,
         question,
@@ -117,6 +119,8 @@ async def choose_answer(
     if answer is None and any(t["answer"] for t in trajectories):
         answer, source = majority_vote(trajectories), "majority_fallback"
         error = error or "no report carries an answer"
+        if answer is None:
+            error = f"{error}; {_no_vote_key(trajectories)}"
     return Choice(
         answer=answer,
         source=source if answer is not None else "none",
@@ -125,6 +129,20 @@ async def choose_answer(
         cached_prompt_tokens=result.cached_prompt_tokens,
         error=error,
     )
+
+
+def _no_vote_key(trajectories: Sequence[Trajectory]) -> str:
+    """Why answers got no vote: each normalises to nothing (:func:`~.answers.normalize_vote_key`).
+
+    A placeholder ("—", "%") must not outvote real answers, so it gets no key; with no other answer
+    the run has none, and says why instead of "no trajectory answered".
+
+    Example:
+        >>> _no_vote_key([{"answer": "—"}, {"answer": "%"}, {"answer": "—"}])
+        "the trajectories' answers ('—', '%') have no words or numbers to vote on"
+    """
+    answers = ", ".join(repr(a) for a in dict.fromkeys(t["answer"] for t in trajectories if t["answer"]))
+    return f"the trajectories' answers ({answers:.200}) have no words or numbers to vote on"
 
 
 # What to change when trajectories ran out of context: "2 context_exhausted" and their errors named no setting.
