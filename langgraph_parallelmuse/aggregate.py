@@ -25,7 +25,7 @@ trajectory did not answer (a page's injected ``<answer>``) can become the final 
 When the aggregation fails (the call raises, or the output has no usable answer) the majority vote
 over the reports is returned with ``source="majority_fallback"``. Reports too long together for the
 aggregator's context are sent again cut alike, each keeping its final answer line (cut at the
-prompt's end, the last reports would vanish), and the result's ``error`` says how far they were cut.
+prompt's end, the last reports would vanish), and the result's ``note`` says how far they were cut.
 
 The baselines (:func:`majority_vote`, :func:`weighted_vote`, :func:`max_tool_calls`) are pure
 functions over trajectories, registered in :data:`BASELINES` under the names
@@ -134,8 +134,8 @@ class AggregateResult:
         cached_prompt_tokens: Prompt tokens the backend reported as served from its prefix cache.
         seconds: Wall time of the model call.
         error: Why the aggregator's pick was not used (``majority_fallback``): its model call's
-            error (redacted), or that its output named no candidate; with its pick used, that the
-            reports were cut to fit its context window (``None``: it read them whole).
+            error (redacted), or that its output named no candidate.
+        note: That the aggregator read the reports cut to fit its context window (``None``: whole).
     """
 
     answer: str | None
@@ -148,6 +148,7 @@ class AggregateResult:
     cached_prompt_tokens: int = 0
     seconds: float = 0.0
     error: str | None = None
+    note: str | None = None
 
 
 def _groups(answers: Sequence[str | None]) -> dict[str, list[int]]:
@@ -503,7 +504,7 @@ async def aggregate_reports(
     result.prompt_tokens, result.cached_prompt_tokens = turn.prompt_tokens, turn.cached_prompt_tokens
     cut_note = None if cut is None else _CUT.format(cut=cut)
     if picked := _picked(turn, guided=guided, candidates=candidates, answers=answers):
-        result.answer, result.source, result.error = picked, "aggregator", cut_note
+        result.answer, result.source, result.note = picked, "aggregator", cut_note
         if cut_note:
             logger.warning("%s", cut_note)
     else:

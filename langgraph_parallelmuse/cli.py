@@ -720,6 +720,8 @@ def _show_result(final: dict[str, Any], args: argparse.Namespace) -> None:
     # Without an answer the panel says why (the same error): no aggregator's pick was there to be used.
     if answer is not None and (error := (stats.get("aggregate") or {}).get("error")):
         screen.print(f"[yellow]the aggregator's pick was not used:[/] {_shown(error)}")
+    if note := (stats.get("aggregate") or {}).get("note"):
+        screen.print(f"[yellow]note:[/] {_shown(note)}")
     screen.print(
         Panel(
             _shown(answer if answer is not None else _no_answer(final)),

@@ -494,7 +494,7 @@ async def compress_trajectory(
     limits = {"max_report_tokens": max_report_tokens, "max_observation_chars": max_observation_chars}
     messages, segments, read, methods = _job(question, trajectory, traj_answer, guided=guided, **limits)
     sampling = Sampling(temperature=temperature, logprobs=False, top_logprobs=0)
-    shorter = iter(()) if guided else _shorter_logs(question, trajectory, max_observation_chars)
+    shorter = None if guided else _shorter_logs(question, trajectory, max_observation_chars)
     sections, problem, cost = await report_attempts(
         model, messages, segments, sampling, read, seed=seed, tid=trajectory["id"], shorter=shorter
     )
@@ -541,7 +541,7 @@ def _job(
 _SHORTER_OBSERVATIONS = (1000, 200)
 _TOO_LONG = (
     "; the report's prompt does not fit the compressor's context window{how}: use a compressor with a longer "
-    "context, a smaller max_observation_chars or a shorter question"
+    "context{fix} or a shorter question"
 )
 
 
@@ -567,14 +567,16 @@ async def report_attempts(
     *,
     seed: int | None,
     tid: str,
-    shorter: Iterable[list[BaseMessage]] = (),
+    shorter: Iterable[list[BaseMessage]] | None = None,
 ) -> tuple[dict[str, str], str | None, dict[str, int]]:
     """Up to two tries at a report: the first well-formed one's sections and ``None``, else the
     fullest sections read and what was wrong with them (with none read, with the last attempt); and
     the usage of every attempt, as reported.
 
     A prompt that does not fit the model's context is not sent again, which would fail alike: the
-    next of ``shorter`` is (an overflow costs no try), and with none left the problem says what to change.
+    next of ``shorter`` is (an overflow costs no try), and with none left the problem says what to change
+    (``max_observation_chars`` only where there was a log to cut: a guided or graph report's prompt
+    holds facts, not the tool outputs).
 
     Both report forms (this module's and :mod:`~langgraph_parallelmuse.graph_report`) go through it.
     """
@@ -582,7 +584,7 @@ async def report_attempts(
     best: dict[str, str] = {}
     best_problem: str | None = None
     problem: str | None = None
-    prompts, first, attempt = iter(shorter), messages, 0
+    prompts, first, attempt = iter(shorter or ()), messages, 0
     while attempt < 2:
         turn = await _attempt(model, messages, segments, sampling, derive_seed(seed, "compress", tid, attempt), cost)
         if isinstance(turn, BaseException):
@@ -591,7 +593,8 @@ async def report_attempts(
             problem = f"the model call failed: {said}"
             if is_context_overflow(turn):
                 if (next_prompt := next(prompts, None)) is None:
-                    problem += _TOO_LONG.format(how=", its tool outputs cut too" if messages is not first else "")
+                    how = ", its tool outputs cut too" if messages is not first else ""
+                    problem += _TOO_LONG.format(how=how, fix=", a smaller max_observation_chars" if shorter else "")
                     break
                 messages = next_prompt
                 continue

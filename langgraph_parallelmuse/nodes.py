@@ -858,6 +858,7 @@ class ParallelMuseNodes:
                 "prompt_tokens": choice.prompt_tokens,
                 "cached_prompt_tokens": choice.cached_prompt_tokens,
                 "error": choice.error,
+                "note": choice.note,
             }
         spans = [*state.get("spans", []), ["stage2", started, time.time()]]
         stats["seconds"] = {

@@ -34,8 +34,8 @@ class Choice:
         tokens: Tokens the aggregator generated (0 for a baseline).
         prompt_tokens: Prompt tokens the aggregator was sent.
         cached_prompt_tokens: Of those, what the backend reported as served from its prefix cache.
-        error: Why the aggregator's pick was not used (``majority_fallback``), or, with its pick used,
-            that it read the reports cut to fit its context window; else ``None``.
+        error: Why the aggregator's pick was not used (``majority_fallback``), else ``None``.
+        note: That the aggregator read the reports cut to fit its context window, else ``None``.
     """
 
     answer: str | None
@@ -44,6 +44,7 @@ class Choice:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     error: str | None = None
+    note: str | None = None
 
 
 async def write_report(
@@ -96,8 +97,9 @@ async def choose_answer(
         >>> import asyncio
         >>> trajs = [{"answer": "Paris"}, {"answer": "Lyon"}, {"answer": "Paris"}]
         >>> cfg = ParallelMuseConfig(aggregation="majority")
-        >>> asyncio.run(choose_answer(None, "Capital?", trajs, [], config=cfg, guided=False))
-        Choice(answer='Paris', source='majority', tokens=0, prompt_tokens=0, cached_prompt_tokens=0, error=None)
+        >>> choice = asyncio.run(choose_answer(None, "Capital?", trajs, [], config=cfg, guided=False))
+        >>> choice.answer, choice.source, choice.error
+        ('Paris', 'majority', None)
     """
     if not any(t["answer"] for t in trajectories):
         return Choice(answer=None, source="none", error=_unanswered(trajectories))
@@ -128,6 +130,7 @@ async def choose_answer(
         prompt_tokens=result.prompt_tokens,
         cached_prompt_tokens=result.cached_prompt_tokens,
         error=error,
+        note=result.note,
     )
 
 

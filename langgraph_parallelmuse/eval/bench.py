@@ -631,7 +631,10 @@ def _drop_cut_line(path: Path) -> str | None:
             fh.truncate(last)
         # A record starts with its id: the question is named when the cut left it whole.
         cut = re.match(rb'\{"id": ("(?:[^"\\]|\\.)*")', body[last:])
-        question = f"question {json.loads(cut[1])!r}" if cut else "its question"
+        try:
+            question = f"question {json.loads(cut[1])!r}" if cut else "its question"
+        except ValueError:  # a damaged id (not UTF-8, a bad escape) is no reason to stop the resume
+            question = "its question"
         number = body.count(b"\n", 0, last) + 1
         return f"line {number} of {path} was cut off by a crash: dropped, {question} runs again"
     if not data.endswith(b"\n"):

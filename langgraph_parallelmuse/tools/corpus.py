@@ -46,6 +46,9 @@ _SNIPPET_TOKENS = 48
 # square of a document's matches: a book of 30,000 "lorem" took a minute a search. A longer text's
 # snippet is cut from its best piece of at most this many characters (a few hundred matches at most).
 _SNIPPET_PIECE = 4000
+# Up to this many matches snippet() over a whole text is quick (a few ms), and cheaper than indexing
+# the text's pieces: only a text with more is cut into pieces.
+_SNIPPET_MATCHES = 500
 # Title and description are short and telling, so a match there counts more than one in the body.
 _BM25_WEIGHTS = (2.0, 1.0, 1.0)  # title, text, description
 # The full-text table, in the index and in the scratch one a long text's snippet is cut from.
@@ -794,13 +797,15 @@ def _read_wikipedia(source: Path) -> Iterator[Doc]:
 def _snippet(conn: sqlite3.Connection, rowid: int, match: str) -> str:
     """The excerpt of document ``rowid``'s text around the terms of ``match``, ``…`` where it is cut.
 
-    A text longer than ``_SNIPPET_PIECE`` is cut into pieces at spaces, and the snippet is cut from
-    the piece that ranks best for ``match`` with some of its neighbours' text (room for the words
-    around a match at its edge): time linear in the text, not in the square of its matches.
+    A text longer than ``_SNIPPET_PIECE`` with more than ``_SNIPPET_MATCHES`` matches is cut into
+    pieces at spaces, and the snippet is cut from the piece that ranks best for ``match`` with some
+    of its neighbours' text (room for the words around a match at its edge): time linear in the
+    text, not in the square of its matches.
     """
     sql = "SELECT snippet(docs_fts, 1, '', '', '…', ?) FROM docs_fts WHERE docs_fts MATCH ? AND rowid = ?"
     text = conn.execute("SELECT text FROM docs_fts WHERE rowid = ?", [rowid]).fetchone()[0]
-    pieces = _pieces(text) if len(text) > _SNIPPET_PIECE else []
+    long = len(text) > _SNIPPET_PIECE and _matches(conn, rowid, match) > _SNIPPET_MATCHES
+    pieces = _pieces(text) if long else []
     if len(pieces) > 1:
         with contextlib.closing(sqlite3.connect(":memory:")) as scratch:
             scratch.execute(f"CREATE VIRTUAL TABLE docs_fts USING {_FTS}")
@@ -821,6 +826,13 @@ def _snippet(conn: sqlite3.Connection, rowid: int, match: str) -> str:
                 after = "…" if b < len(text) and not cut.endswith("…") else ""
                 return f"{before}{cut}{after}".replace(_ZWSP, "")
     return conn.execute(sql, [_SNIPPET_TOKENS, match, rowid]).fetchone()[0].replace(_ZWSP, "")
+
+
+def _matches(conn: sqlite3.Connection, rowid: int, match: str) -> int:
+    """How many matches of ``match`` document ``rowid``'s text holds (an upper bound): highlight()
+    marks each one in time linear in the text, unlike snippet()."""
+    sql = "SELECT highlight(docs_fts, 1, char(1), '') FROM docs_fts WHERE docs_fts MATCH ? AND rowid = ?"
+    return conn.execute(sql, [match, rowid]).fetchone()[0].count("\x01")
 
 
 def _pieces(text: str) -> list[tuple[int, int]]:

@@ -1124,3 +1124,13 @@ async def test_a_cut_last_line_is_dropped_and_the_user_told_which_question_runs_
     records = await run_bench(_model(), index, ITEMS[:2], settings, out, log=said.append)
     assert [r["id"] for r in records] == ["q1", "q2"]
     assert f"line 2 of {out} was cut off by a crash: dropped, question 'q2' runs again" in said[0]
+
+
+def test_a_cut_last_line_whose_id_is_not_utf8_is_dropped_without_a_crash(tmp_path):
+    # Before: UnicodeDecodeError out of naming the question, after the line was dropped.
+    from langgraph_parallelmuse.eval import bench
+
+    out = tmp_path / "results.jsonl"
+    out.write_bytes(b'{"id": "q\xff1", "question": "What is the capi')
+    assert bench._drop_cut_line(out).endswith("dropped, its question runs again")
+    assert out.read_bytes() == b""

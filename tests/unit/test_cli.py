@@ -611,3 +611,16 @@ def test_bench_refuses_a_calibration_fitted_on_its_questions(tmp_path, monkeypat
     assert "bench other questions" in said
     items = [argparse.Namespace(id="q1", question=PARIS)]
     cli._check_calibration_questions(str(calibration), items)  # other questions: measured fairly
+
+
+def test_reports_cut_for_the_aggregator_are_a_note_not_a_pick_unused(monkeypatch) -> None:
+    # Before: the cut was the aggregate's "error", and a pick made from cut reports was shown as "not used".
+    screen = Console(file=io.StringIO(), width=400, emoji=False)
+    monkeypatch.setattr(cli, "out", screen)
+    monkeypatch.setattr(cli, "_write_json", lambda *args: None)
+    monkeypatch.setattr(cli, "_model_identity", lambda args: "m")
+    cut = "the reports did not fit the aggregator's context window: it read each cut to 880 characters"
+    final = {"answer": "Lyon", "answer_source": "aggregator", "stats": {"aggregate": {"error": None, "note": cut}}}
+    cli._show_result(final, argparse.Namespace(json=None))
+    shown = screen.file.getvalue()
+    assert f"note: {cut}" in shown and "not used" not in shown

@@ -602,6 +602,8 @@ async def test_a_prompt_that_never_fits_is_not_resent_and_the_problem_says_what_
     assert report["problem"].startswith("the model call failed: BadRequestError")
     assert "does not fit the compressor's context window" in report["problem"]
     assert "longer context" in report["problem"]
+    # A guided prompt holds facts, not tool outputs: max_observation_chars would not shorten it.
+    assert ("max_observation_chars" in report["problem"]) is not guided
     # Free: the whole log, then each shorter cut once; guided: its one prompt, once.
     assert len(model.calls) == (1 if guided else 3)
 
