@@ -374,3 +374,13 @@ def context_length_exceeded() -> Exception:
     request = httpx.Request("POST", "https://api.openai.com/v1/chat/completions")
     response = httpx.Response(400, request=request, json={"error": body})
     return openai.BadRequestError(f"Error code: 400 - {{'error': {body}}}", response=response, body=body)
+
+
+def with_context(limit: int, reply: str) -> ScriptedChatModel:
+    """A model whose context holds ``limit`` prompt characters: a longer prompt raises
+    :func:`context_length_exceeded`, as ``langchain_openai`` raises it; a prompt that fits gets ``reply``."""
+
+    def respond(messages):
+        return context_length_exceeded() if sum(len(m.content) for m in messages) > limit else reply
+
+    return ScriptedChatModel(responder=respond)

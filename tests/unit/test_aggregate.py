@@ -21,6 +21,7 @@ from langgraph_parallelmuse.compress import compress_trajectory
 from langgraph_parallelmuse.config import Aggregation
 from langgraph_parallelmuse.eval.scoring import normalize_vote_key as scoring_key
 from langgraph_parallelmuse.state import count_tool_calls
+from tests.unit.fakes import with_context
 
 QUESTION = "What is the capital of France?"
 
@@ -671,16 +672,6 @@ async def test_answer_tags_are_no_part_of_the_pick(fake_model, guided, reply):
     assert (result.answer, result.source) == ("Lyon", "aggregator")
 
 
-def _aggregator_with_context(limit: int, reply: str):
-    """An aggregator whose context holds ``limit`` prompt characters (longer: the OpenAI 400 error)."""
-    from tests.unit.fakes import ScriptedChatModel, context_length_exceeded
-
-    def respond(messages):
-        return context_length_exceeded() if sum(len(m.content) for m in messages) > limit else reply
-
-    return ScriptedChatModel(responder=respond)
-
-
 @pytest.mark.parametrize("count", [32, 64])
 async def test_reports_beyond_the_context_are_all_cut_alike_and_keep_their_answers(count):
     """Too long together, the reports were never read: the run fell back to the majority vote."""
@@ -688,7 +679,7 @@ async def test_reports_beyond_the_context_are_all_cut_alike_and_keep_their_answe
     reports = [_report(f"t{i}", "Lyon" if i == count - 1 else "Paris", f"{body}\nFinal answer: ") for i in range(count)]
     for report in reports:
         report["text"] += report["answer"]
-    model = _aggregator_with_context(40_000, "<answer>Lyon</answer>")
+    model = with_context(40_000, "<answer>Lyon</answer>")
     result = await aggregate_reports(model, QUESTION, reports, guided=False)
     assert (result.answer, result.source) == ("Lyon", "aggregator")
     assert "did not fit the aggregator's context window" in result.note and result.error is None
@@ -701,7 +692,7 @@ async def test_reports_beyond_the_context_are_all_cut_alike_and_keep_their_answe
 
 async def test_reports_that_never_fit_fall_back_to_the_vote_saying_what_to_change():
     reports = [_report(f"t{i}", "Paris", "Solution methods: evidence\nFinal answer: Paris") for i in range(3)]
-    model = _aggregator_with_context(10, "<answer>Paris</answer>")
+    model = with_context(10, "<answer>Paris</answer>")
     result = await aggregate_reports(model, QUESTION, reports, guided=True)
     assert (result.answer, result.source) == ("Paris", "majority_fallback")
     assert result.error.startswith("the aggregator's model call failed: BadRequestError")

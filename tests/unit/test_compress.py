@@ -15,7 +15,7 @@ from langgraph_parallelmuse.compress import (
 )
 from langgraph_parallelmuse.config import ParallelMuseConfig
 from langgraph_parallelmuse.stage2 import compression_stats, write_report
-from tests.unit.fakes import ScriptedChatModel, context_length_exceeded
+from tests.unit.fakes import with_context
 
 QUESTION = "What is the capital of France?"
 GUIDED_OK = [" find the capital of France", " the page names Paris"]
@@ -569,22 +569,10 @@ def test_the_report_answer_is_the_last_answer_tag_with_text_and_holds_no_tag(tex
     assert parse_report(text)[1] == answer
 
 
-def _overflowing(limit: int, reply: str) -> ScriptedChatModel:
-    """A model whose context holds ``limit`` prompt characters: a longer prompt raises the OpenAI
-    "maximum context length" 400 error, as ``langchain_openai`` raises it."""
-
-    def respond(messages):
-        if sum(len(m.content) for m in messages) > limit:
-            return context_length_exceeded()
-        return reply
-
-    return ScriptedChatModel(responder=respond)
-
-
 async def test_a_log_longer_than_the_context_is_written_from_shorter_tool_outputs(make_trajectory):
     """The same prompt was sent again, to fail alike, and the report fell back to its answer alone."""
     traj = make_trajectory(observations={0: "Paris is the capital of France. " * 2000})
-    model = _overflowing(20_000, FREE_OK)
+    model = with_context(20_000, FREE_OK)
     report = await compress_trajectory(model, QUESTION, traj, guided=False)
     assert (report["status"], report["answer"]) == ("ok", "Paris")
     assert "Solution planning: One sub-problem: the capital." in report["text"]
@@ -596,7 +584,7 @@ async def test_a_log_longer_than_the_context_is_written_from_shorter_tool_output
 @pytest.mark.parametrize("guided", [False, True])
 async def test_a_prompt_that_never_fits_is_not_resent_and_the_problem_says_what_to_change(make_trajectory, guided):
     traj = make_trajectory(observations={0: "x" * 5000})
-    model = _overflowing(100, FREE_OK)
+    model = with_context(100, FREE_OK)
     report = await compress_trajectory(model, QUESTION, traj, guided=guided)
     assert (report["status"], report["answer"]) == ("fallback", "Paris")
     assert report["problem"].startswith("the model call failed: BadRequestError")
