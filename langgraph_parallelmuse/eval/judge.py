@@ -80,7 +80,16 @@ _VERDICT = re.compile(
     r"""|["']correct["']\s*:\W*(yes|no|true|false)\b""",
     re.IGNORECASE | re.MULTILINE,
 )
-_BARE_VERDICT = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
+# Failing a verdict line, a reply that opens with its verdict: yes/no, or the grader words correct /
+# incorrect ("INCORRECT", "Incorrect, because the years differ"), which went unreadable and left the
+# judged accuracy to the other questions. Only as a clause of their own: "Correct answer: Rome", the
+# key "Correct: Paris", a looping "correct-------" and "correct" over a "no" line are no verdict. Its
+# markdown emphasis ("**Correct**") is taken whole: tried piece by piece, a run of it took quadratic time.
+_BARE_VERDICT = re.compile(
+    r"^\W*(?:(yes|no)\b|(correct|incorrect)"
+    r"(?=[*_]*+(?:[^\w:]*\Z|\s*[,.;!(]|\s*[-–—](?![-–—])|\s+because\b|[^\S\n]*\n(?!\W*(?:yes|no)\b))))",
+    re.IGNORECASE,
+)
 
 
 def parse_judgement(text: str) -> bool | None:
@@ -90,7 +99,7 @@ def parse_judgement(text: str) -> bool | None:
     it); a reply that opens a ``<think>`` it never closes was cut off mid-reasoning and holds no
     verdict (a ``<think>`` the reply only mentions after its verdict does not count). Of the
     rest, the last ``correct: yes|no`` line (or ``"correct": "yes"`` JSON field) is the verdict;
-    failing that, a reply that starts with yes or no.
+    failing that, a reply that starts with yes or no, or with correct or incorrect as a clause of its own.
 
     Args:
         text: The judge model's reply.
@@ -107,6 +116,8 @@ def parse_judgement(text: str) -> bool | None:
         True
         >>> parse_judgement("No, they differ.")
         False
+        >>> parse_judgement("INCORRECT, because the years differ"), parse_judgement("Correct answer: Rome") is None
+        (False, True)
         >>> parse_judgement("<think>correct: no... but then") is None
         True
         >>> parse_judgement("correct: yes\\n\\nCorrect - no caveats.")
@@ -122,7 +133,7 @@ def parse_judgement(text: str) -> bool | None:
         return verdicts[-1].lower() in ("yes", "true")
     bare = _BARE_VERDICT.match(text)
     if bare:
-        return bare.group(1).lower() == "yes"
+        return (bare.group(1) or bare.group(2)).lower() in ("yes", "correct")
     return None
 
 

@@ -3,6 +3,9 @@
 Normalisation (:mod:`langgraph_parallelmuse.answers`) follows the official HotpotQA evaluation
 script, so numbers are comparable with published results.
 Every answer metric takes the gold answer and its aliases and scores the best match among them.
+MuSiQue is scored by the same rules: its official script normalises alike and also takes the best
+alias, but has no yes/no rule, so there "No, NO" against the alias "no" of Norway earns F1 0.67
+where :func:`f1_score` gives 0 (no MuSiQue gold of the dev sets is yes or no otherwise).
 """
 
 from __future__ import annotations

@@ -21,13 +21,20 @@ __all__ = ["bootstrap_ci", "bootstrap_ratio", "format_diff", "paired_bootstrap_d
 
 
 def _finite(values: Sequence[float], name: str) -> list[float]:
-    data = [float(v) for v in values]
-    # A NaN made part of the interval NaN, and format_diff printed a NaN interval as a significant difference.
-    if (bad := next((i for i, v in enumerate(data) if not math.isfinite(v)), None)) is not None:
-        raise ValueError(
-            f"{name}[{bad}] is {data[bad]}: every per-question value must be a finite number; "
-            "score that question or leave it out of every system compared"
-        )
+    data = []
+    for i, v in enumerate(values):
+        try:
+            value = float(v)
+        except (TypeError, ValueError):  # float()'s own error named neither the argument nor the question
+            value = math.nan
+        # A NaN made part of the interval NaN, and format_diff printed a NaN interval as a significant
+        # difference; an unreadable judge verdict (None) passed on as a score is refused the same way.
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{name}[{i}] is {v!r}: every per-question value must be a finite number; "
+                "score that question or leave it out of every system compared"
+            )
+        data.append(value)
     return data
 
 
@@ -101,8 +108,8 @@ def bootstrap_ci(
         ``(mean, low, high)``.
 
     Raises:
-        ValueError: ``values`` is empty or holds a NaN or infinity, or ``n_resamples`` / ``confidence``
-            / ``seed`` is out of range.
+        ValueError: ``values`` is empty or holds something other than a finite number, or
+            ``n_resamples`` / ``confidence`` / ``seed`` is out of range.
 
     Example:
         >>> mean, low, high = bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 0, 1, 1], seed=1)
@@ -152,8 +159,8 @@ def paired_bootstrap_diff(
         resample: its interval is ``(-inf, inf)``, within noise.
 
     Raises:
-        ValueError: ``a`` and ``b`` differ in length, are empty, or hold a NaN or infinity; or an
-            option is out of range (as :func:`bootstrap_ci`).
+        ValueError: ``a`` and ``b`` differ in length, are empty, or hold something other than a
+            finite number; or an option is out of range (as :func:`bootstrap_ci`).
 
     Example:
         >>> a = [1, 1, 1, 1, 1, 1, 0, 1]
@@ -203,8 +210,9 @@ def bootstrap_ratio(
         ``(ratio, low, high)``.
 
     Raises:
-        ValueError: The sequences differ in length, are empty or hold a NaN or infinity, or the
-            denominators sum to 0 or less; or an option is out of range (as :func:`bootstrap_ci`).
+        ValueError: The sequences differ in length, are empty or hold something other than a finite
+            number, or the denominators sum to 0 or less; or an option is out of range (as
+            :func:`bootstrap_ci`).
 
     Example:
         >>> ratio, low, high = bootstrap_ratio([60, 50, 70, 65], [100, 90, 110, 100])

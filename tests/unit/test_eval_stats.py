@@ -214,3 +214,13 @@ def test_no_seed_draws_fresh_resamples_as_a_bench_without_one_records(backend):
     assert mean == 0.75 and low <= mean <= high
     diff, low, high = paired_bootstrap_diff([1, 0, 1], [0, 0, 1], seed=None)
     assert low <= diff <= high
+
+
+@pytest.mark.parametrize("bad", [None, "yes", [1.0]])
+def test_a_value_that_is_no_number_is_refused_naming_the_question(bad):
+    # Before: float()'s TypeError or ValueError ("float() argument must be a string or a real number,
+    # not 'NoneType'"), naming neither the argument nor the question; e.g. an unreadable judge verdict.
+    with pytest.raises(ValueError, match=r"values\[1\] is .*finite number"):
+        bootstrap_ci([1.0, bad, 0.0])
+    with pytest.raises(ValueError, match=r"b\[0\] is .*finite number"):
+        paired_bootstrap_diff([1.0, 0.0], [bad, 1.0])

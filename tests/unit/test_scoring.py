@@ -364,3 +364,24 @@ def test_correct_before_a_long_run_of_separators_is_read_in_linear_time(run):
     # run as the one, then read the rest of the run for the verdict (20,000 colons: 8 s).
     assert parse_judgement("correct" + run + "x") is None
     assert parse_judgement("correct" + run + " yes") is True
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        # Before: a grader's one-word verdict was unreadable, and the judged accuracy left its question out.
+        ("CORRECT", True),
+        ("Incorrect.", False),
+        ("incorrect, because the years differ", False),
+        ("**Correct** — both name Paris", True),
+        ("INCORRECT\n\nThe gold is Lyon.", False),
+        # A verdict line still wins, and correct as a key or an adjective is no verdict.
+        ("Correct.\ncorrect: no", False),
+        ("Correct answer: Rome", None),
+        ("Correct: Paris", None),
+        ("correct\nno", None),
+        ("correct" + "-" * 1000 + "x", None),
+    ],
+)
+def test_parse_judgement_reads_a_reply_that_opens_with_correct_or_incorrect(reply, expected):
+    assert parse_judgement(reply) is expected
