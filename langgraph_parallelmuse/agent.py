@@ -129,7 +129,11 @@ def _refused_key(exc: BaseException, model: BaseChatModel) -> str:
         return ""
     # ChatOpenAI (ServerChatModel too) reads OPENAI_API_KEY when no api_key= is given.
     where = "set OPENAI_API_KEY (or pass api_key=) to" if hasattr(model, "openai_api_key") else "give it"
-    return f"the server refused the model's API key (HTTP {status}): {where} a key this server accepts; "
+    if status == 401:
+        return f"the server refused the model's API key (HTTP 401): {where} a key this server accepts; "
+    # A 403 comes with a key the server knows: a project without access to the model, a region it does
+    # not serve, a proxy's policy. Called a refused key, it sent the user to a key that was right.
+    return "the server forbade the call (HTTP 403): check that the API key may use this model from here; "
 
 
 @dataclass

@@ -94,17 +94,23 @@ def secrets_of(*models: object) -> list[str]:
     return sorted({s for s in found if len(s) >= _SHORTEST_SECRET}, key=len, reverse=True)
 
 
-def fits_a_header(key: str) -> bool:
+def fits_a_header(key: str, *, blanks_inside: bool = False) -> bool:
     """Whether an API key can be sent in an HTTP header as it is: printable ASCII, no spaces.
 
     httpx refuses any other in every request: a curly quote a chat app or editor put around a key
     failed each call with "UnicodeEncodeError: 'ascii' codec can't encode character", which names
-    no key, and a line break with an error that prints the key.
+    no key, and a line break with an error that prints the key. ``blanks_inside``: a space or tab
+    inside the key is sent as it is (a vLLM ``--api-key`` of two words), only one at its end is not
+    (h11 refuses it, and the call failed with "Connection error.").
 
     Example:
         >>> fits_a_header("tvly-abc123"), fits_a_header("\u201ctvly-abc123\u201d"), fits_a_header("sk-1 2")
         (True, False, False)
+        >>> fits_a_header("my local key", blanks_inside=True), fits_a_header("sk-key ", blanks_inside=True)
+        (True, False)
     """
+    if blanks_inside:
+        return key.isascii() and all(c.isprintable() or c == "\t" for c in key) and not key.endswith((" ", "\t"))
     return key.isascii() and key.isprintable() and not any(c.isspace() for c in key)
 
 

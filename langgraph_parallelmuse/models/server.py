@@ -160,7 +160,9 @@ class ServerChatModel(ChatOpenAI):
         kwargs.update(_direct_clients(kwargs))
         super().__init__(**kwargs)
         key = self.openai_api_key.get_secret_value() if isinstance(self.openai_api_key, SecretStr) else None
-        _check_endpoint("ServerChatModel", self.openai_api_base, key)  # a callable key is read per call
+        # Without a base URL the openai client reads OPENAI_BASE_URL: one without its scheme failed alike.
+        base = self.openai_api_base or os.environ.get("OPENAI_BASE_URL") or None
+        _check_endpoint("ServerChatModel", base, key)  # a callable key is read per call
 
     @property
     def _llm_type(self) -> str:
@@ -360,15 +362,17 @@ def _check_endpoint(who: str, base_url: str | None, key: str | None) -> None:
     problems = []
     # Each named by where the user set it (the command line passes OPENAI_API_KEY's value as api_key=).
     if base_url is not None and not is_http_url(base_url):
-        name = "OPENAI_API_BASE" if base_url == os.environ.get("OPENAI_API_BASE") else "base_url"
+        name = next((n for n in ("OPENAI_API_BASE", "OPENAI_BASE_URL") if base_url == os.environ.get(n)), "base_url")
         problems.append(
             f"{name}={redact(shown_url(base_url))!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"
         )
-    if key is not None and not fits_a_header(key):
-        source = "OPENAI_API_KEY" if key == os.environ.get("OPENAI_API_KEY") else "api_key="
+    if key is not None and not fits_a_header(key, blanks_inside=True):
+        env_key = os.environ.get("OPENAI_API_KEY", "")
+        # The Studio graph passes the variable's value stripped of the line break a file gave it.
+        source = "OPENAI_API_KEY" if key in (env_key, env_key.strip()) else "api_key="
         problems.append(
-            f"the API key ({source}) holds spaces, control characters or characters other than ASCII "
-            "(curly quotes?): copy it again"
+            f"the API key ({source}) holds control characters or characters other than ASCII (curly quotes?), "
+            "or ends in a space: copy it again"
         )
     if problems:
         raise ConfigError(f"{who}: " + "; ".join(problems))

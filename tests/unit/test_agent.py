@@ -636,8 +636,11 @@ async def test_a_model_that_always_raises_fails_the_trajectory_without_raising()
     assert "model call failed at step 0" in traj["error"] and "server said no" in traj["error"]
 
 
-@pytest.mark.parametrize("status", [401, 403])
-async def test_a_refused_key_is_named_first_in_the_failed_trajectorys_error(status):
+@pytest.mark.parametrize(
+    ("status", "advice"),
+    [(401, "the server refused the model's API key (HTTP 401)"), (403, "the server forbade the call (HTTP 403)")],
+)
+async def test_a_refused_key_is_named_first_in_the_failed_trajectorys_error(status, advice):
     """The run's advice (server up? base URL? model name?) never mentioned the key a 401 was about;
     first, as the run's summary cuts each error at 300 characters (a server's error page follows)."""
     response = httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
@@ -645,7 +648,17 @@ async def test_a_refused_key_is_named_first_in_the_failed_trajectorys_error(stat
     runner, _, _ = _runner([refused] * 5)
     traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
     assert traj["status"] == "failed"
-    assert f"the server refused the model's API key (HTTP {status})" in traj["error"][:300]
+    assert advice in traj["error"][:300]
+
+
+async def test_a_403_is_not_called_a_refused_key():
+    """OpenAI answers 403 to a right key whose project may not use the model ("does not have access to
+    model"), a proxy to a blocked host: the error said the key was refused."""
+    response = httpx.Response(403, request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
+    denied = openai.PermissionDeniedError("Project does not have access to model `m`", response=response, body=None)
+    runner, _, _ = _runner([denied] * 5)
+    traj = await runner.run(QUESTION, trajectory_id="t0", thread_id="r/t0")
+    assert "refused the model's API key" not in traj["error"] and "does not have access" in traj["error"]
 
 
 async def test_a_model_failing_mid_trajectory_keeps_the_earlier_steps():

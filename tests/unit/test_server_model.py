@@ -66,7 +66,8 @@ def test_trailing_assistant_message_is_continued_and_user_extra_body_kept() -> N
         # redact()'s URL patterns need "://": refused for lacking it, the URL printed its password.
         ({"base_url": "admin:sk-local-pw@127.0.0.1:8000/v1"}, None, "base_url='***@127.0.0.1:8000/v1' must be"),
         ({"api_key": "\u201csk-local-key\u201d"}, None, "the API key (api_key=) holds"),
-        ({}, "sk-local key", "the API key (OPENAI_API_KEY) holds"),
+        # A blank at its end: h11 refused the header, and each call said "Connection error.".
+        ({}, "sk-local-key ", "the API key (OPENAI_API_KEY) holds"),
     ],
 )
 def test_a_base_url_without_scheme_or_a_key_no_header_carries_is_refused_when_built(
@@ -78,6 +79,24 @@ def test_a_base_url_without_scheme_or_a_key_no_header_carries_is_refused_when_bu
     with pytest.raises(ConfigError, match=re.escape(named)) as caught:
         ServerChatModel(**{"base_url": "http://127.0.0.1:9/v1", "model": "m", **kwargs})
     assert "sk-local" not in str(caught.value)  # the key is never printed
+
+
+@pytest.mark.parametrize("key", ["my local key", " sk-local-key", "sk-local\tkey"])
+def test_a_key_httpx_sends_is_not_refused_when_built(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A space inside a key (a vLLM --api-key of two words) goes out as it is, and a server that asks
+    no key ignores it: such a key, in OPENAI_API_KEY too, was refused though every call worked."""
+    assert ServerChatModel(base_url="http://127.0.0.1:9/v1", model="m", api_key=key).openai_api_key
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    assert ServerChatModel(base_url="http://127.0.0.1:9/v1", model="m").openai_api_key
+
+
+def test_an_openai_base_url_variable_without_scheme_is_refused_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The openai client reads OPENAI_BASE_URL when no base URL is given: one without its scheme was
+    built, and each call failed with "Connection error."."""
+    monkeypatch.delenv("OPENAI_API_BASE", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", "127.0.0.1:8000/v1")
+    with pytest.raises(ConfigError, match=re.escape("OPENAI_BASE_URL='127.0.0.1:8000/v1' must be an http://")):
+        ServerChatModel(model="m")
 
 
 def test_the_server_checks_name_a_base_url_without_scheme_or_a_key_no_header_carries() -> None:

@@ -67,12 +67,15 @@ def test_the_served_graph_names_an_openai_key_that_cannot_be_sent_at_once(monkey
     import runpy
 
     key = "sk-AbC0123456789abcdefXYZ"
-    monkeypatch.setenv("OPENAI_API_KEY", f"\u201c{key}\u201d")
     monkeypatch.setenv("TAVILY_API_KEY", "tvly-test-key")
     module = runpy.run_path(str(ROOT / "graphs" / "openai_tavily.py"))
-    with pytest.raises(ConfigError, match=r"OPENAI_API_KEY\)? holds .* other than ASCII") as info:
-        module["graph"]()
-    assert key not in str(info.value)
+    # With the line break of a key read from a file too, the error named api_key=, which Studio has none of.
+    for pasted in (f"\u201c{key}\u201d", f"\u201c{key}\u201d\n"):
+        monkeypatch.setenv("OPENAI_API_KEY", pasted)
+        module["_build"].cache_clear()
+        with pytest.raises(ConfigError, match=r"\(OPENAI_API_KEY\) holds .* other than ASCII") as info:
+            module["graph"]()
+        assert key not in str(info.value)
     monkeypatch.setenv("OPENAI_API_KEY", f" {key}\n")  # a line break read with it from a file is dropped
     assert module["_chat"]("served-model").openai_api_key.get_secret_value() == key
 

@@ -689,6 +689,23 @@ async def test_a_local_servers_placeholder_key_leaves_the_pages_and_their_urls_a
     assert msg.artifact == {"doc_ids": [url]} and f"Run {placeholder} locally." in msg.content
 
 
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [("HF_TOKEN", "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"), ("OPENAI_API_KEY", "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz")],
+)
+async def test_an_environment_key_without_digits_is_still_kept_out_of_pages(
+    fake: FakeTavily, monkeypatch: pytest.MonkeyPatch, name: str, secret: str
+) -> None:
+    # Keys were told from placeholder words by a digit: a Hugging Face token (hf_ and 34 letters) has none,
+    # and a page echoing it kept it.
+    monkeypatch.setenv(name, secret)
+    url = f"https://echo.example/{secret}"
+    fake.script["/search"] = [Reply(body={"results": [{"title": "Echo", "url": url, "content": f"got {secret}"}]})]
+    search, _ = tools(fake)
+    msg = await call(search, query="echo")
+    assert secret not in msg.content and secret not in str(msg.artifact)
+
+
 async def test_a_retry_after_beyond_what_is_read_is_said_not_waited(
     fake: FakeTavily, monkeypatch: pytest.MonkeyPatch
 ) -> None:
