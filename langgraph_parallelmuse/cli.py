@@ -39,6 +39,7 @@ from langgraph_parallelmuse.config import ParallelMuseConfig, make_config
 from langgraph_parallelmuse.errors import ConfigError, CorpusError, ParallelMuseError, RolloutFailedError
 from langgraph_parallelmuse.eval.bench import METHODS
 from langgraph_parallelmuse.files import replacing
+from langgraph_parallelmuse.loopback import is_http_url, shown_url
 from langgraph_parallelmuse.protocol import one_line
 from langgraph_parallelmuse.redact import redact
 from langgraph_parallelmuse.uncertainty import REGIONS_OF_MODE
@@ -51,7 +52,9 @@ out = Console(emoji=False)
 def _add_model_args(p: argparse.ArgumentParser, *, bench: bool = False) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
-        "--base-url", type=_given, help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2"
+        "--base-url",
+        type=_server_url,
+        help="OpenAI-compatible server (vLLM, SGLang, llama.cpp); default: embedded SmolLM2",
     )
     g.add_argument("--model", type=_given, help="model name on the server (with --base-url; default: its only model)")
     g.add_argument("--model-path", type=_given, help="local transformers checkpoint dir (default: embedded GGUF)")
@@ -1332,6 +1335,21 @@ def _given(text: str) -> str:
     return text
 
 
+def _server_url(text: str) -> str:
+    """A server's base URL flag, refused when blank (:func:`_given`) or without ``http(s)://``: refused
+    later by the server check, the error named ``base_url=`` and not the flag.
+
+    Example:
+        >>> _server_url("http://127.0.0.1:8000/v1")
+        'http://127.0.0.1:8000/v1'
+    """
+    if not is_http_url(_given(text)):
+        raise argparse.ArgumentTypeError(
+            f"{shown_url(text)!r} has no http:// or https://: pass e.g. http://127.0.0.1:8000/v1"
+        )
+    return text
+
+
 def _whole(least: int) -> Callable[[str], int]:
     """The ``type=`` of a flag that takes a whole number of at least ``least``.
 
@@ -1606,7 +1624,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--judge-base-url",
-        type=_given,
+        type=_server_url,
         help="OpenAI-compatible server of an LLM judge (BrowseComp grading prompt); adds a 'judge' score",
     )
     bench.add_argument(

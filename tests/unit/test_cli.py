@@ -624,3 +624,15 @@ def test_reports_cut_for_the_aggregator_are_a_note_not_a_pick_unused(monkeypatch
     cli._show_result(final, argparse.Namespace(json=None))
     shown = screen.file.getvalue()
     assert f"note: {cut}" in shown and "not used" not in shown
+
+
+@pytest.mark.parametrize(
+    "argv", [["ask", "Who?", "--base-url"], ["bench", "--questions", "q.jsonl", "--judge-base-url"]]
+)
+def test_a_server_url_without_scheme_is_refused_naming_the_flag(argv, capsys):
+    # Before: refused by the server check as "check_server: base_url='…' must be …", naming no flag.
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*argv, "admin:pw1234@localhost:8000/v1"])
+    said = _err(capsys)
+    assert exited.value.code == 2 and f"argument {argv[-1]}: '***@localhost:8000/v1' has no http://" in said
+    assert "pw1234" not in said
