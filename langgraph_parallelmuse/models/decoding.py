@@ -181,7 +181,10 @@ class Decoder:
     def _advance(self, seq: RequestState, token: int, logprob: float, alternatives: list[tuple[float, int]]) -> None:
         req = seq.req
         if token in self.eos and not (req.ignore_eos or req.forced_ids):
+            before = len(seq.text)
             self._flush(seq)
+            # The flushed text (a token's own characters before its partial one) may end a stop string.
+            _cut_at_stop(seq, before)
             seq.finish = "stop"
             return
         seq.gen.append(token)
@@ -196,12 +199,9 @@ class Decoder:
             seq.starts.append(len(seq.text))
         before = len(seq.text)
         seq.text += piece
-        if req.stop and piece and not req.forced_ids:
-            at = _find_stop(seq.text, req.stop, before)
-            if at is not None:
-                cut(seq, at)
-                seq.finish = "stop"
-                return
+        if _cut_at_stop(seq, before):
+            seq.finish = "stop"
+            return
         if final:
             seq.finish = "length"
 
@@ -233,14 +233,37 @@ class Decoder:
 
 
 def _stream(seq: RequestState) -> None:
-    """Pass ``seq``'s new text to its ``on_text``, all but the tail a stop string may still begin in."""
+    """Pass ``seq``'s new text to its ``on_text``, all but the tail a stop string may still begin in.
+
+    An error the callback raises fails this request alone: it ends here (its KV is still sound, so
+    the batch caches it as a finished row's) and its future holds the error. Raised out of the
+    decode step, it failed every request of the batch.
+    """
+    if seq.future.done():  # failed by an earlier piece: a scored request's later tokens stream no more
+        return
     end = len(seq.text)
     if seq.finish is None and seq.req.stop:
         # A stop string found later ends past the current text, so it starts in its last longest-1 characters.
         end -= max(0, max(len(s) for s in seq.req.stop) - 1)
     if end > seq.streamed:
-        seq.req.on_text(seq.text[seq.streamed : end])
+        try:
+            seq.req.on_text(seq.text[seq.streamed : end])
+        except Exception as exc:  # noqa: BLE001 - the caller's code: reported through its own future
+            seq.finish = "stop"
+            seq.future.set_exception(exc)
+            return
         seq.streamed = end
+
+
+def _cut_at_stop(seq: RequestState, before: int) -> bool:
+    """Cut ``seq``'s text before the first stop string that ends in its text past ``before``; whether one did."""
+    req = seq.req
+    if not req.stop or req.forced_ids or len(seq.text) == before:
+        return False
+    at = _find_stop(seq.text, req.stop, before)
+    if at is not None:
+        cut(seq, at)
+    return at is not None
 
 
 def _find_stop(text: str, stops: Sequence[str], before: int) -> int | None:

@@ -320,6 +320,9 @@ class InferenceEngine:
     def close(self, *, cancel_pending: bool = False) -> None:
         """Stop the worker after the queued requests are served, or dropped with ``cancel_pending``.
 
+        The worker drops the prefix cache as it stops. Called on the worker (a done-callback or an
+        ``on_text``), close returns at once instead of waiting for the worker to stop.
+
         Args:
             cancel_pending: Cancel the requests still queued or being decoded instead of serving
                 them (their futures raise ``CancelledError``); the interpreter's exit hook does,
@@ -333,10 +336,10 @@ class InferenceEngine:
                 for future in list(self._futures):
                     future.cancel()  # a running one is abandoned: the worker drops it at its next step
             self._queue.put(None)
-        self._thread.join()
-        # The process-wide registry (shared_engine) keeps a closed engine until one with its settings
-        # is made again: its cache (up to cache_max_bytes) stayed held by an engine nothing could use.
-        self.clear_cache()
+        # Called on the worker (a done-callback or an on_text), the join waited for itself and raised
+        # "cannot join current thread": the worker stops, and drops its cache, once that call returns.
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
 _engines: dict[tuple, InferenceEngine] = {}

@@ -36,7 +36,8 @@ class GenerationRequest:
             settings, stop strings, EOS and ``max_new_tokens`` do not apply.
         on_text: Called on the engine's worker thread with each piece of generated text once no
             stop string can cut it any more (streaming); the pieces concatenate to a prefix of the
-            result's text. It must return at once and never raise: an error fails the whole batch.
+            result's text. It must return at once; an error it raises fails its request (the
+            future raises it), not the others decoded with it.
 
     Example:
         >>> GenerationRequest([1, 2, 3], max_new_tokens=8, temperature=0.0).temperature

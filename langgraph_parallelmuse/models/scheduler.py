@@ -184,7 +184,10 @@ class Scheduler:
         self._trimmed = time.monotonic()
 
     def run(self) -> None:
-        """The worker loop: admit what arrived, decode one step, retire finished rows; repeat."""
+        """The worker loop: admit what arrived, decode one step, retire finished rows; repeat.
+
+        Once stopped, it refuses what is left on the queue and empties the prefix cache.
+        """
         while not (self.stopping and not self.active):
             incoming = self._collect()
             try:
@@ -198,6 +201,10 @@ class Scheduler:
                 self.active, self.batch = [], None
             self.admitting = []
         self._refuse_leftovers()
+        # The process-wide registry (shared_engine) keeps a closed engine until one with its settings
+        # is made again: its cache (up to cache_max_bytes) stayed held by an engine nothing could use.
+        if self.cache is not None:
+            self.cache.clear()
 
     def _collect(self) -> list[tuple[GenerationRequest, RequestFuture]]:
         """New requests for the free rows: block (then wait ``batch_window``) only when idle."""

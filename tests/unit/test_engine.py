@@ -299,6 +299,20 @@ def test_a_closed_engine_releases_its_prefix_cache(model, tokenizer) -> None:
     assert engine.stats()["cache_bytes"] == 0
 
 
+def test_an_engine_closed_on_its_worker_serves_what_it_holds_then_stops_and_frees_its_cache(
+    model, tokenizer, plain
+) -> None:
+    # close() from a done-callback or an on_text joined the worker from the worker: it raised
+    # "cannot join current thread" (failing that request) and left the prefix cache held.
+    engine = InferenceEngine(model, tokenizer, batch_window=0.5)
+    closing = greedy(tokenizer, PROMPTS[0], on_text=lambda text: engine.close())
+    other = greedy(tokenizer, PROMPTS[1])
+    futures = [engine.submit(closing), engine.submit(other)]
+    assert [f.result(timeout=60).token_ids for f in futures] == [plain.generate(r).token_ids for r in (closing, other)]
+    engine._thread.join(timeout=20)
+    assert not engine._thread.is_alive() and engine.stats()["cache_bytes"] == 0
+
+
 def test_a_generate_call_interrupted_by_ctrl_c_cancels_its_request(model, tokenizer, monkeypatch) -> None:
     # The sync path (LocalChatModel.invoke, a sync chain) waits in generate(): after Ctrl-C the row
     # went on to max_new_tokens, and the exit hook that closes the engine waited for it.
@@ -566,6 +580,23 @@ def test_eos_after_part_of_a_character_keeps_its_text_as_a_length_cut_does(token
     result = seq.result()
     assert result.finish_reason == "stop" and result.token_ids == [*ids(tokenizer, "ab"), first_byte]
     assert result.text == "ab\ufffd" and "".join(e["token"] for e in result.logprobs) == result.text
+
+
+def test_a_stop_string_ended_by_the_text_flushed_at_eos_cuts_it(tokenizer) -> None:
+    # The text held back for an incomplete character (here " " of a token " \xc3") was added at EOS
+    # without a stop check: the result ended in the stop string a length cut or a later token cut.
+    split = tiny_tokenizer(extra_merges=("Ġ Ã",))
+    decoder = Decoder(split, frozenset({split.eos_token_id}))
+    space_and_first_byte = ids(split, " é")[0]
+    request = greedy(split, "hi", stop=[": "], logprobs=True)
+    seq = RequestState(request, RequestFuture(), request.prompt_ids, 12, None, request.prompt_ids)
+    for token in (*ids(split, "a:"), space_and_first_byte, split.eos_token_id):
+        logits = torch.full((1, len(split)), -10.0)
+        logits[0, token] = 10.0
+        decoder.step([seq], logits)
+    result = seq.result()
+    assert result.finish_reason == "stop" and result.text == "a"
+    assert "".join(e["token"] for e in result.logprobs) == "a"
 
 
 def test_bad_requests_are_refused(engine, tokenizer) -> None:
@@ -898,6 +929,41 @@ def test_a_bad_request_the_checks_missed_fails_no_running_row_and_no_scored_one(
         assert victim.result(timeout=60).token_ids == plain.generate(running).token_ids
     finally:
         engine.close()
+
+
+def test_an_on_text_that_raises_fails_its_request_alone(model, tokenizer, plain) -> None:
+    # Raised out of the decode step, the callback's error failed every request of the batch (the
+    # first piece streams in the admission round, so a raise there failed all rows admitted with it).
+    engine = InferenceEngine(model, tokenizer, batch_window=0.5)
+    pieces = []
+
+    def fails_on_third_piece(text: str) -> None:
+        pieces.append(text)
+        if len(pieces) == 3:
+            raise ValueError("the caller's callback broke")
+
+    def fails_at_once(text: str) -> None:
+        raise ValueError("the caller's callback broke")
+
+    others = [
+        greedy(tokenizer, PROMPTS[0], max_new_tokens=20, ignore_eos=True),
+        GenerationRequest(ids(tokenizer, PROMPTS[2]), max_new_tokens=20, temperature=0.9, seed=7, ignore_eos=True),
+        GenerationRequest(ids(tokenizer, PROMPTS[1]), temperature=0.0, forced_ids=ids(tokenizer, " the bees")),
+    ]
+    failing = [
+        greedy(tokenizer, PROMPTS[3], max_new_tokens=20, ignore_eos=True, on_text=fails_on_third_piece),
+        greedy(tokenizer, PROMPTS[1], max_new_tokens=20, ignore_eos=True, on_text=fails_at_once),
+    ]
+    try:
+        futures = [engine.submit(request) for request in [*others, *failing]]
+        results = [future.result(timeout=60) for future in futures[: len(others)]]
+        errors = [future.exception(timeout=60) for future in futures[len(others) :]]
+        assert engine.generate(others[0]).token_ids == results[0].token_ids  # and the engine goes on
+    finally:
+        engine.close()
+    assert all(isinstance(error, ValueError) for error in errors) and len(pieces) == 3
+    for request, result in zip(others, results, strict=True):
+        assert result.token_ids == plain.generate(request).token_ids
 
 
 def test_the_exit_hook_drops_the_requests_nobody_will_read(model, tokenizer, monkeypatch) -> None:

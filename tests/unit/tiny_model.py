@@ -18,15 +18,19 @@ from langgraph_parallelmuse.models.decoding import byte_decoder
 _MERGES = "Ġ t|h e|Ġt he|i n|e r|Ġ a|o n|a n|r e|Ġ s|e s|Ġ w|a t|Ġ c|o r|e n|i s|Ġ o|Ġ b|Ġ f".split("|")
 
 
-def tiny_tokenizer() -> Any:
-    """A GPT-2-style byte-level BPE tokenizer: 256 byte tokens, 20 merges, ``<|im_end|>`` as EOS."""
+def tiny_tokenizer(*, extra_merges: tuple[str, ...] = ()) -> Any:
+    """A GPT-2-style byte-level BPE tokenizer: 256 byte tokens, 20 merges, ``<|im_end|>`` as EOS.
+
+    ``extra_merges`` (``"left right"`` in the byte-level alphabet) come after those, e.g. ``"Ġ Ã"``
+    for a token of a space and the first byte of a two-byte character.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_of = byte_decoder()
     vocab = {ch: i for i, ch in enumerate(sorted(byte_of, key=byte_of.__getitem__))}
     merges = []
-    for pair in _MERGES:
+    for pair in (*_MERGES, *extra_merges):
         left, right = pair.split(" ")
         merges.append((left, right))
         vocab[left + right] = len(vocab)
