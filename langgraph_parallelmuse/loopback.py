@@ -65,6 +65,10 @@ def is_http_url(url: str) -> bool:
         >>> is_http_url("http://127.0.0.1:8000/v1"), is_http_url("127.0.0.1:8000/v1"), is_http_url("https://")
         (True, False, False)
     """
+    # urlsplit strips the blanks around a URL, the clients do not: a pasted "http://h/v1 " asked for
+    # /v1%20/chat/completions (a 404), and one with a blank before it for no URL at all.
+    if not url.isprintable() or url != url.strip():
+        return False
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # an unclosed IPv6 bracket

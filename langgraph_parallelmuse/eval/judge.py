@@ -85,9 +85,13 @@ _VERDICT = re.compile(
 # judged accuracy to the other questions. Only as a clause of their own: "Correct answer: Rome", the
 # key "Correct: Paris", a looping "correct-------" and "correct" over a "no" line are no verdict. Its
 # markdown emphasis ("**Correct**") is taken whole: tried piece by piece, a run of it took quadratic time.
+# A yes/no right after the word ("Correct, no", "Correct.\nno") or after the line's first colon (the
+# template's field echoed: "Correct (yes/no): no") leaves the reply unread: taken as the word, a "no"
+# scored as correct. Nor is a run of dashes to the end (a looping reply cut at its token limit).
 _BARE_VERDICT = re.compile(
     r"^\W*(?:(yes|no)\b|(correct|incorrect)"
-    r"(?=[*_]*+(?:[^\w:]*\Z|\s*[,.;!(]|\s*[-–—](?![-–—])|\s+because\b|[^\S\n]*\n(?!\W*(?:yes|no)\b))))",
+    r"(?=[*_]*+(?!\W*(?:yes|no)\b|[^\n:]*+:[^\S\n]*+(?:yes|no)\b)"
+    r"(?:[^\w:\-–—]*\Z|\s*[,.;!(]|\s*[-–—](?![-–—])|\s+because\b|[^\S\n]*\n(?!\W*(?:yes|no)\b))))",
     re.IGNORECASE,
 )
 

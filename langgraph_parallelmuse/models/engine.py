@@ -329,13 +329,16 @@ class InferenceEngine:
                 so a script that ends does not wait for results nobody reads.
         """
         with self._submit_lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
+            # Also once closed: after a close() on the worker (which returns at once), the exit hook's
+            # close(cancel_pending=True) returned here, and the worker went on decoding through
+            # interpreter teardown ("terminate called without an active exception").
             if cancel_pending:
                 for future in list(self._futures):
                     future.cancel()  # a running one is abandoned: the worker drops it at its next step
-            self._queue.put(None)
+            if first:
+                self._queue.put(None)
         # Called on the worker (a done-callback or an on_text), the join waited for itself and raised
         # "cannot join current thread": the worker stops, and drops its cache, once that call returns.
         if threading.current_thread() is not self._thread:

@@ -53,8 +53,10 @@ _MAX_BACKOFF = 30.0
 _EXTRACT_MAX_TIMEOUT = 60.0
 _URL_RE = re.compile(r"^https?://\S+$", re.IGNORECASE)
 _BARE_DOMAIN_RE = re.compile(r"^[\w.-]+\.[a-z]{2,}(/\S*)?$", re.IGNORECASE)
-# A value shaped like a word or words ("ollama", "lm-studio"): a placeholder key, not a secret.
-_PLACEHOLDER = re.compile(r"[a-z]+(?:-[a-z]+)*")
+# A value shaped like a word or words ("ollama", "lm-studio", GPT4All's "not needed", "Ollama"): a
+# placeholder key, not a secret. A word runs to 12 letters at most: a Hugging Face token's 34 and the
+# letters of an OpenAI key without digits are none.
+_PLACEHOLDER = re.compile(r"[a-z]{1,12}(?:[ _-][a-z]{1,12})*", re.IGNORECASE)
 # A search hit's title is cut to this (or to a quarter of max_chars), so that a page's long title
 # leaves its snippet room.
 _TITLE_CHARS = 120
@@ -219,8 +221,8 @@ class _Tavily:
         """The secret values no output may hold: the key, and those of the environment (``OPENAI_API_KEY``, ...)."""
         # A local server's placeholder key ("ollama", "lm-studio", "not-needed", as their docs suggest) is
         # a word of the web too: replaced, it took "ollama.com" out of the result URLs visit is to open.
-        # Only lowercase words are passed over: a digit is no test of a key, Hugging Face's (hf_ and 34
-        # letters) hold none and OpenAI's may not.
+        # Only words are passed over: a digit is no test of a key, Hugging Face's (hf_ and 34 letters)
+        # hold none and OpenAI's may not.
         keys = [s for s in secrets_of() if not _PLACEHOLDER.fullmatch(s)]
         return sorted({self.key, *keys}, key=len, reverse=True)
 

@@ -636,3 +636,13 @@ def test_a_server_url_without_scheme_is_refused_naming_the_flag(argv, capsys):
     said = _err(capsys)
     assert exited.value.code == 2 and f"argument {argv[-1]}: '***@localhost:8000/v1' has no http://" in said
     assert "pw1234" not in said
+
+
+@pytest.mark.parametrize(
+    "url", ["http://localhost:8000/v1 ", " http://localhost:8000/v1", "http://localhost:8000/v1\t"]
+)
+def test_a_server_url_with_blanks_around_it_is_refused(url, capsys):
+    # urlsplit strips them, so the check passed; the client then asked for /v1%20/chat/completions.
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["ask", "Who?", "--base-url", url])
+    assert exited.value.code == 2 and "argument --base-url" in _err(capsys)

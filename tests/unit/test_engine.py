@@ -988,6 +988,20 @@ def test_the_exit_hook_drops_the_requests_nobody_will_read(model, tokenizer, mon
     assert [f.result(timeout=0).completion_tokens for f in futures] == [3] * len(PROMPTS)
 
 
+def test_a_close_cancelling_after_one_on_the_worker_drops_the_queue_and_waits(model, tokenizer, monkeypatch) -> None:
+    # A close() on the worker returns at once; the exit hook's close(cancel_pending=True) that followed
+    # returned at once too (already closed): the worker went on decoding through interpreter teardown.
+    engine = InferenceEngine(model, tokenizer, max_batch_size=1)
+    slow_steps(engine, monkeypatch)
+    first = engine.submit(greedy(tokenizer, PROMPTS[1], max_new_tokens=2))
+    first.add_done_callback(lambda _: engine.close())
+    queued = [engine.submit(greedy(tokenizer, PROMPTS[0], max_new_tokens=200, ignore_eos=True)) for _ in range(3)]
+    first.result(timeout=60)
+    engine.close(cancel_pending=True)
+    assert not engine._thread.is_alive() and all(f.done() for f in queued)
+    assert engine.stats()["decode_tokens"] < 300
+
+
 def test_sentencepiece_logprob_bytes_are_the_tokens_own(monkeypatch) -> None:
     # Read in the byte-level alphabet, "<0x0A>" was its six letters, and "▁the" decoded alone lost
     # its space: normalize_logprobs, which trusts bytes for offsets, put regions on the wrong tokens.

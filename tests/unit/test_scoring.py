@@ -381,6 +381,11 @@ def test_correct_before_a_long_run_of_separators_is_read_in_linear_time(run):
         ("Correct: Paris", None),
         ("correct\nno", None),
         ("correct" + "-" * 1000 + "x", None),
+        # A looping reply cut at its token limit ends in its run; a "no" after the word is no "correct".
+        ("correct" + "-" * 1000, None),
+        ("Correct (yes/no): no", None),
+        ("Correct, no.", None),
+        ("Correct.\nno", None),
     ],
 )
 def test_parse_judgement_reads_a_reply_that_opens_with_correct_or_incorrect(reply, expected):

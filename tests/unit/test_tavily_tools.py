@@ -674,14 +674,14 @@ async def test_a_pages_excerpt_is_made_off_the_event_loop(fake: FakeTavily, monk
     assert threads and threads[0] != threading.get_ident()
 
 
-@pytest.mark.parametrize("placeholder", ["ollama", "lm-studio", "not-needed"])
+@pytest.mark.parametrize("placeholder", ["ollama", "lm-studio", "not-needed", "Ollama", "not needed", "not_needed"])
 async def test_a_local_servers_placeholder_key_leaves_the_pages_and_their_urls_alone(
     fake: FakeTavily, monkeypatch: pytest.MonkeyPatch, placeholder: str
 ) -> None:
     # Ollama's docs give api_key="ollama": replaced as a secret, a result's https://ollama.com/... became
     # https://***.com/..., an id visit could not open.
     monkeypatch.setenv("OPENAI_API_KEY", placeholder)
-    url = f"https://{placeholder}.com/docs"
+    url = f"https://{placeholder.replace(' ', '')}.com/docs/{placeholder.replace(' ', '%20')}"
     hit = {"title": "Docs", "url": url, "content": f"Run {placeholder} locally."}
     fake.script["/search"] = [Reply(body={"results": [hit]})]
     search, _ = tools(fake)
