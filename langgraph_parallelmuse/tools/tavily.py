@@ -425,15 +425,13 @@ async def _client(key: str, base_url: str | None, responses: list[httpx.Response
         yield AsyncTavilyClient(api_key=key, api_base_url=base_url, client=http)
 
 
-def _describe(
-    exc: Exception, status: int | None = None, *, key_source: str = "TAVILY_API_KEY", timeout: float | None = None
-) -> str:
+def _describe(exc: Exception, status: int | None, *, timeout: float, key_source: str = "TAVILY_API_KEY") -> str:
     """What went wrong, for the agent and the trajectory: the HTTP status and what it means when known.
 
     Example:
-        >>> _describe(ForbiddenError("This request exceeds your plan's set usage limit."), 432)
+        >>> _describe(ForbiddenError("This request exceeds your plan's set usage limit."), 432, timeout=10)
         "HTTP 432: Tavily plan limit reached; This request exceeds your plan's set usage limit."
-        >>> _describe(json.JSONDecodeError("Expecting value", "<html>", 0), 200)
+        >>> _describe(json.JSONDecodeError("Expecting value", "<html>", 0), 200, timeout=10)
         'Tavily sent a response that is not JSON (HTTP 200)'
     """
     detail = " ".join(str(exc).split())
@@ -452,7 +450,7 @@ def _describe(
     if status == 200 and isinstance(exc, AttributeError | TypeError):  # JSON of another shape (a list, a string)
         return "HTTP 200: Tavily sent JSON that is no search or extract response"
     if isinstance(exc, TimeoutError) and not detail:  # the attempt's own bound
-        return f"no answer within {timeout:g} s" if timeout else "timed out"
+        return f"no answer within {timeout:g} s"
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
