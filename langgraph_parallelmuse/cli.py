@@ -1345,7 +1345,9 @@ def _server_url(text: str) -> str:
     """
     if not is_http_url(_given(text)):
         raise argparse.ArgumentTypeError(
-            f"{shown_url(text)!r} has no http:// or https://: pass e.g. http://127.0.0.1:8000/v1"
+            # Not "has no http://": a URL with a blank around it or no host has one.
+            f"{shown_url(text)!r} is no http:// or https:// URL with a host (and no blanks around it): "
+            "pass e.g. http://127.0.0.1:8000/v1"
         )
     return text
 

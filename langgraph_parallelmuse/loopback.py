@@ -62,7 +62,7 @@ def is_http_url(url: str) -> bool:
     that named no URL ("Connection error."): the clients check theirs with this when they are built.
 
     Example:
-        >>> is_http_url("http://127.0.0.1:8000/v1"), is_http_url("127.0.0.1:8000/v1"), is_http_url("https://")
+        >>> is_http_url("http://127.0.0.1:8000/v1"), is_http_url("127.0.0.1:8000/v1"), is_http_url("http://:8000/v1")
         (True, False, False)
     """
     # urlsplit strips the blanks around a URL, the clients do not: a pasted "http://h/v1 " asked for
@@ -73,7 +73,9 @@ def is_http_url(url: str) -> bool:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # an unclosed IPv6 bracket
         return False
-    return parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
+    # The host, not the netloc: "http://:8000/v1" has one, and httpx refused every call to it as
+    # "missing an 'http://' or 'https://' protocol".
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
 def shown_url(url: str) -> str:

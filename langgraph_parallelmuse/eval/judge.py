@@ -75,7 +75,7 @@ _THINK_START = re.compile(r"<\s*think\s*>", re.IGNORECASE)
 # between "correct" and its separator hold no separator: a lazy \W*? there tried every separator of a
 # run as the one, and "correct" before 20,000 dashes or colons (a looping reply) took 8 s.
 _VERDICT = re.compile(
-    r"""^[^\w\n]*correct[^\w:：=]*[:：=]\W*(yes|no|true|false)\b"""
+    r"""^[^\w\n]*correct(?:[^\S\n]*\(yes/no\))?[^\w:：=]*[:：=]\W*(yes|no|true|false)\b"""
     r"""|^[^\w\n]*correct[^\w\-–—]*[-–—]\W*(yes|no|true|false)\b(?=\W*$|\s*[,.;:!(])"""
     r"""|["']correct["']\s*:\W*(yes|no|true|false)\b""",
     re.IGNORECASE | re.MULTILINE,
@@ -85,9 +85,10 @@ _VERDICT = re.compile(
 # judged accuracy to the other questions. Only as a clause of their own: "Correct answer: Rome", the
 # key "Correct: Paris", a looping "correct-------" and "correct" over a "no" line are no verdict. Its
 # markdown emphasis ("**Correct**") is taken whole: tried piece by piece, a run of it took quadratic time.
-# A yes/no right after the word ("Correct, no", "Correct.\nno") or after the line's first colon (the
-# template's field echoed: "Correct (yes/no): no") leaves the reply unread: taken as the word, a "no"
-# scored as correct. Nor is a run of dashes to the end (a looping reply cut at its token limit).
+# A yes/no right after the word ("Correct, no", "Correct.\nno") or after the line's first colon
+# leaves the reply unread: taken as the word, a "no" scored as correct. (The template's field echoed,
+# "Correct (yes/no): no", is a verdict line: _VERDICT reads it.) Nor is a run of dashes to the end
+# (a looping reply cut at its token limit).
 _BARE_VERDICT = re.compile(
     r"^\W*(?:(yes|no)\b|(correct|incorrect)"
     r"(?=[*_]*+(?!\W*(?:yes|no)\b|[^\n:]*+:[^\S\n]*+(?:yes|no)\b)"

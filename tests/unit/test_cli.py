@@ -634,7 +634,7 @@ def test_a_server_url_without_scheme_is_refused_naming_the_flag(argv, capsys):
     with pytest.raises(SystemExit) as exited:
         cli.build_parser().parse_args([*argv, "admin:pw1234@localhost:8000/v1"])
     said = _err(capsys)
-    assert exited.value.code == 2 and f"argument {argv[-1]}: '***@localhost:8000/v1' has no http://" in said
+    assert exited.value.code == 2 and f"argument {argv[-1]}: '***@localhost:8000/v1' is no http://" in said
     assert "pw1234" not in said
 
 
@@ -645,4 +645,4 @@ def test_a_server_url_with_blanks_around_it_is_refused(url, capsys):
     # urlsplit strips them, so the check passed; the client then asked for /v1%20/chat/completions.
     with pytest.raises(SystemExit) as exited:
         cli.build_parser().parse_args(["ask", "Who?", "--base-url", url])
-    assert exited.value.code == 2 and "argument --base-url" in _err(capsys)
+    assert exited.value.code == 2 and f"argument --base-url: {url!r} is no http:// or https:// URL" in _err(capsys)

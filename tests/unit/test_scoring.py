@@ -383,7 +383,8 @@ def test_correct_before_a_long_run_of_separators_is_read_in_linear_time(run):
         ("correct" + "-" * 1000 + "x", None),
         # A looping reply cut at its token limit ends in its run; a "no" after the word is no "correct".
         ("correct" + "-" * 1000, None),
-        ("Correct (yes/no): no", None),
+        ("Correct (yes/no): no", False),
+        ("correct (yes/no): yes", True),
         ("Correct, no.", None),
         ("Correct.\nno", None),
     ],

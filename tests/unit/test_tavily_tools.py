@@ -388,7 +388,9 @@ async def test_the_tavily_clients_own_proxy_variable_still_counts(
     assert len((await call(search, query="eiffel")).artifact["doc_ids"]) == 2
 
 
-@pytest.mark.parametrize("base_url", ["127.0.0.1:8080", "api.tavily.com", "ftp://api.tavily.com", "http://"])
+@pytest.mark.parametrize(
+    "base_url", ["127.0.0.1:8080", "api.tavily.com", "ftp://api.tavily.com", "http://", "http://:8080"]
+)
 def test_a_base_url_without_http_scheme_and_host_is_refused_at_once(base_url: str) -> None:
     # Before, the tools were built, and every call failed with httpx's "UnsupportedProtocol" as a tool error.
     with pytest.raises(ConfigError, match=f"base_url={base_url!r} must be an http:// or https:// URL"):
