@@ -1,7 +1,8 @@
 """Files written whole: a crash or a full disk leaves the old file or none, never a cut one.
 
 One mechanism for every file the library writes in one piece: the corpus index, the bench
-summaries and plots, ``ask --json`` and ``calibrate --out``.
+summaries and plots, ``ask --json`` and ``calibrate --out``. And one reader of the JSONL files it
+is given (a corpus, a questions file), whose errors name the line and the fix.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -16,9 +18,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 _STD_STREAMS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr"})
 # As many links as Linux follows in one lookup before it gives up (ELOOP).
@@ -268,3 +270,63 @@ def _replaced(path: Path, *, shown: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         if lock is not None:
             os.close(lock)
+
+
+def jsonl_objects(
+    path: Path, *, fields: str, error: Callable[[str], Exception]
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON object on each line of the JSONL file ``path`` that is not blank, with its line number.
+
+    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (a file saved with old Mac line ends was one
+    line, reported as json's "Extra data"), never at the U+2028 or U+0085 a JSON string may hold. A
+    UTF-8 byte order mark at the start of the file (Notepad, Excel) is skipped.
+
+    Args:
+        path: The file; a pipe (a FIFO, ``/dev/stdin``) is read too.
+        fields: What each object holds, as an error names it (``'"id", "title" and "text"'``).
+        error: Makes the exception raised for a line that is not UTF-8, not JSON or no object from
+            its message (``"path:line: problem: fix"``).
+
+    Raises:
+        OSError: ``path`` cannot be read.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "rows.jsonl"
+        >>> _ = path.write_bytes(b'{"id": 1}\\r\\r{"id": 2}\\r')
+        >>> list(jsonl_objects(path, fields='"id"', error=ValueError))
+        [(1, {'id': 1}), (3, {'id': 2})]
+    """
+    # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.
+    with path.open(encoding="utf-8-sig", errors="surrogateescape") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{lineno}"
+            value = _json_line(raw.rstrip("\n"), where, error)
+            if not isinstance(value, dict):
+                # A JSON array of the objects is the usual slip (a JSON file given for a JSONL one).
+                fix = ": write each object on a line of its own, not in an array" if isinstance(value, list) else ""
+                raise error(f"{where}: expected an object of {fields}, got {type(value).__name__}{fix}")
+            yield lineno, value
+
+
+def _json_line(line: str, where: str, error: Callable[[str], Exception]) -> object:
+    """The value of one line of a JSONL file, named ``where`` in the error raised when it has none."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:  # an undecodable byte, read with surrogateescape
+        raise error(
+            f"{where}: not UTF-8 text (an undecodable byte at column {exc.start + 1}): save the file as UTF-8"
+        ) from None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:  # "Unterminated string starting at" read "... at at column 5"
+        # A line of "{" or "[" alone starts JSON written over several lines (pretty-printed).
+        fix = ": write each object on a line of its own (JSON Lines)" if line.strip() in ("{", "[") else ""
+        raise error(f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}){fix}") from None
+    except (ValueError, RecursionError):  # a number of over 4,300 digits, arrays nested thousands deep
+        raise error(
+            f"{where}: JSON this reader refuses (a number too long or values nested too deep): "
+            "write the number as a string, or flatten the nesting"
+        ) from None

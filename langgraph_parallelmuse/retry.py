@@ -108,13 +108,21 @@ def retry_after(exc: BaseException) -> float:
     return wait_asked(getattr(getattr(exc, "response", None), "headers", None))
 
 
-def wait_asked(headers: object) -> float:
+def wait_asked(headers: object, *, cap: float = MAX_RETRY_AFTER) -> float:
     """:func:`retry_after` of a response's ``headers`` (a client that raises errors without the response
     still lets a hook see it).
+
+    Args:
+        headers: The response's headers (any mapping; ``None`` when there was no response).
+        cap: The longest wait returned. Capped, an ask of exactly :data:`MAX_RETRY_AFTER` and a
+            longer one (a day's quota) read the same: a caller that must tell them apart (to wait
+            the one and give up on the other) passes ``math.inf`` and compares with ``>``.
 
     Example:
         >>> wait_asked({"Retry-After": "3"}), wait_asked({"retry-after": "600"}), wait_asked(None)
         (3.0, 60.0, 0.0)
+        >>> wait_asked({"retry-after": "600"}, cap=math.inf) > MAX_RETRY_AFTER
+        True
     """
     for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
@@ -125,7 +133,7 @@ def wait_asked(headers: object) -> float:
             break
     else:
         seconds = _seconds_until(_header(headers, "retry-after"))
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else 0.0
+    return min(max(seconds, 0.0), cap) if math.isfinite(seconds) else 0.0
 
 
 def _header(headers: object, name: str) -> object:

@@ -9,6 +9,8 @@ open setting (the whole corpus) can run.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 from collections.abc import Iterable
@@ -18,6 +20,7 @@ from typing import Any
 
 from langgraph_parallelmuse.errors import ParallelMuseError
 from langgraph_parallelmuse.eval.scoring import normalize_answer
+from langgraph_parallelmuse.files import jsonl_objects
 
 __all__ = ["EVAL_DATA_ENV", "EvalDataError", "QAItem", "eval_data_dir", "load_questions"]
 
@@ -26,6 +29,8 @@ EVAL_DATA_ENV = "PARALLELMUSE_EVAL_DATA"
 # Gold documents are optional (``[]`` when absent): recall needs supporting_doc_ids, the
 # distractor setting context_doc_ids, and each says so when they are missing.
 _DOC_LISTS = ("supporting_doc_ids", "context_doc_ids")
+# What each line holds, as an error names it.
+_FIELDS = '"id", "question", "answers", ...'
 
 
 class EvalDataError(ParallelMuseError, ValueError):
@@ -91,25 +96,9 @@ def _a_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _parse_line(raw: str, where: str) -> QAItem:
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError as exc:  # read with surrogateescape: an undecodable byte is a lone surrogate
-        raise EvalDataError(
-            f"{where}: not UTF-8 (an undecodable byte at column {exc.start + 1}): save the file as UTF-8"
-        ) from None
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise EvalDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except (ValueError, RecursionError):  # a number of over 4,300 digits, arrays nested thousands deep
-        raise EvalDataError(
-            f"{where}: JSON this reader refuses (a number too long or values nested too deep): "
-            "write the number as a string, or flatten the nesting"
-        ) from None
-    if not isinstance(obj, dict):
-        raise EvalDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    # A JSON escape such as \ud83c parses to a lone surrogate the raw-byte check above cannot see;
+def _parse_item(obj: dict[str, Any], where: str) -> QAItem:
+    """The question a line's object ``obj`` gives; ``where`` (``"file:line"``) names it in errors."""
+    # A JSON escape such as \ud83c parses to a lone surrogate the reader's raw-byte check cannot see;
     # the bench would only fail writing its record, after the whole rollout for the question had run.
     for key, value in obj.items():
         if bad := _lone_surrogate_at(key, "a field name") or _lone_surrogate_at(value, f"field {key!r}"):
@@ -132,6 +121,11 @@ def _parse_line(raw: str, where: str) -> QAItem:
             # One answer written bare ("Paris") is the usual slip: the fix is that answer in a list.
             fix = f": write [{json.dumps(value, ensure_ascii=False)}]" if isinstance(value, str) else ""
             raise EvalDataError(f"{where}: field {key!r} must be a list of strings, got {value!r:.80}{fix}")
+        # No corpus document has such an id (the corpus refuses them): the question would be judged
+        # on documents that are not there.
+        if key in _DOC_LISTS and (bad := next((v for v in value if v != v.strip() or not v), None)) is not None:
+            fix = "drop it" if not bad.strip() else f"write {json.dumps(bad.strip(), ensure_ascii=False)}"
+            raise EvalDataError(f"{where}: field {key!r} holds the id {bad!r}, blank or with spaces around it: {fix}")
     if not obj["answers"]:
         raise EvalDataError(f"{where}: field 'answers' is empty; each question needs a gold answer")
     # Scoring compares normalised forms: an answer that normalises to nothing matches no prediction,
@@ -205,10 +199,8 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         # read as a file is; it can be read once only, and is (no other pass over it follows).
         if not path.exists():
             raise EvalDataError(f"{path}: no such questions file (a JSONL of {{id, question, answers, ...}})")
-        # utf-8-sig: a file saved "UTF-8 with BOM" (Notepad, Excel) made its first line invalid JSON.
-        # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.
-        with path.open(encoding="utf-8-sig", errors="surrogateescape") as handle:
-            return _read_items(handle, path, limit)
+        with contextlib.closing(jsonl_objects(path, fields=_FIELDS, error=EvalDataError)) as values:
+            return _read_items(values, path, limit)
     except OSError as exc:  # no read permission, a disk error: named with the file, not a traceback
         raise EvalDataError(
             f"{path}: cannot read the questions file ({exc.strerror or exc}): check its permissions, "
@@ -216,20 +208,18 @@ def load_questions(path: str | os.PathLike[str], *, limit: int | None = None) ->
         ) from exc
 
 
-def _read_items(handle: Iterable[str], path: Path, limit: int | None) -> list[QAItem]:
-    """The questions of an open questions file, at most ``limit``, each line checked by :func:`_parse_line`.
+def _read_items(values: Iterable[tuple[int, dict[str, Any]]], path: Path, limit: int | None) -> list[QAItem]:
+    """The questions of a questions file's ``values`` (each with its line), at most ``limit``, each
+    checked by :func:`_parse_item`.
 
     Raises:
         EvalDataError: A line is malformed or repeats an earlier line's ``id``.
     """
     items: list[QAItem] = []
     line_of: dict[str, int] = {}
-    for lineno, raw in enumerate(handle, start=1):
-        if limit is not None and len(items) >= limit:
-            break
-        if not raw.strip():
-            continue
-        item = _parse_line(raw, f"{path}:{lineno}")
+    # islice reads no line past the limit: one there is never parsed, so cannot fail the load.
+    for lineno, obj in itertools.islice(values, limit):
+        item = _parse_item(obj, f"{path}:{lineno}")
         if item.id in line_of:
             # Results are kept by id: a resumed bench would report one of the two twice.
             raise EvalDataError(

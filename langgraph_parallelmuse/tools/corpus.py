@@ -27,11 +27,11 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from langgraph_parallelmuse.answers import CJK_CHARS
 from langgraph_parallelmuse.errors import CorpusError
-from langgraph_parallelmuse.files import replacing
+from langgraph_parallelmuse.files import jsonl_objects, replacing
 
 __all__ = ["CorpusError", "CorpusIndex", "Doc", "Hit", "default_cache_dir", "fts_query", "slugify"]
 
@@ -712,29 +712,9 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
     # The ids alone, not the line of each: on a dump of millions of documents that costs hundreds of MB more.
     seen: set[str] = set()
     for f in files:
-        with _reading(f), f.open("rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                try:
-                    # A file saved "UTF-8 with BOM" starts with U+FEFF, which json.loads refuses: it marks the
-                    # encoding, it is no part of the first line.
-                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-                except UnicodeDecodeError as exc:
-                    raise CorpusError(f"{f}:{lineno}: not UTF-8 text ({exc.reason}): save the file as UTF-8") from None
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{f}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(obj, dict):
-                    raise CorpusError(f'{f}:{lineno}: expected an object with string "id", "title" and "text"')
-                if bad := next((key for key in ("id", "title", "text") if not isinstance(obj.get(key), str)), None):
-                    raise CorpusError(f"{f}:{lineno}: {_field_problem(bad, obj.get(bad))}")
-                doc = Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
-                if (problem := _not_text(doc)) is not None:
-                    raise CorpusError(
-                        f"{f}:{lineno}: {problem}: replace or remove that escape, so the text is valid UTF-8"
-                    )
+        with _reading(f):
+            for lineno, obj in jsonl_objects(f, fields='string "id", "title" and "text"', error=CorpusError):
+                doc = _jsonl_doc(obj, f"{f}:{lineno}")
                 if doc.id in seen:
                     raise CorpusError(
                         f"{f}:{lineno}: duplicate document id {doc.id!r} (an earlier line has it too): ids must "
@@ -742,6 +722,30 @@ def _read_jsonl(files: Sequence[Path]) -> Iterator[Doc]:
                     )
                 seen.add(doc.id)
                 yield doc
+
+
+def _jsonl_doc(obj: Mapping[str, Any], where: str) -> Doc:
+    """The document a corpus line's object ``obj`` gives; ``where`` (``"file:line"``) names it in errors.
+
+    Raises:
+        CorpusError: ``obj`` lacks a string ``"id"``, ``"title"`` or ``"text"``, a field is no text,
+            or the id is one no lookup finds.
+    """
+    if bad := next((key for key in ("id", "title", "text") if not isinstance(obj.get(key), str)), None):
+        raise CorpusError(f"{where}: {_field_problem(bad, obj.get(bad))}")
+    doc = Doc(obj["id"], obj["title"], obj["text"], str(obj.get("description") or ""))
+    if (problem := _not_text(doc)) is not None:
+        raise CorpusError(f"{where}: {problem}: replace or remove that escape, so the text is valid UTF-8")
+    # A lookup by id drops the spaces around the id it is given (a model's, a user's): a document whose
+    # id is blank or has spaces around it was indexed, yet no visit could open it by its id.
+    if not doc.id.strip():
+        raise CorpusError(f'{where}: field "id" is blank: give the document an id, such as "{slugify(doc.title)}"')
+    if doc.id != doc.id.strip():
+        raise CorpusError(
+            f'{where}: field "id" {doc.id!r} has spaces around it, so no lookup by id finds it: '
+            f"write {json.dumps(doc.id.strip(), ensure_ascii=False)}"
+        )
+    return doc
 
 
 def _field_problem(key: str, value: object) -> str:

@@ -257,10 +257,11 @@ class _Tavily:
                     raise _Failed(said) from exc
                 # A rate limit's Retry-After: retrying sooner is refused again, and a wait longer than
                 # an attempt would outlast the tool call, so the agent is told it instead.
-                asked = wait_asked(responses[-1].headers) if responses else 0.0
-                # wait_asked caps what it reads at MAX_RETRY_AFTER: a capped wait stands for a longer one
-                # (a day's quota), waited in vain each retry.
-                capped = asked >= MAX_RETRY_AFTER
+                asked = wait_asked(responses[-1].headers, cap=math.inf) if responses else 0.0
+                # An ask longer than MAX_RETRY_AFTER (a day's quota) would be waited in vain each retry:
+                # said as "at least" the cap. One of exactly the cap is waited when the timeout allows.
+                capped = asked > MAX_RETRY_AFTER
+                asked = min(asked, MAX_RETRY_AFTER)
                 at_least = "at least " if capped else ""
                 said += f"; Tavily asks to wait {at_least}{math.ceil(asked)} s before the next request" if asked else ""
                 if capped or asked > self.timeout:

@@ -605,3 +605,59 @@ def test_a_long_text_with_few_matches_is_snipped_whole_as_before(tmp_path: Path,
     hit = index.search("red apple")[0]
     assert [s for s in statements if "snippet(" in s and s.endswith("rowid = 1")]
     assert "the red apple" in hit.snippet and hit.snippet.startswith("…") and hit.snippet.endswith("…")
+
+
+@pytest.mark.parametrize(
+    ("doc_id", "message"),
+    [
+        ("", r'bad\.jsonl:2: field "id" is blank: give the document an id, such as "tower-bridge"'),
+        ("   ", r'bad\.jsonl:2: field "id" is blank'),
+        (
+            " d5\t",
+            r"bad\.jsonl:2: field \"id\" ' d5\\t' has spaces around it, so no lookup by id finds it: write \"d5\"",
+        ),
+    ],
+    ids=["empty", "spaces only", "spaces around"],
+)
+def test_an_id_no_lookup_finds_is_refused_with_the_fix(tmp_path: Path, cache: Path, doc_id: str, message: str) -> None:
+    # Before, the document was indexed, but a lookup strips the id it is given: visit("d5") and
+    # visit(" d5 ") both answered "No document 'd5'", and a blank id could not be asked for at all.
+    bad = write_jsonl(tmp_path / "bad.jsonl", [DOCS[0], {**DOCS[4], "id": doc_id}])
+    with pytest.raises(CorpusError, match=message):
+        CorpusIndex.from_jsonl(bad, cache_dir=cache)
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n"], ids=["CR only", "CRLF"])
+def test_old_mac_and_windows_line_ends_are_line_ends(tmp_path: Path, cache: Path, end: str) -> None:
+    # Before, a file with CR-only line ends (old Mac) was one line: "c.jsonl:1: not valid JSON (Extra data)".
+    path = tmp_path / "c.jsonl"
+    path.write_bytes("".join(json.dumps(d) + end for d in DOCS).encode())
+    index = CorpusIndex.from_jsonl(path, cache_dir=cache)
+    assert [d.id for d in index] == [d["id"] for d in DOCS]
+    rows = [json.dumps(d) for d in DOCS[:2]] + ['{"id": "d3", "title": "cut']
+    path.write_bytes(end.join(rows).encode())
+    with pytest.raises(CorpusError, match=r"c\.jsonl:3: not valid JSON \(Unterminated string starting at column 23\)"):
+        CorpusIndex.from_jsonl(path, cache_dir=cache)
+
+
+@pytest.mark.parametrize(
+    "value", ["9" * 5000, "[" * 100_000 + "]" * 100_000], ids=["a number of 5,000 digits", "arrays nested 100,000 deep"]
+)
+def test_json_the_parser_refuses_is_a_corpus_error_with_its_line(tmp_path: Path, cache: Path, value: str) -> None:
+    # Before: json.loads's ValueError (int digits limit) or RecursionError, a traceback naming neither file nor line.
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(DOCS[0]) + "\n" + json.dumps(DOCS[1])[:-1] + f', "n": {value}}}\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"c\.jsonl:2: JSON this reader refuses .*write the number as a string"):
+        CorpusIndex.from_jsonl(path, cache_dir=cache)
+
+
+@pytest.mark.parametrize("indent", [2, None], ids=["pretty-printed", "on one line"])
+def test_a_json_array_given_for_jsonl_is_told_to_be_written_a_document_a_line(
+    tmp_path: Path, cache: Path, indent: int | None
+) -> None:
+    # Before: "c.jsonl:1: not valid JSON (Expecting value)", or "expected an object ..." for the array on
+    # one line: neither said the file was JSON, not JSON Lines.
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(DOCS, indent=indent) + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"c\.jsonl:1: .*: write each object on a line of its own"):
+        CorpusIndex.from_jsonl(path, cache_dir=cache)

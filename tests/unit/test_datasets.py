@@ -82,7 +82,7 @@ def test_load_round_trip(tmp_path):
     ("bad", "message"),
     [
         ("{not json", "not valid JSON"),
-        ("[1, 2]", "expected a JSON object"),
+        ("[1, 2]", 'expected an object of "id", "question", "answers", ..., got list: write each object'),
         ({k: v for k, v in ROW.items() if k != "question"}, "'question'"),
         ({**ROW, "answers": []}, "'answers' is empty"),
         ({**ROW, "supporting_doc_ids": "d1"}, "'supporting_doc_ids' must be a list"),
@@ -346,5 +346,40 @@ def test_a_bare_string_for_a_list_is_named_with_the_list_to_write(tmp_path, key)
     with pytest.raises(
         EvalDataError,
         match=re.escape(f"{path}:1: field '{key}' must be a list of strings, got 'Paris': write [\"Paris\"]"),
+    ):
+        load_questions(path)
+
+
+def test_a_json_error_at_the_end_of_a_line_gives_its_column(tmp_path):
+    # Before: "not valid JSON (Expecting ',' delimiter at column 1)": the column counted from the line end
+    # json.loads was given.
+    cut = json.dumps(ROW)[:-1]
+    path = _write(tmp_path, [ROW, cut])
+    with pytest.raises(
+        EvalDataError, match=rf":2: not valid JSON \(Expecting ',' delimiter at column {len(cut) + 1}\)"
+    ):
+        load_questions(path)
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n"], ids=["CR only", "CRLF"])
+def test_old_mac_and_windows_line_ends_keep_the_line_numbers(tmp_path, end):
+    path = tmp_path / "toy.questions.jsonl"
+    rows = [json.dumps({**ROW, "id": f"q{n}"}) for n in range(3)]
+    path.write_bytes(end.join([*rows, "", "{oops"]).encode())
+    with pytest.raises(EvalDataError, match=r"questions\.jsonl:5: not valid JSON"):
+        load_questions(path)
+    assert [item.id for item in load_questions(path, limit=3)] == ["q0", "q1", "q2"]
+
+
+@pytest.mark.parametrize(
+    ("doc_id", "fix"),
+    [(" d1", 'write "d1"'), ("", "drop it"), ("  ", "drop it")],
+    ids=["spaces around", "empty", "blank"],
+)
+def test_a_document_id_no_corpus_can_hold_is_refused(tmp_path, doc_id, fix):
+    # The corpus refuses such ids, so the question's gold or context documents could never be found.
+    path = _write(tmp_path, [{**ROW, "context_doc_ids": ["d2", doc_id]}])
+    with pytest.raises(
+        EvalDataError, match=rf":1: field 'context_doc_ids' holds the id {re.escape(repr(doc_id))}.*: {fix}"
     ):
         load_questions(path)

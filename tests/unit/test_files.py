@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from langgraph_parallelmuse.files import replacing
+from langgraph_parallelmuse.files import jsonl_objects, replacing
 
 
 def test_a_file_written_whole_keeps_its_mode_and_a_pipe_is_written_in_place(tmp_path):
@@ -278,3 +278,22 @@ def test_a_read_only_temporary_a_killed_writer_left_is_removed_too(tmp_path, mon
     with replacing(path) as tmp:
         tmp.write_text("{}")
     assert sorted(tmp_path.iterdir()) == [path]
+
+
+def test_jsonl_lines_end_at_cr_lf_or_crlf_and_never_inside_a_string(tmp_path: Path) -> None:
+    # Before, the corpus reader split at "\n" only: a file with old Mac line ends ("\r") was one line,
+    # "not valid JSON (Extra data)". U+2028 and U+0085, which str.splitlines splits at, are text here.
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes('\ufeff{"a": "x\u2028y\u0085z"}\r{"a": 2}\r\n\r\n{"a": 3}\n{"a": 4}'.encode())
+    assert list(jsonl_objects(path, fields='"a"', error=ValueError)) == [
+        (1, {"a": "x\u2028y\u0085z"}),
+        (2, {"a": 2}),
+        (4, {"a": 3}),
+        (5, {"a": 4}),
+    ]
+    path.write_bytes(b'{"a": 1}\r{"a": 2,\r{"a": 3}')
+    with pytest.raises(RuntimeError, match=r"rows\.jsonl:2: not valid JSON \(Expecting property name .* at column 9\)"):
+        list(jsonl_objects(path, fields='"a"', error=RuntimeError))
+    path.write_bytes(b'{"a": 1}\r{"a": "\xff"}')
+    with pytest.raises(RuntimeError, match=r"rows\.jsonl:2: not UTF-8 text \(an undecodable byte at column 8\)"):
+        list(jsonl_objects(path, fields='"a"', error=RuntimeError))

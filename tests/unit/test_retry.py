@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 
 import httpx
 import pytest
@@ -10,7 +11,14 @@ from langchain_openai.chat_models.base import OpenAIConnectionError, OpenAITimeo
 from openai import APIStatusError, RateLimitError
 
 from langgraph_parallelmuse.models.server import IncompleteReplyError
-from langgraph_parallelmuse.retry import MAX_RETRY_AFTER, is_transient, is_transient_name, retry_after, with_retries
+from langgraph_parallelmuse.retry import (
+    MAX_RETRY_AFTER,
+    is_transient,
+    is_transient_name,
+    retry_after,
+    wait_asked,
+    with_retries,
+)
 
 
 def test_langchain_openais_own_connection_and_timeout_errors_are_transient():
@@ -189,3 +197,13 @@ def test_an_unreadable_or_non_finite_retry_after_ms_leaves_the_wait_to_retry_aft
         response = type("Response", (), {"headers": {"retry-after": b"7"}})()
 
     assert retry_after(Limited()) == retry_after(BytesHeader()) == 7.0
+
+
+def test_an_ask_of_exactly_the_cap_can_be_told_from_a_longer_one() -> None:
+    """Capped, Retry-After: 60 and Retry-After: 600 both read 60: the Tavily tools said "at least 60 s"
+    and gave up on a server that asked exactly 60, even with a 90 s timeout."""
+    exact, longer = {"retry-after": str(MAX_RETRY_AFTER)}, {"retry-after": str(10 * MAX_RETRY_AFTER)}
+    assert wait_asked(exact) == wait_asked(longer) == MAX_RETRY_AFTER  # what with_retries waits, at most
+    assert wait_asked(exact, cap=math.inf) == MAX_RETRY_AFTER
+    assert wait_asked(longer, cap=math.inf) == 10 * MAX_RETRY_AFTER
+    assert wait_asked({"retry-after-ms": "-5"}, cap=math.inf) == 0.0  # still never below 0

@@ -216,7 +216,7 @@ async def test_a_retry_after_longer_than_an_attempt_is_said_not_waited(fake: Fak
     msg = await call(search, query="eiffel")
     assert msg.content == (
         "Error: web search on Tavily failed (rate limited (HTTP 429): slow down; "
-        "Tavily asks to wait at least 60 s before the next request)."
+        "Tavily asks to wait 60 s before the next request)."
     )
     assert msg.artifact == {"doc_ids": [], "error": True} and fake.count("/search") == 1
 
