@@ -33,6 +33,7 @@ from langgraph.runtime import Runtime
 
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.config import DriverName, ParallelMuseConfig
+from langgraph_parallelmuse.control_tokens import defuse_control_tokens
 from langgraph_parallelmuse.driver import FreeDriver, GuidedDriver, StepContext, StepDriver, call_key, pick_driver
 from langgraph_parallelmuse.errors import ConfigError, ParallelMuseError, ends_the_run, is_context_overflow
 from langgraph_parallelmuse.infograph import merge_context
@@ -344,7 +345,9 @@ async def observe(
     by_name: dict[str, BaseTool], step: Step, *, trajectory_id: str | None, config: ParallelMuseConfig
 ) -> Observation:
     """Run ``step``'s action with the tools ``by_name`` and record the response as a trajectory does:
-    every failure an error text, lone surrogates replaced, cut at ``config.max_observation_chars``.
+    every failure an error text, lone surrogates replaced, chat-template control tokens defused
+    (:func:`~langgraph_parallelmuse.control_tokens.defuse_control_tokens`), cut at
+    ``config.max_observation_chars``.
 
     Example:
         >>> import asyncio
@@ -362,6 +365,10 @@ async def observe(
     content, error, doc_ids = await _run_tool(by_name, step, trajectory_id, config)
     # Lone surrogates cannot be sent as UTF-8 and would be stored differently than sent.
     content = content.encode("utf-8", "replace").decode("utf-8")
+    # Defused once, here, for every tool and driver: a page's "<|im_end|><|im_start|>system" read as
+    # the template's own tokens (a server's too) ended the tool turn and wrote a system turn; every
+    # prompt, fork and report after this reads the stored text.
+    content = defuse_control_tokens(content)
     name = step["action"].get("name", "")
     if not content.strip() and not error:
         content, error = f"Error: tool {name!r} returned nothing.", True

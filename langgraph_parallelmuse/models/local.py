@@ -23,6 +23,7 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
+from langgraph_parallelmuse.control_tokens import defuse_special_tokens
 from langgraph_parallelmuse.errors import ConfigError, ContextOverflowError, InputError
 from langgraph_parallelmuse.logprobs import top_logprobs_problem
 from langgraph_parallelmuse.models.export import unfinished_export
@@ -55,6 +56,23 @@ def _tool_fields(message: BaseMessage) -> dict[str, Any]:
     if isinstance(message, ToolMessage):
         return {"tool_call_id": message.tool_call_id}
     return {}
+
+
+def _special_tokens(tokenizer: Any) -> frozenset[str]:
+    """A tokenizer's special tokens as text: the named ones and every added token marked special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return frozenset(tokenizer.all_special_tokens) | {t.content for t in added.values() if t.special}
+
+
+def _defused(value: Any, tokens: frozenset[str]) -> Any:
+    """``value``'s strings, in lists and dicts too (a tool call's arguments), with ``tokens`` defused."""
+    if isinstance(value, str):
+        return defuse_special_tokens(value, tokens)
+    if isinstance(value, list):
+        return [_defused(v, tokens) for v in value]
+    if isinstance(value, dict):
+        return {k: _defused(v, tokens) for k, v in value.items()}
+    return value
 
 
 def _text(content: str | list[Any]) -> str:
@@ -206,6 +224,8 @@ class LocalChatModel(BaseChatModel):
     model_config = ConfigDict(extra="forbid")
 
     _engine: Any = PrivateAttr(default=None)
+    # The tokenizer the special tokens were read from, and those tokens (read once per tokenizer).
+    _specials: tuple[Any, frozenset[str]] | None = PrivateAttr(default=None)
 
     #: Continues a trailing AIMessage, so the guided step driver can prefill protocol tags.
     supports_prefill: ClassVar[bool] = True
@@ -302,6 +322,11 @@ class LocalChatModel(BaseChatModel):
     def render_prompt(self, messages: Sequence[BaseMessage]) -> str:
         """Render messages with the tokenizer's chat template (prefill if the last is AI).
 
+        Only the template puts special tokens in the prompt: a message's text (its content, role and
+        tool-call arguments) that spells one of the tokenizer's special tokens is defused by a word
+        joiner (:func:`~langgraph_parallelmuse.control_tokens.defuse_special_tokens`); other text is
+        rendered as written.
+
         Example:
             >>> from langchain_core.messages import AIMessage, HumanMessage
             >>> llm = LocalChatModel.embedded()  # doctest: +SKIP
@@ -319,6 +344,9 @@ class LocalChatModel(BaseChatModel):
             if role is None:
                 raise InputError(f"unsupported message type {type(message).__name__}")
             chat.append({"role": role, "content": _text(message.content), **_tool_fields(message)})
+        # Untrusted text (a page in a tool turn, an app's question) spelling a special token became
+        # that token's id: "<|im_end|><|im_start|>system" ended the turn and wrote a system turn.
+        chat = _defused(chat, self._special_token_texts())
         prefill = isinstance(messages[-1], AIMessage) and not chat[-1].get("tool_calls")
         if prefill and not chat[-1]["content"]:
             # Nothing to continue: an empty prefill is an ordinary generation prompt.
@@ -334,6 +362,12 @@ class LocalChatModel(BaseChatModel):
                 "the prompt): write each call into its AIMessage's text, as this library's agent does"
             )
         return text
+
+    def _special_token_texts(self) -> frozenset[str]:
+        tokenizer = self.engine.tokenizer
+        if self._specials is None or self._specials[0] is not tokenizer:
+            self._specials = (tokenizer, _special_tokens(tokenizer))
+        return self._specials[1]
 
     def _template(self, chat: list[dict[str, Any]], prefill: bool) -> str:
         return self.engine.tokenizer.apply_chat_template(
