@@ -668,6 +668,31 @@ class RolloutRunner:
             return lent[1]
         return self.checkpointer
 
+    def forget(self, run_id: str) -> list[str]:
+        """Delete the trajectory threads of run ``run_id`` (``<run_id>/...``) from the runner's in-memory
+        saver, and return them; a runner given a checkpointer keeps what it holds (empty list).
+
+        For a run nothing can resume (no checkpointer of its own or lent): kept, each such run's threads
+        stayed in memory for the life of the process, a service's memory growing with every question.
+
+        Example:
+            >>> from langchain_core.language_models.fake_chat_models import FakeListChatModel
+            >>> import asyncio
+            >>> runner = RolloutRunner(FakeListChatModel(responses=["<think>x</think><answer>4</answer>"]), [])
+            >>> plain = ParallelMuseConfig(mode="none")
+            >>> _ = asyncio.run(runner.run("2+2?", trajectory_id="t0", thread_id="r1/t0", config=plain))
+            >>> runner.forget("r1"), dict(runner.checkpointer.storage)
+            (['r1/t0'], {})
+        """
+        if self._own_checkpointer:
+            return []
+        saver, prefix = self.checkpointer, f"{run_id}/"
+        # A copy of the keys: the sync API's loop may add another run's threads meanwhile.
+        threads = [thread for thread in list(saver.storage) if thread.startswith(prefix)]
+        for thread in threads:
+            saver.delete_thread(thread)
+        return threads
+
     def _thread(self, thread_id: str, metadata: dict | None = None, checkpoint_id: str | None = None) -> dict:
         # Fresh checkpoint coordinates (not the caller's) keep this graph out of the parent run's
         # checkpoint namespace: re-running a subgraph *node* from a checkpoint restarts it (langgraph#8458).

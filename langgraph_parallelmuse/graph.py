@@ -17,17 +17,21 @@ has a sync form (:mod:`~langgraph_parallelmuse.sync`) so ``invoke``/``batch``/``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import re
+import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.constants import TAG_NOSTREAM
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER, TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
@@ -35,7 +39,14 @@ from langgraph_parallelmuse.agent import RolloutRunner, lendable
 from langgraph_parallelmuse.config import ParallelMuseConfig, ParallelMuseContext, make_config
 from langgraph_parallelmuse.driver import GuidedDriver, pick_driver
 from langgraph_parallelmuse.errors import InputError
-from langgraph_parallelmuse.nodes import ParallelMuseNodes, question_from_input
+from langgraph_parallelmuse.nodes import (
+    BUSY_THREADS,
+    RUN_RECORD,
+    ParallelMuseNodes,
+    RunKey,
+    question_from_input,
+)
+from langgraph_parallelmuse.persistence import unwrapped
 from langgraph_parallelmuse.state import ParallelMuseInput, ParallelMuseOutput, ParallelMuseState
 from langgraph_parallelmuse.sync import async_node
 
@@ -55,7 +66,9 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
     ``thread_id``: ``rollout_runner(g).graph.get_state_history({"configurable": {"thread_id": t}})``
     lists every think/act snapshot of trajectory ``t`` (the fork points among them). That graph reads
     the runner's own saver: the ``trajectory_checkpointer``, or ``create_parallelmuse``'s
-    ``checkpointer``; trajectories kept in a parent app's saver are read from that saver.
+    ``checkpointer``; trajectories kept in a parent app's saver are read from that saver. A run without
+    any checkpointer deletes its trajectory threads when it ends (nothing could resume it): give the
+    graph ``trajectory_checkpointer=InMemorySaver()`` to read them after the run.
 
     Raises:
         InputError: ``graph`` was not made by :func:`build_parallelmuse_graph` / :func:`create_parallelmuse`.
@@ -79,6 +92,77 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
                 continue
         layer = getattr(layer, "bound", None)
     raise InputError("not a ParallelMuse graph: build it with create_parallelmuse or build_parallelmuse_graph")
+
+
+# The configurable keys that give a run checkpoint coordinates of its own (LangGraph's ensure_config).
+_COORDINATES = ("thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint_map")
+
+
+class _CompiledParallelMuse(CompiledStateGraph):
+    """A compiled ParallelMuse graph whose every run (``invoke``, ``stream``, ``batch``, as a node of a
+    parent graph: all go through ``stream`` or ``astream``) holds its checkpointed thread alone
+    (:class:`~langgraph_parallelmuse.nodes.BusyThreads`, refused before it writes anything), and
+    deletes, however it ends, the trajectory threads of a run nothing can resume (no checkpointer):
+    kept in the runner's memory, a service's memory grew with every question it answered.
+    """
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        key, record = self._run_key(config), {}
+        for pause in BUSY_THREADS.take(key):
+            time.sleep(pause)
+        with self._run(key, record):
+            yield from super().stream(input, _recording(config, record), **kwargs)
+
+    async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        key, record = self._run_key(config), {}
+        for pause in BUSY_THREADS.take(key):
+            await asyncio.sleep(pause)
+        # Closed here, not when collected: a consumer that stops early leaves LangGraph's tasks running
+        # until then, and the run's thread and trajectory threads are let go of only after them.
+        with self._run(key, record):
+            async with contextlib.aclosing(super().astream(input, _recording(config, record), **kwargs)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
+    def _run_key(self, config: RunnableConfig | None) -> RunKey | None:
+        """Where this run writes its checkpoints, read as LangGraph reads the config (the graph's own,
+        the caller's, a parent run's around it), or ``None`` for a run without a checkpointer."""
+        if self.checkpointer is False:
+            return None
+        given = [c.get("configurable") or {} for c in (self.config, config) if c]
+        # A config with coordinates of its own starts from none of the parent run's (a child graph's thread).
+        own = any(c.get(k) for c in given for k in _COORDINATES)
+        ambient = {} if own else ((var_child_runnable_config.get() or {}).get("configurable") or {})
+        merged = {k: v for c in (ambient, *given) for k, v in c.items()}
+        saver, thread = merged.get(CONFIG_KEY_CHECKPOINTER, self.checkpointer), merged.get("thread_id")
+        if not isinstance(saver, BaseCheckpointSaver) or thread is None:
+            return None
+        # The saver inside langgraph-api's adapter: a server may give each run an adapter of its own.
+        return unwrapped(saver), str(thread), str(merged.get("checkpoint_ns") or "")
+
+    @contextlib.contextmanager
+    def _run(self, key: RunKey | None, record: dict[str, Any]) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            BUSY_THREADS.release(key)
+            if (run_id := record.get("drop")) is not None:
+                _RUNNERS[self.builder].forget(run_id)
+
+
+def _recording(config: RunnableConfig | None, record: dict[str, Any]) -> RunnableConfig:
+    """``config`` with ``record`` under :data:`~langgraph_parallelmuse.nodes.RUN_RECORD`, for ``prepare``
+    to fill in (a key of LangGraph's own form: no checkpoint metadata, no trace metadata holds it)."""
+    config = config or {}
+    return {**config, "configurable": {**(config.get("configurable") or {}), RUN_RECORD: record}}
+
+
+class _ParallelMuseBuilder(StateGraph):
+    """The uncompiled ParallelMuse graph: compiled (by the factory or by the user), a :class:`_CompiledParallelMuse`."""
+
+    def compile(self, *args: Any, **kwargs: Any) -> CompiledStateGraph:
+        # As CompiledStateGraph.copy makes a copy: its attributes, to the class's constructor.
+        return _CompiledParallelMuse(**vars(super().compile(*args, **kwargs)))
 
 
 def _check_model(model: object, argument: str) -> None:
@@ -249,7 +333,7 @@ def build_parallelmuse_graph(
     nodes = ParallelMuseNodes(
         runner, aggregator=aggregator_model or model, config=base_config, guided_aggregate=guided_aggregate
     )
-    graph = StateGraph(
+    graph = _ParallelMuseBuilder(
         ParallelMuseState,
         context_schema=ParallelMuseContext,
         input_schema=ParallelMuseInput,
@@ -323,10 +407,11 @@ def create_parallelmuse(
             answer (default: ``model``).
         config: :class:`ParallelMuseConfig` or a dict of its fields; per-run overrides go in
             ``context=`` (LangGraph Studio shows the fields).
-        checkpointer: Checkpointer of the outer graph (leave ``None`` under LangGraph Server).
+        checkpointer: Checkpointer of the outer graph (leave ``None`` under LangGraph Server). One run
+            a thread at a time: a second run on a running thread is refused (``ParallelMuseError``).
         trajectory_checkpointer: Where trajectory snapshots (the fork points) live. Default: where
             the run's own checkpoints live (``checkpointer``, or the one LangGraph Server supplies),
-            and in memory for a run without one. Use a database saver to resume interrupted runs.
+            and for a run without one in memory until it ends. Use a database saver to resume runs.
         guided_driver: Settings of the guided step driver used for small local models.
         system_prompt: Replace the agent's system prompt (``{tools}`` is filled in).
         name: Graph name (shown in traces and Studio), and the name of the answer message.

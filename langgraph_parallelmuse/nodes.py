@@ -176,6 +176,92 @@ class InFlight:
 IN_FLIGHT = InFlight()
 os.register_at_fork(after_in_child=IN_FLIGHT.forget)
 
+#: The ``configurable`` key of a run's record, which the compiled graph hands its run and ``prepare``
+#: fills in: ``drop``, the run id whose trajectory threads end with the run (``None``: they are kept).
+RUN_RECORD = "__parallelmuse_run"
+#: What a run writes checkpoints under: the saver, the thread id and the checkpoint namespace.
+RunKey = tuple[Any, str, str]
+
+
+class BusyThreads:
+    """Process-wide: the checkpointed threads a ParallelMuse graph runs on now, one run a thread.
+
+    Two runs on one thread of one saver at once interleave their checkpoints: each returns its own
+    answer, and the thread keeps one of them (a chat lost a turn), with no error. A key is a saver,
+    a thread id and a checkpoint namespace: a parent's ``Send`` fan-out runs the graph in namespaces
+    of its own. A run that finds its key held waits while the holder is ending (LangGraph Server's
+    ``interrupt`` and ``rollback`` strategies cancel a run and start the next one at once), else
+    for :attr:`GRACE_SECONDS` (the cancel may not have reached the holder yet), then is refused.
+
+    Example:
+        >>> busy = BusyThreads()
+        >>> list(busy.take(("saver", "chat-1", ""))), busy.held(("saver", "chat-1", ""))
+        ([], True)
+        >>> busy.release(("saver", "chat-1", "")), busy.held(("saver", "chat-1", ""))
+        (None, False)
+    """
+
+    POLL_SECONDS = 0.02
+    GRACE_SECONDS = 1.0
+    #: How long a run waits for a cancelled (or finished) holder to let go of its thread.
+    UNWIND_SECONDS = 30.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[RunKey, asyncio.Task | None] = {}  # key -> the task running it (None: sync API)
+
+    def held(self, key: RunKey) -> bool:
+        """Whether a run holds ``key`` now."""
+        with self._lock:
+            return key in self._held
+
+    def take(self, key: RunKey | None) -> Iterator[float]:
+        """Take ``key`` (``None``: nothing to take) for the calling run; while it is held, yield the
+        seconds to sleep before the next try (the caller sleeps as its API does).
+
+        Raises:
+            ParallelMuseError: Another run holds the key and is not ending, or has not let it go after
+                :attr:`UNWIND_SECONDS`; the message names the thread and what to do.
+        """
+        started = time.monotonic()
+        while key is not None:
+            with self._lock:
+                holder = self._held.get(key, False)
+                if holder is False:
+                    self._held[key] = _running_task()
+                    return
+            ending = holder is not None and (holder.done() or holder.cancelling() > 0)
+            if time.monotonic() - started > (self.UNWIND_SECONDS if ending else self.GRACE_SECONDS):
+                raise ParallelMuseError(
+                    f"thread {key[1]!r} is running another ParallelMuse run (checkpointer {type(key[0]).__name__}): "
+                    "wait for that run to end, or give this one another thread_id; two runs on one thread at once "
+                    "interleave its checkpoints, and it keeps only one of them"
+                )
+            yield self.POLL_SECONDS
+
+    def release(self, key: RunKey | None) -> None:
+        """Let go of ``key`` (the run holding it ended)."""
+        with self._lock:
+            self._held.pop(key, None)
+
+    def forget(self) -> None:
+        """Drop every hold (a forked child: the runs that held them are not in it)."""
+        self._lock = threading.Lock()
+        self._held = {}
+
+
+def _running_task() -> asyncio.Task | None:
+    """The task of the calling coroutine, ``None`` outside one (the sync API)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
+#: The threads ParallelMuse runs hold in this process (see :class:`BusyThreads`).
+BUSY_THREADS = BusyThreads()
+os.register_at_fork(after_in_child=BUSY_THREADS.forget)
+
 
 def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
     """Whether the last answer message in ``messages`` answered ``question`` and a human message
@@ -609,6 +695,9 @@ class ParallelMuseNodes:
             configurable.get(CONFIG_KEY_CHECKPOINTER) is not None or self.runner.keeps_trajectories
         )
         run_id = f"{parent_thread}:{digest}" if checkpointed else f"run-{uuid.uuid4().hex[:12]}:{digest}"
+        if isinstance(record := configurable.get(RUN_RECORD), dict):
+            # No saver keeps this run and none of the runner's: nothing can resume it, so its threads end with it.
+            record["drop"] = None if checkpointed or self.runner.keeps_trajectories else run_id
         emit("run_started", question=question, **{k: getattr(settings, k) for k in ("n", "m", "k", "t", "mode")})
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
         engine_start: dict[str, Any] = {}

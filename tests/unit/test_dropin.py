@@ -355,7 +355,9 @@ def test_a_sync_call_blocking_the_loop_that_runs_the_same_run_is_refused_not_hun
 
     monkeypatch.setattr(IN_FLIGHT, "STALL_SECONDS", 1.0)
     model = ScriptedChatModel(responder=research_responder(lambda i, messages: _TWICE[min(i, 1)]))
-    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    # The trajectory threads are shared, not the run's own (two runs there at once are refused first).
+    saver = InMemorySaver()
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none"}, trajectory_checkpointer=saver)
     thread: dict[str, Any] = {"configurable": {"thread_id": "blocked"}}
     said: list[BaseException] = []
 

@@ -4,6 +4,7 @@ composition."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import math
@@ -112,7 +113,9 @@ async def test_n_trajectories_come_out_for_every_valid_budget(n, m, k, t, mode, 
 
 
 async def test_branch_origins_point_at_the_most_uncertain_exploration_step():
-    graph, model, calls = _graph({"n": 4, "m": 1, "k": 1, "t": 2, "mode": "exploration"})
+    # A trajectory checkpointer of the user's own keeps the threads after the run, to read the fork point.
+    config = {"n": 4, "m": 1, "k": 1, "t": 2, "mode": "exploration"}
+    graph, model, calls = _graph(config, trajectory_checkpointer=InMemorySaver())
     out = await graph.ainvoke({"question": QUESTION})
     parent = next(tr for tr in out["trajectories"] if tr["origin"]["kind"] == "initial")
     branches = [tr for tr in out["trajectories"] if tr["origin"]["kind"] == "branch"]
@@ -1461,3 +1464,148 @@ async def test_early_stop_on_plain_sampling_refuses_a_model_without_logprobs(tmp
     assert all(role_of(c["messages"]) == "agent" for c in model.calls)  # no report, no aggregation
     plain, _, _ = _graph({"n": 3, "mode": "none"}, agent=no_lp)  # without early_stop nothing reads them
     assert (await plain.ainvoke({"question": QUESTION}))["answer"] == "Paris"
+
+
+# ----------------------------------------------------------------------------- the life of a run in a service
+
+
+async def test_runs_nothing_can_resume_leave_no_trajectory_threads_in_the_runners_memory():
+    """A service building the graph once and serving many questions without a checkpointer: every
+    run's trajectory threads stayed in the runner's in-memory saver for the process's life (20 runs
+    of N = 4: 80 threads, 1.5 MB). Finished, failed or cancelled, a run now takes them with it."""
+    fail = {"on": False}
+
+    def agent(index, messages):
+        if fail["on"]:
+            raise RuntimeError("server down")
+        return STEPS[min(index, 2)]
+
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, agent=agent)
+    memory = rollout_runner(graph).checkpointer
+    for _ in range(3):
+        out = await graph.ainvoke({"question": QUESTION})
+        # What the run returns is a copy: the trajectories keep their steps and fork points.
+        assert out["answer"] == "Paris" and _kinds(out) == Counter({"initial": 1, "branch": 2, "fill": 1})
+        assert all(t["steps"] and t["fork_points"] for t in out["trajectories"]) and not memory.storage
+    assert (await asyncio.to_thread(graph.invoke, {"question": QUESTION}))["answer"] == "Paris"
+    assert not memory.storage
+    # A consumer that stops reading at the first finished trajectory, while the others run.
+    async with contextlib.aclosing(graph.astream({"question": QUESTION}, stream_mode="custom")) as events:
+        async for event in events:
+            if event["event"] == "trajectory_finished":
+                break
+    assert not memory.storage
+    fail["on"] = True
+    with pytest.raises(ParallelMuseError, match="every trajectory failed") as failed:
+        await graph.ainvoke({"question": QUESTION})
+    assert len(failed.value.result["trajectories"]) == 4 and not memory.storage
+    fail["on"] = False
+    run = asyncio.create_task(graph.ainvoke({"question": QUESTION}, {"configurable": {"thread_id": "traced"}}))
+    while not memory.storage:
+        await asyncio.sleep(0.005)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not memory.storage
+
+
+async def test_concurrent_runs_without_a_checkpointer_keep_each_others_trajectory_threads():
+    # The fast run ends first and deletes its threads, not the slow one's: its branches fork from them.
+    def agent(index, messages):
+        slow = "Louvre" in str(messages[1].content)
+        return Reply(STEPS[min(index, 2)].text, regions=STEPS[min(index, 2)].regions, delay=0.05 if slow else 0)
+
+    graph, _, _ = _graph({"n": 4, "m": 1, "k": 1, "t": 2}, agent=agent)
+    slow, fast = await asyncio.gather(
+        graph.ainvoke({"question": "Where is the Louvre?"}), graph.ainvoke({"question": QUESTION})
+    )
+    for out in (slow, fast):
+        assert _kinds(out) == Counter({"initial": 1, "branch": 2, "fill": 1})
+        assert all(t["status"] == "answered" for t in out["trajectories"])
+    assert not rollout_runner(graph).checkpointer.storage
+
+
+async def test_a_trajectory_checkpointer_given_by_the_user_keeps_the_threads_of_runs_without_a_thread():
+    saver = InMemorySaver()
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, trajectory_checkpointer=saver)
+    out = await graph.ainvoke({"question": QUESTION})
+    assert {t["thread_id"] for t in out["trajectories"]} == set(saver.storage)
+
+
+def _held_search() -> tuple[list, dict, asyncio.Event]:
+    """Tools whose search waits for the event: a run holds its thread as long as the test wants."""
+    release = asyncio.Event()
+
+    async def search(query: str) -> str:
+        await release.wait()
+        return "Paris is the capital of France."
+
+    tools, calls = make_tools(search=search)
+    return tools, calls, release
+
+
+async def test_a_second_run_on_a_thread_that_is_running_is_refused_before_it_writes_anything(monkeypatch):
+    """Two runs on one thread at once interleaved its checkpoints, with no error: each returned its
+    answer, and the chat thread kept only the later run's turn."""
+    from langgraph_parallelmuse.nodes import BUSY_THREADS
+
+    monkeypatch.setattr(BUSY_THREADS, "GRACE_SECONDS", 0.0)
+    tools, calls, release = _held_search()
+    agent = lambda i, messages: STEPS[0] if i == 0 else answer_text("Paris")  # noqa: E731
+    saver, config = InMemorySaver(), {"n": 2, "mode": "none", "aggregation": "majority"}
+    graph, model, _ = _graph(config, agent=agent, tools=(tools, calls), checkpointer=saver)
+    chat: dict[str, Any] = {"configurable": {"thread_id": "chat"}}
+    first = asyncio.create_task(graph.ainvoke({"messages": [HumanMessage(QUESTION)]}, chat))
+    while not calls["search"]:
+        await asyncio.sleep(0.005)
+    made = len(model.calls)
+    refused = r"thread 'chat' is running another ParallelMuse run .*InMemorySaver.*wait for that run to end"
+    with pytest.raises(ParallelMuseError, match=refused):
+        await graph.ainvoke({"messages": [HumanMessage("Where is the Louvre?")]}, chat)
+    with pytest.raises(ParallelMuseError, match=refused):  # the sync API too
+        await asyncio.to_thread(graph.invoke, {"question": "Where is the Louvre?"}, chat)
+    inputs = [s async for s in graph.aget_state_history(chat) if s.metadata["source"] == "input"]
+    assert len(model.calls) == made and len(inputs) == 1  # nothing of the refused runs
+    # The same thread of another saver runs meanwhile (another question: a graph alike in every part
+    # asking the same one would share the trajectory threads' names, and wait for them).
+    other, _, _ = _graph(config, checkpointer=InMemorySaver())
+    assert (await other.ainvoke({"question": "Where is the Louvre?"}, chat))["answer"] == "Paris"
+    release.set()
+    assert (await first)["answer"] == "Paris"
+    out = await graph.ainvoke({"messages": [HumanMessage("Where is the Louvre?")]}, chat)  # the hold ended
+    assert [m.content for m in out["messages"]] == [QUESTION, "Paris", "Where is the Louvre?", "Paris"]
+
+
+async def test_a_run_started_while_the_cancelled_run_on_its_thread_unwinds_waits_for_it(monkeypatch):
+    """LangGraph Server's interrupt and rollback strategies cancel the running run and start the next
+    one at once: the next one waits for the first to let go of the thread, it is not refused."""
+    from langgraph_parallelmuse.nodes import BUSY_THREADS
+
+    monkeypatch.setattr(BUSY_THREADS, "GRACE_SECONDS", 0.0)  # only a holder being cancelled is waited for
+    cancelled = asyncio.Event()
+
+    async def search(query: str) -> str:
+        if cancelled.is_set():
+            return "Paris is the capital of France."
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # a slow unwind: a connection closed, a checkpoint written
+            raise
+        return "unreachable"
+
+    tools, calls = make_tools(search=search)
+    agent = lambda i, messages: STEPS[0] if i == 0 else answer_text("Paris")  # noqa: E731
+    config = {"n": 2, "mode": "none", "aggregation": "majority"}
+    graph, model, _ = _graph(config, agent=agent, tools=(tools, calls), checkpointer=InMemorySaver())
+    chat: dict[str, Any] = {"configurable": {"thread_id": "chat"}}
+    first = asyncio.create_task(graph.ainvoke({"question": QUESTION}, chat))
+    while not calls["search"]:
+        await asyncio.sleep(0.005)
+    cancelled.set()
+    first.cancel()
+    second = asyncio.create_task(graph.ainvoke({"question": "Where is the Louvre?"}, chat))
+    made = len(model.calls)
+    await asyncio.sleep(0.1)
+    assert not first.done() and len(model.calls) == made  # the second waits while the first unwinds
+    assert (await second)["answer"] == "Paris" and first.cancelled()
