@@ -22,6 +22,7 @@ from langgraph_parallelmuse.errors import (
     ParallelMuseError,
     ProtocolError,
     RolloutFailedError,
+    ThreadBusyError,
 )
 
 _LAZY = {
@@ -49,6 +50,7 @@ __all__ = [
     "ParallelMuseError",
     "ProtocolError",
     "RolloutFailedError",
+    "ThreadBusyError",
     "make_config",
     *_LAZY,
 ]

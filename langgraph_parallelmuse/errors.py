@@ -45,6 +45,11 @@ class CorpusError(ParallelMuseError, ValueError):
     """A corpus source is missing or malformed; the message names the file and the fix."""
 
 
+class ThreadBusyError(ParallelMuseError, RuntimeError):
+    """A run started on a checkpointed thread that another run of the graph is running in this process
+    (two at once would interleave the thread's checkpoints); the message names the thread."""
+
+
 class RolloutFailedError(ParallelMuseError):
     """Every trajectory of a run failed (the model could not be called); ``result`` keeps the partial run.
 

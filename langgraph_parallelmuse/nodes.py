@@ -47,6 +47,7 @@ from langgraph_parallelmuse.errors import (
     InputError,
     ParallelMuseError,
     RolloutFailedError,
+    ThreadBusyError,
     with_result,
 )
 from langgraph_parallelmuse.infograph import redundancy_summary, warn_unreadable
@@ -220,7 +221,7 @@ class BusyThreads:
         seconds to sleep before the next try (the caller sleeps as its API does).
 
         Raises:
-            ParallelMuseError: Another run holds the key and is not ending, or has not let it go after
+            ThreadBusyError: Another run holds the key and is not ending, or has not let it go after
                 :attr:`UNWIND_SECONDS`; the message names the thread and what to do.
         """
         started = time.monotonic()
@@ -232,7 +233,7 @@ class BusyThreads:
                     return
             ending = holder is not None and (holder.done() or holder.cancelling() > 0)
             if time.monotonic() - started > (self.UNWIND_SECONDS if ending else self.GRACE_SECONDS):
-                raise ParallelMuseError(
+                raise ThreadBusyError(
                     f"thread {key[1]!r} is running another ParallelMuse run (checkpointer {type(key[0]).__name__}): "
                     "wait for that run to end, or give this one another thread_id; two runs on one thread at once "
                     "interleave its checkpoints, and it keeps only one of them"

@@ -21,7 +21,13 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from langgraph_parallelmuse import nodes as nodes_module
-from langgraph_parallelmuse.errors import ConfigError, InputError, MissingLogprobsError, ParallelMuseError
+from langgraph_parallelmuse.errors import (
+    ConfigError,
+    InputError,
+    MissingLogprobsError,
+    ParallelMuseError,
+    ThreadBusyError,
+)
 from langgraph_parallelmuse.graph import create_parallelmuse, rollout_runner
 from tests.unit.fakes import (
     Reply,
@@ -1560,9 +1566,9 @@ async def test_a_second_run_on_a_thread_that_is_running_is_refused_before_it_wri
         await asyncio.sleep(0.005)
     made = len(model.calls)
     refused = r"thread 'chat' is running another ParallelMuse run .*InMemorySaver.*wait for that run to end"
-    with pytest.raises(ParallelMuseError, match=refused):
+    with pytest.raises(ThreadBusyError, match=refused):
         await graph.ainvoke({"messages": [HumanMessage("Where is the Louvre?")]}, chat)
-    with pytest.raises(ParallelMuseError, match=refused):  # the sync API too
+    with pytest.raises(ThreadBusyError, match=refused):  # the sync API too
         await asyncio.to_thread(graph.invoke, {"question": "Where is the Louvre?"}, chat)
     inputs = [s async for s in graph.aget_state_history(chat) if s.metadata["source"] == "input"]
     assert len(model.calls) == made and len(inputs) == 1  # nothing of the refused runs
