@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import unicodedata
 
 import pytest
@@ -343,3 +347,38 @@ def test_typographic_quotes_are_no_part_of_an_option():
     assert choice_options(question) == ["Thriller", "Bad"]
     assert candidates(question, "Thriller (1982) and Bad (1987).") == ["Thriller", "Bad"]
     assert choice_options("Which came first, \u2018Thriller\u2019 or \u2018Bad\u2019?") == ["Thriller", "Bad"]
+
+
+# Spans of equal rank in several sentences, a title, an excluded span, dates, a choice: every place
+# where a set of words decides which spans are options and in what order.
+_OPTIONS_IN_A_PROCESS = """
+import json
+from langgraph_parallelmuse.candidates import candidates
+ev = ("Paris is the capital of France. Lyon, Marseille and Toulouse are large cities of France. "
+      "Berlin, Madrid and Rome are capitals of other countries. Vienna hosted the Congress of Vienna in 1815.\\n"
+      "Prague and Warsaw joined the Union in 2004. The Seine flows through Paris and Rouen.")
+print(json.dumps([
+    candidates("Which city is the capital of France?", ev, titles=["Paris (city)", "Rouen"], exclude=["Toulouse"]),
+    candidates("When did Prague join the Union?", ev),
+    candidates("Which is the capital of France, Paris or Lyon?", ev),
+]))
+"""
+
+
+def test_options_do_not_depend_on_the_string_hash_seed():
+    """A guard: a set of strings iterates in an order that changes with each process's hash seed
+    (``PYTHONHASHSEED``), and "same seed, same answer" needs the same options in the same order in
+    every process. Two processes with other hash seeds must give the same candidates."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _OPTIONS_IN_A_PROCESS],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        for seed in ("0", "1")
+    ]
+    assert runs[0] == runs[1]
+    assert json.loads(runs[0])[0][:2] == ["Paris", "Lyon"]
