@@ -91,7 +91,8 @@ def secrets_of(*models: object) -> list[str]:
         for value in _fields(model):
             if isinstance(value, SecretStr):
                 found.append(value.get_secret_value())
-    return sorted({s for s in found if len(s) >= _SHORTEST_SECRET}, key=len, reverse=True)
+    # Ties by text: the order of a set of strings changes with each process's hash seed.
+    return sorted({s for s in found if len(s) >= _SHORTEST_SECRET}, key=lambda s: (-len(s), s))
 
 
 def fits_a_header(key: str, *, blanks_inside: bool = False) -> bool:
@@ -197,7 +198,7 @@ def redact(text: str, secrets: Iterable[str] | None = None, *, passwords: Sequen
         'spaces in "***"; app:***@db, pw and pwd kept'
     """
     known = {*(secrets_of() if secrets is None else secrets), *passwords}
-    for secret in sorted(known, key=len, reverse=True):  # a secret holding a shorter one goes first
+    for secret in sorted(known, key=lambda s: (-len(s), s)):  # one holding a shorter one first; ties by text
         if len(secret) >= _SHORTEST_SECRET:
             text = text.replace(secret, "***")
         elif secret and secret in passwords:

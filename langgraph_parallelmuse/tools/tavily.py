@@ -224,7 +224,7 @@ class _Tavily:
         # Only words are passed over: a digit is no test of a key, Hugging Face's (hf_ and 34 letters)
         # hold none and OpenAI's may not.
         keys = [s for s in secrets_of() if not _PLACEHOLDER.fullmatch(s)]
-        return sorted({self.key, *keys}, key=len, reverse=True)
+        return sorted({self.key, *keys}, key=lambda s: (-len(s), s))  # ties by text, not by hash order
 
     def redact(self, text: str) -> str:
         # Servers and proxies may echo request headers into error bodies; never pass the key on, nor
