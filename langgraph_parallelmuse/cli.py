@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import io
 import json
 import os
 import signal
@@ -1517,7 +1518,10 @@ async def _calibrate(args: argparse.Namespace) -> int:
         )
     for warning in caught:  # a line of the command's output, not Python's "file:line: UserWarning"
         console.print(f"[yellow]warning:[/] {_shown(warning.message)}")
-    cal.save(args.out)
+    try:
+        cal.save(args.out)
+    except OSError as exc:  # checked writable up front, but a disk fills and a reader of --out /dev/stdout goes away
+        raise ParallelMuseError(f"could not write --out {args.out} ({exc.strerror or exc})") from exc
     table = Table("threshold", "value", "from")
     for region, threshold in cal.thresholds.items():
         table.add_row(f"{region} perplexity (branch above)", f"{threshold:.3f}", f"{cal.samples[region]} steps")
@@ -1697,21 +1701,45 @@ def _stopped_by(terminated: Sequence[int]) -> str:
     return "terminated (SIGTERM)" if terminated else "interrupted (Ctrl-C)"
 
 
+@contextlib.contextmanager
+def _escaping_unencodable() -> Iterator[None]:
+    """Standard output escapes the characters its encoding cannot hold while the block runs, as standard
+    error does ("Zürich" as ``Z\\xfcrich`` under ``PYTHONIOENCODING=ascii``).
+
+    The first such character of an answer, a page or a table raised UnicodeEncodeError, after the whole
+    run: its answer was never shown, and the command exited 1 with a traceback.
+    """
+    stream = sys.stdout
+    strict = isinstance(stream, io.TextIOWrapper) and stream.errors == "strict"
+    if strict:
+        stream.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        # Reconfiguring flushes: a reader gone (`| head`) must not replace the block's own exception.
+        with contextlib.suppress(OSError, ValueError):
+            if strict:
+                stream.reconfigure(errors="strict")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     terminated: list[int] = []
     try:
-        with _terminate_as_interrupt() as terminated:
+        with _terminate_as_interrupt() as terminated, _escaping_unencodable():
             args.terminated = terminated  # filled when SIGTERM comes: what the interrupted run writes reads it
             return asyncio.run(args.func(args))
     except ParallelMuseError as exc:
         text = redact(str(exc))
-        # Bounded: a message may carry a server's whole error page.
-        console.print(f"[bold red]error:[/] {_shown(text if len(text) <= 2000 else text[:1999] + '…')}")
+        # Bounded: a message may carry a server's whole error page. Not wrapped (soft_wrap): in a log,
+        # wrapped at 80 columns, `grep error:` found a part of it and a long path was cut in two.
+        shown = _shown(text if len(text) <= 2000 else text[:1999] + "…")
+        console.print(f"[bold red]error:[/] {shown}", soft_wrap=True)
         return 1
     except KeyboardInterrupt:
         hint = getattr(args, "on_interrupt", "rerun the command")
-        console.print(f"{_stopped_by(terminated)}; {hint(args) if callable(hint) else hint}", markup=False)
+        stopped = f"{_stopped_by(terminated)}; {hint(args) if callable(hint) else hint}"
+        console.print(stopped, markup=False, soft_wrap=True)
         return 128 + signal.SIGTERM if terminated else 130
 
 

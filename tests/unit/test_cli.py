@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,36 @@ def test_json_is_written_before_the_result_is_printed_to_a_stdout_that_may_be_cl
     with pytest.raises(SystemExit):  # the stored result of a finished run
         _ask(PARIS, "--db", db, "--run-id", "run1", "--resume", "--json", str(again))
     assert json.loads(again.read_text())["answer"] == "Paris"
+
+
+def test_an_answer_stdout_cannot_encode_is_printed_escaped(monkeypatch, tmp_path):
+    """Under ``PYTHONIOENCODING=ascii`` the result's first non-ASCII character raised UnicodeEncodeError
+    after the whole run: the answer was never shown and the command exited 1 with a traceback."""
+
+    def agent(index, messages):
+        return _agent(index, messages) if index == 0 else Reply(answer_text("Zürich 東京"))
+
+    _cli_on(monkeypatch, agent)
+    printed = io.BytesIO()
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(printed, encoding="ascii"))
+    assert _ask("Where is Zürich?", *SMALL, "--json", str(tmp_path / "r.json")) == 0
+    sys.stdout.flush()
+    assert "Z\\xfcrich \\u6771\\u4eac" in printed.getvalue().decode("ascii")
+    assert sys.stdout.errors == "strict"  # as it was: only the command's own printing escapes
+    assert json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["answer"] == "Zürich 東京"
+
+
+def test_the_closing_error_is_one_line_of_a_log_whatever_its_length(tmp_path, monkeypatch, capsys):
+    """Wrapped at 80 columns (a log file's width), `grep error:` found part of the message, and a long
+    path was cut in two."""
+    monkeypatch.setattr(cli.console, "_width", 80)
+    missing = tmp_path / ("a-long-folder-name-" * 5) / "results.jsonl"
+    assert cli.main(["calibrate", str(missing), "--out", str(tmp_path / "cal.json")]) == 1
+    line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
+    assert (
+        line
+        == f"error: cannot read {missing} (No such file or directory): pass bench results.jsonl or `ask --json` files"
+    )
 
 
 # ----------------------------------------------------------------------------- Ctrl-C
@@ -571,6 +602,15 @@ def test_calibrate_names_a_file_that_is_not_text_in_one_line(tmp_path, capsys):
     store.write_bytes(b"SQLite format 3\x00\xd6\xff" * 10)
     assert cli.main(["calibrate", str(store), "--out", str(tmp_path / "cal.json")]) == 1
     assert f"{store} is not UTF-8 text" in _err(capsys) and not (tmp_path / "cal.json").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device that is always full")
+def test_calibrate_names_an_output_it_could_not_write(tmp_path, capsys):
+    """A full disk (or ``--out /dev/stdout | head -c1``, a reader gone: BrokenPipeError) ended in an
+    OSError traceback."""
+    (tmp_path / "results.jsonl").write_text(_bench_line("q1", "Paris"), encoding="utf-8")
+    assert cli.main(["calibrate", str(tmp_path / "results.jsonl"), "--out", "/dev/full"]) == 1
+    assert "error: could not write --out /dev/full (No space left on device)" in _err(capsys)
 
 
 # ----------------------------------------------------------------------------- bench
