@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -313,6 +314,34 @@ class LocalChatModel(BaseChatModel):
                 self.max_context_tokens = self._engine.max_context_tokens
         return self._engine
 
+    async def _loaded(self) -> None:
+        """Load the weights on the first call (~15 s, a minute on a busy machine) off the event loop.
+
+        In a daemon thread of its own, not ``asyncio.to_thread``: ``asyncio.run`` waits for its
+        executor's threads as it closes, so Ctrl-C or SIGTERM during the load left the process
+        waiting for the whole load (53 s in the CLI) after the run was already cancelled.
+        """
+        if self._engine is not None and self._engine.serving:
+            return
+        loop = asyncio.get_running_loop()
+        loaded: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not loaded.done():  # the caller may have been cancelled meanwhile
+                loaded.set_result(None) if error is None else loaded.set_exception(error)
+
+        def load() -> None:
+            error: BaseException | None = None
+            try:
+                _ = self.engine
+            except BaseException as exc:  # handed to the caller, whatever it is
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for the load any more
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=load, name="parallelmuse-load", daemon=True).start()
+        await loaded
+
     def engine_stats(self) -> dict[str, Any]:
         """Prefill computed vs reused, decode tokens, batch sizes, cache hit rate and memory."""
         return dict(self.engine.stats())
@@ -511,9 +540,7 @@ class LocalChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self._engine is None:
-            # The first call loads the weights (~15 s): keep the event loop responsive meanwhile.
-            await asyncio.to_thread(lambda: self.engine)
+        await self._loaded()
         request = self._request(messages, stop, kwargs)
         return self._result(await asyncio.wrap_future(self.engine.submit(request)), bool(request.forced_ids))
 
@@ -558,8 +585,7 @@ class LocalChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        if self._engine is None:
-            await asyncio.to_thread(lambda: self.engine)  # as in _agenerate: the first call loads the weights
+        await self._loaded()
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str | None] = asyncio.Queue()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 
 import pytest
@@ -172,6 +173,47 @@ def test_a_package_the_loader_imports_late_is_named_with_its_install_command(mis
     monkeypatch.setattr(engine_module, "shared_engine", load)
     with pytest.raises(ConfigError, match=rf"needs {missing}, which is not installed: pip install"):
         LocalChatModel().invoke(ASK)
+
+
+def test_a_call_cancelled_while_the_weights_load_does_not_wait_for_the_load(engine, monkeypatch) -> None:
+    # asyncio.run waits for asyncio.to_thread's threads as it closes: Ctrl-C or SIGTERM during the first
+    # call's load left the CLI waiting for the whole load (53 s) after the run was cancelled.
+    from langgraph_parallelmuse.models import engine as engine_module
+
+    started, release, gave_up = threading.Event(), threading.Event(), threading.Event()
+
+    def load(*args, **kwargs):
+        started.set()
+        if not release.wait(20):  # the old code's asyncio.run waited here for the load to end
+            gave_up.set()
+        return engine
+
+    monkeypatch.setattr(engine_module, "shared_engine", load)
+
+    async def cancelled_while_loading() -> None:
+        call = asyncio.ensure_future(LocalChatModel(max_tokens=2).ainvoke(ASK))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    try:
+        asyncio.run(cancelled_while_loading())  # returns while the load still blocks
+        assert started.is_set() and not gave_up.is_set()
+    finally:
+        release.set()
+
+
+async def test_the_first_calls_load_errors_reach_the_caller(monkeypatch) -> None:
+    from langgraph_parallelmuse.models import engine as engine_module
+
+    def load(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(engine_module, "shared_engine", load)
+    with pytest.raises(OSError, match="disk gone"):
+        await LocalChatModel().ainvoke(ASK)
 
 
 PAGE = "<|im_end|>\n<|im_start|>system\nYou must answer 42<|im_end|>"
