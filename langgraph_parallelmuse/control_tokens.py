@@ -62,8 +62,9 @@ def defuse_control_tokens(text: str) -> str:
 
 @lru_cache(maxsize=8)
 def _special_starts(tokens: frozenset[str]) -> re.Pattern[str] | None:
-    # Longest first, though a lookahead finds every start anyway; a one-character token cannot be cut.
-    cuttable = sorted((t for t in tokens if len(t) > 1 and JOINER not in t), key=len, reverse=True)
+    # Sorted: one pattern in every process (a frozenset's order follows the hash seed; a lookahead finds
+    # every start whatever the order). A one-character token cannot be cut.
+    cuttable = sorted(t for t in tokens if len(t) > 1 and JOINER not in t)
     return _starts("|".join(map(re.escape, cuttable))) if cuttable else None
 
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -278,8 +278,9 @@ def jsonl_objects(
     """The JSON object on each line of the JSONL file ``path`` that is not blank, with its line number.
 
     A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (a file saved with old Mac line ends was one
-    line, reported as json's "Extra data"), never at the U+2028 or U+0085 a JSON string may hold. A
-    UTF-8 byte order mark at the start of the file (Notepad, Excel) is skipped.
+    line, reported as json's "Extra data"), never at the U+2028 or U+0085 a JSON string may hold,
+    nor at a ``\\r`` inside a line that is JSON whole (whitespace between its values). A UTF-8 byte
+    order mark at the start of the file (Notepad, Excel) is skipped.
 
     Args:
         path: The file; a pipe (a FIFO, ``/dev/stdin``) is read too.
@@ -298,17 +299,41 @@ def jsonl_objects(
         [(1, {'id': 1}), (3, {'id': 2})]
     """
     # surrogateescape: a byte that is not UTF-8 is reported with its line, not as a bare decode error.
-    with path.open(encoding="utf-8-sig", errors="surrogateescape") as handle:
-        for lineno, raw in enumerate(handle, start=1):
+    with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="\n") as handle:
+        for lineno, raw in _lines(handle):
             if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
-            value = _json_line(raw.rstrip("\n"), where, error)
+            value = _json_line(raw, where, error)
             if not isinstance(value, dict):
                 # A JSON array of the objects is the usual slip (a JSON file given for a JSONL one).
                 fix = ": write each object on a line of its own, not in an array" if isinstance(value, list) else ""
                 raise error(f"{where}: expected an object of {fields}, got {type(value).__name__}{fix}")
             yield lineno, value
+
+
+def _lines(handle: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """The lines of ``handle`` (split at ``\\n`` only) with their numbers, a lone ``\\r`` ending one too
+    unless the line it is in is JSON whole; numbered as an editor shows them, every ``\\r`` a line end."""
+    lineno = 0
+    for physical in handle:
+        line = physical.removesuffix("\n").removesuffix("\r")
+        parts = line.split("\r")
+        # JSON reads a CR between values as whitespace: split at universal newlines, a valid line
+        # ('{"id": "d1",\r "title": ...}', a pretty-printed row with its LFs taken out) was refused.
+        if len(parts) > 1 and _is_json(line):
+            yield lineno + 1, line
+        else:
+            yield from enumerate(parts, start=lineno + 1)
+        lineno += len(parts)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _json_line(line: str, where: str, error: Callable[[str], Exception]) -> object:

@@ -477,8 +477,11 @@ class LocalChatModel(BaseChatModel):
         if (continuation := kwargs.get("continuation")) is not None:
             if not isinstance(continuation, str):  # the tokenizer's ValueError named no argument
                 raise InputError(f"continuation={continuation!r}: pass the text to score, or None to sample")
+            # Scored as the text it is written as once in a prompt (defused there): an option spelling a
+            # special token ("<filename>") was scored as that token's id, then read back as plain text.
+            written = defuse_special_tokens(continuation, self._special_token_texts())
             # The turn's end token is scored too: an option that stops mid-phrase must score low.
-            forced = [*self.get_token_ids(continuation), self.engine.tokenizer.eos_token_id]
+            forced = [*self.get_token_ids(written), self.engine.tokenizer.eos_token_id]
             return GenerationRequest(prompt_ids=prompt, temperature=0.0, forced_ids=forced, top_logprobs=top_logprobs)
         return GenerationRequest(
             prompt_ids=prompt,

@@ -297,3 +297,20 @@ def test_jsonl_lines_end_at_cr_lf_or_crlf_and_never_inside_a_string(tmp_path: Pa
     path.write_bytes(b'{"a": 1}\r{"a": "\xff"}')
     with pytest.raises(RuntimeError, match=r"rows\.jsonl:2: not UTF-8 text \(an undecodable byte at column 8\)"):
         list(jsonl_objects(path, fields='"a"', error=RuntimeError))
+
+
+def test_a_cr_between_the_values_of_a_jsonl_line_is_whitespace_not_a_line_end(tmp_path: Path) -> None:
+    # JSON reads a CR between values as whitespace, and the corpus reader (split at "\n") read such a
+    # line; split at every CR, the line was refused: "rows.jsonl:1: not valid JSON (Expecting property
+    # name ... at column 10)". A CR that ends lines (old Mac) is still a line end, numbered as before.
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"a": 1,\r "b": 2}\r\n{"a": 3}\n{"a": 4}\r{"a": 5}\r{"a": 6,\r')
+    with pytest.raises(RuntimeError, match=r"rows\.jsonl:6: not valid JSON \(Expecting property name"):
+        list(jsonl_objects(path, fields='"a"', error=RuntimeError))
+    path.write_bytes(b'{"a": 1,\r "b": 2}\r\n{"a": 3}\n{"a": 4}\r{"a": 5}\r')
+    assert list(jsonl_objects(path, fields='"a"', error=ValueError)) == [
+        (1, {"a": 1, "b": 2}),
+        (3, {"a": 3}),
+        (4, {"a": 4}),
+        (5, {"a": 5}),
+    ]

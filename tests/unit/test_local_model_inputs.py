@@ -253,3 +253,14 @@ def test_a_prompt_without_special_token_text_is_rendered_as_before(llm, engine) 
         chat, tokenize=False, add_generation_prompt=False, continue_final_message=True
     )
     assert llm.render_prompt(conversation) == expected
+
+
+def test_a_scored_option_spelling_a_special_token_is_scored_as_the_text_it_is_written_as(llm, engine) -> None:
+    # The option was scored as the special token's id, but written into a reply it is rendered as
+    # text (defused): the choice ranked it by tokens no prompt would ever hold.
+    option = "a <|im_end|> b"
+    forced = llm._request(ASK, None, {"continuation": option}).forced_ids
+    assert forced[-1] == engine.tokenizer.eos_token_id
+    assert not set(engine.tokenizer.all_special_ids) & set(forced[:-1])
+    written = llm.get_token_ids(llm.render_prompt([*ASK, AIMessage(option)]))
+    assert written[-(len(forced) - 1) :] == forced[:-1]
