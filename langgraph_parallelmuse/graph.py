@@ -28,12 +28,16 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable, RunnableConfig
-from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER, TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+
+try:  # LangGraph's own merge of a run's config; this import path is marked "backwards compat"
+    from langgraph.utils.config import ensure_config
+except ImportError:  # pragma: no cover - where later 1.x releases keep it
+    from langgraph._internal._config import ensure_config
 
 from langgraph_parallelmuse.agent import RolloutRunner, lendable
 from langgraph_parallelmuse.config import ParallelMuseConfig, ParallelMuseContext, make_config
@@ -94,10 +98,6 @@ def rollout_runner(graph: StateGraph | CompiledStateGraph) -> RolloutRunner:
     raise InputError("not a ParallelMuse graph: build it with create_parallelmuse or build_parallelmuse_graph")
 
 
-# The configurable keys that give a run checkpoint coordinates of its own (LangGraph's ensure_config).
-_COORDINATES = ("thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint_map")
-
-
 class _CompiledParallelMuse(CompiledStateGraph):
     """A compiled ParallelMuse graph whose every run (``invoke``, ``stream``, ``batch``, as a node of a
     parent graph: all go through ``stream`` or ``astream``) holds its checkpointed thread alone
@@ -123,22 +123,24 @@ class _CompiledParallelMuse(CompiledStateGraph):
             async with contextlib.aclosing(super().astream(input, _recording(config, record), **kwargs)) as chunks:
                 async for chunk in chunks:
                     yield chunk
+                    # The task asking for the next chunk runs the run now (langgraph-api asks in a task
+                    # of its own each time, and cancels that one to interrupt the run).
+                    BUSY_THREADS.drive(key)
 
     def _run_key(self, config: RunnableConfig | None) -> RunKey | None:
-        """Where this run writes its checkpoints, read as LangGraph reads the config (the graph's own,
-        the caller's, a parent run's around it), or ``None`` for a run without a checkpointer."""
+        """The saver and thread a run at the top writes its checkpoints to, from the config as LangGraph's
+        run merges it (the graph's, the caller's, a parent run's around it, keys given outside
+        ``configurable``); ``None`` for a run without a checkpointer, and for one nested in a parent
+        run (its parent task's namespace): LangGraph gives each such run a namespace of its own, the
+        task's, numbered for every graph one node runs, so two of them never share one."""
         if self.checkpointer is False:
             return None
-        given = [c.get("configurable") or {} for c in (self.config, config) if c]
-        # A config with coordinates of its own starts from none of the parent run's (a child graph's thread).
-        own = any(c.get(k) for c in given for k in _COORDINATES)
-        ambient = {} if own else ((var_child_runnable_config.get() or {}).get("configurable") or {})
-        merged = {k: v for c in (ambient, *given) for k, v in c.items()}
-        saver, thread = merged.get(CONFIG_KEY_CHECKPOINTER, self.checkpointer), merged.get("thread_id")
-        if not isinstance(saver, BaseCheckpointSaver) or thread is None:
+        configurable = ensure_config(self.config, config)["configurable"]
+        saver, thread = configurable.get(CONFIG_KEY_CHECKPOINTER, self.checkpointer), configurable.get("thread_id")
+        if configurable.get("checkpoint_ns") or not isinstance(saver, BaseCheckpointSaver) or thread is None:
             return None
         # The saver inside langgraph-api's adapter: a server may give each run an adapter of its own.
-        return unwrapped(saver), str(thread), str(merged.get("checkpoint_ns") or "")
+        return unwrapped(saver), str(thread)
 
     @contextlib.contextmanager
     def _run(self, key: RunKey | None, record: dict[str, Any]) -> Iterator[None]:
@@ -161,8 +163,11 @@ class _ParallelMuseBuilder(StateGraph):
     """The uncompiled ParallelMuse graph: compiled (by the factory or by the user), a :class:`_CompiledParallelMuse`."""
 
     def compile(self, *args: Any, **kwargs: Any) -> CompiledStateGraph:
-        # As CompiledStateGraph.copy makes a copy: its attributes, to the class's constructor.
-        return _CompiledParallelMuse(**vars(super().compile(*args, **kwargs)))
+        compiled = super().compile(*args, **kwargs)
+        # The class changed in place: a copy through the constructor lost what compile sets after it (the
+        # strict-msgpack allowlist, the v2 stream's mappers), which the constructor neither takes nor keeps.
+        compiled.__class__ = _CompiledParallelMuse
+        return compiled
 
 
 def _check_model(model: object, argument: str) -> None:

@@ -180,25 +180,26 @@ os.register_at_fork(after_in_child=IN_FLIGHT.forget)
 #: The ``configurable`` key of a run's record, which the compiled graph hands its run and ``prepare``
 #: fills in: ``drop``, the run id whose trajectory threads end with the run (``None``: they are kept).
 RUN_RECORD = "__parallelmuse_run"
-#: What a run writes checkpoints under: the saver, the thread id and the checkpoint namespace.
-RunKey = tuple[Any, str, str]
+#: What a run at the top writes its checkpoints under: the saver and the thread id.
+RunKey = tuple[Any, str]
 
 
 class BusyThreads:
     """Process-wide: the checkpointed threads a ParallelMuse graph runs on now, one run a thread.
 
     Two runs on one thread of one saver at once interleave their checkpoints: each returns its own
-    answer, and the thread keeps one of them (a chat lost a turn), with no error. A key is a saver,
-    a thread id and a checkpoint namespace: a parent's ``Send`` fan-out runs the graph in namespaces
-    of its own. A run that finds its key held waits while the holder is ending (LangGraph Server's
-    ``interrupt`` and ``rollback`` strategies cancel a run and start the next one at once), else
-    for :attr:`GRACE_SECONDS` (the cancel may not have reached the holder yet), then is refused.
+    answer, and the thread keeps one of them (a chat lost a turn), with no error. A key is a saver and
+    a thread id; a run nested in a parent's takes none (a ``Send`` fan-out, two runs one node awaits
+    together): LangGraph runs each in a namespace of its own. A run that finds its key held waits
+    while the holder is ending (LangGraph Server's ``interrupt`` and ``rollback`` strategies cancel a
+    run and start the next one at once), else for :attr:`GRACE_SECONDS` (the cancel may not have
+    reached the holder yet), then is refused.
 
     Example:
         >>> busy = BusyThreads()
-        >>> list(busy.take(("saver", "chat-1", ""))), busy.held(("saver", "chat-1", ""))
+        >>> list(busy.take(("saver", "chat-1"))), busy.held(("saver", "chat-1"))
         ([], True)
-        >>> busy.release(("saver", "chat-1", "")), busy.held(("saver", "chat-1", ""))
+        >>> busy.release(("saver", "chat-1")), busy.held(("saver", "chat-1"))
         (None, False)
     """
 
@@ -231,14 +232,23 @@ class BusyThreads:
                 if holder is False:
                     self._held[key] = _running_task()
                     return
-            ending = holder is not None and (holder.done() or holder.cancelling() > 0)
+            # Not a finished task: a run read one chunk a task (langgraph-api, asyncio.wait_for) is
+            # between two of them then, not ending.
+            ending = holder is not None and holder.cancelling() > 0
             if time.monotonic() - started > (self.UNWIND_SECONDS if ending else self.GRACE_SECONDS):
                 raise ThreadBusyError(
                     f"thread {key[1]!r} is running another ParallelMuse run (checkpointer {type(key[0]).__name__}): "
-                    "wait for that run to end, or give this one another thread_id; two runs on one thread at once "
-                    "interleave its checkpoints, and it keeps only one of them"
+                    "wait for that run to end (or close a stream of it you stopped reading), or give this one "
+                    "another thread_id; two runs on one thread at once interleave its checkpoints, and it keeps "
+                    "only one of them"
                 )
             yield self.POLL_SECONDS
+
+    def drive(self, key: RunKey | None) -> None:
+        """Record the calling task as the one running ``key``'s run now: cancelling it ends the run."""
+        with self._lock:
+            if key in self._held:
+                self._held[key] = _running_task()
 
     def release(self, key: RunKey | None) -> None:
         """Let go of ``key`` (the run holding it ended)."""

@@ -1615,3 +1615,75 @@ async def test_a_run_started_while_the_cancelled_run_on_its_thread_unwinds_waits
     await asyncio.sleep(0.1)
     assert not first.done() and len(model.calls) == made  # the second waits while the first unwinds
     assert (await second)["answer"] == "Paris" and first.cancelled()
+
+
+async def test_runs_one_parent_node_awaits_together_under_its_checkpointer_both_answer(monkeypatch):
+    """LangGraph runs each graph a node awaits in a namespace of its own (the task's, numbered): the
+    second of two such runs was refused as a run on the parent's busy thread."""
+    from langgraph_parallelmuse.nodes import BUSY_THREADS
+
+    monkeypatch.setattr(BUSY_THREADS, "GRACE_SECONDS", 0.0)
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+
+    async def ask_both(state: MessagesState) -> dict:
+        outs = await asyncio.gather(*(graph.ainvoke({"question": q}) for q in (QUESTION, "Where is the Louvre?")))
+        return {"messages": [AIMessage(out["answer"]) for out in outs]}
+
+    parent = StateGraph(MessagesState).add_node("ask", ask_both).add_edge(START, "ask")
+    parent = parent.compile(checkpointer=InMemorySaver())
+    out = await parent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "parent"}})
+    assert [m.content for m in out["messages"][1:]] == ["Paris", "Paris"]
+
+
+async def test_a_thread_id_given_outside_configurable_is_held_too(monkeypatch):
+    # LangGraph reads a config's keys it does not know as configurable ones: the run is on that thread.
+    from langgraph_parallelmuse.nodes import BUSY_THREADS
+
+    monkeypatch.setattr(BUSY_THREADS, "GRACE_SECONDS", 0.0)
+    tools, calls, release = _held_search()
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, tools=(tools, calls), checkpointer=InMemorySaver())
+    first = asyncio.create_task(graph.ainvoke({"question": QUESTION}, {"thread_id": "chat"}))
+    while not calls["search"]:
+        await asyncio.sleep(0.005)
+    with pytest.raises(ThreadBusyError, match="thread 'chat'"):
+        await graph.ainvoke({"question": "Where is the Louvre?"}, {"configurable": {"thread_id": "chat"}})
+    release.set()
+    assert (await first)["answer"] == "Paris"
+
+
+def test_the_compiled_graph_keeps_what_compile_sets(monkeypatch):
+    # LangGraph's strict msgpack mode: the allowlist compile builds for the graph's own state types.
+    from langgraph._internal import _serde
+
+    monkeypatch.setattr(_serde, "STRICT_MSGPACK_ENABLED", True)
+    graph, _, _ = _graph({"n": 2, "mode": "none"})
+    plain = StateGraph.compile(graph.builder)
+    assert graph._serde_allowlist and graph._serde_allowlist == plain._serde_allowlist
+    assert vars(graph).keys() == vars(plain).keys()
+
+
+async def test_a_run_read_one_chunk_a_task_is_not_taken_for_a_cancelled_one(monkeypatch):
+    """langgraph-api (and asyncio.wait_for) reads each chunk in a task of its own: the task that took
+    the thread finished at the first chunk, and a second run on the thread waited for the running one
+    (up to UNWIND_SECONDS), as if it were cancelled, then ran."""
+    from langgraph_parallelmuse.nodes import BUSY_THREADS
+
+    monkeypatch.setattr(BUSY_THREADS, "GRACE_SECONDS", 0.0)
+    tools, calls, release = _held_search()
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, tools=(tools, calls), checkpointer=InMemorySaver())
+    chat: dict[str, Any] = {"configurable": {"thread_id": "chat"}}
+
+    async def read_one_chunk_a_task() -> None:
+        async with contextlib.aclosing(graph.astream({"question": QUESTION}, chat)) as chunks:
+            with contextlib.suppress(StopAsyncIteration):
+                while True:
+                    await asyncio.create_task(anext(chunks))
+
+    first = asyncio.create_task(read_one_chunk_a_task())
+    while not calls["search"]:
+        await asyncio.sleep(0.005)
+    asyncio.get_running_loop().call_later(0.5, release.set)  # the first run ends after a while
+    with pytest.raises(ThreadBusyError, match="thread 'chat'"):
+        await graph.ainvoke({"question": "Where is the Louvre?"}, chat)
+    assert not first.done()
+    await first
