@@ -413,7 +413,7 @@ def create_parallelmuse(
         config: :class:`ParallelMuseConfig` or a dict of its fields; per-run overrides go in
             ``context=`` (LangGraph Studio shows the fields).
         checkpointer: Checkpointer of the outer graph (leave ``None`` under LangGraph Server). One run
-            a thread at a time: a second run on a running thread is refused (``ParallelMuseError``).
+            a thread at a time: a second run on a running thread is refused (``ThreadBusyError``).
         trajectory_checkpointer: Where trajectory snapshots (the fork points) live. Default: where
             the run's own checkpoints live (``checkpointer``, or the one LangGraph Server supplies),
             and for a run without one in memory until it ends. Use a database saver to resume runs.
