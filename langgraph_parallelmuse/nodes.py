@@ -274,6 +274,21 @@ BUSY_THREADS = BusyThreads()
 os.register_at_fork(after_in_child=BUSY_THREADS.forget)
 
 
+def _prepared_settings(state: ParallelMuseState) -> dict[str, Any]:
+    """The settings the trajectories of a run prepared before ``asked`` recorded them (402e770 and
+    earlier) depend on: ``prepare``'s ``stats["config"]``, which nothing rewrote before ``collect`` did.
+
+    Without them a fork of such a run whose settings were edited found the threads of the old settings
+    finished and answered from them, while its stats named the new settings.
+
+    Example:
+        >>> _prepared_settings({"stats": {"config": {"temperature": 0.6, "max_concurrency": 4}}})
+        {'temperature': 0.6}
+    """
+    config = (state.get("stats") or {}).get("config") or {}
+    return {k: v for k, v in config.items() if k not in _NOT_IN_TRAJECTORIES}
+
+
 def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
     """Whether the last answer message in ``messages`` answered ``question`` and a human message
     followed it: the new turn of a chat whose app, not this graph, keeps the state."""
@@ -595,7 +610,14 @@ class ParallelMuseNodes:
                     stacklevel=2,
                 )
             return resolve_config(self.config, context)
-        settings = make_config(stored)
+        try:
+            settings = make_config(stored)
+        except ConfigError as exc:
+            # Written by an earlier version that took them (or by an update_state): no setting given now changes them.
+            raise ConfigError(
+                f"the settings stored with this run are refused now ({exc}): correct them on the thread with "
+                "graph.update_state(config, {'settings': {...}}) and resume, or ask again on another thread_id"
+            ) from exc
         # Compared validated: a parent app without this context_schema passes its raw values ("4").
         resolved = resolve_config(settings, context)
         # How many run at once changes no trajectory: a resumed run may lower it (after an overload).
@@ -765,9 +787,9 @@ class ParallelMuseNodes:
         asked = state.get("asked") or {}
         if asked.get("question") is None:
             return state["run_id"]
-        # By the fields prepare saw (a run prepared before settings were recorded has none): a field a
-        # later version adds is no edit of a run resumed across versions, which must find its threads.
-        seen = asked.get("settings") or {}
+        # By the fields prepare saw: a field a later version adds is no edit of a run resumed across
+        # versions, which must find its threads.
+        seen = asked.get("settings") or _prepared_settings(state)
         now = make_config(state["settings"]).model_dump() if seen else {}
         edits = {k: now[k] for k, v in seen.items() if k in now and now[k] != v}
         if asked["question"] == state["question"] and not edits:
@@ -861,7 +883,12 @@ class ParallelMuseNodes:
         if trajectories and all(t["status"] == "failed" for t in trajectories):
             result = {"question": state["question"], "trajectories": trajectories, "stats": stats}
             raise RolloutFailedError(failure_message(self.model, trajectories), result=result)
-        return {"stats": stats}
+        asked = state.get("asked") or {}
+        if asked.get("question") is None or "settings" in asked:
+            return {"stats": stats}
+        # A run prepared before ``asked`` kept its settings: they are read from stats["config"], which this
+        # rewrites, so they are kept here for the run ids of the nodes after this one (crossover).
+        return {"stats": stats, "asked": {**asked, "settings": _prepared_settings(state)}}
 
     # ------------------------------------------------------------------ Stage 2
 

@@ -755,6 +755,23 @@ async def test_the_factory_pauses_before_a_node_and_the_paused_run_resumes():
     assert _roles(model)["aggregate"] == 1
 
 
+async def test_a_paused_run_whose_stored_settings_a_later_version_refuses_says_how_to_resume_it(monkeypatch):
+    """Settings an earlier version took (402e770: seed=-1, n above today's cap) stored with a paused run:
+    the resume failed with 'seed=-1: use a whole number ... or no seed', which no setting given now
+    changes. The error says the stored settings are refused and how to correct them on the thread."""
+    from langgraph_parallelmuse import config as config_module
+
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver(), interrupt_before=["aggregate"])
+    cfg: dict[str, Any] = {"configurable": {"thread_id": "refused-later"}}
+    await graph.ainvoke({"question": QUESTION}, cfg)
+    monkeypatch.setattr(config_module, "MAX_N", 1)  # the "later version": n=2 is refused now
+    with pytest.raises(ConfigError, match=r"settings stored with this run are refused now .*n=2.*update_state"):
+        await graph.ainvoke(None, cfg)
+    state = await graph.aget_state(cfg)
+    corrected = await graph.aupdate_state(cfg, {"settings": {**state.values["settings"], "n": 1}})
+    assert (await graph.ainvoke(None, corrected))["answer"] == "Paris"  # the correction the message names works
+
+
 @pytest.mark.parametrize("pause", [("aggregate",), "aggregate"])
 async def test_the_factory_pauses_at_nodes_named_in_a_tuple_or_alone(pause):
     """A tuple (a Sequence, as the factory's types say) or one node's name failed the build with
@@ -1034,6 +1051,28 @@ async def test_a_fork_whose_settings_were_edited_after_prepare_samples_anew_with
     replayed = await graph.ainvoke(None, fork)  # the fork's own threads, found again: no model call
     assert replayed["answer"] == "Paris" and not _agent_calls(model, again)
     assert {t["thread_id"] for t in replayed["trajectories"]} == new
+
+
+async def test_a_fork_of_a_run_prepared_before_asked_kept_its_settings_samples_anew_with_the_edited_ones():
+    """A run of 402e770 (``asked`` without ``settings``), forked after an upgrade with its temperature
+    edited: before the fix the fork answered from the old temperature's threads, no model call, while its
+    stats said temperature=0.1. ``prepare``'s ``stats['config']`` holds what such a run was prepared with."""
+    graph, model, _ = _graph({"n": 2, "mode": "none"}, checkpointer=InMemorySaver())
+    thread: dict[str, Any] = {"configurable": {"thread_id": "prepared-before-settings"}}
+    first = await graph.ainvoke({"question": QUESTION}, thread)
+    (prepared,) = [s async for s in graph.aget_state_history(thread) if s.next and s.next[0] == "initial_rollout"]
+    old_format = {"question": QUESTION, "message_id": None}  # no "settings": as 402e770's prepare wrote it
+    edited = {**prepared.values["settings"], "temperature": 0.1}
+    fork = await graph.aupdate_state(prepared.config, {"asked": old_format, "settings": edited}, as_node="prepare")
+    calls = len(model.calls)
+    forked = await graph.ainvoke(None, fork)
+    agent = _agent_calls(model, calls)
+    assert len(agent) == sum(len(t["steps"]) for t in forked["trajectories"])  # every step sampled anew
+    assert all(c["kwargs"]["temperature"] == 0.1 for c in agent)
+    assert not {t["thread_id"] for t in first["trajectories"]} & {t["thread_id"] for t in forked["trajectories"]}
+    # collect rewrites stats['config']: the prepared settings are kept in ``asked`` for the nodes after it.
+    asked = (await graph.aget_state(thread)).values["asked"]
+    assert asked["settings"]["temperature"] == 0.6 and forked["stats"]["config"]["temperature"] == 0.1
 
 
 @pytest.mark.parametrize(
