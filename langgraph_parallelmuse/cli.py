@@ -1710,16 +1710,20 @@ def _escaping_unencodable() -> Iterator[None]:
     run: its answer was never shown, and the command exited 1 with a traceback.
     """
     stream = sys.stdout
-    strict = isinstance(stream, io.TextIOWrapper) and stream.errors == "strict"
-    if strict:
+    # Closed, reconfigure raised ValueError before the command ran (one printing nothing there ran before).
+    errors = stream.errors if isinstance(stream, io.TextIOWrapper) and not stream.closed else None
+    # surrogateescape raises on all but its own surrogates: a C locale without UTF-8 mode (PYTHONUTF8=0)
+    # writes ASCII with it.
+    escaping = errors in ("strict", "surrogateescape")
+    if escaping:
         stream.reconfigure(errors="backslashreplace")
     try:
         yield
     finally:
         # Reconfiguring flushes: a reader gone (`| head`) must not replace the block's own exception.
         with contextlib.suppress(OSError, ValueError):
-            if strict:
-                stream.reconfigure(errors="strict")
+            if escaping:
+                stream.reconfigure(errors=errors)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -414,6 +414,20 @@ def emit(event: str, **data: Any) -> None:
         pass
 
 
+async def _engine_stats(model: Any) -> dict[str, Any] | None:
+    """The counters of the in-process engine ``model`` runs on (``None``: it has none).
+
+    The first access loads the weights, off the event loop: through the model's own async form where it
+    has one, as :class:`~langgraph_parallelmuse.models.LocalChatModel` does, whose load a cancelled run
+    does not wait for (``asyncio.run`` waits for ``asyncio.to_thread``'s: 40 s after Ctrl-C in the CLI).
+    """
+    if callable(counters := getattr(model, "aengine_stats", None)):
+        return await counters()
+    if callable(counters := getattr(model, "engine_stats", None)):
+        return await asyncio.to_thread(counters)
+    return None
+
+
 def engine_delta(start: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """In-process engine counters of this run (the engine is shared, so concurrent runs mix in).
 
@@ -734,9 +748,8 @@ class ParallelMuseNodes:
         emit("run_started", question=question, **{k: getattr(settings, k) for k in ("n", "m", "k", "t", "mode")})
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"start": time.time()}}
         engine_start: dict[str, Any] = {}
-        if callable(engine_stats := getattr(self.model, "engine_stats", None)):
-            # The first access loads the model: keep that off the event loop.
-            engine_start = {**await asyncio.to_thread(engine_stats), "process": _PROCESS}
+        if (counters := await _engine_stats(self.model)) is not None:
+            engine_start = {**counters, "process": _PROCESS}
         # A checkpointed chat thread keeps the previous question's records: start this run clean.
         return {
             "question": question,
@@ -993,8 +1006,8 @@ class ParallelMuseNodes:
             "stage2": active_seconds(spans, "stage2"),
             "total": active_seconds(spans),
         }
-        if callable(engine_stats := getattr(self.model, "engine_stats", None)):
-            start, now = state.get("engine_start") or {}, await asyncio.to_thread(engine_stats)
+        if (now := await _engine_stats(self.model)) is not None:
+            start = state.get("engine_start") or {}
             if start.get("process") == _PROCESS:
                 stats["engine"] = engine_delta(start, now)
             else:  # resumed in another process: its counters began at zero, without the first part

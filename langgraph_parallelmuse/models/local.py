@@ -346,6 +346,15 @@ class LocalChatModel(BaseChatModel):
         """Prefill computed vs reused, decode tokens, batch sizes, cache hit rate and memory."""
         return dict(self.engine.stats())
 
+    async def aengine_stats(self) -> dict[str, Any]:
+        """:meth:`engine_stats` from async code, the weights loaded as the first call loads them.
+
+        A graph run asks for the counters first: in ``asyncio.to_thread`` that load held a cancelled run
+        (Ctrl-C in the CLI) until it ended, as the first call's did.
+        """
+        await self._loaded()
+        return self.engine_stats()
+
     # ------------------------------------------------------------------ prompts
 
     def render_prompt(self, messages: Sequence[BaseMessage]) -> str:

@@ -96,7 +96,8 @@ def test_json_is_written_before_the_result_is_printed_to_a_stdout_that_may_be_cl
     assert json.loads(again.read_text())["answer"] == "Paris"
 
 
-def test_an_answer_stdout_cannot_encode_is_printed_escaped(monkeypatch, tmp_path):
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # PYTHONIOENCODING=ascii; LC_ALL=C PYTHONUTF8=0
+def test_an_answer_stdout_cannot_encode_is_printed_escaped(monkeypatch, tmp_path, errors):
     """Under ``PYTHONIOENCODING=ascii`` the result's first non-ASCII character raised UnicodeEncodeError
     after the whole run: the answer was never shown and the command exited 1 with a traceback."""
 
@@ -105,12 +106,21 @@ def test_an_answer_stdout_cannot_encode_is_printed_escaped(monkeypatch, tmp_path
 
     _cli_on(monkeypatch, agent)
     printed = io.BytesIO()
-    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(printed, encoding="ascii"))
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(printed, encoding="ascii", errors=errors))
     assert _ask("Where is Zürich?", *SMALL, "--json", str(tmp_path / "r.json")) == 0
     sys.stdout.flush()
     assert "Z\\xfcrich \\u6771\\u4eac" in printed.getvalue().decode("ascii")
-    assert sys.stdout.errors == "strict"  # as it was: only the command's own printing escapes
+    assert sys.stdout.errors == errors  # as it was: only the command's own printing escapes
     assert json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["answer"] == "Zürich 東京"
+
+
+def test_a_closed_stdout_does_not_stop_a_command_that_prints_nothing_there(monkeypatch, tmp_path, capsys):
+    """Escaping stdout's unencodable characters reconfigured a closed stdout: ValueError before the command ran."""
+    closed = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    closed.close()
+    monkeypatch.setattr("sys.stdout", closed)
+    assert cli.main(["calibrate", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "cal.json")]) == 1
+    assert "error: cannot read" in _err(capsys)
 
 
 def test_the_closing_error_is_one_line_of_a_log_whatever_its_length(tmp_path, monkeypatch, capsys):

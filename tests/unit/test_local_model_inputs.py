@@ -175,9 +175,19 @@ def test_a_package_the_loader_imports_late_is_named_with_its_install_command(mis
         LocalChatModel().invoke(ASK)
 
 
-def test_a_call_cancelled_while_the_weights_load_does_not_wait_for_the_load(engine, monkeypatch) -> None:
+def _graph_run(model: LocalChatModel):
+    from langgraph_parallelmuse.graph import create_parallelmuse
+    from tests.unit.fakes import make_tools
+
+    graph = create_parallelmuse(model, make_tools()[0], config={"n": 2, "mode": "none", "aggregation": "majority"})
+    return graph.ainvoke({"question": "Where is the Louvre?"})
+
+
+@pytest.mark.parametrize("start", [lambda model: model.ainvoke(ASK), _graph_run], ids=["a call", "a graph run"])
+def test_a_call_cancelled_while_the_weights_load_does_not_wait_for_the_load(engine, monkeypatch, start) -> None:
     # asyncio.run waits for asyncio.to_thread's threads as it closes: Ctrl-C or SIGTERM during the first
-    # call's load left the CLI waiting for the whole load (53 s) after the run was cancelled.
+    # call's load left the CLI waiting for the whole load (53 s) after the run was cancelled. A graph run
+    # loads the weights first for its engine counters, before any call: the CLI still waited (40 s).
     from langgraph_parallelmuse.models import engine as engine_module
 
     started, release, gave_up = threading.Event(), threading.Event(), threading.Event()
@@ -191,7 +201,7 @@ def test_a_call_cancelled_while_the_weights_load_does_not_wait_for_the_load(engi
     monkeypatch.setattr(engine_module, "shared_engine", load)
 
     async def cancelled_while_loading() -> None:
-        call = asyncio.ensure_future(LocalChatModel(max_tokens=2).ainvoke(ASK))
+        call = asyncio.ensure_future(start(LocalChatModel(max_tokens=2)))
         while not started.is_set():
             await asyncio.sleep(0.01)
         call.cancel()
