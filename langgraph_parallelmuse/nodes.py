@@ -210,12 +210,14 @@ class BusyThreads:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[RunKey, asyncio.Task | None] = {}  # key -> the task running it (None: sync API)
+        # The saver by identity: a saver class with __eq__ and no __hash__ (a dataclass, a pydantic model)
+        # made every run a TypeError, and two equal savers would share their holds.
+        self._held: dict[tuple[int, str], asyncio.Task | None] = {}  # -> the task running it (None: sync API)
 
     def held(self, key: RunKey) -> bool:
         """Whether a run holds ``key`` now."""
         with self._lock:
-            return key in self._held
+            return _slot(key) in self._held
 
     def take(self, key: RunKey | None) -> Iterator[float]:
         """Take ``key`` (``None``: nothing to take) for the calling run; while it is held, yield the
@@ -228,9 +230,9 @@ class BusyThreads:
         started = time.monotonic()
         while key is not None:
             with self._lock:
-                holder = self._held.get(key, False)
+                holder = self._held.get(_slot(key), False)
                 if holder is False:
-                    self._held[key] = _running_task()
+                    self._held[_slot(key)] = _running_task()
                     return
             # Not a finished task: a run read one chunk a task (langgraph-api, asyncio.wait_for) is
             # between two of them then, not ending.
@@ -247,18 +249,24 @@ class BusyThreads:
     def drive(self, key: RunKey | None) -> None:
         """Record the calling task as the one running ``key``'s run now: cancelling it ends the run."""
         with self._lock:
-            if key in self._held:
-                self._held[key] = _running_task()
+            if key is not None and _slot(key) in self._held:
+                self._held[_slot(key)] = _running_task()
 
     def release(self, key: RunKey | None) -> None:
         """Let go of ``key`` (the run holding it ended)."""
         with self._lock:
-            self._held.pop(key, None)
+            if key is not None:
+                self._held.pop(_slot(key), None)
 
     def forget(self) -> None:
         """Drop every hold (a forked child: the runs that held them are not in it)."""
         self._lock = threading.Lock()
         self._held = {}
+
+
+def _slot(key: RunKey) -> tuple[int, str]:
+    # Held only while its run holds the saver, so no other saver can have its id meanwhile.
+    return id(key[0]), key[1]
 
 
 def _running_task() -> asyncio.Task | None:

@@ -327,8 +327,12 @@ class LocalChatModel(BaseChatModel):
         loaded: asyncio.Future[None] = loop.create_future()
 
         def settle(error: BaseException | None) -> None:
-            if not loaded.done():  # the caller may have been cancelled meanwhile
-                loaded.set_result(None) if error is None else loaded.set_exception(error)
+            if loaded.done():  # the caller may have been cancelled meanwhile
+                return
+            if error is None:
+                loaded.set_result(None)
+            else:
+                loaded.set_exception(error)
 
         def load() -> None:
             error: BaseException | None = None
@@ -351,6 +355,10 @@ class LocalChatModel(BaseChatModel):
 
         A graph run asks for the counters first: in ``asyncio.to_thread`` that load held a cancelled run
         (Ctrl-C in the CLI) until it ended, as the first call's did.
+
+        Example:
+            >>> import asyncio
+            >>> stats = asyncio.run(LocalChatModel.embedded().aengine_stats())  # doctest: +SKIP
         """
         await self._loaded()
         return self.engine_stats()

@@ -723,6 +723,7 @@ async def test_control_tokens_in_a_tool_error_are_defused_too():
 
 
 async def test_tool_output_without_control_tokens_is_recorded_as_returned():
+    # A guard: defusing must not touch text that only looks near a control token (Elm's "<| x |>", HTML).
     page = "Paris <b>is</b> the capital; f <| x |> g; [1] a|b"
     found = await observe(
         {t.name: t for t in make_tools(search=lambda q: page)[0]},

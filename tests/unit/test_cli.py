@@ -115,7 +115,8 @@ def test_an_answer_stdout_cannot_encode_is_printed_escaped(monkeypatch, tmp_path
 
 
 def test_a_closed_stdout_does_not_stop_a_command_that_prints_nothing_there(monkeypatch, tmp_path, capsys):
-    """Escaping stdout's unencodable characters reconfigured a closed stdout: ValueError before the command ran."""
+    """A guard: escaping stdout's unencodable characters reconfigured a closed stdout: ValueError before the
+    command ran."""
     closed = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
     closed.close()
     monkeypatch.setattr("sys.stdout", closed)

@@ -363,6 +363,7 @@ def test_a_json_error_at_the_end_of_a_line_gives_its_column(tmp_path):
 
 @pytest.mark.parametrize("end", ["\r", "\r\n"], ids=["CR only", "CRLF"])
 def test_old_mac_and_windows_line_ends_keep_the_line_numbers(tmp_path, end):
+    # A guard: the text-mode reader read CR and CRLF line ends; the JSONL reader shared with the corpus must too.
     path = tmp_path / "toy.questions.jsonl"
     rows = [json.dumps({**ROW, "id": f"q{n}"}) for n in range(3)]
     path.write_bytes(end.join([*rows, "", "{oops"]).encode())

@@ -1571,6 +1571,7 @@ async def test_concurrent_runs_without_a_checkpointer_keep_each_others_trajector
 
 
 async def test_a_trajectory_checkpointer_given_by_the_user_keeps_the_threads_of_runs_without_a_thread():
+    # A guard: a run without a thread deletes its trajectory threads, but not from a saver the user gave.
     saver = InMemorySaver()
     graph, _, _ = _graph({"n": 2, "mode": "none"}, trajectory_checkpointer=saver)
     out = await graph.ainvoke({"question": QUESTION})
@@ -1691,7 +1692,8 @@ async def test_a_thread_id_given_outside_configurable_is_held_too(monkeypatch):
 
 
 def test_the_compiled_graph_keeps_what_compile_sets(monkeypatch):
-    # LangGraph's strict msgpack mode: the allowlist compile builds for the graph's own state types.
+    # A guard: the compiled graph's class is changed in place, a copy through the constructor lost the
+    # strict-msgpack allowlist compile builds for the graph's own state types.
     from langgraph._internal import _serde
 
     monkeypatch.setattr(_serde, "STRICT_MSGPACK_ENABLED", True)
@@ -1726,3 +1728,19 @@ async def test_a_run_read_one_chunk_a_task_is_not_taken_for_a_cancelled_one(monk
         await graph.ainvoke({"question": "Where is the Louvre?"}, chat)
     assert not first.done()
     await first
+
+
+@dataclass(eq=True)
+class _EqualitySaver(InMemorySaver):
+    """A saver class with ``__eq__`` and so no ``__hash__`` (a dataclass; a pydantic model is the same)."""
+
+    def __post_init__(self) -> None:
+        InMemorySaver.__init__(self)
+
+
+async def test_a_run_on_a_saver_that_cannot_be_hashed_answers():
+    # The thread's hold was keyed by the saver itself: every run on such a saver raised "TypeError:
+    # unhashable type" before it started (it ran before the holds).
+    graph, _, _ = _graph({"n": 2, "mode": "none"}, checkpointer=_EqualitySaver())
+    out = await graph.ainvoke({"question": QUESTION}, {"configurable": {"thread_id": "t1"}})
+    assert out["answer"] == "Paris"

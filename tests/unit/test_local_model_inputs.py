@@ -216,6 +216,7 @@ def test_a_call_cancelled_while_the_weights_load_does_not_wait_for_the_load(engi
 
 
 async def test_the_first_calls_load_errors_reach_the_caller(monkeypatch) -> None:
+    # A guard: the weights load in a thread of their own, whose error must still reach the awaiting call.
     from langgraph_parallelmuse.models import engine as engine_module
 
     def load(*args, **kwargs):
@@ -254,6 +255,7 @@ def test_text_spelling_a_special_token_never_becomes_its_id(llm, engine, prefill
 
 
 def test_a_prompt_without_special_token_text_is_rendered_as_before(llm, engine) -> None:
+    # A guard: defusing changes only spans spelling a special token; every other prompt is byte-identical.
     conversation = _conversation("The <b>Eiffel</b> Tower; f <| x |> g", prefill=True)
     chat = [
         {"role": r, "content": m.content}
