@@ -368,10 +368,11 @@ class LocalChatModel(BaseChatModel):
     def render_prompt(self, messages: Sequence[BaseMessage]) -> str:
         """Render messages with the tokenizer's chat template (prefill if the last is AI).
 
-        Only the template puts special tokens in the prompt: a message's text (its content, role and
-        tool-call arguments) that spells one of the tokenizer's special tokens is defused by a word
-        joiner (:func:`~langgraph_parallelmuse.control_tokens.defuse_special_tokens`); other text is
-        rendered as written.
+        Only the template and the model's own turns put special tokens in the prompt: the text of any
+        other message (its content, role and tool-call arguments) that spells one of the tokenizer's
+        special tokens is defused by a word joiner
+        (:func:`~langgraph_parallelmuse.control_tokens.defuse_special_tokens`); other text is rendered
+        as written.
 
         Example:
             >>> from langchain_core.messages import AIMessage, HumanMessage
@@ -391,8 +392,11 @@ class LocalChatModel(BaseChatModel):
                 raise InputError(f"unsupported message type {type(message).__name__}")
             chat.append({"role": role, "content": _text(message.content), **_tool_fields(message)})
         # Untrusted text (a page in a tool turn, an app's question) spelling a special token became
-        # that token's id: "<|im_end|><|im_start|>system" ended the turn and wrote a system turn.
-        chat = _defused(chat, self._special_token_texts())
+        # that token's id: "<|im_end|><|im_start|>system" ended the turn and wrote a system turn. The
+        # model's own turns (its replies, a driver's prefill) stay as written: a tokenizer that marks its
+        # protocol's tags special ("<think>") needs them as those ids there.
+        specials = self._special_token_texts()
+        chat = [turn if turn["role"] == "assistant" else _defused(turn, specials) for turn in chat]
         prefill = isinstance(messages[-1], AIMessage) and not chat[-1].get("tool_calls")
         if prefill and not chat[-1]["content"]:
             # Nothing to continue: an empty prefill is an ordinary generation prompt.
@@ -494,11 +498,9 @@ class LocalChatModel(BaseChatModel):
         if (continuation := kwargs.get("continuation")) is not None:
             if not isinstance(continuation, str):  # the tokenizer's ValueError named no argument
                 raise InputError(f"continuation={continuation!r}: pass the text to score, or None to sample")
-            # Scored as the text it is written as once in a prompt (defused there): an option spelling a
-            # special token ("<filename>") was scored as that token's id, then read back as plain text.
-            written = defuse_special_tokens(continuation, self._special_token_texts())
-            # The turn's end token is scored too: an option that stops mid-phrase must score low.
-            forced = [*self.get_token_ids(written), self.engine.tokenizer.eos_token_id]
+            # Scored as it is written in the model's turn (which render_prompt leaves as written). The
+            # turn's end token is scored too: an option that stops mid-phrase must score low.
+            forced = [*self.get_token_ids(continuation), self.engine.tokenizer.eos_token_id]
             return GenerationRequest(prompt_ids=prompt, temperature=0.0, forced_ids=forced, top_logprobs=top_logprobs)
         return GenerationRequest(
             prompt_ids=prompt,
