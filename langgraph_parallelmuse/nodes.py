@@ -205,7 +205,7 @@ class BusyThreads:
 
     POLL_SECONDS = 0.02
     GRACE_SECONDS = 1.0
-    #: How long a run waits for a cancelled (or finished) holder to let go of its thread.
+    #: How long a run waits for a cancelled holder to let go of its thread.
     UNWIND_SECONDS = 30.0
 
     def __init__(self) -> None:
