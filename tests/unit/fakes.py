@@ -384,3 +384,15 @@ def with_context(limit: int, reply: str) -> ScriptedChatModel:
         return context_length_exceeded() if sum(len(m.content) for m in messages) > limit else reply
 
     return ScriptedChatModel(responder=respond)
+
+
+async def cancel_when(run: asyncio.Task, ready: Callable[[], object]) -> None:
+    """Cancel ``run`` once ``ready()`` holds, and wait for it to end cancelled (an error if it ended otherwise)."""
+    while not ready():
+        await asyncio.sleep(0.005)
+    run.cancel()
+    try:
+        await run
+    except asyncio.CancelledError:
+        return
+    raise AssertionError("the run ended before it was cancelled")

@@ -20,7 +20,16 @@ from langgraph.types import Command, Send, interrupt
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.graph import create_parallelmuse
-from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder, role_of
+from tests.unit.fakes import (
+    Reply,
+    ScriptedChatModel,
+    answer_text,
+    call_text,
+    cancel_when,
+    make_tools,
+    research_responder,
+    role_of,
+)
 
 CITIES = {"Eiffel Tower": "Paris", "Colosseum": "Rome", "Louvre": "Paris"}
 
@@ -337,11 +346,7 @@ async def test_a_run_cancelled_on_a_checkpointed_thread_leaves_no_claim_and_resu
     thread: dict[str, Any] = {"configurable": {"thread_id": "cancelled"}}
     ask = {"messages": [HumanMessage("Where is the Eiffel Tower?")]}
     run = asyncio.create_task(app.ainvoke(ask, thread))
-    while not model.calls:
-        await asyncio.sleep(0.01)
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    await cancel_when(run, lambda: model.calls)
     assert not IN_FLIGHT._held
     out = await asyncio.wait_for(app.ainvoke(ask, thread), 10)
     assert out["answer"] == "Paris"
@@ -419,11 +424,8 @@ async def test_cancelling_a_parents_ainvoke_mid_wave_leaves_no_task_and_no_held_
     app = chat_app(graph)
     before = asyncio.all_tasks()
     run = asyncio.create_task(app.ainvoke({"messages": [HumanMessage("Where is the Eiffel Tower?")]}))
-    while len(model.calls) < 7:  # the first wave (initial + fill) makes 6 calls: a branch runs now
-        await asyncio.sleep(0.02)
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    # The first wave (initial + fill) makes 6 calls: at the 7th a branch runs.
+    await cancel_when(run, lambda: len(model.calls) >= 7)
     assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
     calls = len(model.calls)
     await asyncio.sleep(0.3)

@@ -35,6 +35,7 @@ from tests.unit.fakes import (
     agent_step,
     answer_text,
     call_text,
+    cancel_when,
     make_tools,
     research_responder,
     role_of,
@@ -1546,11 +1547,7 @@ async def test_runs_nothing_can_resume_leave_no_trajectory_threads_in_the_runner
     assert len(failed.value.result["trajectories"]) == 4 and not memory.storage
     fail["on"] = False
     run = asyncio.create_task(graph.ainvoke({"question": QUESTION}, {"configurable": {"thread_id": "traced"}}))
-    while not memory.storage:
-        await asyncio.sleep(0.005)
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    await cancel_when(run, lambda: memory.storage)
     assert not memory.storage
 
 
