@@ -16,6 +16,7 @@ import pytest
 
 from langgraph_parallelmuse.calibration import Calibration
 from langgraph_parallelmuse.driver import GuidedDriver
+from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval import QAItem
 from langgraph_parallelmuse.eval.bench import well_formed
 from tests.unit.fakes import OLD_CALIBRATION
@@ -23,6 +24,7 @@ from tests.unit.fakes import OLD_CALIBRATION
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import agent_protocol  # noqa: E402
+import bench_rows  # noqa: E402
 import bridge_choice  # noqa: E402
 import candidate_recall  # noqa: E402
 import common  # noqa: E402
@@ -777,3 +779,45 @@ def test_bridge_choice_records_its_tool_responses_as_the_agent_does(tmp_path):
     assert [o["name"] for o in observations] == ["search", "visit"]
     assert all(len(o["content"]) <= 200 + len(" …[truncated]") for o in observations)
     assert observations[0]["content"].endswith("…[truncated]")
+
+
+async def test_bench_rows_store_no_dev_text_and_restore_records_a_rerun_takes_as_finished(monkeypatch, tmp_path):
+    from langgraph_parallelmuse.eval.bench import BenchSettings, finished_records, run_bench
+    from langgraph_parallelmuse.tools import CorpusIndex
+    from tests.unit import test_bench
+
+    monkeypatch.setenv("PARALLELMUSE_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.jsonl"
+    write_rows(corpus, test_bench.DOCS)
+    index, dev = CorpusIndex.from_jsonl(corpus), test_bench.ITEMS
+    settings = BenchSettings(**{**test_bench.SMALL, "methods": ("majority", "parallelmuse")})
+    run = tmp_path / "run"
+    original = await run_bench(test_bench._model(), index, dev[:2], settings, run / "results.jsonl")
+    target = tmp_path / "store" / "toy.jsonl"
+    assert bench_rows.store(run, dev, target) == (2, 2)
+    text = target.read_text()
+    assert not any(item.question in text for item in dev) and '"answers"' not in text and "capital" not in text
+    # A later session's run directory holds the first question; the stored second is added to it.
+    later = tmp_path / "later"
+    later.mkdir()
+    write_rows(later / "results.jsonl", original[:1])
+    assert bench_rows.restore(later, dev, target) == 1
+    resumed = finished_records(later / "results.jsonl", dev, settings=settings)
+    assert [r["id"] for r in resumed] == ["q1", "q2"]
+    kept = {k: v for k, v in resumed[1].items() if k not in ("question", "answers")}
+    assert kept == json.loads(json.dumps(bench_rows.stripped(original[1])))
+    assert resumed[1]["question"] == dev[1].question and resumed[1]["answers"] == dev[1].answers
+
+    model = test_bench._model()
+    assert [r["id"] for r in await run_bench(model, index, dev[:2], settings, later / "results.jsonl")] == ["q1", "q2"]
+    assert model.calls == []  # both finished: neither question ran again
+    # Stored again with a third question: merged in dev-set order, the earlier rows kept.
+    (run / "results.jsonl").unlink()
+    (third,) = await run_bench(test_bench._model(), index, dev[2:], settings, run / "results.jsonl")
+    assert bench_rows.store(run, dev, target) == (1, 3)
+    assert [json.loads(line)["id"] for line in target.read_text().splitlines()] == ["q1", "q2", "q3"]
+
+
+def test_bench_rows_restore_says_when_nothing_is_stored(tmp_path):
+    with pytest.raises(ConfigError, match="nothing stored"):
+        bench_rows.restore(tmp_path, items(1), tmp_path / "none.jsonl")

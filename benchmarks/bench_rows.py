@@ -1,0 +1,129 @@
+"""Keep a ``parallelmuse bench`` run's finished questions in the repo, without dev-set text, so that
+a later session continues it: ``make bench-full``'s 100 + 100 questions take about 16 core-hours,
+more than a session has, and a run directory (``bench-results/``, ignored by git) does not outlive it.
+
+    .venv/bin/python benchmarks/bench_rows.py store bench-results/s50/hotpot100 --dataset hotpotqa_train100
+    .venv/bin/python benchmarks/bench_rows.py restore bench-results/s51/hotpot100 --dataset hotpotqa_train100
+
+``store`` merges the finished records of the run directory's ``results.jsonl`` into
+``benchmarks/results/bench/{dataset}.jsonl`` (a question in both: the run's record), in dev-set order.
+A stored record is the run's less its question and gold answers, and with each tool call's
+arguments replaced by a digest: queries quote the question and visits name the corpus's titles, and
+nothing reads a call but for equality (sibling diversity), which the digest keeps. What is left is
+ids, settings, counts, timings, scores and the model's own answers.
+
+``restore`` appends the stored records that the run directory's ``results.jsonl`` lacks (creating
+it), each with its question and gold answers taken again from the dev set by id. The bench command
+that made them, run with that ``--out``, then runs only the questions left (it refuses records run
+with other settings, naming them), and ``--report-only`` summarises every finished question.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import DATASETS, ROOT
+
+from langgraph_parallelmuse.errors import ConfigError
+from langgraph_parallelmuse.eval import QAItem, eval_data_dir, load_questions
+from langgraph_parallelmuse.eval.bench import load_done
+
+STORE = ROOT / "benchmarks" / "results" / "bench"
+# The fields of a record that hold dev-set text, put back by ``restore``.
+_DEV_TEXT = ("question", "answers")
+
+
+def stripped(record: dict) -> dict:
+    """A bench record without dev-set text: no question or gold answers, its tool calls as digests.
+
+    Example:
+        >>> call = [0, '["search", {"query": "where is the eiffel tower"}]']
+        >>> record = {"id": "q1", "question": "Where?", "answers": ["Paris"], "trajectories": {"t0": {"calls": [call]}}}
+        >>> row = stripped(record)
+        >>> sorted(row), row["trajectories"]["t0"]["calls"][0][0], len(row["trajectories"]["t0"]["calls"][0][1])
+        (['id', 'trajectories'], 0, 16)
+    """
+    row = {k: v for k, v in record.items() if k not in _DEV_TEXT}
+    row["trajectories"] = {
+        tid: {**t, "calls": [[step, _digest(key)] for step, key in t.get("calls", [])]}
+        for tid, t in record.get("trajectories", {}).items()
+    }
+    return row
+
+
+def _digest(call_key: str) -> str:
+    return hashlib.sha256(call_key.encode()).hexdigest()[:16]
+
+
+def restored(row: dict, item: QAItem) -> dict:
+    """A stored row with its question and gold answers again, in a bench record's field order."""
+    return {"id": row["id"], "question": item.question, "answers": item.answers, **row}
+
+
+def _write(path: Path, records: Sequence[dict], *, append: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a" if append else "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def store(run_dir: Path, items: Sequence[QAItem], target: Path) -> tuple[int, int]:
+    """Merge the finished records of ``run_dir`` into ``target``; returns (records of the run, rows now stored).
+
+    Raises:
+        ConfigError: ``run_dir`` holds no finished question of ``items``.
+    """
+    run = load_done(run_dir / "results.jsonl")
+    if not any(i.id in run for i in items):
+        raise ConfigError(
+            f"{run_dir / 'results.jsonl'} holds no finished question of this dev set: is it the run's --out?"
+        )
+    kept = load_done(target)
+    rows = [stripped(run[i.id]) if i.id in run else kept[i.id] for i in items if i.id in run or i.id in kept]
+    _write(target, rows)
+    return sum(i.id in run for i in items), len(rows)
+
+
+def restore(run_dir: Path, items: Sequence[QAItem], source: Path) -> int:
+    """Append to ``run_dir``'s ``results.jsonl`` the stored records it lacks; returns how many.
+
+    Raises:
+        ConfigError: Nothing is stored at ``source``.
+    """
+    if not source.is_file():
+        raise ConfigError(f"{source}: nothing stored for this dev set yet (run `store` after a bench run)")
+    stored, results = load_done(source), run_dir / "results.jsonl"
+    have = load_done(results)
+    added = [restored(stored[i.id], i) for i in items if i.id in stored and i.id not in have]
+    if added:
+        _write(results, added, append=True)
+    return len(added)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("action", choices=("store", "restore"))
+    ap.add_argument("run_dir", type=Path, help="the bench run's --out directory")
+    ap.add_argument("--dataset", choices=DATASETS, required=True)
+    args = ap.parse_args(argv)
+    items = load_questions(eval_data_dir() / f"{args.dataset}.questions.jsonl")
+    target = STORE / f"{args.dataset}.jsonl"
+    try:
+        if args.action == "store":
+            ran, total = store(args.run_dir, items, target)
+            print(f"{ran} records of {args.run_dir} stored; {total} questions in {target.relative_to(ROOT)}")
+        else:
+            added = restore(args.run_dir, items, target)
+            print(f"{added} stored records added to {args.run_dir / 'results.jsonl'}")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
