@@ -1,8 +1,9 @@
-"""Keep a ``parallelmuse bench`` run's finished questions in the repo, without dev-set text, so that
+r"""Keep a ``parallelmuse bench`` run's finished questions in the repo, without dev-set text, so that
 a later session continues it: ``make bench-full``'s 100 + 100 questions take about 16 core-hours,
 more than a session has, and a run directory (``bench-results/``, ignored by git) does not outlive it.
 
-    .venv/bin/python benchmarks/bench_rows.py store bench-results/s50/hotpot100 --dataset hotpotqa_train100
+    .venv/bin/python benchmarks/bench_rows.py store bench-results/s50/hotpot100 --dataset hotpotqa_train100 \
+        --revision fce1263
     .venv/bin/python benchmarks/bench_rows.py restore bench-results/s51/hotpot100 --dataset hotpotqa_train100
 
 ``store`` merges the finished records of the run directory's ``results.jsonl`` into
@@ -10,12 +11,16 @@ more than a session has, and a run directory (``bench-results/``, ignored by git
 A stored record is the run's less its question and gold answers, and with each tool call's
 arguments replaced by a digest: queries quote the question and visits name the corpus's titles, and
 nothing reads a call but for equality (sibling diversity), which the digest keeps. What is left is
-ids, settings, counts, timings, scores and the model's own answers.
+ids, settings, counts, timings, scores and the model's own answers, and ``revision``: the commit
+whose code ran the questions (``--revision``; the bench records its settings, not its code).
 
 ``restore`` appends the stored records that the run directory's ``results.jsonl`` lacks (creating
 it), each with its question and gold answers taken again from the dev set by id. The bench command
 that made them, run with that ``--out``, then runs only the questions left (it refuses records run
-with other settings, naming them), and ``--report-only`` summarises every finished question.
+with other settings, naming them), and ``--report-only`` summarises every finished question. When
+the library's code differs from a restored record's revision, it says so: one table must come from
+one agent, so check first that the change leaves trajectories as they were
+(``benchmarks/compare_revisions.py REV HEAD --limit 4``), or start the run again.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from common import DATASETS, ROOT
+from compare_revisions import commit_of
 
 from langgraph_parallelmuse.errors import ConfigError
 from langgraph_parallelmuse.eval import QAItem, eval_data_dir, load_questions
@@ -71,8 +78,9 @@ def _write(path: Path, records: Sequence[dict], *, append: bool = False) -> None
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
-def store(run_dir: Path, items: Sequence[QAItem], target: Path) -> tuple[int, int]:
-    """Merge the finished records of ``run_dir`` into ``target``; returns (records of the run, rows now stored).
+def store(run_dir: Path, items: Sequence[QAItem], target: Path, *, revision: str) -> tuple[int, int]:
+    """Merge the finished records of ``run_dir``, run by the code of commit ``revision``, into ``target``;
+    returns (records of the run, rows now stored).
 
     Raises:
         ConfigError: ``run_dir`` holds no finished question of ``items``.
@@ -83,13 +91,18 @@ def store(run_dir: Path, items: Sequence[QAItem], target: Path) -> tuple[int, in
             f"{run_dir / 'results.jsonl'} holds no finished question of this dev set: is it the run's --out?"
         )
     kept = load_done(target)
-    rows = [stripped(run[i.id]) if i.id in run else kept[i.id] for i in items if i.id in run or i.id in kept]
+    rows = [
+        {**stripped(run[i.id]), "revision": revision} if i.id in run else kept[i.id]
+        for i in items
+        if i.id in run or i.id in kept
+    ]
     _write(target, rows)
     return sum(i.id in run for i in items), len(rows)
 
 
-def restore(run_dir: Path, items: Sequence[QAItem], source: Path) -> int:
-    """Append to ``run_dir``'s ``results.jsonl`` the stored records it lacks; returns how many.
+def restore(run_dir: Path, items: Sequence[QAItem], source: Path) -> tuple[int, list[str]]:
+    """Append to ``run_dir``'s ``results.jsonl`` the stored records it lacks; returns how many, and
+    the revisions of those records whose library code differs from the working tree's.
 
     Raises:
         ConfigError: Nothing is stored at ``source``.
@@ -101,7 +114,15 @@ def restore(run_dir: Path, items: Sequence[QAItem], source: Path) -> int:
     added = [restored(stored[i.id], i) for i in items if i.id in stored and i.id not in have]
     if added:
         _write(results, added, append=True)
-    return len(added)
+    return len(added), [rev for rev in sorted({r.get("revision") or "unrecorded" for r in added}) if _changed(rev)]
+
+
+def _changed(revision: str) -> bool:
+    """Whether the library's code in the working tree differs from ``revision``'s (unrecorded: unknown, so yes)."""
+    if revision == "unrecorded":
+        return True
+    diff = ["git", "-C", str(ROOT), "diff", "--quiet", revision, "--", "langgraph_parallelmuse"]
+    return subprocess.run(diff, capture_output=True).returncode != 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,16 +130,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("action", choices=("store", "restore"))
     ap.add_argument("run_dir", type=Path, help="the bench run's --out directory")
     ap.add_argument("--dataset", choices=DATASETS, required=True)
+    ap.add_argument("--revision", help="store: the commit whose code ran the bench (a snapshot's, or HEAD)")
     args = ap.parse_args(argv)
+    if args.action == "store" and not args.revision:
+        ap.error("store needs --revision: the commit whose code ran the bench")
     items = load_questions(eval_data_dir() / f"{args.dataset}.questions.jsonl")
     target = STORE / f"{args.dataset}.jsonl"
     try:
         if args.action == "store":
-            ran, total = store(args.run_dir, items, target)
+            ran, total = store(args.run_dir, items, target, revision=commit_of(args.revision))
             print(f"{ran} records of {args.run_dir} stored; {total} questions in {target.relative_to(ROOT)}")
         else:
-            added = restore(args.run_dir, items, target)
+            added, changed = restore(args.run_dir, items, target)
             print(f"{added} stored records added to {args.run_dir / 'results.jsonl'}")
+            for rev in changed:
+                print(
+                    f"warning: records of {rev} were restored and the library's code differs from it: check that "
+                    f"the change leaves trajectories as they were (benchmarks/compare_revisions.py {rev} HEAD "
+                    "--limit 4) before continuing the run, or start it again",
+                    file=sys.stderr,
+                )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

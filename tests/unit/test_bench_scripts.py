@@ -794,18 +794,20 @@ async def test_bench_rows_store_no_dev_text_and_restore_records_a_rerun_takes_as
     run = tmp_path / "run"
     original = await run_bench(test_bench._model(), index, dev[:2], settings, run / "results.jsonl")
     target = tmp_path / "store" / "toy.jsonl"
-    assert bench_rows.store(run, dev, target) == (2, 2)
+    head = bench_rows.commit_of("HEAD")
+    assert bench_rows.store(run, dev, target, revision=head) == (2, 2)
     text = target.read_text()
     assert not any(item.question in text for item in dev) and '"answers"' not in text and "capital" not in text
     # A later session's run directory holds the first question; the stored second is added to it.
     later = tmp_path / "later"
     later.mkdir()
     write_rows(later / "results.jsonl", original[:1])
-    assert bench_rows.restore(later, dev, target) == 1
+    monkeypatch.setattr(bench_rows, "_changed", lambda rev: rev != head)
+    assert bench_rows.restore(later, dev, target) == (1, [])
     resumed = finished_records(later / "results.jsonl", dev, settings=settings)
     assert [r["id"] for r in resumed] == ["q1", "q2"]
     kept = {k: v for k, v in resumed[1].items() if k not in ("question", "answers")}
-    assert kept == json.loads(json.dumps(bench_rows.stripped(original[1])))
+    assert kept == {**json.loads(json.dumps(bench_rows.stripped(original[1]))), "revision": head}
     assert resumed[1]["question"] == dev[1].question and resumed[1]["answers"] == dev[1].answers
 
     model = test_bench._model()
@@ -814,10 +816,22 @@ async def test_bench_rows_store_no_dev_text_and_restore_records_a_rerun_takes_as
     # Stored again with a third question: merged in dev-set order, the earlier rows kept.
     (run / "results.jsonl").unlink()
     (third,) = await run_bench(test_bench._model(), index, dev[2:], settings, run / "results.jsonl")
-    assert bench_rows.store(run, dev, target) == (1, 3)
-    assert [json.loads(line)["id"] for line in target.read_text().splitlines()] == ["q1", "q2", "q3"]
+    assert bench_rows.store(run, dev, target, revision="abc") == (1, 3)
+    stored = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [(r["id"], r["revision"]) for r in stored] == [("q1", head), ("q2", head), ("q3", "abc")]
+    # Restoring a record of other code says so: one table must come from one agent.
+    (later / "results.jsonl").unlink()
+    assert bench_rows.restore(later, dev, target) == (3, ["abc"])
 
 
 def test_bench_rows_restore_says_when_nothing_is_stored(tmp_path):
     with pytest.raises(ConfigError, match="nothing stored"):
         bench_rows.restore(tmp_path, items(1), tmp_path / "none.jsonl")
+
+
+def test_bench_rows_calls_the_working_trees_library_changed_from_a_revision_that_edited_it():
+    # HEAD's library is the working tree's unless uncommitted edits differ; the first commit has none.
+    first = bench_rows.subprocess.run(
+        ["git", "-C", str(common.ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True
+    ).stdout.split()[0]
+    assert bench_rows._changed(first) and bench_rows._changed("unrecorded")
