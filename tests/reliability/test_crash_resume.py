@@ -106,6 +106,8 @@ async def test_sigkill_mid_run_then_resume_keeps_finished_trajectories(tmp_path)
         if first.poll() is None:
             first.kill()
             first.wait(10)
+        first.stdout.close()
+        first.stderr.close()
     assert first.returncode == -signal.SIGKILL
     assert not (tmp_path / "result1.json").exists()
 

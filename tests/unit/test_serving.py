@@ -376,6 +376,7 @@ with serve([spec], max_seconds=120, log_dir={str(tmp_path)!r}):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def test_what_a_crashed_server_left_in_its_group_is_stopped_at_once(tmp_path: Path) -> None:
@@ -416,6 +417,7 @@ time.sleep(30)
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def test_missing_executable_is_named(tmp_path: Path) -> None:
