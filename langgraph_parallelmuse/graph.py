@@ -107,14 +107,14 @@ class _CompiledParallelMuse(CompiledStateGraph):
     """
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
-        key, record = self._run_key(config), {}
+        key, record = self._run_key(config), _record(kwargs)
         for pause in BUSY_THREADS.take(key):
             time.sleep(pause)
         with self._run(key, record):
             yield from super().stream(input, _recording(config, record), **kwargs)
 
     async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
-        key, record = self._run_key(config), {}
+        key, record = self._run_key(config), _record(kwargs)
         for pause in BUSY_THREADS.take(key):
             await asyncio.sleep(pause)
         # Closed here, not when collected: a consumer that stops early leaves LangGraph's tasks running
@@ -150,6 +150,18 @@ class _CompiledParallelMuse(CompiledStateGraph):
             BUSY_THREADS.release(key)
             if (run_id := record.get("drop")) is not None:
                 _RUNNERS[self.builder].forget(run_id)
+
+
+def _record(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's record before ``prepare`` fills it in: ``paused``, whether the run pauses at a node of its own
+    (``interrupt_before``/``interrupt_after`` given to ``invoke``/``stream``), which ``prepare`` refuses
+    without a checkpointer as it refuses the factory's pauses.
+
+    Example:
+        >>> _record({"interrupt_before": ["aggregate"]}), _record({"stream_mode": "updates"})
+        ({'paused': True}, {'paused': False})
+    """
+    return {"paused": bool(kwargs.get("interrupt_before") or kwargs.get("interrupt_after"))}
 
 
 def _recording(config: RunnableConfig | None, record: dict[str, Any]) -> RunnableConfig:

@@ -297,6 +297,26 @@ def _prepared_settings(state: ParallelMuseState) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _NOT_IN_TRAJECTORIES}
 
 
+def _repaired(state: ParallelMuseState) -> bool:
+    """Whether the state's settings correct settings of the same question that this version refuses
+    (as :meth:`ParallelMuseNodes.settings`' error says to): a repair, under which the trajectories
+    sampled with the refused settings stay the run's.
+
+    Example:
+        >>> state = {"question": "Who?", "asked": {"question": "Who?", "settings": {"seed": -1}}}
+        >>> _repaired(state), _repaired({**state, "asked": {"question": "Who?", "settings": {"seed": 7}}})
+        (True, False)
+    """
+    asked = state.get("asked") or {}
+    if asked.get("question") != state.get("question"):
+        return False
+    try:
+        make_config(asked.get("settings") or _prepared_settings(state))
+    except ConfigError:
+        return True
+    return False
+
+
 def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
     """Whether the last answer message in ``messages`` answered ``question`` and a human message
     followed it: the new turn of a chat whose app, not this graph, keeps the state."""
@@ -711,12 +731,15 @@ class ParallelMuseNodes:
         settings = self.settings()
         self.runner.driver_for(settings.driver)  # a guided run on a model that cannot be guided fails here
         configurable = get_config().get("configurable") or {}
-        if self.paused and configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
+        record = configurable.get(RUN_RECORD)
+        # The factory's pauses, or the run's own (invoke(..., interrupt_before=[...]), Studio's breakpoints).
+        paused = self.paused or (isinstance(record, dict) and bool(record.get("paused")))
+        if paused and configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
             # LangGraph would stop at the pause and return the state so far as if the run had ended
             # (answer None), with nothing kept to resume from: the trajectories' work was lost.
             raise ConfigError(
-                "this graph pauses (interrupt_before/interrupt_after) and the run has no checkpointer to resume "
-                "from: pass create_parallelmuse(..., checkpointer=InMemorySaver()) or run it as a node of a "
+                "this run pauses (interrupt_before/interrupt_after, the graph's or the run's) and has no checkpointer "
+                "to resume from: pass create_parallelmuse(..., checkpointer=InMemorySaver()) or run it as a node of a "
                 "checkpointed graph, with a thread_id"
             )
         parent_thread = configurable.get("thread_id")
@@ -750,7 +773,7 @@ class ParallelMuseNodes:
             configurable.get(CONFIG_KEY_CHECKPOINTER) is not None or self.runner.keeps_trajectories
         )
         run_id = f"{parent_thread}:{digest}" if checkpointed else f"run-{uuid.uuid4().hex[:12]}:{digest}"
-        if isinstance(record := configurable.get(RUN_RECORD), dict):
+        if isinstance(record, dict):
             # No saver keeps this run and none of the runner's: nothing can resume it, so its threads end with it.
             record["drop"] = None if checkpointed or self.runner.keeps_trajectories else run_id
         emit("run_started", question=question, **{k: getattr(settings, k) for k in ("n", "m", "k", "t", "mode")})
@@ -819,8 +842,50 @@ class ParallelMuseNodes:
         key = json.dumps([state["question"], edits], sort_keys=True, default=str) if edits else state["question"]
         return f"{state['run_id']}~{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
+    @classmethod
+    def trajectories(cls, state: ParallelMuseState) -> list[Trajectory]:
+        """The state's trajectories, checked to be this run's: each in a thread of :meth:`run_id`.
+
+        A fork from a checkpoint after the rollout began (the pause before ``aggregate`` or
+        ``branch_rollout``, a finished run written ``as_node="prepare"``) whose question or trajectory
+        settings were edited held the old ones' trajectories: it answered the edited question from them
+        (the answer message saying it answered that question) or mixed them with new ones, while its
+        stats named the edited settings. Such a fork is refused before any model call.
+
+        Raises:
+            ConfigError: A trajectory ran under another run id; the message says where to fork from.
+
+        Example:
+            >>> state = {"run_id": "chat:ab12", "question": "Who?", "asked": {"question": "Who?"},
+            ...          "trajectories": [{"id": "t0", "thread_id": "chat:ab12/t0"}]}
+            >>> [t["id"] for t in ParallelMuseNodes.trajectories(state)]
+            ['t0']
+            >>> ParallelMuseNodes.trajectories({**state, "question": "Where?"})
+            Traceback (most recent call last):
+            ...
+            langgraph_parallelmuse.errors.ConfigError: this checkpoint's trajectories (t0) were sampled for ...
+        """
+        trajectories = state.get("trajectories") or []
+        if not trajectories or "run_id" not in state:  # a node called alone, on a state no prepare wrote
+            return trajectories
+        run_id = cls.run_id(state)
+        # A record without its thread (none is written so) is given the benefit of the doubt.
+        foreign = [t for t in trajectories if not str(t.get("thread_id") or f"{run_id}/").startswith(f"{run_id}/")]
+        if not foreign or _repaired(state):
+            return trajectories
+        shown = ", ".join(t["id"] for t in foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise ConfigError(
+            f"this checkpoint's trajectories ({shown}) were sampled for another question or other settings than "
+            f"its state's now (question {state['question']!r:.80}): a fork that edits the question or a setting "
+            "the trajectories depend on samples its own from the checkpoint after prepare, the one whose next is "
+            "initial_rollout or online_rollout (graph.get_state_history): update_state that one instead; from a "
+            "later checkpoint edit only what Stage 2 reads (aggregation, report_form, max_report_tokens, "
+            "max_aggregate_tokens) or max_concurrency"
+        )
+
     def launch_initial(self, state: ParallelMuseState) -> list[Send]:
         settings = self.settings(state["settings"])
+        self.trajectories(state)  # a fork written as prepare over another run's trajectories
         if settings.branching == "online":
             payload = {"question": state["question"], "settings": state["settings"], "run_id": self.run_id(state)}
             return [Send("online_rollout", payload)]
@@ -870,30 +935,30 @@ class ParallelMuseNodes:
     @_timed("rollout")
     async def select_branches(self, state: ParallelMuseState) -> dict[str, Any]:
         """The uncertainty node, once per round: score the latest trajectories, pick checkpoints."""
-        settings = self.settings(state["settings"])
-        if len(state["trajectories"]) >= settings.rollout_n:
+        settings, trajectories = self.settings(state["settings"]), self.trajectories(state)
+        if len(trajectories) >= settings.rollout_n:
             return {}
         round = state.get("round", 0) + 1
-        picks = pick_branches(state["trajectories"], settings, round=round)
+        picks = pick_branches(trajectories, settings, round=round)
         for pick in picks:
             emit("branch_picked", **pick)
         stamp = "selected" if round == 1 else f"selected_round{round}"
         return {"round": round, "picks": picks, "stats": {"timeline": {stamp: time.time()}}}
 
     def launch_branches(self, state: ParallelMuseState) -> list[Send] | str:
-        settings = self.settings(state["settings"])
-        if len(state["trajectories"]) >= settings.rollout_n:
+        settings, trajectories = self.settings(state["settings"]), self.trajectories(state)
+        if len(trajectories) >= settings.rollout_n:
             return "collect"
         round = state["round"]
         picks = [p for p in state.get("picks", []) if p["round"] == round]
-        jobs = next_wave(state["trajectories"], picks, settings, round=round, run_id=self.run_id(state))
+        jobs = next_wave(trajectories, picks, settings, round=round, run_id=self.run_id(state))
         # next_wave tops up to N, so jobs is never empty here; "collect" keeps the run alive if it were.
         return [self._send("branch_rollout", state, job) for job in jobs] or "collect"
 
     @_timed("rollout")
     async def collect(self, state: ParallelMuseState) -> dict[str, Any]:
         """Sum up the rollout stage; a run whose every trajectory failed stops here, with its reasons."""
-        trajectories, settings = state["trajectories"], self.settings(state["settings"])
+        trajectories, settings = self.trajectories(state), self.settings(state["settings"])
         stats = {
             # prepare's, unless a fork edited them (update_state): the settings this rollout ran with.
             "config": settings.model_dump(),
@@ -916,7 +981,7 @@ class ParallelMuseNodes:
     def launch_compress(self, state: ParallelMuseState) -> list[Send] | str:
         if self.settings(state["settings"]).aggregation != "parallelmuse":
             return "aggregate"
-        answered = [t for t in state["trajectories"] if t["answer"]]
+        answered = [t for t in self.trajectories(state) if t["answer"]]
         payload = {"question": state["question"], "settings": state["settings"]}
         # With nothing to compress the reserved crossover slots still run (as fills): N stays N.
         after = "select_crossover" if self.settings(state["settings"]).crossover else "aggregate"
@@ -947,7 +1012,7 @@ class ParallelMuseNodes:
         """After the reports: the pairs of trajectories to cross (``crossover`` > 0; none after a
         consensus stop, which starts no more trajectories). Warns when the graph reports or the
         crossover rely on tool outputs the information-state graph cannot read."""
-        settings, trajectories = self.settings(state["settings"]), state["trajectories"]
+        settings, trajectories = self.settings(state["settings"]), self.trajectories(state)
         crossing = bool(settings.crossover) and not consensus_stop(trajectories, settings)
         graph_reports = settings.report_form == "graph"
         if graph_reports or crossing:
@@ -963,10 +1028,11 @@ class ParallelMuseNodes:
         return {"crossovers": pairs}
 
     def launch_crossover(self, state: ParallelMuseState) -> list[Send] | str:
-        settings = self.settings(state["settings"])
+        # Checked first: an edit at the pause before aggregate (update_state runs this edge) is refused when made.
+        settings, trajectories = self.settings(state["settings"]), self.trajectories(state)
         if not settings.crossover:
             return "aggregate"
-        jobs = crossover_wave(state["trajectories"], state.get("crossovers", []), settings, run_id=self.run_id(state))
+        jobs = crossover_wave(trajectories, state.get("crossovers", []), settings, run_id=self.run_id(state))
         return [self._send("crossover_rollout", state, job) for job in jobs] or "aggregate"
 
     async def crossover_rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -981,7 +1047,7 @@ class ParallelMuseNodes:
     async def aggregate(self, state: ParallelMuseState) -> dict[str, Any]:
         started = time.time()
         settings = self.settings(state["settings"])
-        trajectories, reports = state.get("trajectories", []), state.get("reports", [])
+        trajectories, reports = self.trajectories(state), state.get("reports", [])
         # Written again here: a fork after collect that edits only Stage 2's settings (aggregation) runs no collect.
         stats: dict[str, Any] = {"config": settings.model_dump(), "timeline": {"end": time.time()}}
         # A failed call falls back to the vote; a setting every call would meet ends the run.
