@@ -620,6 +620,7 @@ class ParallelMuseNodes:
         #: The answer message's name: ``create_parallelmuse``'s ``name``, so two such nodes of one chat differ.
         self.name = "parallelmuse"
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._limits_lock = threading.Lock()  # runs on several threads' loops prune it together
 
     def guided(self, settings: ParallelMuseConfig) -> bool:
         """Whether the run's reports (and, unless the factory said otherwise, its aggregation) are
@@ -690,7 +691,13 @@ class ParallelMuseNodes:
         """Trajectories/reports in flight: the factory's ``max_concurrency`` bounds every run on an event
         loop together (``batch`` too); a run whose context sets a lower value also keeps within that,
         shared by the runs that set the same value. A higher value cannot lift the factory's bound."""
-        per_loop = self._limits.setdefault(asyncio.get_running_loop(), {})
+        loop = asyncio.get_running_loop()
+        with self._limits_lock:
+            # A semaphore a task waited on holds its loop, so a closed loop never left this weak mapping:
+            # each thread's asyncio.run of a run (a web service's request) kept its loop and semaphores.
+            for closed in [other for other in self._limits if other.is_closed()]:
+                del self._limits[closed]
+            per_loop = self._limits.setdefault(loop, {})
         widest = self.config.max_concurrency
         values = sorted({min(settings.max_concurrency, widest), widest})
         for value in values:

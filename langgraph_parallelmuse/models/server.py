@@ -10,12 +10,16 @@ it. :func:`check_server` probes a server for what the library needs and names wh
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.client
+import importlib
 import json
 import math
 import os
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -100,7 +104,10 @@ class ServerChatModel(ChatOpenAI):
     generated; the reply is ``text`` with its prompt logprobs and ``end_logprob``, the logprob of
     the template's end-of-turn token after it, as :class:`~.local.LocalChatModel` returns them;
     a scoring call is never streamed, not even under LangGraph's ``stream_mode="messages"``. A reply
-    the server broke off (:class:`IncompleteReplyError`) is an error, never a turn.
+    the server broke off (:class:`IncompleteReplyError`) is an error, never a turn. Its async calls
+    keep a connection pool per event loop, so one instance serves the sync API and threads that each
+    ``asyncio.run`` a graph at once (unless ``http_async_client``, ``openai_proxy`` or
+    ``http_socket_options`` is given: that HTTP layer is used as given).
 
     Args:
         supports_prefill: Declares the continuation to the driver (``auto`` then guides); set
@@ -157,7 +164,7 @@ class ServerChatModel(ChatOpenAI):
         # own URL: streamed (any astream(stream_mode="messages") of a graph), every call to vLLM or
         # SGLang then reported 0 prompt tokens, and max_context_tokens never forced an answer.
         kwargs.setdefault("stream_usage", True)
-        kwargs.update(_direct_clients(kwargs))
+        kwargs.update(_own_clients(kwargs))
         super().__init__(**kwargs)
         key = self.openai_api_key.get_secret_value() if isinstance(self.openai_api_key, SecretStr) else None
         # Without a base URL the openai client reads OPENAI_BASE_URL: one without its scheme failed alike.
@@ -378,41 +385,116 @@ def _check_endpoint(who: str, base_url: str | None, key: str | None) -> None:
         raise ConfigError(f"{who}: " + "; ".join(problems))
 
 
-def _direct_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``http_client`` and ``http_async_client`` that ask a loopback ``base_url`` directly, or none.
+def _own_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The HTTP clients ``ServerChatModel`` hands ``ChatOpenAI``, or none where the caller chose the HTTP
+    layer (``http_client``, ``http_async_client``, ``openai_proxy`` or ``OPENAI_PROXY``,
+    ``http_socket_options``).
 
-    With ``http_proxy`` set and no ``no_proxy``, ``ChatOpenAI``'s own clients (httpx reading the
+    Async calls go through :class:`_LoopClients`, a connection pool per event loop. With
+    ``http_proxy`` set and no ``no_proxy``, ``ChatOpenAI``'s own clients (httpx reading the
     environment) sent every call to a local vLLM or llama.cpp server to the proxy, its API key
-    included, and failed. Only the base URL's host is mounted direct: a redirect elsewhere keeps the
-    environment's proxy. ``ChatOpenAI``'s clients stay when they proxy nothing here: a remote URL, no
-    proxy in the environment (they connect directly, with their TCP keepalive options), or a caller
-    who chose the HTTP layer (``http_client``, ``http_async_client``, ``openai_proxy`` or
-    ``OPENAI_PROXY``, ``http_socket_options``).
+    included, and failed: for a loopback ``base_url`` both clients ask its host directly (only that
+    host is mounted direct: a redirect elsewhere keeps the environment's proxy). Elsewhere the sync
+    client stays ``ChatOpenAI``'s.
     """
     chosen = ("http_client", "http_async_client", "openai_proxy", "http_socket_options")
     if any(kwargs.get(name) is not None for name in chosen) or os.environ.get("OPENAI_PROXY"):
         return {}
     proxies = urllib.request.getproxies()  # what httpx reads
-    if not any(proxies.get(scheme) for scheme in ("http", "https", "all")):
-        return {}
     # ChatOpenAI's order: the argument (either name), then OPENAI_API_BASE, then the SDK's OPENAI_BASE_URL.
     base = kwargs.get("base_url") or kwargs.get("openai_api_base")
     base = base or os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL")
     try:
         host = urllib.parse.urlsplit(base).hostname if isinstance(base, str) else None
     except ValueError:  # not a URL: ChatOpenAI's clients fail on it as they did
-        return {}
-    if not is_loopback(host):
-        return {}
+        host = None
+    if not any(proxies.get(scheme) for scheme in ("http", "https", "all")):
+        return {"http_async_client": _LoopClients(socket_options=_keepalive())}
+    if not is_loopback(host):  # a custom transport would bypass the environment's proxy
+        return {"http_async_client": _LoopClients()}
     # A mount of None is the client's own transport, which is never proxied.
     direct = {f"all://[{host}]" if ":" in host else f"all://{host}": None}
     return {
         "http_client": openai.DefaultHttpxClient(mounts=direct),
-        "http_async_client": openai.DefaultAsyncHttpxClient(mounts=direct),
+        "http_async_client": _LoopClients(mounts=direct),
         # ChatOpenAI's socket options go only into clients it builds, here none: without this it warns
         # that they disable the environment's proxy, which these clients keep for every other host.
         "http_socket_options": (),
     }
+
+
+# The httpx library openai's clients are built on (httpx2 from openai 3 on, httpx before): a transport
+# handed to one of them must come from it (httpx's own failed every request there).
+_HTTPX = importlib.import_module(
+    next(c for c in openai.DefaultAsyncHttpxClient.__mro__ if c.__name__ == "AsyncClient").__module__.partition(".")[0]
+)
+
+
+def _keepalive() -> tuple[tuple[int, int, int], ...]:
+    """The TCP keepalive options ``ChatOpenAI`` gives the connections of the clients it builds (a silent
+    server is noticed within about two minutes, not at the 600 s timeout), unless
+    ``LANGCHAIN_OPENAI_TCP_KEEPALIVE=0`` turns them off; only those this platform has.
+
+    Example:
+        >>> import socket
+        >>> (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in _keepalive()
+        True
+    """
+    if os.environ.get("LANGCHAIN_OPENAI_TCP_KEEPALIVE", "1") == "0":
+        return ()
+    tcp = [("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 120000)]
+    tuned = [(socket.IPPROTO_TCP, getattr(socket, name), value) for name, value in tcp if hasattr(socket, name)]
+    return ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), *tuned)
+
+
+class _LoopClients(openai.DefaultAsyncHttpxClient):
+    """An async HTTP client that sends each request through a client (a connection pool) of the running
+    event loop's own, made with the same options.
+
+    An httpx pool belongs to the event loop that opened its connections: one pool shared by several
+    loops (threads that each ``asyncio.run`` a graph, beside the sync API's background loop) failed
+    calls with ``RuntimeError: Event loop is closed`` or ``... is bound to a different event loop``.
+
+    Example:
+        >>> import asyncio
+        >>> clients = _LoopClients()
+        >>> async def pool():
+        ...     return clients._pool()
+        >>> asyncio.run(pool()) is asyncio.run(pool()), len(clients._pools)
+        (False, 1)
+    """
+
+    def __init__(self, *, socket_options: tuple[tuple[int, int, int], ...] = (), **options: Any) -> None:
+        super().__init__(**options)  # builds the requests; its own pool is never used
+        self._options = options
+        self._socket_options = socket_options
+        self._lock = threading.Lock()
+        self._pools: dict[asyncio.AbstractEventLoop, Any] = {}
+
+    def _pool(self) -> Any:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            # A closed loop's connections serve no one (a thread's asyncio.run per question): without
+            # this, every loop that ever called stayed referenced, with its pool.
+            for closed in [other for other in self._pools if other.is_closed()]:
+                del self._pools[closed]
+            if loop not in self._pools:
+                # httpx ignores limits= beside a transport: the transport takes openai's own.
+                limits = openai.DEFAULT_CONNECTION_LIMITS
+                transport = _HTTPX.AsyncHTTPTransport(socket_options=self._socket_options, limits=limits)
+                custom = {"transport": transport} if self._socket_options else {}
+                self._pools[loop] = openai.DefaultAsyncHttpxClient(**self._options, **custom)
+            return self._pools[loop]
+
+    async def send(self, request: Any, **kwargs: Any) -> Any:
+        return await self._pool().send(request, **kwargs)
+
+    async def aclose(self) -> None:
+        with self._lock:
+            pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.aclose()
+        await super().aclose()
 
 
 def _scored(result: ChatResult, continuation: str, top: int, where: str) -> ChatResult:
