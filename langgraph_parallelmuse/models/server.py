@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -34,6 +33,12 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, subtract_usage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
+
+# The TCP keepalive options ChatOpenAI gives the clients it builds (a silent server is noticed within
+# about two minutes, not at the 600 s timeout): its own function, private (langchain-openai <2 is
+# required), so LANGCHAIN_OPENAI_TCP_KEEPALIVE=0 turns them off, LANGCHAIN_OPENAI_TCP_KEEPIDLE and
+# the others tune them, and an option the kernel refuses is left out (set, it failed every connection).
+from langchain_openai.chat_models._client_utils import _default_socket_options
 from pydantic import Field, SecretStr
 
 from langgraph_parallelmuse.errors import ConfigError, ProtocolError
@@ -395,12 +400,15 @@ def _own_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
     environment) sent every call to a local vLLM or llama.cpp server to the proxy, its API key
     included, and failed: for a loopback ``base_url`` both clients ask its host directly (only that
     host is mounted direct: a redirect elsewhere keeps the environment's proxy). Elsewhere the sync
-    client stays ``ChatOpenAI``'s.
+    client stays ``ChatOpenAI``'s, with the TCP keepalive options it gives when no proxy setting is
+    in the environment, and none (so the environment's proxy is used) when one is.
     """
     chosen = ("http_client", "http_async_client", "openai_proxy", "http_socket_options")
     if any(kwargs.get(name) is not None for name in chosen) or os.environ.get("OPENAI_PROXY"):
         return {}
     proxies = urllib.request.getproxies()  # what httpx reads
+    if not proxies:
+        return {"http_async_client": _LoopClients(socket_options=_default_socket_options())}
     # ChatOpenAI's order: the argument (either name), then OPENAI_API_BASE, then the SDK's OPENAI_BASE_URL.
     base = kwargs.get("base_url") or kwargs.get("openai_api_base")
     base = base or os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL")
@@ -408,18 +416,19 @@ def _own_clients(kwargs: dict[str, Any]) -> dict[str, Any]:
         host = urllib.parse.urlsplit(base).hostname if isinstance(base, str) else None
     except ValueError:  # not a URL: ChatOpenAI's clients fail on it as they did
         host = None
-    if not any(proxies.get(scheme) for scheme in ("http", "https", "all")):
-        return {"http_async_client": _LoopClients(socket_options=_keepalive())}
-    if not is_loopback(host):  # a custom transport would bypass the environment's proxy
-        return {"http_async_client": _LoopClients()}
+    # Any proxy setting (no_proxy alone too): ChatOpenAI's socket options go only into the clients it
+    # builds, through a custom transport that bypasses the environment's proxy. Handed an async
+    # client, it applied them to its sync one and warned: invoke() of a remote server reachable only
+    # through the proxy then failed with "Connection error.", where ainvoke() answered.
+    keep_proxy = {"http_socket_options": ()}
+    if not any(proxies.get(scheme) for scheme in ("http", "https", "all")) or not is_loopback(host):
+        return {"http_async_client": _LoopClients(), **keep_proxy}
     # A mount of None is the client's own transport, which is never proxied.
     direct = {f"all://[{host}]" if ":" in host else f"all://{host}": None}
     return {
         "http_client": openai.DefaultHttpxClient(mounts=direct),
         "http_async_client": _LoopClients(mounts=direct),
-        # ChatOpenAI's socket options go only into clients it builds, here none: without this it warns
-        # that they disable the environment's proxy, which these clients keep for every other host.
-        "http_socket_options": (),
+        **keep_proxy,
     }
 
 
@@ -430,26 +439,16 @@ _HTTPX = importlib.import_module(
 )
 
 
-def _keepalive() -> tuple[tuple[int, int, int], ...]:
-    """The TCP keepalive options ``ChatOpenAI`` gives the connections of the clients it builds (a silent
-    server is noticed within about two minutes, not at the 600 s timeout), unless
-    ``LANGCHAIN_OPENAI_TCP_KEEPALIVE=0`` turns them off; only those this platform has.
-
-    Example:
-        >>> import socket
-        >>> (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in _keepalive()
-        True
-    """
-    if os.environ.get("LANGCHAIN_OPENAI_TCP_KEEPALIVE", "1") == "0":
-        return ()
-    tcp = [("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 120000)]
-    tuned = [(socket.IPPROTO_TCP, getattr(socket, name), value) for name, value in tcp if hasattr(socket, name)]
-    return ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), *tuned)
+# The event loop's connection pools, per (loop, pool options), shared by every ServerChatModel as
+# ChatOpenAI shares its cached client: a pool per model left each dropped model's connections open
+# until collected ("ResourceWarning: unclosed transport"), and no call reused another model's.
+_POOLS: dict[tuple[asyncio.AbstractEventLoop, Any], Any] = {}
+_POOLS_LOCK = threading.Lock()
 
 
 class _LoopClients(openai.DefaultAsyncHttpxClient):
     """An async HTTP client that sends each request through a client (a connection pool) of the running
-    event loop's own, made with the same options.
+    event loop's own, made with the same options and shared by the ``_LoopClients`` that have them.
 
     An httpx pool belongs to the event loop that opened its connections: one pool shared by several
     loops (threads that each ``asyncio.run`` a graph, beside the sync API's background loop) failed
@@ -460,38 +459,39 @@ class _LoopClients(openai.DefaultAsyncHttpxClient):
         >>> clients = _LoopClients()
         >>> async def pool():
         ...     return clients._pool()
-        >>> asyncio.run(pool()) is asyncio.run(pool()), len(clients._pools)
-        (False, 1)
+        >>> asyncio.run(pool()) is asyncio.run(pool())
+        False
     """
 
     def __init__(self, *, socket_options: tuple[tuple[int, int, int], ...] = (), **options: Any) -> None:
-        super().__init__(**options)  # builds the requests; its own pool is never used
+        # It only builds the requests: a transport of its own (httpx's default) loaded the system's CA
+        # certificates for nothing, every ServerChatModel made.
+        super().__init__(transport=_HTTPX.AsyncBaseTransport(), **options)
         self._options = options
         self._socket_options = socket_options
-        self._lock = threading.Lock()
-        self._pools: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._key = (socket_options, tuple(sorted((options.get("mounts") or {}).items())))
 
     def _pool(self) -> Any:
         loop = asyncio.get_running_loop()
-        with self._lock:
+        with _POOLS_LOCK:
             # A closed loop's connections serve no one (a thread's asyncio.run per question): without
             # this, every loop that ever called stayed referenced, with its pool.
-            for closed in [other for other in self._pools if other.is_closed()]:
-                del self._pools[closed]
-            if loop not in self._pools:
-                # httpx ignores limits= beside a transport: the transport takes openai's own.
-                limits = openai.DEFAULT_CONNECTION_LIMITS
-                transport = _HTTPX.AsyncHTTPTransport(socket_options=self._socket_options, limits=limits)
-                custom = {"transport": transport} if self._socket_options else {}
-                self._pools[loop] = openai.DefaultAsyncHttpxClient(**self._options, **custom)
-            return self._pools[loop]
+            for closed in [key for key in _POOLS if key[0].is_closed()]:
+                del _POOLS[closed]
+            if (loop, self._key) not in _POOLS:
+                custom = {}
+                if self._socket_options:  # httpx ignores limits= beside a transport: it takes openai's own
+                    limits = openai.DEFAULT_CONNECTION_LIMITS
+                    custom["transport"] = _HTTPX.AsyncHTTPTransport(socket_options=self._socket_options, limits=limits)
+                _POOLS[loop, self._key] = openai.DefaultAsyncHttpxClient(**self._options, **custom)
+            return _POOLS[loop, self._key]
 
     async def send(self, request: Any, **kwargs: Any) -> Any:
         return await self._pool().send(request, **kwargs)
 
     async def aclose(self) -> None:
-        with self._lock:
-            pool = self._pools.pop(asyncio.get_running_loop(), None)
+        with _POOLS_LOCK:
+            pool = _POOLS.pop((asyncio.get_running_loop(), self._key), None)
         if pool is not None:
             await pool.aclose()
         await super().aclose()

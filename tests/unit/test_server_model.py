@@ -6,7 +6,10 @@ tests/integration/test_vllm.py runs the same code against a real vLLM.
 from __future__ import annotations
 
 import json
+import logging
 import re
+import socket
+import ssl
 import time
 import urllib.request
 import warnings
@@ -16,6 +19,7 @@ from typing import Any, TypedDict
 import pytest
 from langchain_core._api import LangChainBetaWarning
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_openai.chat_models import _client_utils as langchain_client_utils
 from langgraph.graph import START, StateGraph
 
 from langgraph_parallelmuse.agent import pick_driver
@@ -440,6 +444,65 @@ async def test_a_remote_server_is_asked_through_the_environments_proxy(proxied: 
     assert served_models(base) == ["smollm2", "other"]
     assert (await llm(base).ainvoke(QUESTION)).content == "A"
     assert [r.path for r in proxied.requests] == [f"{base}/models", f"{base}/chat/completions"]
+
+
+def test_a_remote_servers_sync_calls_go_through_the_environments_proxy_too(
+    proxied: FakeHTTP, monkeypatch, caplog
+) -> None:
+    """Handed ServerChatModel's async client, ChatOpenAI gave its own sync client its TCP keepalive options
+    through a custom transport, which bypasses the environment's proxy: invoke() of a server reachable
+    only through the proxy failed with "Connection error." (ainvoke() answered), and it warned."""
+    monkeypatch.setattr(langchain_client_utils, "_proxy_env_warning_emitted", False)  # it warns once a process
+    # A URL of its own: ChatOpenAI caches its clients per URL, with the proxy they read when made.
+    base = "http://vllm-sync.example:8000/v1"
+    proxied.routes[f"POST {base}/chat/completions"] = fake_server()["POST /v1/chat/completions"]
+    with caplog.at_level(logging.WARNING, logger="langchain_openai"):
+        assert llm(base).invoke(QUESTION).content == "A"
+    assert [r.path for r in proxied.requests] == [f"{base}/chat/completions"]
+    assert not caplog.records
+
+
+def test_a_no_proxy_setting_alone_brings_no_warning_about_a_shadowed_proxy(monkeypatch, caplog) -> None:
+    """no_proxy (or ftp_proxy) alone is a proxy setting to langchain-openai: handed ServerChatModel's async
+    client, ChatOpenAI gave its sync client the socket options and warned that they disable the
+    environment's proxy, which ChatOpenAI alone never did."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")
+    monkeypatch.setattr(langchain_client_utils, "_proxy_env_warning_emitted", False)
+    with caplog.at_level(logging.WARNING, logger="langchain_openai"):
+        llm()
+    assert not caplog.records
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_KEEPIDLE"), reason="TCP_KEEPIDLE is Linux's")
+async def test_the_async_connections_take_langchain_openais_keepalive_settings(monkeypatch) -> None:
+    """ServerChatModel's async pool copied ChatOpenAI's keepalive options, not its environment variables:
+    LANGCHAIN_OPENAI_TCP_KEEPIDLE (and the others langchain-openai documents) changed nothing."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANGCHAIN_OPENAI_TCP_KEEPIDLE", "37")
+    set_options: list[tuple] = []
+    setsockopt = socket.socket.setsockopt
+    with fake_http(fake_server()) as fake:
+        model = llm(f"{fake.url}/v1")  # langchain-openai tries its options on a socket of its own here
+        monkeypatch.setattr(socket.socket, "setsockopt", lambda sock, *o: set_options.append(o) or setsockopt(sock, *o))
+        assert (await model.ainvoke(QUESTION)).content == "A"
+    assert (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 37) in set_options
+
+
+def test_a_server_chat_model_loads_no_certificates_when_made(monkeypatch) -> None:
+    """Each one built a client whose own transport was never used, loading the system's CA certificates
+    (about 80 ms a model); ChatOpenAI's cached clients load them once."""
+    llm()  # ChatOpenAI's cached clients, made once
+    loaded: list[Any] = []
+    load = ssl.SSLContext.load_verify_locations
+    monkeypatch.setattr(
+        ssl.SSLContext, "load_verify_locations", lambda ctx, *a, **k: loaded.append(a) or load(ctx, *a, **k)
+    )
+    for _ in range(3):
+        llm()
+    assert loaded == []
 
 
 def _prompt_logprobs(prompt: list[tuple[str, float | None]]) -> list[dict | None]:

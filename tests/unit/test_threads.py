@@ -48,14 +48,17 @@ def _in_threads(calls: list[Callable[[], Any]], *, seconds: float = 120) -> list
 
 
 @contextmanager
-def _keep_alive_chat_server() -> Iterator[str]:
+def _keep_alive_chat_server(connections: list | None = None) -> Iterator[str]:
     """An OpenAI-compatible chat server on loopback that keeps connections open (HTTP/1.1), as vLLM does:
-    a client pool then reuses a connection for the next call."""
+    a client pool then reuses a connection for the next call. Each call's client address goes into
+    ``connections``."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            if connections is not None:
+                connections.append(self.client_address)
             self.rfile.read(int(self.headers.get("content-length") or 0))
             reply = {
                 "choices": [{"message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop"}],
@@ -113,6 +116,22 @@ def test_a_server_model_shared_by_threads_that_each_run_their_own_event_loop_ans
     assert one_after_another == ["Paris"] * 3
     assert at_once == ["Paris"] * 6
     assert from_the_sync_api == "Paris"
+
+
+def test_server_models_made_and_dropped_on_one_event_loop_share_its_connections(monkeypatch):
+    # A pool per model: each model made (one per request of a web service) opened a connection of its
+    # own, left open once the model was dropped ("ResourceWarning: unclosed transport" when collected),
+    # where ChatOpenAI's cached client served them all on one.
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    connections: list = []
+
+    async def ask(url: str) -> list[str]:
+        return [(await ServerChatModel(base_url=url, model="m").ainvoke("Capital?")).content for _ in range(4)]
+
+    with _keep_alive_chat_server(connections) as url:
+        assert asyncio.run(ask(url)) == ["Paris"] * 4
+    assert len(connections) == 4 and len(set(connections)) == 1
 
 
 # ----------------------------------------------------------------------------- one graph, many threads
