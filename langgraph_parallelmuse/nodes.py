@@ -297,6 +297,21 @@ def _prepared_settings(state: ParallelMuseState) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _NOT_IN_TRAJECTORIES}
 
 
+def _edits(state: ParallelMuseState) -> dict[str, tuple[Any, Any]]:
+    """The settings the trajectories depend on that the state now holds otherwise than ``prepare`` saw
+    them, each as ``(then, now)``; by the fields prepare saw: a field a later version adds is no edit of
+    a run resumed across versions, which must find its threads.
+
+    Example:
+        >>> asked = {"question": "Who?", "settings": {"temperature": 0.6, "n": 16}}
+        >>> _edits({"question": "Who?", "asked": asked, "settings": {"temperature": 0.1, "n": 16}})
+        {'temperature': (0.6, 0.1)}
+    """
+    seen = (state.get("asked") or {}).get("settings") or _prepared_settings(state)
+    now = make_config(state["settings"]).model_dump() if seen else {}
+    return {k: (v, now[k]) for k, v in seen.items() if k in now and now[k] != v}
+
+
 def _repaired(state: ParallelMuseState) -> bool:
     """Whether the state's settings correct settings of the same question that this version refuses
     (as :meth:`ParallelMuseNodes.settings`' error says to): a repair, under which the trajectories
@@ -315,6 +330,30 @@ def _repaired(state: ParallelMuseState) -> bool:
     except ConfigError:
         return True
     return False
+
+
+def _edited(state: ParallelMuseState) -> str:
+    """The settings edits :meth:`ParallelMuseNodes.trajectories` refuses, for its message; a ``settings``
+    that lacks fields the run had was written partial (``update_state`` replaces the whole dict, and
+    each field it left out took its default, not the run's value).
+
+    Example:
+        >>> asked = {"question": "Who?", "settings": {"n": 16, "temperature": 0.6}}
+        >>> _edited({"question": "Who?", "asked": asked, "settings": {"n": 16, "temperature": 0.1}})
+        '; settings temperature=0.1 (was 0.6)'
+        >>> _edited({"question": "Who?", "asked": asked, "settings": {"aggregation": "majority"}})[:72]
+        '; settings n=8 (was 16): update_state replaces the whole settings, so a '
+    """
+    edits = _edits(state)
+    if not edits:
+        return ""
+    shown = "; settings " + ", ".join(f"{k}={now!r} (was {then!r})" for k, (then, now) in edits.items())
+    if any(k not in state["settings"] for k in edits):
+        shown += (
+            ": update_state replaces the whole settings, so a field left out takes its default: pass "
+            "{**values['settings'], ...} with the fields to change"
+        )
+    return shown
 
 
 def _answered_before(messages: Sequence[Any], question: str | None) -> bool:
@@ -838,11 +877,7 @@ class ParallelMuseNodes:
         asked = state.get("asked") or {}
         if asked.get("question") is None:
             return state["run_id"]
-        # By the fields prepare saw: a field a later version adds is no edit of a run resumed across
-        # versions, which must find its threads.
-        seen = asked.get("settings") or _prepared_settings(state)
-        now = make_config(state["settings"]).model_dump() if seen else {}
-        edits = {k: now[k] for k, v in seen.items() if k in now and now[k] != v}
+        edits = {k: now for k, (_, now) in _edits(state).items()}
         if asked["question"] == state["question"] and not edits:
             return state["run_id"]
         # An edited question alone keys by itself, as before settings counted: such a fork finds its threads.
@@ -883,9 +918,10 @@ class ParallelMuseNodes:
         shown = ", ".join(t["id"] for t in foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
         raise ConfigError(
             f"this checkpoint's trajectories ({shown}) were sampled for another question or other settings than "
-            f"its state's now (question {state['question']!r:.80}): a fork that edits the question or a setting "
-            "the trajectories depend on samples its own from the checkpoint after prepare, the one whose next is "
-            "initial_rollout or online_rollout (graph.get_state_history): update_state that one instead; from a "
+            f"its state's now (question {state['question']!r:.80}{_edited(state)}): a fork that edits the question "
+            "or a setting the trajectories depend on samples its own from the checkpoint after prepare, the one "
+            "whose next is initial_rollout or online_rollout (graph.get_state_history): update_state that one "
+            "instead; from a "
             "later checkpoint edit only what Stage 2 reads (aggregation, report_form, max_report_tokens, "
             "max_aggregate_tokens) or max_concurrency"
         )

@@ -127,6 +127,26 @@ async def test_a_fork_mid_rollout_with_a_trajectory_setting_edited_is_refused_wh
     assert out["answer"] == "Paris" and _roles(model, calls) == {"agent": 4, "compress": 4, "aggregate": 1}
 
 
+async def test_a_partial_settings_edit_at_the_pause_is_refused_with_what_it_changed_and_how_to_edit():
+    """``update_state(thread, {"settings": {"aggregation": "majority"}})``, a Stage-2 edit written partial:
+    the whole settings are replaced, so n, k and t took their defaults. Before the fix the refusal said to
+    edit only what Stage 2 reads (which the caller thought they did) and named no setting; before the fork
+    check the run went on silently under the defaults (stats n=8 for four trajectories; from the pause
+    before the branches, eight trajectories sampled)."""
+    graph, model = _graph(checkpointer=InMemorySaver(), interrupt_before=["aggregate"])
+    thread: dict[str, Any] = {"configurable": {"thread_id": "partial-edit"}}
+    await graph.ainvoke({"question": EIFFEL}, thread)
+    calls = len(model.calls)
+    with pytest.raises(ConfigError, match=r"settings n=8 \(was 4\), k=2 \(was 1\), t=3 \(was 2\): update_state re"):
+        await graph.aupdate_state(thread, {"settings": {"aggregation": "majority"}})
+    assert len(model.calls) == calls
+    # What the message says to do: the run's settings with the field changed.
+    settings = (await graph.aget_state(thread)).values["settings"]
+    fork = await graph.aupdate_state(thread, {"settings": {**settings, "aggregation": "majority"}})
+    out = await graph.ainvoke(None, fork)
+    assert out["answer"] == "Paris" and not _roles(model, calls)["agent"]
+
+
 async def test_a_finished_run_written_again_as_prepare_with_another_question_is_refused_not_mixed():
     """Before the fix the new question's first wave replaced t0 and f0 by id while the old question's
     branches stayed: two trajectories answered 'Rome', two 'Paris', in one run."""
