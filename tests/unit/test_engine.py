@@ -29,7 +29,7 @@ from langgraph_parallelmuse.models.requests import RequestFuture, RequestState
 from langgraph_parallelmuse.models.runner import ModelRunner
 from langgraph_parallelmuse.models.scheduler import seeded_generator
 from tests.unit.processes import ctrl_c_after, in_forked_child
-from tests.unit.tiny_model import tiny_llama, tiny_sentencepiece_tokenizer, tiny_tokenizer
+from tests.unit.tiny_model import CHATML, tiny_llama, tiny_sentencepiece_tokenizer, tiny_tokenizer
 
 # float32 batched (shared segments, private rows) vs unbatched attention reorders sums: ~1e-6 here.
 LOGPROB_TOL = 1e-4
@@ -806,11 +806,6 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(model, tokenizer, 
 
 
 # ----------------------------------------------------------------------------- LocalChatModel's inputs
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 @pytest.fixture

@@ -15,21 +15,15 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from pydantic import BaseModel
 
 from langgraph_parallelmuse.errors import InputError
-from langgraph_parallelmuse.models import InferenceEngine, LocalChatModel
-from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
+from langgraph_parallelmuse.models import LocalChatModel
+from tests.unit.tiny_model import tiny_chat_engine
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 ASK = [HumanMessage("the cat is on the mat and")]
 
 
 @pytest.fixture(scope="module")
 def engine():
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = CHATML
-    engine = InferenceEngine(tiny_llama(tokenizer), tokenizer)
+    engine = tiny_chat_engine()
     yield engine
     engine.close()
 

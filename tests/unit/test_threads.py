@@ -22,7 +22,7 @@ from langgraph_parallelmuse.graph import create_parallelmuse
 from langgraph_parallelmuse.models import InferenceEngine, LocalChatModel
 from langgraph_parallelmuse.models.server import ServerChatModel
 from tests.unit.fakes import Reply, ScriptedChatModel, answer_text, call_text, make_tools, research_responder
-from tests.unit.tiny_model import tiny_llama, tiny_tokenizer
+from tests.unit.tiny_model import tiny_chat_engine
 
 
 def _in_threads(calls: list[Callable[[], Any]], *, seconds: float = 120) -> list[Any]:
@@ -196,17 +196,10 @@ def test_runs_on_other_thread_ids_from_many_threads_at_once_each_get_their_own_r
 
 # ----------------------------------------------------------------------------- the engine, callers on many loops
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 @pytest.fixture(scope="module")
 def engine():
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = CHATML
-    engine = InferenceEngine(tiny_llama(tokenizer), tokenizer)
+    engine = tiny_chat_engine()
     yield engine
     engine.close()
 

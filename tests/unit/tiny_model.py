@@ -79,3 +79,19 @@ def tiny_llama(tokenizer: Any, *, seed: int = 0) -> Any:
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
+
+
+#: A ChatML template for the tiny tokenizers, which have none.
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_chat_engine() -> Any:
+    """An ``InferenceEngine`` on the tiny Llama whose tokenizer has the :data:`CHATML` template (close it)."""
+    from langgraph_parallelmuse.models import InferenceEngine
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHATML
+    return InferenceEngine(tiny_llama(tokenizer), tokenizer)
