@@ -79,8 +79,8 @@ def _write(path: Path, records: Sequence[dict], *, append: bool = False) -> None
 
 
 def store(run_dir: Path, items: Sequence[QAItem], target: Path, *, revision: str) -> tuple[int, int]:
-    """Merge the finished records of ``run_dir``, run by the code of commit ``revision``, into ``target``;
-    returns (records of the run, rows now stored).
+    """Merge the finished records of ``run_dir``, run by the code of commit ``revision`` (but those
+    ``restore`` put there), into ``target``; returns (records the run added, rows now stored).
 
     Raises:
         ConfigError: ``run_dir`` holds no finished question of ``items``.
@@ -91,13 +91,17 @@ def store(run_dir: Path, items: Sequence[QAItem], target: Path, *, revision: str
             f"{run_dir / 'results.jsonl'} holds no finished question of this dev set: is it the run's --out?"
         )
     kept = load_done(target)
-    rows = [
-        {**stripped(run[i.id]), "revision": revision} if i.id in run else kept[i.id]
-        for i in items
-        if i.id in run or i.id in kept
-    ]
+    rows = [_row(run[i.id], revision) if i.id in run else kept[i.id] for i in items if i.id in run or i.id in kept]
     _write(target, rows)
-    return sum(i.id in run for i in items), len(rows)
+    return sum(i.id in run and "revision" not in run[i.id] for i in items), len(rows)
+
+
+def _row(record: dict, revision: str) -> dict:
+    """A run's record as stored: one ``restore`` put back (it has its ``revision``) is stored already,
+    and keeps the revision that ran it and its digests (digested again, its calls would change)."""
+    if "revision" in record:
+        return {k: v for k, v in record.items() if k not in _DEV_TEXT}
+    return {**stripped(record), "revision": revision}
 
 
 def restore(run_dir: Path, items: Sequence[QAItem], source: Path) -> tuple[int, list[str]]:

@@ -822,6 +822,10 @@ async def test_bench_rows_store_no_dev_text_and_restore_records_a_rerun_takes_as
     # Restoring a record of other code says so: one table must come from one agent.
     (later / "results.jsonl").unlink()
     assert bench_rows.restore(later, dev, target) == (3, ["abc"])
+    # Stored from a run directory restore filled: each record keeps the revision that ran it, and its calls.
+    before = target.read_text()
+    assert bench_rows.store(later, dev, target, revision="later") == (0, 3)
+    assert target.read_text() == before
 
 
 def test_bench_rows_restore_says_when_nothing_is_stored(tmp_path):
